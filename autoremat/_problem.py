@@ -1,0 +1,157 @@
+"""What the tuner measures: a user's training step, built for a schedule.
+
+A ``Problem`` is a name, the sequence length it runs at, and a ``build``
+function: ``build(schedule) -> (step, args)`` where ``step`` is the whole
+un-jitted training step (forward, loss, gradients, optimizer update) that
+runs its scan with ``autoremat.scan`` / ``autoremat.linen.scan`` under that
+schedule, and ``args`` are example arguments for it.
+
+The built-in problem is the LSTM of the original report (``../shared/seeds``):
+``flax.linen.OptimizedLSTMCell`` (hidden 128), batch 10, input 32, output 4,
+a Dense readout, L2 loss, Adam(1e-3), seq2seq, T=10,000.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoremat._schedule import Schedule
+
+Step = Callable[..., Any]
+
+
+class ProblemError(ValueError):
+    """A problem reference could not be resolved or is not a Problem."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A training step to tune.
+
+    Attributes:
+      name: a short name, recorded in schedules and studies.
+      seq_len: the sequence length ``T`` the step scans.
+      build: ``build(schedule) -> (step, args)``; ``step(*args)`` is the
+        un-jitted training step using that schedule.
+    """
+
+    name: str
+    seq_len: int
+    build: Callable[[Schedule], tuple[Step, tuple[Any, ...]]]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ProblemError(f"seq_len: expected a positive int, got {self.seq_len!r}")
+        if not callable(self.build):
+            raise ProblemError("build: expected a callable build(schedule) -> (step, args)")
+
+
+def seed_lstm(
+    seq_len: int = 10_000,
+    batch: int = 10,
+    hidden: int = 128,
+    input_dim: int = 32,
+    output_dim: int = 4,
+    seq2seq: bool = True,
+) -> Problem:
+    """The seed's LSTM train step (``OptimizedLSTMCell`` + Dense, L2, Adam 1e-3).
+
+    ``x`` is batch-major ``(batch, seq_len, input_dim)`` as in the seed, scanned
+    with ``axis=1`` (no transposed copy). With ``seq2seq=False`` the loss is on
+    the last hidden state, so no per-step output is stacked at all.
+    """
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from autoremat._scan import scan_axes
+
+    cell = nn.OptimizedLSTMCell(hidden)
+    readout = nn.Dense(output_dim)
+    tx = optax.adam(1e-3)
+    kx, ky, kc, kd = jax.random.split(jax.random.PRNGKey(0), 4)
+    x = jax.random.normal(kx, (batch, seq_len, input_dim), jnp.float32)
+    y = jax.random.normal(ky, (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
+    carry0 = cell.initialize_carry(kc, (batch, input_dim))
+    params = {
+        "cell": cell.init(kc, carry0, x[:, 0])["params"],
+        "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
+    }
+    opt_state = tx.init(params)
+
+    def build(schedule: Schedule) -> tuple[Step, tuple[Any, ...]]:
+        def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+            def step(carry: Any, xt: jax.Array) -> tuple[Any, Any]:
+                carry, h = cell.apply({"params": params["cell"]}, carry, xt)
+                return carry, (h if seq2seq else None)
+
+            # Inputs are sliced batch-major; outputs stay time-major (T, B, H) so the
+            # large stack of hidden states is never transposed, only the small preds.
+            (_, h_last), hs = scan_axes(step, carry0, x, None, schedule=schedule,
+                                        in_axes=1, out_axes=0)
+            if seq2seq:
+                preds = jnp.moveaxis(readout.apply({"params": params["readout"]}, hs), 0, 1)
+            else:
+                preds = readout.apply({"params": params["readout"]}, h_last)
+            return optax.l2_loss(preds, y).mean()
+
+        def train_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        return train_step, (params, opt_state, x, y)
+
+    kind = "seq2seq" if seq2seq else "last"
+    name = f"seed_lstm(T={seq_len},B={batch},H={hidden},{kind})"
+    return Problem(name=name, seq_len=seq_len, build=build)
+
+
+def resolve_problem(ref: str) -> Problem:
+    """Find a problem by ``package.module:name`` or ``path/to/file.py:name``.
+
+    ``name`` is a ``Problem`` or a zero-argument callable returning one.
+    """
+    module_ref, sep, attr = ref.rpartition(":")
+    if not sep or not module_ref or not attr:
+        raise ProblemError(
+            f"--problem: expected 'package.module:name' or 'path/to/file.py:name', got {ref!r}"
+        )
+    if module_ref.endswith(".py"):
+        path = Path(module_ref)
+        if not path.is_file():
+            raise ProblemError(f"--problem: no such file {module_ref!r}")
+        spec = importlib.util.spec_from_file_location(f"_autoremat_problem_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise ProblemError(f"--problem: importing {module_ref} failed: {type(e).__name__}: {e}") from None
+    else:
+        try:
+            module = importlib.import_module(module_ref)
+        except Exception as e:
+            raise ProblemError(f"--problem: cannot import {module_ref!r}: {type(e).__name__}: {e}") from None
+    if not hasattr(module, attr):
+        raise ProblemError(f"--problem: {module_ref} has no attribute {attr!r}")
+    obj = getattr(module, attr)
+    if not isinstance(obj, Problem) and callable(obj):
+        try:
+            obj = obj()
+        except Exception as e:
+            raise ProblemError(f"--problem: calling {ref}() failed: {type(e).__name__}: {e}") from None
+    if not isinstance(obj, Problem):
+        raise ProblemError(
+            f"--problem: {ref} is a {type(obj).__name__}, expected an autoremat.Problem "
+            "or a zero-argument callable returning one"
+        )
+    return obj
