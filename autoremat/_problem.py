@@ -71,7 +71,7 @@ def seed_lstm(
     import jax.numpy as jnp
     import optax
 
-    from autoremat._scan import scan_axes
+    from autoremat._scan import scan
 
     cell = nn.OptimizedLSTMCell(hidden)
     readout = nn.Dense(output_dim)
@@ -94,8 +94,7 @@ def seed_lstm(
 
             # Inputs are sliced batch-major; outputs stay time-major (T, B, H) so the
             # large stack of hidden states is never transposed, only the small preds.
-            (_, h_last), hs = scan_axes(step, carry0, x, None, schedule=schedule,
-                                        in_axes=1, out_axes=0)
+            (_, h_last), hs = scan(step, carry0, x, schedule=schedule, axis=1, out_axis=0)
             if seq2seq:
                 preds = jnp.moveaxis(readout.apply({"params": params["readout"]}, hs), 0, 1)
             else:

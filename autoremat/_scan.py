@@ -41,6 +41,7 @@ def scan(
     schedule: Schedule,
     reverse: bool = False,
     axis: int = 0,
+    out_axis: int | None = None,
 ) -> tuple[Carry, PyTree]:
     """``jax.lax.scan`` executed with a remat schedule.
 
@@ -61,6 +62,10 @@ def scan(
       axis: the axis of every ``xs`` leaf that is scanned, and the axis along
         which outputs are stacked. ``axis=1`` scans batch-major ``(B, T, ...)``
         data without a transposed copy of the whole sequence.
+      out_axis: stack outputs along this axis instead of ``axis``. With
+        batch-major inputs, ``axis=1, out_axis=0`` keeps the stacked outputs
+        time-major, which avoids transposing a ``T x B x H`` stack (and its
+        cotangent) when the consumer does not care about the layout.
 
     Returns:
       ``(final_carry, ys)`` like ``lax.scan``.
@@ -74,7 +79,7 @@ def scan(
       (100.0, (100,))
     """
     return scan_axes(f, init, xs, length, schedule=schedule, reverse=reverse,
-                     in_axes=axis, out_axes=axis)
+                     in_axes=axis, out_axes=axis if out_axis is None else out_axis)
 
 
 def scan_axes(
