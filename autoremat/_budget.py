@@ -1,0 +1,72 @@
+"""Byte counts as people write them: ``4GB``, ``4GiB``, ``512MB``, ``1.5G``.
+
+Units (case-insensitive, an optional space before the unit):
+
+* decimal (SI), powers of 1000: ``K``/``KB`` = 10^3, ``M``/``MB`` = 10^6,
+  ``G``/``GB`` = 10^9, ``T``/``TB`` = 10^12. A bare letter is decimal:
+  ``1.5G`` is 1,500,000,000 bytes.
+* binary (IEC), powers of 1024: ``KiB`` = 2^10, ``MiB`` = 2^20, ``GiB`` = 2^30,
+  ``TiB`` = 2^40 (``Ki``/``Mi``/``Gi``/``Ti`` too).
+* no unit or ``B``: bytes, e.g. ``4000000000``.
+
+The result is rounded to whole bytes and must be at least one byte.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Final
+
+_UNITS: Final[dict[str, int]] = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+    "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+    "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
+}
+_PATTERN: Final = re.compile(r"(\d+(?:\.\d+)?|\.\d+) ?([a-zA-Z]*)")
+
+ACCEPTED_FORMS: Final = (
+    "accepted: a byte count (4000000000) or a number with a unit: 512MB, 4GB, 1.5G "
+    "(decimal K/KB, M/MB, G/GB, T/TB = 10^3..10^12) or 4GiB "
+    "(binary KiB, MiB, GiB, TiB = 2^10..2^40)"
+)
+
+
+class BudgetError(ValueError):
+    """A byte count could not be read; the message lists the accepted forms."""
+
+
+def parse_bytes(text: str | int, name: str = "--budget") -> int:
+    """Read a byte count such as ``4GB`` (4 * 10^9) or ``4GiB`` (4 * 2^30).
+
+    Raises:
+      BudgetError: one line naming ``name``, the bad text and the accepted forms.
+    """
+    if isinstance(text, bool):
+        raise BudgetError(f"{name}: cannot read {text!r}; {ACCEPTED_FORMS}")
+    if isinstance(text, int):
+        if text < 1:
+            raise BudgetError(f"{name}: must be at least 1 byte, got {text}; {ACCEPTED_FORMS}")
+        return text
+    if not isinstance(text, str):
+        raise BudgetError(f"{name}: cannot read {text!r}; {ACCEPTED_FORMS}")
+    match = _PATTERN.fullmatch(text.strip())
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise BudgetError(f"{name}: cannot read {text!r}; {ACCEPTED_FORMS}")
+    value = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(value) or round(value) < 1:
+        raise BudgetError(f"{name}: {text!r} is less than one byte; {ACCEPTED_FORMS}")
+    return round(value)
+
+
+def format_bytes(n: float | None) -> str:
+    """Decimal units, three significant figures: ``6.27 GB``, ``5.4 MB``, ``812 B``."""
+    if n is None:
+        return "-"
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"

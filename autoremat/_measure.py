@@ -1,0 +1,299 @@
+"""What is measured, and how: the one place that defines every figure.
+
+For a ``Problem`` and a ``Schedule``, ``measure`` builds the step, compiles
+it ahead of time with ``jax.jit(step).lower(*args).compile()`` and reads the
+compiled executable's ``memory_analysis()``:
+
+* ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` are
+  XLA's own figures for that executable (``alias`` is output memory that
+  reuses argument buffers, so it is counted once);
+* ``total_bytes = argument + output + temp - alias``: what the step needs on
+  the device while it runs. This is known after compiling, before running.
+
+A schedule whose total is over the budget is not run (``status`` is
+``"over_budget"``). Otherwise the step runs once as a warm-up (its loss and
+every floating output must be finite), then ``repeats`` more times, where
+``repeats`` adapts to the warm-up time so timing one schedule takes about
+``time_budget`` seconds (between ``min_repeats`` and ``max_repeats`` runs);
+``step_seconds`` is the median wall time of those runs, each ended by
+``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the device's
+``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
+the whole process, so an upper bound for this step.
+
+Known caveat: ``memory_analysis()`` returns ``None`` or zero/-1 sizes on some
+backends and versions (jax issues 18954, 12848); missing parts are recorded
+as ``None`` and ``total_bytes`` falls back to ``peak_bytes`` when that exists.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+from autoremat._problem import Problem
+from autoremat._schedule import Schedule
+
+OK: Final = "ok"
+OVER_BUDGET: Final = "over_budget"
+ERROR: Final = "error"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The measured figures of one schedule of one problem on one device.
+
+    Attributes:
+      schedule_key: ``Schedule.key()`` of what was measured.
+      status: ``"ok"`` (compiled, fits, ran, finite), ``"over_budget"``
+        (compiled; total over the budget; not run) or ``"error"`` (build,
+        compile or run failed, out of memory, or a non-finite loss).
+      reason: why it is not ``ok`` (empty when it is).
+      total_bytes: argument + output + temp - alias, in bytes (see module doc).
+      temp_bytes, argument_bytes, output_bytes, alias_bytes: the parts.
+      peak_bytes: device ``peak_bytes_in_use`` after running (GPU/TPU only).
+      step_seconds: median wall seconds of one step (``None`` when not run).
+      step_samples: every timed run, in seconds.
+      compile_seconds: wall seconds of ``lower(...).compile()``.
+      loss: the warm-up's scalar output when the step returns one.
+      device_kind, platform, jax_version, flax_version: where it was measured.
+    """
+
+    schedule_key: str
+    status: str
+    reason: str = ""
+    total_bytes: int | None = None
+    temp_bytes: int | None = None
+    argument_bytes: int | None = None
+    output_bytes: int | None = None
+    alias_bytes: int | None = None
+    peak_bytes: int | None = None
+    step_seconds: float | None = None
+    step_samples: tuple[float, ...] = field(default_factory=tuple)
+    compile_seconds: float | None = None
+    loss: float | None = None
+    device_kind: str = ""
+    platform: str = ""
+    jax_version: str = ""
+    flax_version: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        """Compiled, within the budget, ran, and produced finite outputs."""
+        return self.status == OK
+
+    def to_attrs(self) -> dict[str, Any]:
+        """A JSON-safe mapping (Optuna user attrs), with ``feasible`` added."""
+        data = asdict(self)
+        data["step_samples"] = list(self.step_samples)
+        data["feasible"] = self.feasible
+        return data
+
+
+def environment() -> dict[str, str]:
+    """Device kind, platform and jax/flax versions of the default device."""
+    import jax
+
+    try:
+        import flax
+
+        flax_version = flax.__version__
+    except ImportError:  # pragma: no cover - flax is a dependency
+        flax_version = ""
+    device = jax.devices()[0]
+    return {
+        "device_kind": str(device.device_kind),
+        "platform": str(device.platform),
+        "jax_version": jax.__version__,
+        "flax_version": flax_version,
+    }
+
+
+def device_memory_bytes() -> int | None:
+    """The default device's memory limit (GPU/TPU ``bytes_limit``), else ``None``."""
+    import jax
+
+    stats = _memory_stats(jax.devices()[0])
+    limit = stats.get("bytes_limit") if stats else None
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def fingerprint(args: Any) -> str:
+    """A short hash of the argument tree's structure, shapes and dtypes (not values)."""
+    import hashlib
+
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    parts = [str(treedef)]
+    for leaf in leaves:
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        parts.append(f"{tuple(shape) if shape is not None else type(leaf).__name__}:{dtype}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def measure(
+    problem: Problem,
+    schedule: Schedule,
+    *,
+    budget_bytes: int | None = None,
+    time_budget: float = 5.0,
+    min_repeats: int = 1,
+    max_repeats: int = 20,
+    run: bool = True,
+) -> Measurement:
+    """Compile, size and time ``problem``'s step under ``schedule``.
+
+    Args:
+      problem: the training step to measure.
+      schedule: the remat schedule it is built with.
+      budget_bytes: when given, a schedule whose ``total_bytes`` exceeds it is
+        not run (``status="over_budget"``).
+      time_budget: about how many seconds the timed runs may take in all.
+      min_repeats, max_repeats: bounds on the number of timed runs.
+      run: ``False`` compiles and sizes only (no ``step_seconds``).
+
+    Returns:
+      A ``Measurement``; failures are recorded in it, never raised (except
+      ``KeyboardInterrupt``).
+    """
+    import jax
+
+    env = environment()
+    key = schedule.key()
+
+    def fail(reason: str, **figures: Any) -> Measurement:
+        return Measurement(key, ERROR, reason, **figures, **env)
+
+    try:
+        step, args = problem.build(schedule)
+    except Exception as e:
+        return fail(f"build failed: {_one_line(e)}")
+    start = time.perf_counter()
+    try:
+        compiled = jax.jit(step).lower(*args).compile()
+    except Exception as e:
+        return fail(f"{_kind_of_failure(e, 'compile')}: {_one_line(e)}")
+    compile_seconds = time.perf_counter() - start
+
+    parts = _memory_parts(compiled)
+    figures: dict[str, Any] = {
+        "compile_seconds": compile_seconds,
+        "temp_bytes": parts["temp"],
+        "argument_bytes": parts["argument"],
+        "output_bytes": parts["output"],
+        "alias_bytes": parts["alias"],
+        "total_bytes": _total(parts),
+    }
+    total = figures["total_bytes"]
+    if budget_bytes is not None and total is not None and total > budget_bytes:
+        return Measurement(
+            key, OVER_BUDGET,
+            f"over budget: total {total} bytes > budget {budget_bytes} bytes (not run)",
+            **figures, **env,
+        )
+    if not run:
+        return Measurement(key, OK, "", **figures, **env)
+
+    try:
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        warmup = time.perf_counter() - t0
+        loss, bad = _check_finite(out)
+        if bad:
+            return fail(f"non-finite output: {bad}", **figures, loss=loss)
+        repeats = max(min_repeats, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            samples.append(time.perf_counter() - t0)
+    except Exception as e:
+        return fail(f"{_kind_of_failure(e, 'run')}: {_one_line(e)}", **figures)
+
+    stats = _memory_stats(jax.devices()[0])
+    peak = stats.get("peak_bytes_in_use") if stats else None
+    peak = int(peak) if isinstance(peak, int) and peak > 0 else None
+    if figures["total_bytes"] is None:
+        figures["total_bytes"] = peak
+    if figures["total_bytes"] is None:
+        return fail("no memory figure: memory_analysis() and memory_stats() gave none",
+                    **figures, loss=loss)
+    if budget_bytes is not None and figures["total_bytes"] > budget_bytes:
+        return Measurement(key, OVER_BUDGET, "over budget: peak bytes in use > budget",
+                           **figures, peak_bytes=peak, **env)
+    return Measurement(
+        key, OK, "", **figures, peak_bytes=peak, step_seconds=statistics.median(samples),
+        step_samples=tuple(samples), loss=loss, **env,
+    )
+
+
+def _memory_parts(compiled: Any) -> dict[str, int | None]:
+    """``memory_analysis()`` sizes; ``None`` where missing or negative."""
+    try:
+        analysis = compiled.memory_analysis()
+    except Exception:
+        analysis = None
+    if isinstance(analysis, (list, tuple)):  # some versions: one per device
+        analysis = analysis[0] if analysis else None
+    names = {"argument": "argument_size_in_bytes", "output": "output_size_in_bytes",
+             "temp": "temp_size_in_bytes", "alias": "alias_size_in_bytes"}
+    parts: dict[str, int | None] = {}
+    for part, attr in names.items():
+        value = getattr(analysis, attr, None) if analysis is not None else None
+        parts[part] = int(value) if isinstance(value, int) and value >= 0 else None
+    return parts
+
+
+def _total(parts: dict[str, int | None]) -> int | None:
+    """argument + output + temp - alias; ``None`` when XLA reported nothing usable."""
+    core = [parts["argument"], parts["output"], parts["temp"]]
+    if any(v is None for v in core) or sum(v for v in core if v is not None) == 0:
+        return None
+    return sum(v for v in core if v is not None) - (parts["alias"] or 0)
+
+
+def _memory_stats(device: Any) -> dict[str, Any] | None:
+    try:
+        stats = device.memory_stats()
+    except Exception:
+        return None
+    return stats if isinstance(stats, dict) else None
+
+
+def _check_finite(out: Any) -> tuple[float | None, str]:
+    """The scalar loss (if any) and a description of the first non-finite output."""
+    import jax
+    import numpy as np
+
+    loss = None
+    for path, leaf in jax.tree_util.tree_leaves_with_path(out):
+        arr = np.asarray(leaf)
+        if not np.issubdtype(arr.dtype, np.floating):
+            continue
+        if arr.size == 1 and loss is None:
+            loss = float(arr.reshape(()))
+        if not np.isfinite(arr).all():
+            return loss, f"output {jax.tree_util.keystr(path) or '()'} has NaN/inf"
+    return loss, ""
+
+
+def _kind_of_failure(e: BaseException, stage: str) -> str:
+    text = str(e)
+    if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower():
+        return f"out of memory at {stage}"
+    return f"{stage} failed"
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    text = f"{type(e).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_finite_number(x: Any) -> bool:
+    """``x`` is a real, finite number (not ``None``/NaN/inf)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

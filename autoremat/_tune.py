@@ -1,0 +1,421 @@
+"""The study: search remat schedules of a problem under a memory budget.
+
+``tune`` runs an Optuna study with two objectives, both measured by
+``autoremat._measure.measure``: minimize ``total_bytes`` and minimize
+``step_seconds``. The budget is a constraint, ``total_bytes - budget <= 0``,
+set with ``trial.set_constraint("memory", ...)`` (Optuna 5), so the sampler
+knows which trials are infeasible and the full Pareto front stays available
+(``autoremat pareto``). The answer is the fastest trial that fits.
+
+* The obvious candidates are enqueued first (``_space.seed_params``).
+* A schedule is measured at most once per study: a trial whose schedule key
+  was already measured (or is being measured by another worker) is pruned
+  with ``user_attrs["duplicate_of"]``; it does not count towards ``n_trials``.
+* A schedule over the budget is compiled and sized but not timed; its
+  objective values are ``(total_bytes, inf)`` and ``step_seconds`` is ``None``.
+* A schedule that fails to build/compile/run (or gives NaN) is a FAIL trial
+  whose ``user_attrs["reason"]`` says why; the search goes on.
+* Every figure is stored in the trial's user attrs (see ``Measurement``), the
+  schedule too (``user_attrs["schedule"]``), and the study records
+  ``budget_bytes``, ``problem``, ``seq_len``, ``fingerprint``, ``device_kind``.
+* Storage: any Optuna storage URL; default an SQLite file
+  ``runs/autoremat.db`` (``runs/`` is ignored by git). RDB storages get a
+  heartbeat and a retry callback (``RetryHeartbeatStaleTrialCallback``), so
+  a worker killed mid-trial leaves a trial that is retried. The same study name resumes the study;
+  Ctrl-C keeps every finished trial. Several workers (``autoremat tune``
+  started N times on one PostgreSQL URL) share one study.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from autoremat._atomic import atomic_write_text
+from autoremat._budget import format_bytes
+from autoremat._problem import Problem
+from autoremat._schedule import Schedule, save_schedule
+
+RUN_DIR: Final = Path("runs")
+DEFAULT_STORAGE: Final = "sqlite:///runs/autoremat.db"
+LAST_STUDY_FILE: Final = RUN_DIR / "last_study.json"
+_RDB_PREFIXES: Final = ("sqlite:", "postgresql", "postgres:", "mysql", "mariadb", "oracle", "mssql")
+_MAX_DUPLICATES_IN_A_ROW: Final = 50
+
+
+class TuneError(ValueError):
+    """The study cannot be created, resumed or read; the message says why."""
+
+
+class MeasurementFailed(RuntimeError):
+    """A schedule failed to build, compile or run; the trial is marked FAIL."""
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a ``tune`` call found.
+
+    Attributes:
+      study_name, storage: where the study lives (resume with the same pair).
+      budget_bytes: the memory budget.
+      best: the fastest feasible schedule, with ``meta`` filled in, or ``None``.
+      best_attrs: that trial's measured figures (user attrs, plus ``number``).
+      plain_attrs: the plain scan's figures when it was measured.
+      smallest_attrs: the measured trial with the smallest ``total_bytes``.
+      measured: how many schedules this call measured.
+      n_trials: how many trials the study holds in all.
+      interrupted: ``True`` when Ctrl-C stopped the search.
+    """
+
+    study_name: str
+    storage: str
+    budget_bytes: int
+    best: Schedule | None
+    best_attrs: dict[str, Any] | None
+    plain_attrs: dict[str, Any] | None
+    smallest_attrs: dict[str, Any] | None
+    measured: int
+    n_trials: int
+    interrupted: bool = False
+
+
+def redact(url: str) -> str:
+    """A storage URL with any password replaced by ``***``."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def open_storage(url: str | None = None) -> Any:
+    """An Optuna storage for ``url`` (default ``DEFAULT_STORAGE``).
+
+    RDB URLs get ``heartbeat_interval=60``, ``grace_period=180`` and
+    a retry of stale trials (``_retry_callback``); the SQLite default creates
+    ``runs/``. Other strings are passed to Optuna as they are.
+    """
+    import warnings
+
+    import optuna
+
+    url = url or DEFAULT_STORAGE
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if str(path) not in ("", ":memory:"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith(_RDB_PREFIXES):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                retry = _retry_callback(optuna)
+                return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180,
+                                                  **retry)
+        except Exception as e:
+            raise TuneError(
+                f"--storage: cannot open {redact(url)}: {type(e).__name__}: {e}"
+            ) from None
+    return url
+
+
+def _retry_callback(optuna: Any) -> dict[str, Any]:
+    """Retry a trial whose worker died (stale heartbeat) up to twice.
+
+    Optuna >= 4.9 names it ``RetryHeartbeatStaleTrialCallback`` /
+    ``heartbeat_stale_trial_callback``; older ones ``RetryFailedTrialCallback``.
+    """
+    storages = optuna.storages
+    if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):
+        return {"heartbeat_stale_trial_callback":
+                storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
+    return {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=2)}
+
+
+def default_study_name(problem: Problem, budget_bytes: int, device_kind: str) -> str:
+    """``<problem name> on <device kind> under <budget>``."""
+    return f"{problem.name} on {device_kind} under {budget_bytes}B"
+
+
+def _study_attrs(
+    problem: Problem, budget_bytes: int, fp: str, env: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "budget_bytes": budget_bytes,
+        "problem": problem.name,
+        "seq_len": problem.seq_len,
+        "fingerprint": fp,
+        "device_kind": env["device_kind"],
+        "platform": env["platform"],
+    }
+
+
+def load_study(storage: str | None = None, study_name: str | None = None) -> Any:
+    """Open an existing study; defaults: the last one ``tune`` ran from this folder."""
+    import optuna
+
+    if study_name is None or storage is None:
+        last = last_study()
+        if last is None and study_name is None:
+            raise TuneError(
+                f"--study-name: none given and no {LAST_STUDY_FILE} from an earlier "
+                "'autoremat tune' in this folder"
+            )
+        if last is not None:
+            storage = storage or last["storage"]
+            study_name = study_name or last["study_name"]
+    storage_obj = open_storage(storage)
+    try:
+        return optuna.load_study(study_name=study_name, storage=storage_obj)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage_obj)]
+        raise TuneError(
+            f"--study-name: no study {study_name!r} in {redact(storage or DEFAULT_STORAGE)}; "
+            f"studies there: {', '.join(repr(n) for n in names) or 'none'}"
+        ) from None
+
+
+def last_study() -> dict[str, str] | None:
+    """``{"storage", "study_name"}`` of the last ``tune`` run from this folder."""
+    try:
+        data = json.loads(LAST_STUDY_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and {"storage", "study_name"} <= data.keys():
+        return {"storage": str(data["storage"]), "study_name": str(data["study_name"])}
+    return None
+
+
+def measured_trials(study: Any) -> list[Any]:
+    """Finished trials that hold a measurement (COMPLETE, or FAIL with a reason)."""
+    from optuna.trial import TrialState
+
+    return [
+        t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+        if t.user_attrs.get("measured")
+    ]
+
+
+def within_budget(trial: Any, budget_bytes: int) -> bool:
+    """Measured, ran, and ``total_bytes <= budget_bytes``."""
+    a = trial.user_attrs
+    return bool(
+        a.get("feasible") and a.get("step_seconds") is not None
+        and a.get("total_bytes") is not None and a["total_bytes"] <= budget_bytes
+    )
+
+
+def choose(study: Any) -> Any | None:
+    """The fastest trial within the study's budget (ties: less memory), or ``None``."""
+    budget = study.user_attrs["budget_bytes"]
+    fits = [t for t in measured_trials(study) if within_budget(t, budget)]
+    if not fits:
+        return None
+    return min(fits, key=lambda t: (t.user_attrs["step_seconds"], t.user_attrs["total_bytes"],
+                                    t.number))
+
+
+def trial_schedule(study: Any, trial: Any) -> Schedule:
+    """The trial's schedule, with ``meta`` recording what it was tuned for and measured."""
+    a = trial.user_attrs
+    s = study.user_attrs
+    meta = {
+        "problem": s.get("problem"),
+        "seq_len": s.get("seq_len"),
+        "fingerprint": s.get("fingerprint"),
+        "device_kind": a.get("device_kind"),
+        "platform": a.get("platform"),
+        "jax_version": a.get("jax_version"),
+        "flax_version": a.get("flax_version"),
+        "budget_bytes": s.get("budget_bytes"),
+        "total_bytes": a.get("total_bytes"),
+        "temp_bytes": a.get("temp_bytes"),
+        "step_seconds": a.get("step_seconds"),
+        "compile_seconds": a.get("compile_seconds"),
+        "study_name": study.study_name,
+        "storage": redact(s.get("storage", "")),
+        "trial": trial.number,
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    return Schedule.from_data(a["schedule"]).with_meta(**meta)
+
+
+def _find_measured(study: Any, key: str, exclude: int) -> int | None:
+    """The number of a trial that measured (or is measuring) ``key``, if any."""
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False):
+        if t.number == exclude or t.user_attrs.get("schedule_key") != key:
+            continue
+        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and t.user_attrs.get("measured"):
+            return t.number
+        if t.state == TrialState.RUNNING and t.user_attrs.get("measuring"):
+            return t.number
+    return None
+
+
+def tune(
+    problem: Problem,
+    budget_bytes: int,
+    *,
+    n_trials: int = 30,
+    timeout: float | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    seed: int = 0,
+    out: str | Path | None = None,
+    time_budget: float = 5.0,
+    on_trial: Callable[[Any, Any], None] | None = None,
+) -> TuneResult:
+    """Find the fastest schedule of ``problem``'s step whose total memory fits.
+
+    Args:
+      problem: the training step (see ``autoremat.Problem``).
+      budget_bytes: the memory budget, in bytes, for ``total_bytes``.
+      n_trials: schedules to measure in this call (duplicates do not count).
+      timeout: stop starting new trials after this many seconds.
+      storage: an Optuna storage URL; default ``sqlite:///runs/autoremat.db``.
+      study_name: resume or create this study; default from the problem,
+        device and budget, so running the same command again resumes.
+      seed: the sampler's seed (offset by the trials already in the study).
+      out: when given and a schedule fits, write it there (atomic YAML).
+      time_budget: about how long timing one schedule may take, in seconds.
+      on_trial: called as ``on_trial(study, frozen_trial)`` after each trial.
+
+    Returns:
+      A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
+
+    Raises:
+      TuneError: the storage cannot be opened, or the named study was made
+        for another problem, argument shapes, device or budget.
+    """
+    import optuna
+
+    from autoremat._measure import ERROR, environment, fingerprint, measure
+    from autoremat._space import seed_params, suggest
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    env = environment()
+    _, args = problem.build(Schedule.plain(problem.seq_len))
+    fp = fingerprint(args)
+    del args
+    storage_url = storage or DEFAULT_STORAGE
+    storage_obj = open_storage(storage_url)
+    name = study_name or default_study_name(problem, budget_bytes, env["device_kind"])
+    attrs = {**_study_attrs(problem, budget_bytes, fp, env), "storage": redact(storage_url)}
+
+    try:
+        study = optuna.load_study(study_name=name, storage=storage_obj)
+        existing = True
+    except KeyError:
+        existing = False
+    if existing:
+        for k in ("budget_bytes", "problem", "fingerprint", "device_kind"):
+            if k in study.user_attrs and study.user_attrs[k] != attrs[k]:
+                raise TuneError(
+                    f"--study-name: study {name!r} was run with {k}={study.user_attrs[k]!r}, "
+                    f"this run has {attrs[k]!r}; use another --study-name"
+                )
+        n_before = len(study.trials)
+        study.sampler = optuna.samplers.TPESampler(seed=seed + n_before, constant_liar=True)
+    else:
+        study = optuna.create_study(
+            study_name=name, storage=storage_obj, load_if_exists=True,
+            directions=["minimize", "minimize"],
+            sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=True),
+        )
+        if not study.trials:
+            for k, v in attrs.items():
+                study.set_user_attr(k, v)
+            for params in seed_params(problem.seq_len):
+                study.enqueue_trial(params, skip_if_exists=True)
+    RUN_DIR.mkdir(exist_ok=True)
+    atomic_write_text(LAST_STUDY_FILE, json.dumps({"storage": storage_url, "study_name": name}))
+
+    counts = {"measured": 0, "duplicates_in_a_row": 0}
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        schedule = suggest(trial, problem.seq_len, env["platform"])
+        key = schedule.key()
+        trial.set_user_attr("schedule_key", key)
+        trial.set_user_attr("schedule", schedule.to_data())
+        trial.set_user_attr("describe", schedule.describe())
+        dup = _find_measured(study, key, trial.number)
+        if dup is not None:
+            trial.set_user_attr("duplicate_of", dup)
+            raise optuna.TrialPruned(f"schedule already measured in trial {dup}")
+        trial.set_user_attr("measuring", True)
+        m = measure(problem, schedule, budget_bytes=budget_bytes, time_budget=time_budget)
+        for k, v in m.to_attrs().items():
+            trial.set_user_attr(k, v)
+        trial.set_user_attr("measured", True)
+        if m.total_bytes is not None:
+            trial.set_constraint("memory", float(m.total_bytes - budget_bytes))
+        if m.status == ERROR or m.total_bytes is None:
+            raise MeasurementFailed(m.reason)
+        return float(m.total_bytes), (m.step_seconds if m.step_seconds is not None else math.inf)
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.user_attrs.get("measured"):
+            counts["measured"] += 1
+            counts["duplicates_in_a_row"] = 0
+        elif "duplicate_of" in trial.user_attrs:
+            counts["duplicates_in_a_row"] += 1
+        if on_trial is not None:
+            on_trial(study, trial)
+        if (counts["measured"] >= n_trials
+                or counts["duplicates_in_a_row"] >= _MAX_DUPLICATES_IN_A_ROW):
+            study.stop()
+
+    interrupted = False
+    if n_trials > 0:
+        try:
+            study.optimize(
+                objective, n_trials=n_trials * 10 + _MAX_DUPLICATES_IN_A_ROW, timeout=timeout,
+                catch=(MeasurementFailed,), callbacks=[callback], gc_after_trial=False,
+            )
+        except KeyboardInterrupt:
+            interrupted = True
+    return _result(study, storage_url, counts["measured"], interrupted, out)
+
+
+def summarize(study: Any, storage: str, *, out: str | Path | None = None) -> TuneResult:
+    """The ``TuneResult`` of an existing study (nothing is measured)."""
+    return _result(study, storage, 0, False, out)
+
+
+def _result(study: Any, storage: str, measured: int, interrupted: bool,
+            out: str | Path | None) -> TuneResult:
+    budget = study.user_attrs["budget_bytes"]
+    trials = measured_trials(study)
+    best_trial = choose(study)
+    best = trial_schedule(study, best_trial) if best_trial is not None else None
+    if best is not None and out is not None:
+        save_schedule(best, out)
+    plain_key = Schedule.plain(study.user_attrs["seq_len"]).key()
+    plain = next((t for t in trials if t.user_attrs.get("schedule_key") == plain_key), None)
+    sized = [t for t in trials if t.user_attrs.get("total_bytes") is not None]
+    smallest = min(sized, key=lambda t: t.user_attrs["total_bytes"]) if sized else None
+
+    def attrs(t: Any) -> dict[str, Any] | None:
+        return None if t is None else {**t.user_attrs, "number": t.number}
+
+    return TuneResult(
+        study_name=study.study_name, storage=storage, budget_bytes=budget, best=best,
+        best_attrs=attrs(best_trial), plain_attrs=attrs(plain), smallest_attrs=attrs(smallest),
+        measured=measured, n_trials=len(study.trials), interrupted=interrupted,
+    )
+
+
+def nothing_fits_message(result: TuneResult) -> str:
+    """One line: the budget, and the smallest total measured with its schedule."""
+    s = result.smallest_attrs
+    if s is None:
+        return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
+                "measured (see the trials' 'reason')")
+    return (
+        f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
+        f"the smallest total measured is {format_bytes(s['total_bytes'])} "
+        f"({s['total_bytes']} bytes), trial {s['number']}: {s.get('describe', s['schedule_key'])}"
+    )
