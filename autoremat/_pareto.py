@@ -1,0 +1,222 @@
+"""The measured memory/time trade-off of a study: its front, table and plot.
+
+Every point is a measurement (``autoremat._measure``): ``total_bytes`` from
+the compiled executable's ``memory_analysis()``, ``step_seconds`` the median
+of timed runs. The front is the set of trials within the study's budget that
+no other such trial beats on both (a trial is dominated when another has
+``total <=`` and ``step <=``, one of them strictly).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from autoremat._budget import format_bytes
+from autoremat._schedule import Schedule
+from autoremat._tune import TuneError, choose, measured_trials, trial_schedule, within_budget
+
+
+@dataclass(frozen=True)
+class FrontPoint:
+    """One non-dominated trial.
+
+    Attributes:
+      number: the Optuna trial number (``autoremat export NUMBER``).
+      total_bytes: measured argument + output + temp - alias bytes.
+      step_seconds: measured median step time.
+      ratio_to_fastest: ``step_seconds`` / the fastest front point's.
+      schedule: the schedule in one line (``Schedule.describe``).
+      chosen: the trial ``tune`` picks under the study's budget.
+    """
+
+    number: int
+    total_bytes: int
+    step_seconds: float
+    ratio_to_fastest: float
+    schedule: str
+    chosen: bool
+
+
+def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """``a`` is no worse than ``b`` on both objectives and better on one."""
+    return a[0] <= b[0] and a[1] <= b[1] and a != b
+
+
+def pareto_front(study: Any) -> list[FrontPoint]:
+    """The non-dominated trials within the study's budget, sorted by memory."""
+    budget = study.user_attrs["budget_bytes"]
+    fits = [t for t in measured_trials(study) if within_budget(t, budget)]
+    point = {t.number: (t.user_attrs["total_bytes"], t.user_attrs["step_seconds"]) for t in fits}
+    front = [t for t in fits if not any(dominates(point[o.number], point[t.number]) for o in fits)]
+    if not front:
+        return []
+    fastest = min(point[t.number][1] for t in front)
+    chosen = choose(study)
+    front.sort(key=lambda t: (point[t.number][0], point[t.number][1], t.number))
+    return [
+        FrontPoint(
+            number=t.number,
+            total_bytes=int(point[t.number][0]),
+            step_seconds=float(point[t.number][1]),
+            ratio_to_fastest=float(point[t.number][1]) / fastest if fastest > 0 else 1.0,
+            schedule=Schedule.from_data(t.user_attrs["schedule"]).describe(),
+            chosen=chosen is not None and t.number == chosen.number,
+        )
+        for t in front
+    ]
+
+
+def front_table(points: list[FrontPoint], budget_bytes: int) -> str:
+    """A plain-text table of the front; ``*`` marks the chosen schedule."""
+    lines = [
+        f"Pareto front within budget {format_bytes(budget_bytes)} ({len(points)} points; "
+        "* = chosen: fastest that fits)",
+        f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  schedule",
+    ]
+    for p in points:
+        mark = "*" if p.chosen else " "
+        lines.append(
+            f"{mark} {p.number:>5}  {format_bytes(p.total_bytes):>10}  "
+            f"{_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.schedule}"
+        )
+    return "\n".join(lines)
+
+
+def front_json(points: list[FrontPoint], budget_bytes: int) -> str:
+    """The front as JSON: ``{"budget_bytes": ..., "front": [FrontPoint fields...]}``."""
+    return json.dumps({"budget_bytes": budget_bytes, "front": [asdict(p) for p in points]},
+                      indent=2)
+
+
+def export_trial(study: Any, number: int) -> Schedule:
+    """Trial ``number``'s schedule with the same ``meta`` as ``tune`` writes.
+
+    Raises:
+      TuneError: no such trial, or it holds no measured schedule.
+    """
+    from optuna.trial import TrialState
+
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trial = trials.get(number)
+    if trial is None:
+        raise TuneError(
+            f"TRIAL: no trial {number} in study {study.study_name!r} "
+            f"(trials 0..{max(trials, default=-1)})"
+        )
+    if trial.state != TrialState.COMPLETE or not trial.user_attrs.get("measured"):
+        why = trial.user_attrs.get("reason") or (
+            f"duplicate of trial {trial.user_attrs['duplicate_of']}"
+            if "duplicate_of" in trial.user_attrs else trial.state.name.lower())
+        raise TuneError(f"TRIAL: trial {number} has no measured schedule ({why})")
+    return trial_schedule(study, trial)
+
+
+def plot_study(study: Any, path: str | Path) -> Path:
+    """Draw every measured trial: memory (log axis) vs step time.
+
+    Within budget: filled circles; the front joined by a line; the chosen
+    point labelled. Over budget (compiled and sized, not timed): red crosses
+    along the top edge at their memory. The budget is a vertical dashed line.
+    The file type follows the suffix (``.png``, ``.svg``, ``.pdf``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    budget = study.user_attrs["budget_bytes"]
+    trials = measured_trials(study)
+    timed = [t for t in trials if within_budget(t, budget)]
+    over = [t for t in trials if not within_budget(t, budget)
+            and t.user_attrs.get("total_bytes") is not None]
+    failed = [t for t in trials if t.user_attrs.get("total_bytes") is None]
+    front = pareto_front(study)
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    ax.set_xscale("log")
+    if timed:
+        ax.scatter([t.user_attrs["total_bytes"] for t in timed],
+                   [t.user_attrs["step_seconds"] for t in timed],
+                   s=28, color="tab:blue", alpha=0.6, label=f"within budget ({len(timed)})")
+    if front:
+        ax.plot([p.total_bytes for p in front], [p.step_seconds for p in front],
+                "-o", color="tab:green", ms=5, lw=1.5, label=f"Pareto front ({len(front)})")
+    ymax = max([t.user_attrs["step_seconds"] for t in timed], default=1.0) * 1.15
+    if over:
+        ax.scatter([t.user_attrs["total_bytes"] for t in over], [ymax] * len(over),
+                   marker="x", color="tab:red", s=36,
+                   label=f"over budget, not timed ({len(over)})")
+    ax.axvline(budget, color="black", ls="--", lw=1, label=f"budget {format_bytes(budget)}")
+    chosen = next((p for p in front if p.chosen), None)
+    if chosen is not None:
+        ax.scatter([chosen.total_bytes], [chosen.step_seconds], s=120, facecolors="none",
+                   edgecolors="black", lw=1.5, zorder=5)
+        ax.annotate(
+            f"chosen: trial {chosen.number}\n{chosen.schedule}\n"
+            f"{format_bytes(chosen.total_bytes)}, {_seconds(chosen.step_seconds)}",
+            (chosen.total_bytes, chosen.step_seconds), xytext=(12, 12),
+            textcoords="offset points", fontsize=8,
+            arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.8},
+        )
+    ax.set_ylim(bottom=0, top=ymax * 1.08)
+    ax.set_xlabel("total memory, bytes (argument + output + temp - alias; log scale)")
+    ax.set_ylabel("step time, s (median)")
+    title = f"{study.user_attrs.get('problem', study.study_name)}"
+    device = study.user_attrs.get("device_kind")
+    ax.set_title(f"{title} on {device}" + (f"  ({len(failed)} failed)" if failed else ""),
+                 fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def describe_schedule(schedule: Schedule) -> str:
+    """A human summary: levels, policies, and what ``meta`` records."""
+    lines = [f"schedule: {schedule.describe()}",
+             f"  depth {schedule.depth}, tiles T = {schedule.tuned_length} exactly "
+             "(any T runs)"]
+    for i, lv in enumerate(schedule.levels):
+        where = "outermost" if i == 0 else ("innermost" if i == schedule.depth - 1 else "")
+        lines.append(f"  level {i}: length {lv.length:>7}, policy {lv.policy.to_data()}"
+                     + (f"  ({where})" if where and schedule.depth > 1 else ""))
+    lines.append(f"  unroll (innermost): {schedule.unroll}")
+    meta = dict(schedule.meta)
+    if not meta:
+        lines.append("  meta: none (not written by autoremat tune)")
+        return "\n".join(lines)
+    lines.append(f"tuned for: {meta.get('problem')} (seq_len {meta.get('seq_len')}, "
+                 f"fingerprint {meta.get('fingerprint')})")
+    lines.append(f"  on {meta.get('device_kind')} ({meta.get('platform')}), jax "
+                 f"{meta.get('jax_version')}, flax {meta.get('flax_version')}")
+    lines.append(f"  budget {format_bytes(meta.get('budget_bytes'))}; study "
+                 f"{meta.get('study_name')!r} trial {meta.get('trial')} in {meta.get('storage')}"
+                 f"; {meta.get('date')}")
+    lines.append(f"measured: total {format_bytes(meta.get('total_bytes'))}, temp "
+                 f"{format_bytes(meta.get('temp_bytes'))}, step "
+                 f"{_seconds(meta.get('step_seconds'))}, compile "
+                 f"{_seconds(meta.get('compile_seconds'))}")
+    known = {"problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
+             "flax_version", "budget_bytes", "study_name", "trial", "storage", "date",
+             "total_bytes", "temp_bytes", "step_seconds", "compile_seconds"}
+    extra = {k: v for k, v in meta.items() if k not in known}
+    if extra:
+        lines.append(f"other meta: {extra}")
+    return "\n".join(lines)
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
