@@ -1,0 +1,126 @@
+"""measure(): compiled memory figures, timing, and infeasible records."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from autoremat._measure import (
+    ERROR,
+    OK,
+    OVER_BUDGET,
+    _memory_parts,
+    _total,
+    fingerprint,
+    measure,
+)
+from autoremat._problem import Problem, seed_lstm
+from autoremat._schedule import Schedule
+from tests.tiny_problem import tiny
+
+
+@pytest.fixture(scope="module")
+def seed() -> Problem:
+    return seed_lstm(seq_len=64, batch=2, hidden=8)
+
+
+def test_seed_lstm_plain_and_nested(seed: Problem) -> None:
+    plain = measure(seed, Schedule.plain(64), time_budget=0.1)
+    nested = measure(seed, Schedule.nested([8, 8], ["nothing_saveable", "everything_saveable"]),
+                     time_budget=0.1)
+    for m in (plain, nested):
+        assert m.status == OK and m.feasible and m.reason == ""
+        assert m.total_bytes == m.argument_bytes + m.output_bytes + m.temp_bytes - m.alias_bytes
+        assert m.step_seconds is not None and m.step_seconds > 0
+        assert m.compile_seconds is not None and m.compile_seconds > 0
+        assert 1 <= len(m.step_samples) <= 20
+        assert m.device_kind and m.jax_version and m.flax_version
+        assert m.loss is not None and m.loss > 0
+    assert nested.temp_bytes < plain.temp_bytes
+    assert nested.argument_bytes == plain.argument_bytes
+    assert plain.to_attrs()["feasible"] is True
+
+
+def test_over_budget_is_not_run() -> None:
+    m = measure(tiny(), Schedule.plain(32), budget_bytes=100)
+    assert m.status == OVER_BUDGET and not m.feasible
+    assert m.step_seconds is None and m.step_samples == ()
+    assert m.total_bytes is not None and m.total_bytes > 100
+    assert "over budget" in m.reason and "not run" in m.reason
+
+
+def test_nan_loss_is_infeasible() -> None:
+    m = measure(tiny(nan_for_plain=True), Schedule.plain(32), time_budget=0.05)
+    assert m.status == ERROR and not m.feasible
+    assert "non-finite output" in m.reason
+    assert m.total_bytes is not None  # sized before it ran
+
+
+def test_build_and_compile_failures_are_recorded() -> None:
+    def bad_build(schedule: Schedule) -> Any:
+        raise RuntimeError("no such model")
+
+    m = measure(Problem("bad", 8, bad_build), Schedule.plain(8))
+    assert m.status == ERROR and m.reason.startswith("build failed: RuntimeError: no such model")
+
+    def trace_error(schedule: Schedule) -> Any:
+        import jax.numpy as jnp
+
+        def step(x: Any) -> Any:
+            return jnp.ones(3) @ jnp.ones(4)  # shape error at trace time
+
+        return step, (jnp.ones(2),)
+
+    m = measure(Problem("bad", 8, trace_error), Schedule.plain(8))
+    assert m.status == ERROR and m.reason.startswith("compile failed: ")
+    assert m.total_bytes is None and m.step_seconds is None
+
+
+def test_repeats_are_bounded() -> None:
+    m = measure(tiny(), Schedule.nested([4, 8]), time_budget=10.0, max_repeats=3)
+    assert len(m.step_samples) == 3
+    m = measure(tiny(), Schedule.nested([4, 8]), time_budget=1e-9, min_repeats=2)
+    assert len(m.step_samples) == 2
+    assert m.step_seconds == sorted(m.step_samples)[0] + (
+        sorted(m.step_samples)[1] - sorted(m.step_samples)[0]) / 2
+
+
+def test_run_false_sizes_only() -> None:
+    m = measure(tiny(), Schedule.plain(32), run=False)
+    assert m.status == OK and m.step_seconds is None and m.total_bytes is not None
+
+
+@pytest.mark.parametrize("analysis", [
+    None,
+    SimpleNamespace(argument_size_in_bytes=-1, output_size_in_bytes=-1,
+                    temp_size_in_bytes=-1, alias_size_in_bytes=-1),
+    SimpleNamespace(argument_size_in_bytes=0, output_size_in_bytes=0,
+                    temp_size_in_bytes=0, alias_size_in_bytes=0),
+])
+def test_missing_memory_analysis_gives_none(analysis: Any) -> None:
+    compiled = SimpleNamespace(memory_analysis=lambda: analysis)
+    assert _total(_memory_parts(compiled)) is None
+
+
+def test_memory_analysis_raising_and_alias() -> None:
+    def boom() -> None:
+        raise NotImplementedError("no analysis on this backend")
+
+    assert _total(_memory_parts(SimpleNamespace(memory_analysis=boom))) is None
+    ok = SimpleNamespace(argument_size_in_bytes=10, output_size_in_bytes=5,
+                         temp_size_in_bytes=7, alias_size_in_bytes=None)
+    assert _total(_memory_parts(SimpleNamespace(memory_analysis=lambda: ok))) == 22
+    ok.alias_size_in_bytes = 5
+    assert _total(_memory_parts(SimpleNamespace(memory_analysis=lambda: [ok]))) == 17
+
+
+def test_fingerprint_tracks_shapes_not_values() -> None:
+    import jax.numpy as jnp
+
+    a = fingerprint((jnp.zeros((2, 3)), {"w": jnp.ones(4)}))
+    assert a == fingerprint((jnp.ones((2, 3)), {"w": jnp.zeros(4)}))
+    assert a != fingerprint((jnp.zeros((2, 4)), {"w": jnp.ones(4)}))
+    assert a != fingerprint((jnp.zeros((2, 3), jnp.int32), {"w": jnp.ones(4)}))
+    assert a != fingerprint((jnp.zeros((2, 3)), {"v": jnp.ones(4)}))

@@ -1,0 +1,96 @@
+"""The search space: every sampled schedule is valid and covers T."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autoremat._schedule import NO_REMAT, Schedule
+from autoremat._space import (
+    OFFLOAD_POLICIES,
+    POLICIES,
+    UNROLLS,
+    depths,
+    policy_choices,
+    seed_params,
+    seed_schedules,
+    snap,
+    suggest,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _check(schedule: Schedule, seq_len: int, platform: str = "cpu") -> None:
+    allowed = {p.name for p in policy_choices(platform).values()}
+    assert 1 <= schedule.depth <= 4
+    assert schedule.unroll in UNROLLS or schedule.unroll == schedule.lengths[-1]
+    assert schedule.unroll <= schedule.lengths[-1]
+    if schedule.depth == 1:
+        assert schedule.lengths == (seq_len,)
+        assert schedule.levels[0].policy.name in allowed | {NO_REMAT}
+        return
+    inner = math.prod(schedule.lengths[1:])
+    assert all(n >= 2 for n in schedule.lengths[1:])
+    assert inner <= seq_len
+    assert schedule.tuned_length >= seq_len  # the outer count covers T
+    assert schedule.lengths[0] == math.ceil(seq_len / inner)
+    assert all(lv.policy.name in allowed for lv in schedule.levels)
+
+
+@pytest.mark.parametrize("seq_len", [16, 64, 97, 10_000, 100_000])
+def test_random_trials_give_valid_schedules(seq_len: int) -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seq_len))
+    seen = set()
+    for _ in range(150):
+        trial = study.ask()
+        schedule = suggest(trial, seq_len)
+        _check(schedule, seq_len)
+        seen.add(schedule.depth)
+        study.tell(trial, 0.0)
+    assert seen == set(depths(seq_len))
+
+
+def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
+    described = [s.describe() for s in seed_schedules(10_000)]
+    assert described == [
+        "10000 none unroll=1",
+        "10000 nothing unroll=1",
+        "100x100 nothing/everything unroll=1",
+        "25x20x20 nothing/nothing/everything unroll=1",
+    ]
+    assert seed_schedules(100_000)[3].lengths == (50, 40, 50)
+
+
+@given(st.integers(min_value=1, max_value=200_000))
+@settings(max_examples=60, deadline=None)
+def test_seed_candidates_cover_any_length(seq_len: int) -> None:
+    for schedule in seed_schedules(seq_len):
+        _check(schedule, seq_len)
+    assert len(seed_params(seq_len)) == 2 + sum(d in depths(seq_len) for d in (2, 3))
+
+
+def test_offload_policies_only_on_accelerators() -> None:
+    assert set(policy_choices("cpu")) == set(POLICIES)
+    for platform in ("gpu", "tpu"):
+        assert set(OFFLOAD_POLICIES) <= set(policy_choices(platform))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    names = set()
+    for _ in range(100):
+        trial = study.ask()
+        schedule = suggest(trial, 1000, "gpu")
+        _check(schedule, 1000, "gpu")
+        names |= {lv.policy.name for lv in schedule.levels}
+        study.tell(trial, 0.0)
+    assert "offload_dot_with_no_batch_dims" in names
+
+
+def test_snap_prefers_near_divisors() -> None:
+    assert snap(33, 64) == 32
+    assert snap(95, 10_000) == 100  # within 25%
+    assert snap(10, 97) == 10  # 97 is prime: no divisor near, keep the length
+    assert depths(3) == [1] and depths(8) == [1, 2, 3] and depths(10_000) == [1, 2, 3, 4]
