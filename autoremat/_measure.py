@@ -15,6 +15,7 @@ A schedule whose total is over the budget is not run (``status`` is
 every floating output must be finite), then ``repeats`` more times, where
 ``repeats`` adapts to the warm-up time so timing one schedule takes about
 ``time_budget`` seconds (between ``min_repeats`` and ``max_repeats`` runs);
+so timing takes ``max(time_budget, min_repeats * step)``;
 ``step_seconds`` is the median wall time of those runs, each ended by
 ``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the device's
 ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
@@ -141,7 +142,7 @@ def measure(
     *,
     budget_bytes: int | None = None,
     time_budget: float = 5.0,
-    min_repeats: int = 1,
+    min_repeats: int = 3,
     max_repeats: int = 20,
     run: bool = True,
 ) -> Measurement:

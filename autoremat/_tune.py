@@ -241,6 +241,12 @@ def trial_schedule(study: Any, trial: Any) -> Schedule:
     return Schedule.from_data(a["schedule"]).with_meta(**meta)
 
 
+def _sampler(optuna: Any, seed: int) -> Any:
+    """TPE with the budget constraint (read from ``set_constraint``), 8 startup trials
+    (the 4 enqueued candidates count), and a constant liar for parallel workers."""
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, constant_liar=True)
+
+
 def _find_measured(study: Any, key: str, exclude: int) -> int | None:
     """The number of a trial that measured (or is measuring) ``key``, if any."""
     from optuna.trial import TrialState
@@ -318,12 +324,12 @@ def tune(
                     f"this run has {attrs[k]!r}; use another --study-name"
                 )
         n_before = len(study.trials)
-        study.sampler = optuna.samplers.TPESampler(seed=seed + n_before, constant_liar=True)
+        study.sampler = _sampler(optuna, seed + n_before)
     else:
         study = optuna.create_study(
             study_name=name, storage=storage_obj, load_if_exists=True,
             directions=["minimize", "minimize"],
-            sampler=optuna.samplers.TPESampler(seed=seed, constant_liar=True),
+            sampler=_sampler(optuna, seed),
         )
         if not study.trials:
             for k, v in attrs.items():
