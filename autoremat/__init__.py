@@ -1,8 +1,71 @@
-"""autoremat: the fastest remat schedule for a scan that fits a memory budget."""
-from autoremat._scan import scan as scan
+"""autoremat: the fastest remat schedule for a scan that fits a memory budget.
+
+The pipeline, one module per box::
+
+    schedule (YAML)  _schedule.py   Schedule, load/save, ScheduleError
+      -> builder     _scan.py       scan(): nested chunked remat, lax.scan semantics
+                     linen.py       linen.scan(): the same for flax.linen
+      -> measure     _measure.py    compile -> memory_analysis -> run -> time
+      -> search      _space.py      Optuna trial -> Schedule
+                     _tune.py       the study: budget constraint, storage, resume
+      -> front       _pareto.py     non-dominated trials, table, plot, export
+      -> schedule    (YAML again, with what was measured in ``meta``)
+
+Importing ``autoremat`` does not import jax: ``scan`` and ``linen`` load it
+when first used, so ``autoremat --help`` is instant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoremat._budget import parse_bytes as parse_bytes
+from autoremat._check import StaleScheduleWarning as StaleScheduleWarning
+from autoremat._check import load_schedule as load_schedule
+from autoremat._measure import Measurement as Measurement
+from autoremat._measure import measure as measure
+from autoremat._pareto import FrontPoint as FrontPoint
+from autoremat._pareto import pareto_front as pareto_front
+from autoremat._problem import Problem as Problem
+from autoremat._problem import seed_lstm as seed_lstm
 from autoremat._schedule import Level as Level
 from autoremat._schedule import Policy as Policy
 from autoremat._schedule import Schedule as Schedule
 from autoremat._schedule import ScheduleError as ScheduleError
-from autoremat._schedule import load_schedule as load_schedule
 from autoremat._schedule import save_schedule as save_schedule
+from autoremat._tune import TuneResult as TuneResult
+from autoremat._tune import tune as tune
+
+__all__ = [
+    "FrontPoint",
+    "Level",
+    "Measurement",
+    "Policy",
+    "Problem",
+    "Schedule",
+    "ScheduleError",
+    "StaleScheduleWarning",
+    "TuneResult",
+    "linen",
+    "load_schedule",
+    "measure",
+    "pareto_front",
+    "parse_bytes",
+    "save_schedule",
+    "scan",
+    "seed_lstm",
+    "tune",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: these import jax (and flax), which --help must not pay for.
+    if name == "scan":
+        from autoremat._scan import scan
+
+        return scan
+    if name == "linen":
+        import autoremat.linen as linen
+
+        return linen
+    raise AttributeError(f"module 'autoremat' has no attribute {name!r}")

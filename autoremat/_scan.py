@@ -105,14 +105,15 @@ def scan_axes(
         )
     leaves, treedef = jax.tree_util.tree_flatten(xs)
     leaves = [jnp.asarray(x) for x in leaves]
-    axes = [_normalize_axis(a, x.ndim, "axis") for a, x in zip(_prefix_leaves(in_axes, xs), leaves)]
+    prefix = _prefix_leaves(in_axes, xs)
+    axes = [_normalize_axis(a, x.ndim, "axis") for a, x in zip(prefix, leaves, strict=True)]
     steps = _sequence_length(leaves, axes, length)
 
     def step(carry: Carry, x_leaves: Sequence[jax.Array]) -> tuple[Carry, PyTree]:
         return f(carry, jax.tree_util.tree_unflatten(treedef, list(x_leaves)))
 
     if steps == 0:
-        moved = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes)]
+        moved = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes, strict=True)]
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
         return carry, _move_out(ys, out_axes)
 
@@ -191,9 +192,9 @@ def _run_piece(
         index, lead_chunk = xs
         offset = start + index * chunk
         x_chunk: list[Any] = [None] * len(leaves)
-        for i, x in zip(lead, lead_chunk):
+        for i, x in zip(lead, lead_chunk, strict=True):
             x_chunk[i] = x
-        for i, x in zip(other, other_xs):
+        for i, x in zip(other, other_xs, strict=True):
             if inner:
                 piece = lax.dynamic_slice_in_dim(x, offset, chunk, axis=axes[i])
                 x_chunk[i] = jnp.moveaxis(piece, axes[i], 0)
@@ -260,7 +261,7 @@ def _normalize_axis(axis: Any, ndim: int, name: str) -> int:
 
 
 def _sequence_length(leaves: list[jax.Array], axes: list[int], length: int | None) -> int:
-    sizes = {x.shape[a] for x, a in zip(leaves, axes)}
+    sizes = {x.shape[a] for x, a in zip(leaves, axes, strict=True)}
     if len(sizes) > 1:
         raise ValueError(
             f"xs: every input must have the same size along the scanned axis, got "
@@ -283,7 +284,7 @@ def _move_out(ys: PyTree, out_axes: PyTree) -> PyTree:
     leaves, treedef = jax.tree_util.tree_flatten(ys)
     axes = _prefix_leaves(out_axes, ys)
     moved = []
-    for y, a in zip(leaves, axes):
+    for y, a in zip(leaves, axes, strict=True):
         if not -y.ndim <= a < y.ndim:
             raise ValueError(
                 f"axis: cannot stack per-step outputs of shape {y.shape[1:]} along axis {a}; "

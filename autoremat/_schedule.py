@@ -277,7 +277,7 @@ class Schedule:
             )
         levels = tuple(
             Level(n, Policy.from_data(p, f"levels[{i}].policy"))
-            for i, (n, p) in enumerate(zip(lengths, policies))
+            for i, (n, p) in enumerate(zip(lengths, policies, strict=True))
         )
         return cls(levels=levels, unroll=unroll, meta=dict(meta or {}))
 
@@ -439,7 +439,7 @@ def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
     if len(text) > _MAX_FILE_BYTES:
         raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes; not a schedule")
     try:
-        data = yaml.load(text, Loader=_SafeLoaderNoAliases)  # noqa: S506 - safe subclass
+        data = yaml.load(text, Loader=_SafeLoaderNoAliases)
     except ScheduleError as e:
         raise ScheduleError(f"{source}: {e}") from None
     except yaml.YAMLError as e:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -48,12 +47,6 @@ def test_cli_module_imports_no_jax_for_help() -> None:
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.xfail(
-    importlib.util.find_spec("autoremat") is not None
-    and "_scan" in (Path(importlib.util.find_spec("autoremat").origin).read_text()),
-    reason="autoremat/__init__.py imports autoremat._scan (and so jax) eagerly",
-    strict=False,
-)
 def test_autoremat_help_does_not_import_jax() -> None:
     code = ("import sys\nfrom autoremat.cli import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\nprint('jax' in sys.modules)\n")

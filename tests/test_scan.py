@@ -109,7 +109,7 @@ def _assert_close(got: Any, want: Any) -> None:
     got_leaves, got_tree = jax.tree_util.tree_flatten(got)
     want_leaves, want_tree = jax.tree_util.tree_flatten(want)
     assert got_tree == want_tree
-    for g, w in zip(got_leaves, want_leaves):
+    for g, w in zip(got_leaves, want_leaves, strict=True):
         w = np.asarray(w)
         scale = float(np.max(np.abs(w))) if w.size else 0.0
         np.testing.assert_allclose(np.asarray(g), w, rtol=RTOL, atol=max(ATOL, RTOL * scale))
@@ -248,7 +248,7 @@ def test_bad_arguments_name_the_argument() -> None:
         autoremat.scan(f, 0.0, (jnp.ones(3), jnp.ones(4)), schedule=Schedule.nested([2]))
     with pytest.raises(ValueError, match="length: 5 does not match"):
         autoremat.scan(f, 0.0, jnp.ones(3), length=5, schedule=Schedule.nested([2]))
-    with pytest.raises(autoremat.ScheduleError, match="schedule: expected an autoremat.Schedule"):
+    with pytest.raises(autoremat.ScheduleError, match=r"schedule: expected an autoremat\.Schedule"):
         autoremat.scan(f, 0.0, jnp.ones(3), schedule={"levels": [2]})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="axis: 2 is out of range"):
         autoremat.scan(f, 0.0, jnp.ones((3, 2)), schedule=Schedule.nested([2]), axis=2)
