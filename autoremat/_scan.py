@@ -261,7 +261,7 @@ def _normalize_axis(axis: Any, ndim: int, name: str) -> int:
 
 
 def _sequence_length(leaves: list[jax.Array], axes: list[int], length: int | None) -> int:
-    sizes = {x.shape[a] for x, a in zip(leaves, axes, strict=True)}
+    sizes = {jnp.shape(x)[a] for x, a in zip(leaves, axes, strict=True)}
     if len(sizes) > 1:
         raise ValueError(
             f"xs: every input must have the same size along the scanned axis, got "

@@ -80,7 +80,7 @@ from flax.linen.transforms import lift_transform
 from flax.typing import In, Out
 from jax import lax, random
 
-from autoremat._scan import _normalize_axis, _prefix_leaves, scan_axes
+from autoremat._scan import _normalize_axis, _prefix_leaves, _sequence_length, scan_axes
 from autoremat._schedule import Schedule, ScheduleError, load_schedule
 
 __all__ = ["scan"]
@@ -355,22 +355,11 @@ def _variable_axes(
 
 def _length(scanned_args: PyTree, arg_axes: PyTree, length: int | None) -> int:
     leaves = jax.tree_util.tree_leaves(scanned_args)
-    axes = _prefix_leaves(arg_axes, scanned_args)
-    sizes = {
-        jnp.shape(x)[_normalize_axis(a, jnp.ndim(x), "in_axes")]
-        for x, a in zip(leaves, axes, strict=True)
-    }
-    if len(sizes) > 1:
-        raise ValueError(f"in_axes: inconsistent scan lengths {sorted(sizes)}")
-    if length is not None:
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            raise ValueError(f"length: expected a non-negative int, got {length!r}")
-        if sizes and sizes != {length}:
-            raise ValueError(f"length: {length} does not match the inputs' length {sizes.pop()}")
-        return length
-    if not sizes:
-        raise ValueError("length: must be given when no argument is scanned")
-    return sizes.pop()
+    axes = [
+        _normalize_axis(a, jnp.ndim(x), "in_axes")
+        for x, a in zip(leaves, _prefix_leaves(arg_axes, scanned_args), strict=True)
+    ]
+    return _sequence_length(leaves, axes, length)
 
 
 def _first_step(xs: PyTree, xs_axes: PyTree) -> PyTree:
