@@ -65,6 +65,10 @@ NO_REMAT: Final = "none"
 ALL_POLICY_NAMES: Final = (NO_REMAT, *ZERO_ARG_POLICIES, *FACTORY_POLICIES)
 
 _MAX_FILE_BYTES: Final = 1 << 20
+#: Limits of a valid schedule: a level's length and ``unroll`` are ``lax.scan``
+#: lengths (int32); more than 64 levels of length >= 2 tile more than 2^64 steps.
+MAX_LENGTH: Final = 2**31 - 1
+MAX_LEVELS: Final = 64
 _TOP_KEYS: Final = ("version", "kind", "levels", "unroll", "meta")
 _LEVEL_KEYS: Final = ("length", "policy")
 
@@ -199,6 +203,8 @@ class Level:
             )
         if self.length < 1:
             raise ScheduleError(f"length: must be >= 1, got {self.length}")
+        if self.length > MAX_LENGTH:
+            raise ScheduleError(f"length: must be <= {MAX_LENGTH}, got {_show(self.length)}")
         if not isinstance(self.policy, Policy):
             object.__setattr__(self, "policy", Policy.from_data(self.policy))
 
@@ -245,11 +251,12 @@ class Schedule:
         levels = tuple(self.levels)
         if not levels:
             raise ScheduleError("levels: needs at least one level, e.g. [{length: 100}]")
+        if len(levels) > MAX_LEVELS:
+            raise ScheduleError(f"levels: at most {MAX_LEVELS} levels, got {len(levels)}")
         if not all(isinstance(lv, Level) for lv in levels):
             raise ScheduleError("levels: every entry must be an autoremat.Level")
         object.__setattr__(self, "levels", levels)
-        if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or self.unroll < 1:
-            raise ScheduleError(f"unroll: expected an integer >= 1, got {_show(self.unroll)}")
+        _check_unroll(self.unroll)
         if not isinstance(self.meta, Mapping):
             raise ScheduleError(f"meta: expected a mapping, got {_show(self.meta)}")
 
@@ -361,6 +368,8 @@ class Schedule:
                 f"levels: expected a non-empty list of {{length, policy}} mappings, got "
                 f"{_show(raw_levels)}"
             )
+        if len(raw_levels) > MAX_LEVELS:
+            raise ScheduleError(f"levels: at most {MAX_LEVELS} levels, got {len(raw_levels)}")
         levels = []
         for i, raw in enumerate(raw_levels):
             where = f"levels[{i}]"
@@ -382,16 +391,24 @@ class Schedule:
                     f"{where}.length: expected a positive integer, got {_show(length)}"
                 )
             if length < 1:
-                raise ScheduleError(f"{where}.length: must be >= 1, got {length}")
+                raise ScheduleError(f"{where}.length: must be >= 1, got {_show(length)}")
+            if length > MAX_LENGTH:
+                raise ScheduleError(f"{where}.length: must be <= {MAX_LENGTH}, got {_show(length)}")
             policy = Policy.from_data(raw.get("policy", "nothing_saveable"), f"{where}.policy")
             levels.append(Level(length, policy))
         unroll = data.get("unroll", 1)
-        if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
-            raise ScheduleError(f"unroll: expected an integer >= 1, got {_show(unroll)}")
+        _check_unroll(unroll)
         meta = data.get("meta") or {}
         if not isinstance(meta, Mapping):
             raise ScheduleError(f"meta: expected a mapping, got {_show(meta)}")
         return cls(levels=tuple(levels), unroll=unroll, kind=kind, meta=dict(meta))
+
+
+def _check_unroll(unroll: Any) -> None:
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+        raise ScheduleError(f"unroll: expected an integer >= 1, got {_show(unroll)}")
+    if unroll > MAX_LENGTH:
+        raise ScheduleError(f"unroll: must be <= {MAX_LENGTH}, got {_show(unroll)}")
 
 
 def _policy_label(policy: Policy) -> str:
@@ -423,38 +440,64 @@ class _SafeLoaderNoAliases(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
         if self.check_event(yaml.AliasEvent):
-            raise ScheduleError("YAML aliases (*name) are not allowed in a schedule file")
+            raise ScheduleError("YAML aliases (*name) are not allowed")
         return super().compose_node(parent, index)
 
 
-def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
-    """Parse the YAML text of a schedule; every failure is a ``ScheduleError``."""
+def load_yaml_text(text: str | bytes, source: str = "<string>") -> Any:
+    """One YAML document, read safely; every failure is a one-line ``ScheduleError``.
+
+    The safe loader (plain data only), no anchors/aliases, at most
+    ``_MAX_FILE_BYTES``, UTF-8 only; a tag whose value cannot be read
+    (``!!int abc``, a date such as ``2020-02-30``) is an error too.
+    """
     if isinstance(text, bytes):
         if len(text) > _MAX_FILE_BYTES:
-            raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes; not a schedule")
+            raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes")
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ScheduleError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if len(text) > _MAX_FILE_BYTES:
-        raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes; not a schedule")
+        raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes")
     try:
-        data = yaml.load(text, Loader=_SafeLoaderNoAliases)
+        return yaml.load(text, Loader=_SafeLoaderNoAliases)
     except ScheduleError as e:
         raise ScheduleError(f"{source}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ScheduleError(f"{source}: not valid YAML{where}: {problem}") from None
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        raise ScheduleError(f"{source}: not valid YAML{where}: {_line(problem)}") from None
     except RecursionError:
         raise ScheduleError(f"{source}: YAML nested too deeply") from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
+        # PyYAML's constructors raise these for a tagged or implicit value they
+        # cannot convert (!!int abc, !!bool maybe, 2020-02-30, a 5000-digit int).
+        raise ScheduleError(
+            f"{source}: not valid YAML: a value cannot be read ({type(e).__name__}: "
+            f"{_line(str(e))})") from None
+
+
+def read_yaml_file(path: str | os.PathLike[str], what: str = "schedule file") -> Any:
+    """``load_yaml_text`` of a file (at most ``_MAX_FILE_BYTES`` are read)."""
+    return load_yaml_text(_read_bytes(path, what), str(path))
+
+
+def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
+    """Parse the YAML text of a schedule; every failure is a ``ScheduleError``."""
+    data = load_yaml_text(text, source)
     try:
         return Schedule.from_data(data)
     except RecursionError:
         raise ScheduleError(f"{source}: nested too deeply") from None
     except ScheduleError as e:
-        raise ScheduleError(f"{source}: {e}") from None
+        raise ScheduleError(f"{source}: {_line(str(e))}") from None
+
+
+def _line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_schedule(path: str | os.PathLike[str]) -> Schedule:
@@ -464,13 +507,17 @@ def load_schedule(path: str | os.PathLike[str]) -> Schedule:
       ScheduleError: the file is missing, unreadable, not YAML, or not a valid
         schedule; the message names the file, the field and the fix.
     """
-    path = Path(path)
+    return parse_schedule(_read_bytes(path, "schedule file"), str(path))
+
+
+def _read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(_MAX_FILE_BYTES + 1)
+        with Path(path).open("rb") as fh:
+            return fh.read(_MAX_FILE_BYTES + 1)
     except OSError as e:
-        raise ScheduleError(f"{path}: cannot read schedule file ({e.strerror})") from None
-    return parse_schedule(raw, str(path))
+        raise ScheduleError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except ValueError as e:  # e.g. a NUL byte in the path
+        raise ScheduleError(f"{path!r}: cannot read {what} ({e})") from None
 
 
 def dump_schedule(schedule: Schedule) -> str:

@@ -13,6 +13,7 @@ Exit codes: 0 success; 1 ``show --problem`` found the schedule stale;
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -29,12 +30,14 @@ STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
 #: Keys a study file (``autoremat tune studies/NAME.yaml``) may hold; each is
 #: the ``tune`` option of the same name (dashes as underscores).
 STUDY_FILE_KEYS: Final = (
-    "budget", "problem", "seq_len", "batch", "hidden", "seq2seq", "trials", "timeout",
-    "storage", "study_name", "out", "seed", "time_budget",
+    "budget", "problem", "seq_len", "batch", "hidden", "seq2seq", "trials", "total_trials",
+    "timeout", "storage", "study_name", "out", "seed", "time_budget", "heartbeat",
 )
 _TUNE_DEFAULTS: Final[dict[str, Any]] = {
     "trials": 30, "out": "schedule.yaml", "seed": 0, "time_budget": 5.0, "seq2seq": True,
+    "heartbeat": 60,
 }
+_MAX_SIZE: Final = 2**31 - 1  # lax.scan lengths and array dimensions are int32
 BUILTIN_PROBLEM: Final = "seed_lstm"
 
 
@@ -77,8 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", type=int, help="built-in problem: LSTM width (128)")
     t.add_argument("--last-only", dest="seq2seq", action="store_const", const=False,
                    default=None, help="built-in problem: loss on the last hidden state only")
-    t.add_argument("--trials", type=int, help="schedules to measure (30); duplicates are "
-                   "skipped and do not count")
+    t.add_argument("--trials", type=int, help="schedules to measure (30; with --total-trials, "
+                   "that total); duplicates are skipped and do not count")
+    t.add_argument("--total-trials", type=int, metavar="N", help="stop when the study holds N "
+                   "measured schedules, counting every worker's; a worker then waits for trials "
+                   "still running elsewhere, so all of them end on the same final answer")
     t.add_argument("--timeout", type=float, help="stop starting trials after SECONDS")
     t.add_argument("--storage", help=f"Optuna storage URL (env {STORAGE_ENV}; default "
                    "sqlite:///runs/autoremat.db); any RDB URL, e.g. postgresql://..., lets "
@@ -88,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="where to write the chosen schedule (schedule.yaml)")
     t.add_argument("--seed", type=int, help="sampler seed (0)")
     t.add_argument("--time-budget", type=float, help="seconds of timed runs per schedule (5)")
+    t.add_argument("--heartbeat", type=int, metavar="SECONDS", help="a running trial records a "
+                   "heartbeat every SECONDS (60); one silent for 3x that (its worker was killed "
+                   "or lost) is marked failed and re-queued for another worker, at most twice")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     pa = sub.add_parser("pareto", help="the measured memory/time front of a study",
@@ -136,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"tune": _tune, "pareto": _pareto, "export": _export, "show": _show}[
             args.command](args)
     except UsageError as e:
-        print(f"autoremat: error: {e}", file=sys.stderr)
+        print(f"autoremat: error: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("autoremat: interrupted", file=sys.stderr)
@@ -153,14 +162,12 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
 
 
 def _read_study_file(path: str) -> dict[str, Any]:
-    import yaml
+    from autoremat._schedule import ScheduleError, read_yaml_file
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read study file ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+        data = read_yaml_file(path, what="study file")
+    except ScheduleError as e:
+        raise UsageError(str(e)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -168,8 +175,45 @@ def _read_study_file(path: str) -> dict[str, Any]:
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     bad = [k for k in data if k not in STUDY_FILE_KEYS]
     if bad:
-        raise UsageError(f"{path}: unknown setting {bad[0]!r}; valid: {', '.join(STUDY_FILE_KEYS)}")
+        raise UsageError(f"{path}: unknown setting {bad[0][:60]!r}; valid: "
+                         f"{', '.join(STUDY_FILE_KEYS)}")
     return data
+
+
+def _check_settings(settings: dict[str, Any]) -> None:
+    """Every ``tune`` setting has the right type and range (study files can hold anything)."""
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def bad(key: str, expected: str) -> UsageError:
+        value = repr(settings[key])
+        value = value if len(value) <= 60 else value[:57] + "..."
+        return UsageError(f"--{key.replace('_', '-')}: expected {expected}, got {value}")
+
+    for key, low in (("trials", 0), ("total_trials", 1), ("heartbeat", 1), ("seed", 0)):
+        v = settings.get(key)
+        high = 2**32 - 1 if key == "seed" else _MAX_SIZE
+        if v is not None and (not is_int(v) or not low <= v <= high):
+            raise bad(key, f"an integer from {low} to {high}")
+    for key in ("seq_len", "batch", "hidden"):
+        v = settings.get(key)
+        if v is not None and (not is_int(v) or not 1 <= v <= _MAX_SIZE):
+            raise bad(key, f"a positive integer up to {_MAX_SIZE}")
+    for key in ("timeout", "time_budget"):
+        v = settings.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                              or not math.isfinite(v) or v <= 0):
+            raise bad(key, "seconds > 0")
+    for key in ("problem", "storage", "study_name", "out"):
+        v = settings.get(key)
+        if v is not None and (not isinstance(v, str) or not v.strip() or "\0" in v):
+            raise bad(key, "a non-empty string")
+    if not isinstance(settings.get("seq2seq"), bool):
+        raise bad("seq2seq", "true or false")
+    out = settings.get("out")
+    if isinstance(out, str) and Path(out).is_dir():
+        raise UsageError(f"--out: {out!r} is a directory; give a file name such as schedule.yaml")
 
 
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
@@ -179,8 +223,10 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
 
     if ref is None or ref == BUILTIN_PROBLEM:
         for name, value in (("--seq-len", seq_len), ("--batch", batch), ("--hidden", hidden)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise UsageError(f"{name}: expected a positive integer, got {value!r}")
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 1 <= value <= _MAX_SIZE):
+                raise UsageError(f"{name}: expected a positive integer up to {_MAX_SIZE}, "
+                                 f"got {value!r}")
         return seed_lstm(seq_len=seq_len or 10_000, batch=batch or 10, hidden=hidden or 128,
                          seq2seq=seq2seq)
     given = [n for n, v in (("--seq-len", seq_len), ("--batch", batch), ("--hidden", hidden))
@@ -199,17 +245,13 @@ def _tune(args: argparse.Namespace) -> int:
         value = getattr(args, key, None)
         if value is not None:
             settings[key] = value
+    if settings.get("total_trials") is not None and settings.get("trials") is None:
+        settings["trials"] = settings["total_trials"]
     for key, value in _TUNE_DEFAULTS.items():
-        settings.setdefault(key, value)
+        if settings.get(key) is None:
+            settings[key] = value
     settings.setdefault("storage", os.environ.get(STORAGE_ENV) or None)
-    for key in ("trials", "seed"):
-        if not isinstance(settings[key], int) or isinstance(settings[key], bool) or (
-                key == "trials" and settings[key] < 0):
-            raise UsageError(f"--{key}: expected a non-negative integer, got {settings[key]!r}")
-    for key in ("timeout", "time_budget"):
-        v = settings.get(key)
-        if v is not None and (not isinstance(v, (int, float)) or v <= 0):
-            raise UsageError(f"--{key.replace('_', '-')}: expected seconds > 0, got {v!r}")
+    _check_settings(settings)
 
     from autoremat._budget import BudgetError, parse_bytes
 
@@ -262,10 +304,11 @@ def _run_tune(problem: Any, budget: int, budget_note: str, settings: dict[str, A
 
     try:
         result = tune(
-            problem, budget, n_trials=settings["trials"], timeout=settings.get("timeout"),
+            problem, budget, n_trials=settings["trials"],
+            total_trials=settings.get("total_trials"), timeout=settings.get("timeout"),
             storage=settings.get("storage"), study_name=settings.get("study_name"),
             seed=settings["seed"], out=settings["out"], time_budget=settings["time_budget"],
-            on_trial=on_trial,
+            heartbeat=settings["heartbeat"], on_trial=on_trial,
         )
     finally:
         bar.close()
