@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from autoremat._schedule import NO_REMAT, Level, Schedule, ScheduleError
+from autoremat._schedule import pieces as _split
 
 Carry = TypeVar("Carry")
 PyTree = Any
@@ -117,7 +118,7 @@ def scan_axes(
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
         return carry, _move_out(ys, out_axes)
 
-    pieces = _pieces(steps, schedule.lengths)
+    pieces = _split(steps, schedule.lengths)
     order = reversed(pieces) if reverse else pieces
     carry = init
     outs: dict[int, PyTree] = {}
@@ -132,23 +133,6 @@ def scan_axes(
     else:
         ys = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p, axis=0), *ys_parts)
     return carry, _move_out(ys, out_axes)
-
-
-def _pieces(steps: int, lengths: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """Split ``steps`` into ``(start, chunk_count, level)`` parts, mixed radix.
-
-    Level ``k`` chunks hold ``prod(lengths[k+1:])`` steps; the innermost level's
-    chunk is one step, so every ``steps`` is covered exactly.
-    """
-    pieces, start = [], 0
-    for level in range(len(lengths)):
-        chunk = math.prod(lengths[level + 1:])
-        count = (steps - start) // chunk
-        if count:
-            pieces.append((start, count, level))
-            start += count * chunk
-    assert start == steps
-    return pieces
 
 
 def _checkpoint(fn: Callable[..., Any], level: Level) -> Callable[..., Any]:

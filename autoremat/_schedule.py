@@ -13,11 +13,21 @@ the tuner produces it; YAML is its file form::
     unroll: 1                     # lax.scan unroll of the innermost loop
     meta: {}                      # free-form; the tuner records what it measured
 
+or, for binomial (Revolve) checkpointing::
+
+    version: 1
+    kind: binomial
+    snapshots: 16                 # carries stored at once (>= 1)
+    unroll: 1                     # lax.scan unroll of the forward sweep
+
 Memory/time trade-off (Chen et al. 2016, arXiv 1604.06174): with ``d`` levels
 of lengths ``n_1 .. n_d`` (``T = n_1 * ... * n_d``) and ``nothing_saveable``
 on the outer levels, the backward pass stores about ``n_1 + ... + n_d``
 carries plus one innermost chunk of residuals -- ``O(d * T^(1/d))`` memory --
-for ``d - 1`` extra forward passes.
+for ``d - 1`` extra forward passes. The binomial kind (Griewank & Walther
+2000, "Algorithm 799: Revolve") stores ``s`` carries and runs the fewest
+forward steps any schedule can with ``s`` carries: ``O(log T)`` memory for
+``O(T log T)`` work (``autoremat.bounds``).
 
 This module imports no jax at import time, so the CLI's ``--help`` stays
 instant; ``Policy.resolve`` imports it when a policy is actually built.
@@ -28,7 +38,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,7 +48,7 @@ from autoremat._atomic import atomic_write_text
 
 SCHEDULE_VERSION: Final = 1
 KNOWN_VERSIONS: Final = (1,)
-KINDS: Final = ("nested",)
+KINDS: Final = ("nested", "binomial")
 
 #: Zero-argument members of ``jax.checkpoint_policies`` (the last two are
 #: aliases that JAX keeps for old code).
@@ -69,7 +79,7 @@ _MAX_FILE_BYTES: Final = 1 << 20
 #: lengths (int32); more than 64 levels of length >= 2 tile more than 2^64 steps.
 MAX_LENGTH: Final = 2**31 - 1
 MAX_LEVELS: Final = 64
-_TOP_KEYS: Final = ("version", "kind", "levels", "unroll", "meta")
+_TOP_KEYS: Final = ("version", "kind", "levels", "snapshots", "unroll", "meta")
 _LEVEL_KEYS: Final = ("length", "policy")
 
 
@@ -211,9 +221,11 @@ class Level:
 
 @dataclass(frozen=True)
 class Schedule:
-    """How to rematerialize a scan: nested levels, outermost first.
+    """How to rematerialize a scan: nested levels, or binomial checkpointing.
 
-    Semantics (the one place they are defined; ``autoremat.scan`` follows it):
+    Semantics (the one place they are defined; ``autoremat.scan`` follows it).
+
+    ``kind: nested``:
 
     * Level ``i`` is a ``lax.scan`` whose body -- the whole scan of level
       ``i + 1``, or the user's step at the innermost level -- is wrapped in
@@ -230,18 +242,31 @@ class Schedule:
       levels. Memory stays that of the schedule plus at most ``d`` short scans.
       ``T`` smaller than a chunk simply skips the outer levels.
 
+    ``kind: binomial``: the forward pass is one scan that keeps ``snapshots``
+    carries at the positions of Griewank & Walther's binomial schedule
+    (Revolve); the backward pass (a ``jax.custom_vjp``) restores, re-advances
+    and reverses step by step from them, with the fewest step evaluations any
+    schedule storing ``snapshots`` carries can do
+    (``autoremat.bounds.min_evaluations``). Any ``T`` runs; ``snapshots >=
+    T`` stores every carry (per-step remat). Reverse mode only: ``jax.jvp``
+    through it is not supported (``jax.grad``/``jax.vjp`` are).
+
     Attributes:
-      levels: the levels, outermost first (1 to any depth).
-      unroll: ``lax.scan`` unroll of the innermost loop (>= 1).
-      kind: ``"nested"``.
+      levels: nested: the levels, outermost first (1 to any depth); binomial:
+        empty.
+      unroll: ``lax.scan`` unroll of the innermost loop (nested) or of the
+        forward sweep (binomial), >= 1.
+      kind: ``"nested"`` or ``"binomial"``.
       meta: free-form YAML-safe data: what the schedule was tuned for and what
         was measured. Not used to run the scan.
+      snapshots: binomial only: how many carries are stored at once (>= 1).
     """
 
-    levels: tuple[Level, ...]
+    levels: tuple[Level, ...] = ()
     unroll: int = 1
     kind: str = "nested"
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    snapshots: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -249,7 +274,15 @@ class Schedule:
                 f"kind: unknown kind {_show(self.kind)}; valid: {', '.join(KINDS)}"
             )
         levels = tuple(self.levels)
-        if not levels:
+        if self.kind == "binomial":
+            _check_snapshots(self.snapshots)
+            if levels:
+                raise ScheduleError("levels: a binomial schedule has no levels; remove them")
+        elif self.snapshots is not None:
+            raise ScheduleError(
+                "snapshots: only a binomial schedule has snapshots; remove it or set kind: binomial"
+            )
+        elif not levels:
             raise ScheduleError("levels: needs at least one level, e.g. [{length: 100}]")
         if len(levels) > MAX_LEVELS:
             raise ScheduleError(f"levels: at most {MAX_LEVELS} levels, got {len(levels)}")
@@ -289,6 +322,17 @@ class Schedule:
         return cls(levels=levels, unroll=unroll, meta=dict(meta or {}))
 
     @classmethod
+    def binomial(
+        cls, snapshots: int, *, unroll: int = 1, meta: Mapping[str, Any] | None = None
+    ) -> Schedule:
+        """Binomial (Revolve) checkpointing with ``snapshots`` stored carries.
+
+        >>> Schedule.binomial(16).describe()
+        'binomial s=16 unroll=1'
+        """
+        return cls(kind="binomial", snapshots=snapshots, unroll=unroll, meta=dict(meta or {}))
+
+    @classmethod
     def plain(cls, length: int) -> Schedule:
         """The reference: one plain ``lax.scan`` with no remat (linear memory)."""
         return cls.nested([length], NO_REMAT)
@@ -308,10 +352,12 @@ class Schedule:
 
     def with_meta(self, **meta: Any) -> Schedule:
         """A copy with ``meta`` updated by the given keys."""
-        return Schedule(self.levels, self.unroll, self.kind, {**self.meta, **meta})
+        return replace(self, meta={**self.meta, **meta})
 
     def describe(self) -> str:
         """One line, e.g. ``40x50x50 nothing/nothing/dots unroll=2``."""
+        if self.kind == "binomial":
+            return f"binomial s={self.snapshots} unroll={self.unroll}"
         lengths = "x".join(str(n) for n in self.lengths)
         policies = "/".join(_policy_label(lv.policy) for lv in self.levels)
         return f"{lengths} {policies} unroll={self.unroll}"
@@ -324,14 +370,14 @@ class Schedule:
 
     def to_data(self) -> dict[str, Any]:
         """The YAML-safe mapping form (see the module docstring)."""
-        data: dict[str, Any] = {
-            "version": SCHEDULE_VERSION,
-            "kind": self.kind,
-            "levels": [
+        data: dict[str, Any] = {"version": SCHEDULE_VERSION, "kind": self.kind}
+        if self.kind == "binomial":
+            data["snapshots"] = self.snapshots
+        else:
+            data["levels"] = [
                 {"length": lv.length, "policy": lv.policy.to_data()} for lv in self.levels
-            ],
-            "unroll": self.unroll,
-        }
+            ]
+        data["unroll"] = self.unroll
         if self.meta:
             data["meta"] = _plain(self.meta)
         return data
@@ -360,6 +406,21 @@ class Schedule:
         kind = data.get("kind", "nested")
         if kind not in KINDS:
             raise ScheduleError(f"kind: unknown kind {_show(kind)}; valid: {', '.join(KINDS)}")
+        unroll = data.get("unroll", 1)
+        _check_unroll(unroll)
+        meta = data.get("meta") or {}
+        if not isinstance(meta, Mapping):
+            raise ScheduleError(f"meta: expected a mapping, got {_show(meta)}")
+        if kind == "binomial":
+            if "levels" in data:
+                raise ScheduleError("levels: a binomial schedule has no levels; remove them")
+            if "snapshots" not in data:
+                raise ScheduleError("snapshots: missing; a binomial schedule needs e.g. 'snapshots: 16'")
+            return cls(kind=kind, snapshots=data["snapshots"], unroll=unroll, meta=dict(meta))
+        if "snapshots" in data:
+            raise ScheduleError(
+                "snapshots: only a binomial schedule has snapshots; remove it or set kind: binomial"
+            )
         if "levels" not in data:
             raise ScheduleError("levels: missing; e.g. levels: [{length: 100, policy: nothing_saveable}]")
         raw_levels = data["levels"]
@@ -396,12 +457,33 @@ class Schedule:
                 raise ScheduleError(f"{where}.length: must be <= {MAX_LENGTH}, got {_show(length)}")
             policy = Policy.from_data(raw.get("policy", "nothing_saveable"), f"{where}.policy")
             levels.append(Level(length, policy))
-        unroll = data.get("unroll", 1)
-        _check_unroll(unroll)
-        meta = data.get("meta") or {}
-        if not isinstance(meta, Mapping):
-            raise ScheduleError(f"meta: expected a mapping, got {_show(meta)}")
         return cls(levels=tuple(levels), unroll=unroll, kind=kind, meta=dict(meta))
+
+
+def _check_snapshots(snapshots: Any) -> None:
+    if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
+        raise ScheduleError(
+            f"snapshots: expected an integer >= 1 for kind binomial, got {_show(snapshots)}"
+        )
+    if snapshots > MAX_LENGTH:
+        raise ScheduleError(f"snapshots: must be <= {MAX_LENGTH}, got {_show(snapshots)}")
+
+
+def pieces(steps: int, lengths: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Split ``steps`` into ``(start, chunk_count, level)`` parts, mixed radix.
+
+    Level ``k`` chunks hold ``prod(lengths[k+1:])`` steps; the innermost level's
+    chunk is one step, so every ``steps`` is covered exactly.
+    """
+    out, start = [], 0
+    for level in range(len(lengths)):
+        chunk = math.prod(lengths[level + 1:])
+        count = (steps - start) // chunk
+        if count:
+            out.append((start, count, level))
+            start += count * chunk
+    assert start == steps
+    return out
 
 
 def _check_unroll(unroll: Any) -> None:

@@ -58,6 +58,7 @@ Differences from ``nn.scan``:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -176,7 +177,7 @@ def _core_options(options: dict[str, Any]) -> dict[str, Any]:
     schedule = _as_schedule(options["schedule"])
     unroll = options.pop("unroll", None)
     if unroll is not None:
-        schedule = Schedule(schedule.levels, unroll, schedule.kind, schedule.meta)
+        schedule = dataclasses.replace(schedule, unroll=unroll)
     options["schedule"] = schedule
     _variable_axes(options.get("variable_axes", FrozenDict()))
     if any(ax is broadcast for ax in jax.tree_util.tree_leaves(options.get("out_axes", 0))):

@@ -18,7 +18,7 @@ from jax import lax
 import autoremat
 from autoremat import Schedule
 from autoremat._problem import seed_lstm
-from autoremat._scan import _pieces
+from autoremat._schedule import pieces as _pieces
 from autoremat._schedule import ZERO_ARG_POLICIES
 
 RTOL = 1e-5
