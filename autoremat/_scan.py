@@ -118,6 +118,12 @@ def scan_axes(
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
         return carry, _move_out(ys, out_axes)
 
+    if schedule.kind == "binomial":
+        from autoremat._binomial import binomial_scan
+
+        carry, ys = binomial_scan(step, init, leaves, axes, steps, schedule.snapshots,
+                                  reverse, schedule.unroll)
+        return carry, _move_out(ys, out_axes)
     pieces = _split(steps, schedule.lengths)
     order = reversed(pieces) if reverse else pieces
     carry = init
