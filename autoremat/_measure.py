@@ -290,7 +290,14 @@ def _kind_of_failure(e: BaseException, stage: str) -> str:
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
+    raw = str(e)
+    if "Traceback (most recent call last)" in raw:
+        # A Python error raised inside the computation (a host callback): JAX
+        # embeds its whole traceback; keep the text before it and its last line.
+        head, _, tail = raw.partition("Traceback (most recent call last)")
+        last = [line for line in tail.splitlines() if line.strip()]
+        raw = f"{head.rstrip(' :')}: {last[-1].strip()}" if last else head
+    text = " ".join(raw.split()) or type(e).__name__
     text = f"{type(e).__name__}: {text}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -408,7 +408,8 @@ class Schedule:
             raise ScheduleError(f"kind: unknown kind {_show(kind)}; valid: {', '.join(KINDS)}")
         unroll = data.get("unroll", 1)
         _check_unroll(unroll)
-        meta = data.get("meta") or {}
+        meta = data.get("meta")
+        meta = {} if meta is None else meta
         if not isinstance(meta, Mapping):
             raise ScheduleError(f"meta: expected a mapping, got {_show(meta)}")
         if kind == "binomial":

@@ -127,16 +127,28 @@ def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) 
         if str(path) not in ("", ":memory:"):
             path.parent.mkdir(parents=True, exist_ok=True)
     if url.startswith(_RDB_PREFIXES):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url, heartbeat_interval=heartbeat, grace_period=GRACE_INTERVALS * heartbeat,
-                    **_retry_callback(optuna))
-        except Exception as e:
-            raise TuneError(
-                f"--storage: cannot open {redact(url)}: {type(e).__name__}: {_one_line(e)}"
-            ) from None
+        import random
+
+        import sqlalchemy.exc
+
+        for attempt in range(6):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    return optuna.storages.RDBStorage(
+                        url, heartbeat_interval=heartbeat,
+                        grace_period=GRACE_INTERVALS * heartbeat, **_retry_callback(optuna))
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+                # Workers starting together on an empty database race to create
+                # Optuna's tables; the losers find them made on the next try.
+                if attempt == 5:
+                    raise TuneError(f"--storage: cannot open {redact(url)}: {type(e).__name__}: "
+                                    f"{_one_line(e)}") from None
+                time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
+            except Exception as e:
+                raise TuneError(
+                    f"--storage: cannot open {redact(url)}: {type(e).__name__}: {_one_line(e)}"
+                ) from None
     return url
 
 
@@ -546,6 +558,10 @@ def tune(
     deadline = None if timeout is None else time.monotonic() + timeout
     max_attempts = n_trials * 10 + _MAX_DUPLICATES_IN_A_ROW
     interrupted = False
+    verbosity = optuna.logging.get_verbosity()
+    # A failed schedule is a FAIL trial with its reason in user_attrs (and on_trial);
+    # Optuna's own warning would print the MeasurementFailed traceback.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         while (counts["measured"] < n_trials and counts["attempts"] < max_attempts
                and counts["duplicates_in_a_row"] < _MAX_DUPLICATES_IN_A_ROW):
@@ -573,6 +589,8 @@ def tune(
             fail_stale()
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     return _result(study, storage_url, counts["measured"], interrupted, out)
 
 

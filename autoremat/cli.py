@@ -296,6 +296,9 @@ def _run_tune(problem: Any, budget: int, budget_note: str, settings: dict[str, A
 
     def on_trial(study: Any, trial: Any) -> None:
         a = trial.user_attrs
+        if a.get("measured") and a.get("status") == "error":
+            tqdm.write(f"autoremat: trial {trial.number} failed ({a.get('describe', '')}): "
+                       f"{a.get('reason')}; going on", file=sys.stderr)
         if a.get("measured"):
             bar.update(1)
             bar.set_postfix_str(f"#{trial.number} {a.get('describe', '')} "
