@@ -124,6 +124,8 @@ MIXED3 = ("nothing_saveable", "dots_saveable", "none")
         (True, 13, Schedule.nested([2, 3])),  # 13 = 2*6 + 1: a remainder piece
         (False, 13, Schedule.nested([2, 2, 2], MIXED3)),  # 3 levels, 13 = 3*4 + 1
         (False, 13, Schedule.nested([2, 16], ("nothing_saveable", "dots_saveable"))),  # T < chunk
+        (True, 13, Schedule.binomial(3)),
+        (False, 13, Schedule.binomial(1)),
     ],
     ids=lambda v: v.describe().replace(" ", "_") if isinstance(v, Schedule) else str(v),
 )
@@ -253,7 +255,7 @@ def test_split_rngs_dropout() -> None:
         "OptimizedLSTMCell_0": reference_params()["params"]["cell"]}}}
     assert shapes(ref_params) == shapes(ref_abstract)
     ref_y = jax.jit(ref.apply)(ref_params, x, rngs=drop7)
-    for schedule in (Schedule.nested([2, 3]), Schedule.nested([2, 2, 2])):
+    for schedule in (Schedule.nested([2, 3]), Schedule.nested([2, 2, 2]), Schedule.binomial(3)):
         model = dropout_model(autoremat_scan(schedule))
         abstract = jax.eval_shape(model.init, rngs, x)
         assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(ref_abstract)
@@ -321,7 +323,8 @@ def counter_model(scan_fn: ScanFn) -> nn.Module:
 def test_variable_carry_and_broadcast_argument() -> None:
     xs, w = jnp.arange(21.0).reshape(7, 3), jnp.array([1.0, 2.0, 3.0])
     results = []
-    for scan_fn in (nn.scan, autoremat_scan(Schedule.nested([2, 2]))):
+    for scan_fn in (nn.scan, autoremat_scan(Schedule.nested([2, 2])),
+                    autoremat_scan(Schedule.binomial(2))):
         model = counter_model(scan_fn)
         variables = jax.jit(model.init)(jax.random.PRNGKey(0), xs, w)
         apply = functools.partial(model.apply, mutable=["state"])
@@ -329,12 +332,13 @@ def test_variable_carry_and_broadcast_argument() -> None:
         grad_w = jax.jit(jax.grad(
             lambda w, f=apply, v=variables: f(v, xs, w)[0][1].sum()))(w)
         results.append((variables, out, state, grad_w))
-    (ref_vars, ref_out, ref_state, ref_grad), (variables, out, state, grad_w) = results
-    assert int(variables["state"]["n"]) == int(ref_vars["state"]["n"]) == 7
-    assert int(state["state"]["n"]) == int(ref_state["state"]["n"]) == 14
-    assert_trees_close(out, ref_out)
-    np.testing.assert_allclose(np.asarray(out[0]), np.asarray(xs.sum(0) * w), rtol=RTOL)
-    assert_trees_close(grad_w, ref_grad)  # gradient through the broadcast argument
+    (ref_vars, ref_out, ref_state, ref_grad), *ours = results
+    for variables, out, state, grad_w in ours:
+        assert int(variables["state"]["n"]) == int(ref_vars["state"]["n"]) == 7
+        assert int(state["state"]["n"]) == int(ref_state["state"]["n"]) == 14
+        assert_trees_close(out, ref_out)
+        np.testing.assert_allclose(np.asarray(out[0]), np.asarray(xs.sum(0) * w), rtol=RTOL)
+        assert_trees_close(grad_w, ref_grad)  # gradient through the broadcast argument
 
 
 def test_schedule_file_and_unroll(tmp_path: Path) -> None:
@@ -370,3 +374,19 @@ def test_module_docstring_example_runs() -> None:
     result = doctest.testmod(autoremat.linen, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 5
     assert result.failed == 0
+
+
+def test_binomial_layer_stack_gradients_through_scanned_params() -> None:
+    """Per-layer params are scanned inputs: their cotangents come from the reversals."""
+    h = jnp.ones((3, FEAT))
+    ref, ours = stack_model(nn.scan), stack_model(autoremat_scan(Schedule.binomial(2)))
+    params = {"params": jax.jit(ref.init)(jax.random.PRNGKey(0), h)["params"]}
+
+    def grads(model: nn.Module) -> Any:
+        def loss(p: Any) -> jax.Array:
+            out, ys = model.apply(p, h)
+            return jnp.sum(out**2) + jnp.sum(ys * jnp.arange(1.0, 6.0))
+
+        return jax.jit(jax.value_and_grad(loss))(params)
+
+    assert_trees_close(grads(ours), grads(ref))

@@ -1,0 +1,200 @@
+"""The binomial (Revolve) kind against a plain lax.scan, and its step count.
+
+Gradients must equal a plain scan's (float32, rtol 1e-5) on the nested kind's
+matrix of cells, pytrees, T and options, and for every ``s`` from 1 to T; the
+number of step evaluations counted at run time must equal the optimum of an
+independent dynamic program.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from test_scan import _assert_close, _loss_and_grads, _temp_bytes
+
+import autoremat
+from autoremat import Schedule
+from autoremat._problem import seed_lstm
+
+# (cell, T, snapshots, axis, reverse): every cell, T in {1, 7, 97, 1000, 1009},
+# s from 1 (quadratic) to >= T (every carry), both axes, both directions.
+CASES = [
+    ("lstm", 1, 1, 0, False),
+    ("lstm", 7, 2, 1, False),
+    ("lstm", 97, 3, 1, True),
+    ("lstm", 1000, 8, 1, False),
+    ("lstm", 1009, 5, 0, True),
+    ("gru", 1, 4, 1, True),
+    ("gru", 7, 7, 0, False),
+    ("gru", 97, 96, 1, False),
+    ("gru", 1009, 16, 1, True),
+    ("dict", 1, 1, 0, False),
+    ("dict", 7, 1, 0, True),
+    ("dict", 97, 6, 1, True),
+    ("dict", 1000, 32, 0, False),
+    ("dict", 1009, 3, 1, False),
+]
+
+
+@pytest.mark.parametrize(("cell", "steps", "snapshots", "axis", "reverse"), CASES)
+def test_gradients_match_plain_scan(
+    cell: str, steps: int, snapshots: int, axis: int, reverse: bool
+) -> None:
+    """w.r.t. closed-over params (flax cells), the initial carry and the inputs."""
+    want = _loss_and_grads(cell, None, steps, axis=axis, reverse=reverse)
+    got = _loss_and_grads(cell, Schedule.binomial(snapshots), steps, axis=axis, reverse=reverse)
+    _assert_close(got, want)
+
+
+def _tanh_loss(w: jax.Array, c0: jax.Array, xs: jax.Array, schedule: Schedule | None,
+               reverse: bool = False) -> jax.Array:
+    def f(c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        c = jnp.tanh(c @ w + x)
+        return c, c * x
+
+    if schedule is None:
+        c, ys = lax.scan(f, c0, xs, reverse=reverse)
+    else:
+        c, ys = autoremat.scan(f, c0, xs, schedule=schedule, reverse=reverse)
+    return c.sum() + jnp.sum(ys**2 * jnp.arange(1.0, xs.shape[0] + 1)[:, None])
+
+
+def test_every_snapshot_count_from_1_to_T() -> None:
+    steps = 13
+    w = jnp.array([[0.5, -0.4, 0.1], [0.2, 0.6, -0.3], [-0.1, 0.3, 0.7]])
+    xs = jnp.cos(jnp.arange(steps * 3, dtype=jnp.float32)).reshape(steps, 3)
+    c0 = jnp.array([1.0, -0.5, 0.25])
+    grad = jax.jit(jax.value_and_grad(_tanh_loss, argnums=(0, 1, 2)), static_argnums=(3, 4))
+    for reverse, snapshots in ((False, [*range(1, steps + 1), 40]), (True, [1, 4, steps])):
+        want = grad(w, c0, xs, None, reverse)
+        for s in snapshots:
+            _assert_close(grad(w, c0, xs, Schedule.binomial(s), reverse), want)
+
+
+def test_outputs_match_without_grad() -> None:
+    """Forward values (carry and stacked outputs) equal lax.scan, pytrees, axis=1."""
+    from test_scan import CELLS, _inputs
+
+    make, params, carry = CELLS["dict"]()
+    xs = _inputs("dict", 31, 1)
+    f = make(params)
+    want_c, want_ys = lax.scan(f, carry, jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), xs))
+    got_c, got_ys = autoremat.scan(f, carry, xs, schedule=Schedule.binomial(4), axis=1)
+    _assert_close(got_c, want_c)
+    _assert_close(got_ys, jax.tree_util.tree_map(lambda y: jnp.swapaxes(y, 0, 1), want_ys))
+
+
+def test_xs_none_and_integer_carry() -> None:
+    """No inputs (``length=``), and a carry with an int32 counter next to the state."""
+    w = jnp.array([[0.9, -0.2], [0.3, 0.8]])
+
+    def loss(w: jax.Array, schedule: Schedule | None) -> tuple[jax.Array, jax.Array]:
+        def f(c: Any, _: None) -> tuple[Any, jax.Array]:
+            h, n = c
+            h = jnp.tanh(h @ w + 0.1 * n.astype(jnp.float32))
+            return (h, n + 1), h[0]
+
+        init = (jnp.ones(2), jnp.int32(0))
+        if schedule is None:
+            (h, n), ys = lax.scan(f, init, None, length=23)
+        else:
+            (h, n), ys = autoremat.scan(f, init, None, length=23, schedule=schedule)
+        return h.sum() + jnp.sum(ys * jnp.arange(23.0)), n
+
+    want = jax.value_and_grad(loss, has_aux=True)(w, None)
+    for s in (1, 3, 23):
+        got = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(
+            w, Schedule.binomial(s))
+        _assert_close(got, want)
+        assert int(got[0][1]) == 23
+
+
+def test_only_what_is_differentiated_gets_a_cotangent() -> None:
+    """Gradient w.r.t. the params alone equals the reference (xs, carry untouched)."""
+    w = jnp.eye(3) * 0.7
+    xs = jnp.sin(jnp.arange(60.0)).reshape(20, 3)
+    c0 = jnp.ones(3)
+    want = jax.grad(_tanh_loss)(w, c0, xs, None)
+    got = jax.jit(jax.grad(_tanh_loss), static_argnums=3)(w, c0, xs, Schedule.binomial(4))
+    _assert_close(got, want)
+
+
+# --- step evaluations counted at run time vs an independent dynamic program ----
+
+
+@functools.cache
+def _fewest_advances(length: int, slots: int) -> int:
+    """Revolve's optimum by brute force: reverse ``length`` steps, the first carry
+    stored, with ``slots`` checkpoints in all (the stored first carry included)."""
+    if length == 1:
+        return 0
+    if slots == 1:
+        return length - 1 + _fewest_advances(length - 1, 1)
+    return min(m + _fewest_advances(length - m, slots - 1) + _fewest_advances(m, slots)
+               for m in range(1, length))
+
+
+def _dp_evaluations(steps: int, snapshots: int) -> int:
+    """Step runs of forward + backward: T - 1 of the first sweep are the DP's
+    advances; + 1 for the last step's forward, + T for the reversals (VJPs)."""
+    return _fewest_advances(steps, min(snapshots, steps)) + 1 + steps
+
+
+def _counted_evaluations(steps: int, snapshots: int) -> int:
+    count = [0]
+
+    def tick(_: Any) -> None:
+        count[0] += 1
+
+    def loss(w: jax.Array) -> jax.Array:
+        def f(c: jax.Array, _: None) -> tuple[jax.Array, None]:
+            jax.debug.callback(tick, c)
+            return jnp.tanh(c * w + 0.1), None
+
+        c, _ = autoremat.scan(f, jnp.float32(0.3), None, length=steps,
+                              schedule=Schedule.binomial(snapshots))
+        return c
+
+    grad = jax.jit(jax.grad(loss))
+    grad.lower(0.5).compile()  # no run at compile time: only the call below counts
+    jax.block_until_ready(grad(0.5))
+    jax.effects_barrier()
+    return count[0]
+
+
+# CI runs a spread of (T, s); `-m slow` runs every T <= 120, s <= 8.
+QUICK = [(1, 1), (2, 1), (5, 2), (10, 3), (17, 4), (31, 8), (64, 5), (97, 6), (120, 8), (50, 1)]
+
+
+@pytest.mark.parametrize(("steps", "snapshots"), QUICK)
+def test_counted_evaluations_equal_the_optimum(steps: int, snapshots: int) -> None:
+    assert _counted_evaluations(steps, snapshots) == _dp_evaluations(steps, snapshots)
+    assert autoremat.bounds.min_evaluations(steps, min(snapshots, steps)) == _dp_evaluations(
+        steps, snapshots)
+
+
+@pytest.mark.slow
+def test_counted_evaluations_equal_the_optimum_for_all_small_T() -> None:
+    for steps in range(1, 121):
+        for snapshots in range(1, 9):
+            counted = _counted_evaluations(steps, snapshots)
+            assert counted == _dp_evaluations(steps, snapshots), (steps, snapshots, counted)
+
+
+# --- memory -----------------------------------------------------------------------
+
+
+def test_memory_at_1e5_is_under_5_mb_and_inputs_get_no_cotangent() -> None:
+    """The seed's train step (seq2seq=False) at T=10^5 with s=32: temp <= 5 MB.
+
+    The 128 MB input is not differentiated: no T-long cotangent buffer exists.
+    """
+    problem = seed_lstm(seq_len=100_000, seq2seq=False)
+    temp = _temp_bytes(problem, Schedule.binomial(32))
+    assert temp <= 5e6, temp
+    assert temp < 0.05 * (10 * 100_000 * 32 * 4)
