@@ -1,0 +1,57 @@
+"""A step that raises, fails to build or compile, or returns NaN: a FAIL trial with
+the reason, and the study goes on (``tests/faulty_problem.py:faulty``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autoremat._schedule import load_schedule
+from autoremat._space import seed_schedules
+from tests.faulty_problem import FAIL_BUILD, FAIL_COMPILE, FAIL_NAN, FAIL_RUN
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTY = f"{ROOT / 'tests' / 'faulty_problem.py'}:faulty"
+
+REASONS = {
+    FAIL_RUN: "run failed: JaxRuntimeError: INTERNAL: CpuCallback error calling callback: "
+              "RuntimeError: step exploded at run time",
+    FAIL_BUILD: "build failed: RuntimeError: build exploded",
+    FAIL_COMPILE: "compile failed: TypeError: add got incompatible shapes for broadcasting",
+    FAIL_NAN: "non-finite output:",
+}
+
+
+def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("AUTOREMAT_STORAGE", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "autoremat.cli", "tune", "--problem", FAULTY, "--budget", "1MB",
+         "--trials", "6", "--time-budget", "0.02", "--study-name", "faulty", "--no-progress"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "wrote schedule.yaml" in r.stdout and "(10 trials" not in r.stdout
+
+    study = optuna.load_study(study_name="faulty",
+                              storage=f"sqlite:///{tmp_path / 'runs' / 'autoremat.db'}")
+    trials = study.get_trials()
+    seeds = [s.key() for s in seed_schedules(32)]
+    for i, reason in REASONS.items():
+        t = trials[i]
+        assert t.user_attrs["schedule_key"] == seeds[i]
+        assert t.state == TrialState.FAIL and t.user_attrs["measured"]
+        assert t.user_attrs["status"] == "error" and not t.user_attrs["feasible"]
+        assert t.user_attrs["reason"].startswith(reason), t.user_attrs["reason"]
+        assert "Traceback" not in t.user_attrs["reason"] and "\n" not in t.user_attrs["reason"]
+        # one line per failure on stderr, and the search went on
+        assert f"autoremat: trial {i} failed (" in r.stderr and reason in r.stderr
+    ok = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(ok) == 2 and all(t.user_attrs["feasible"] for t in ok)
+    best = load_schedule(tmp_path / "schedule.yaml")
+    assert best.meta["trial"] in {t.number for t in ok}
+    assert "6 measured now" in r.stdout
