@@ -5,6 +5,11 @@ the compiled executable's ``memory_analysis()``, ``step_seconds`` the median
 of timed runs. The front is the set of trials within the study's budget that
 no other such trial beats on both (a trial is dominated when another has
 ``total <=`` and ``step <=``, one of them strictly).
+
+Next to the measurements, each point shows its *recompute factor* (step
+evaluations per step, ``autoremat.bounds.cost``: 1 plain, 2 per-step remat)
+and how far that is from the fewest any schedule storing as many carries can
+do (``bounds.distance_to_optimum``: 1.0 = optimal, the binomial kind).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from autoremat._budget import format_bytes
 from autoremat._schedule import Schedule
 from autoremat._tune import TuneError, choose, measured_trials, trial_schedule, within_budget
+from autoremat.bounds import cost, distance_to_optimum
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,8 @@ class FrontPoint:
       ratio_to_fastest: ``step_seconds`` / the fastest front point's.
       schedule: the schedule in one line (``Schedule.describe``).
       chosen: the trial ``tune`` picks under the study's budget.
+      recompute: step evaluations per step of one forward + backward pass.
+      vs_optimum: evaluations over the optimum at the same stored carries.
     """
 
     number: int
@@ -38,6 +46,8 @@ class FrontPoint:
     ratio_to_fastest: float
     schedule: str
     chosen: bool
+    recompute: float
+    vs_optimum: float
 
 
 def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -56,14 +66,18 @@ def pareto_front(study: Any) -> list[FrontPoint]:
     fastest = min(point[t.number][1] for t in front)
     chosen = choose(study)
     front.sort(key=lambda t: (point[t.number][0], point[t.number][1], t.number))
+    seq_len = int(study.user_attrs["seq_len"])
+    schedules = {t.number: Schedule.from_data(t.user_attrs["schedule"]) for t in front}
     return [
         FrontPoint(
             number=t.number,
             total_bytes=int(point[t.number][0]),
             step_seconds=float(point[t.number][1]),
             ratio_to_fastest=float(point[t.number][1]) / fastest if fastest > 0 else 1.0,
-            schedule=Schedule.from_data(t.user_attrs["schedule"]).describe(),
+            schedule=schedules[t.number].describe(),
             chosen=chosen is not None and t.number == chosen.number,
+            recompute=cost(schedules[t.number], seq_len).recompute_factor,
+            vs_optimum=distance_to_optimum(schedules[t.number], seq_len),
         )
         for t in front
     ]
@@ -74,14 +88,18 @@ def front_table(points: list[FrontPoint], budget_bytes: int) -> str:
     lines = [
         f"Pareto front within budget {format_bytes(budget_bytes)} ({len(points)} points; "
         "* = chosen: fastest that fits)",
-        f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  schedule",
+        f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  {'recompute':>9}  "
+        f"{'vs opt':>6}  schedule",
     ]
     for p in points:
         mark = "*" if p.chosen else " "
         lines.append(
             f"{mark} {p.number:>5}  {format_bytes(p.total_bytes):>10}  "
-            f"{_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.schedule}"
+            f"{_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
+            f"{p.vs_optimum:>6.2f}  {p.schedule}"
         )
+    lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
+                 "fewest any schedule storing as many carries needs (autoremat.bounds)")
     return "\n".join(lines)
 
 
@@ -180,14 +198,24 @@ def plot_study(study: Any, path: str | Path) -> Path:
 
 def describe_schedule(schedule: Schedule) -> str:
     """A human summary: levels, policies, and what ``meta`` records."""
-    lines = [f"schedule: {schedule.describe()}",
-             f"  depth {schedule.depth}, tiles T = {schedule.tuned_length} exactly "
-             "(any T runs)"]
+    lines = [f"schedule: {schedule.describe()}"]
+    if schedule.kind == "binomial":
+        lines.append(f"  binomial (Revolve) checkpointing: {schedule.snapshots} carries stored at "
+                     "once, the fewest step re-runs for that memory (any T runs)")
+        seq_len = schedule.meta.get("seq_len")
+        if isinstance(seq_len, int) and seq_len >= 1:
+            c = cost(schedule, seq_len)
+            lines.append(f"  at T = {seq_len}: {c.evaluations} step evaluations per training "
+                         f"step ({c.recompute_factor:.2f}x the forward)")
+    else:
+        lines.append(f"  depth {schedule.depth}, tiles T = {schedule.tuned_length} exactly "
+                     "(any T runs)")
     for i, lv in enumerate(schedule.levels):
         where = "outermost" if i == 0 else ("innermost" if i == schedule.depth - 1 else "")
         lines.append(f"  level {i}: length {lv.length:>7}, policy {lv.policy.to_data()}"
                      + (f"  ({where})" if where and schedule.depth > 1 else ""))
-    lines.append(f"  unroll (innermost): {schedule.unroll}")
+    where = "forward sweep" if schedule.kind == "binomial" else "innermost"
+    lines.append(f"  unroll ({where}): {schedule.unroll}")
     meta = dict(schedule.meta)
     if not meta:
         lines.append("  meta: none (not written by autoremat tune)")

@@ -2,7 +2,11 @@
 
 The space, for a sequence of length ``T``:
 
-* ``depth`` in 1..4 (only depths with ``2**depth <= T``);
+* ``kind``: ``nested`` or ``binomial``;
+* binomial: ``snapshots`` on a log scale from the fewest that keep every step
+  within ``MAX_REPETITIONS`` re-runs (``autoremat.bounds.repetitions``) up to
+  ``4 sqrt(T)`` (past that it is per-step remat with extra bookkeeping);
+* nested: ``depth`` in 1..4 (only depths with ``2**depth <= T``);
 * depth 1: one plain scan; its policy is ``none`` (no remat, linear memory)
   or one of the zero-argument policies (remat of every step);
 * depth ``d > 1``: the ``d - 1`` inner chunk lengths, innermost first, each
@@ -17,7 +21,9 @@ The space, for a sequence of length ``T``:
 
 ``seed_params`` gives the obvious candidates, enqueued before any sampling:
 plain scan, per-step remat, sqrt(T) two levels, cube-root three levels
-(Chen et al. 2016, arXiv 1604.06174: ``d`` levels store ``O(d T^(1/d))``).
+(Chen et al. 2016, arXiv 1604.06174: ``d`` levels store ``O(d T^(1/d))``),
+and the binomial schedule with three repetitions (Griewank & Walther 2000:
+``C(s + 3, 3) >= T`` snapshots).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import math
 from typing import Any, Final
 
 from autoremat._schedule import NO_REMAT, Policy, Schedule
+from autoremat.bounds import max_steps, repetitions
 
 POLICIES: Final[dict[str, Policy]] = {
     "nothing": Policy("nothing_saveable"),
@@ -41,6 +48,9 @@ OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
 }
 UNROLLS: Final = (1, 2, 4, 8)
 MAX_DEPTH: Final = 4
+#: Binomial schedules re-run a step at most this often (about ``r + 1`` times
+#: the forward work); fewer snapshots than that are never faster than nested.
+MAX_REPETITIONS: Final = 6
 _SNAP: Final = 0.25
 
 
@@ -68,8 +78,28 @@ def snap(length: int, remaining: int) -> int:
     return best if abs(best - length) <= _SNAP * length else length
 
 
+def snapshot_range(seq_len: int) -> tuple[int, int]:
+    """The binomial ``snapshots`` worth trying at this ``T`` (low, high)."""
+    high = max(1, min(seq_len, 4 * math.isqrt(seq_len)))
+    low = 1
+    while low < high and repetitions(seq_len, low) > MAX_REPETITIONS:
+        low += 1
+    return low, high
+
+
+def _binomial_for(seq_len: int, reps: int) -> int:
+    """The fewest snapshots reversing ``seq_len`` steps with ``reps`` repetitions."""
+    s = 1
+    while max_steps(s, reps) < seq_len:
+        s += 1
+    return s
+
+
 def suggest(trial: Any, seq_len: int, platform: str = "cpu") -> Schedule:
     """Sample a schedule for a length-``seq_len`` scan from an Optuna trial."""
+    if trial.suggest_categorical("kind", ["nested", "binomial"]) == "binomial":
+        low, high = snapshot_range(seq_len)
+        return Schedule.binomial(trial.suggest_int("snapshots", low, high, log=True))
     choices = policy_choices(platform)
     depth = trial.suggest_categorical("depth", depths(seq_len))
     if depth == 1:
@@ -115,19 +145,23 @@ def seed_params(seq_len: int) -> list[dict[str, Any]]:
     levels (``nothing/nothing/everything``).
     """
     params: list[dict[str, Any]] = [
-        {"depth": 1, "d1_policy": NO_REMAT, "d1_unroll": 1},
-        {"depth": 1, "d1_policy": "nothing", "d1_unroll": 1},
+        {"kind": "nested", "depth": 1, "d1_policy": NO_REMAT, "d1_unroll": 1},
+        {"kind": "nested", "depth": 1, "d1_policy": "nothing", "d1_unroll": 1},
     ]
     for depth, policies in ((2, ["nothing", "everything"]),
                             (3, ["nothing", "nothing", "everything"])):
         if depth not in depths(seq_len):
             continue
-        p: dict[str, Any] = {"depth": depth, f"d{depth}_unroll": 1}
+        p: dict[str, Any] = {"kind": "nested", "depth": depth, f"d{depth}_unroll": 1}
         for i, length in enumerate(_root_chunks(seq_len, depth)):
             p[f"d{depth}_n{i}"] = length
         for i, label in enumerate(policies):
             p[f"d{depth}_p{i}"] = label
         params.append(p)
+    if seq_len >= 2:
+        low, high = snapshot_range(seq_len)
+        snapshots = min(max(_binomial_for(seq_len, 3), low), high)
+        params.append({"kind": "binomial", "snapshots": snapshots})
     return params
 
 

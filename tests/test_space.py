@@ -19,13 +19,20 @@ from autoremat._space import (
     seed_params,
     seed_schedules,
     snap,
+    snapshot_range,
     suggest,
 )
+from autoremat.bounds import repetitions
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _check(schedule: Schedule, seq_len: int, platform: str = "cpu") -> None:
+    if schedule.kind == "binomial":
+        low, high = snapshot_range(seq_len)
+        assert low <= schedule.snapshots <= high
+        assert repetitions(seq_len, schedule.snapshots) <= 6 or schedule.snapshots == high
+        return
     allowed = {p.name for p in policy_choices(platform).values()}
     assert 1 <= schedule.depth <= 4
     assert schedule.unroll in UNROLLS or schedule.unroll == schedule.lengths[-1]
@@ -50,9 +57,9 @@ def test_random_trials_give_valid_schedules(seq_len: int) -> None:
         trial = study.ask()
         schedule = suggest(trial, seq_len)
         _check(schedule, seq_len)
-        seen.add(schedule.depth)
+        seen.add(schedule.depth if schedule.kind == "nested" else "binomial")
         study.tell(trial, 0.0)
-    assert seen == set(depths(seq_len))
+    assert seen == {*depths(seq_len), "binomial"}
 
 
 def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
@@ -62,6 +69,7 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
         "10000 nothing unroll=1",
         "100x100 nothing/everything unroll=1",
         "25x20x20 nothing/nothing/everything unroll=1",
+        "binomial s=38 unroll=1",  # C(38 + 3, 3) >= 10^4: three repetitions
     ]
     assert seed_schedules(100_000)[3].lengths == (50, 40, 50)
 
@@ -71,7 +79,7 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
 def test_seed_candidates_cover_any_length(seq_len: int) -> None:
     for schedule in seed_schedules(seq_len):
         _check(schedule, seq_len)
-    assert len(seed_params(seq_len)) == 2 + sum(d in depths(seq_len) for d in (2, 3))
+    assert len(seed_params(seq_len)) == 2 + sum(d in depths(seq_len) for d in (2, 3)) + (seq_len >= 2)
 
 
 def test_offload_policies_only_on_accelerators() -> None:
