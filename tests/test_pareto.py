@@ -69,7 +69,7 @@ def test_front_is_exactly_the_non_dominated_feasible_trials(seed: int) -> None:
     assert len(chosen) == 1 and chosen[0].number == choose(study).number
     assert min(p.ratio_to_fastest for p in front) == 1.0
     table = front_table(front, budget)
-    assert table.count("\n") == len(front) + 1
+    assert table.count("\n") == len(front) + 2  # title, header, rows, legend
     assert f"* {chosen[0].number:>5}" in table
     data = json.loads(front_json(front, budget))
     assert data["budget_bytes"] == budget and len(data["front"]) == len(front)

@@ -18,8 +18,8 @@ from jax import lax
 import autoremat
 from autoremat import Schedule
 from autoremat._problem import seed_lstm
-from autoremat._schedule import pieces as _pieces
 from autoremat._schedule import ZERO_ARG_POLICIES
+from autoremat._schedule import pieces as _pieces
 
 RTOL = 1e-5
 ATOL = 1e-6
