@@ -2,9 +2,11 @@
 
 The pipeline, one module per box::
 
-    schedule (YAML)  _schedule.py   Schedule, load/save, ScheduleError
+    schedule (YAML)  _schedule.py   Schedule (nested | binomial), load/save, ScheduleError
       -> builder     _scan.py       scan(): nested chunked remat, lax.scan semantics
+                     _binomial.py   the binomial kind: custom_vjp running _revolve.py's plan
                      linen.py       linen.scan(): the same for flax.linen
+                     bounds.py      Revolve's optimum; any schedule's recompute and carries
       -> measure     _measure.py    compile -> memory_analysis -> run -> time
       -> search      _space.py      Optuna trial -> Schedule
                      _tune.py       the study: budget constraint, storage, resume
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoremat import bounds as bounds
 from autoremat._budget import parse_bytes as parse_bytes
 from autoremat._check import StaleScheduleWarning as StaleScheduleWarning
 from autoremat._check import load_schedule as load_schedule
@@ -46,6 +49,7 @@ __all__ = [
     "ScheduleError",
     "StaleScheduleWarning",
     "TuneResult",
+    "bounds",
     "linen",
     "load_schedule",
     "measure",
