@@ -46,6 +46,8 @@ def test_parse_the_documented_form() -> None:
             ],
         ),
         Schedule.nested([7, 7], meta={"problem": "p", "total_bytes": 123, "nested": {"a": [1, 2]}}),
+        Schedule.binomial(32),
+        Schedule.binomial(1, unroll=4, meta={"seq_len": 100}),
     ],
 )
 def test_yaml_round_trip(tmp_path: Path, schedule: Schedule) -> None:
@@ -125,6 +127,12 @@ BAD = [
     ("version: 1\nlevels: [{length: 10}\n", r"not valid YAML \(line"),
     ("a: &x [1]\nb: *x\n", r"aliases \(\*name\) are not allowed"),
     ("", r"schedule: expected a mapping"),
+    ("version: 1\nkind: binomial\n", r"snapshots: missing; a binomial schedule needs"),
+    ("version: 1\nkind: binomial\nsnapshots: 0\n", r"snapshots: expected an integer >= 1"),
+    ("version: 1\nkind: binomial\nsnapshots: many\n", r"snapshots: expected an integer >= 1"),
+    ("version: 1\nkind: binomial\nsnapshots: 4\nlevels: [{length: 2}]\n",
+     r"levels: a binomial schedule has no levels"),
+    ("version: 1\nlevels: [{length: 2}]\nsnapshots: 4\n", r"snapshots: only a binomial schedule"),
 ]
 
 
