@@ -129,3 +129,29 @@ def test_describe_schedule_without_meta() -> None:
     text = describe_schedule(Schedule.nested([10, 10], ["nothing_saveable", "dots_saveable"]))
     assert text.splitlines()[0] == "schedule: 10x10 nothing/dots unroll=1"
     assert "meta: none" in text
+
+
+def test_front_points_carry_recompute_and_distance_to_the_optimum() -> None:
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    study.set_user_attr("budget_bytes", 10_000)
+    study.set_user_attr("seq_len", 64)
+    for total, step, schedule in [(900, 1.0, Schedule.nested([64], "none")),
+                                  (300, 2.0, Schedule.nested([8, 8], "nothing_saveable")),
+                                  (100, 3.0, Schedule.binomial(4))]:
+        attrs = {"measured": True, "status": "ok", "feasible": True, "total_bytes": total,
+                 "step_seconds": step, "schedule": schedule.to_data(),
+                 "schedule_key": schedule.key(), "reason": ""}
+        study.add_trial(optuna.trial.create_trial(values=[float(total), step], user_attrs=attrs))
+    front = {p.schedule: p for p in pareto_front(study)}
+    assert front["64 none unroll=1"].recompute == 1.0
+    assert front["8x8 nothing/nothing unroll=1"].recompute == 3.0
+    assert front["8x8 nothing/nothing unroll=1"].vs_optimum > 1.0
+    assert front["binomial s=4 unroll=1"].vs_optimum == 1.0
+    table = front_table(list(front.values()), 10_000)
+    assert "recompute" in table and "binomial s=4" in table
+
+
+def test_describe_a_binomial_schedule() -> None:
+    text = describe_schedule(Schedule.binomial(8).with_meta(seq_len=100))
+    assert "binomial (Revolve) checkpointing: 8 carries" in text
+    assert "at T = 100:" in text and "step evaluations" in text
