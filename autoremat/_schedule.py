@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -74,7 +75,9 @@ FACTORY_POLICIES: Final = (
 NO_REMAT: Final = "none"
 ALL_POLICY_NAMES: Final = (NO_REMAT, *ZERO_ARG_POLICIES, *FACTORY_POLICIES)
 
-_MAX_FILE_BYTES: Final = 1 << 20
+#: A schedule is a few KB even with its meta; PyYAML (pure Python) reads about
+#: 40 KB/s of dense flow YAML, so a bigger file is refused before parsing.
+_MAX_FILE_BYTES: Final = 1 << 16
 #: Limits of a valid schedule: a level's length and ``unroll`` are ``lax.scan``
 #: lengths (int32); more than 64 levels of length >= 2 tile more than 2^64 steps.
 MAX_LENGTH: Final = 2**31 - 1
@@ -248,8 +251,8 @@ class Schedule:
     and reverses step by step from them, with the fewest step evaluations any
     schedule storing ``snapshots`` carries can do
     (``autoremat.bounds.min_evaluations``). Any ``T`` runs; ``snapshots >=
-    T`` stores every carry (per-step remat). Reverse mode only: ``jax.jvp``
-    through it is not supported (``jax.grad``/``jax.vjp`` are).
+    T`` stores every carry (per-step remat). First-order reverse mode only:
+    ``jax.grad``/``jax.vjp`` work; ``jax.jvp`` and grad-of-grad do not.
 
     Attributes:
       levels: nested: the levels, outermost first (1 to any depth); binomial:
@@ -543,6 +546,11 @@ def load_yaml_text(text: str | bytes, source: str = "<string>") -> Any:
             raise ScheduleError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if len(text) > _MAX_FILE_BYTES:
         raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes")
+    if _flow_depth(text) > _MAX_FLOW_DEPTH:
+        # PyYAML's scanner is quadratic in open flow collections ("[[[[..."):
+        # refuse before it spends seconds on them.
+        raise ScheduleError(f"{source}: YAML nested too deeply (over {_MAX_FLOW_DEPTH} "
+                            "levels of [ ] / { })")
     try:
         return yaml.load(text, Loader=_SafeLoaderNoAliases)
     except ScheduleError as e:
@@ -560,6 +568,25 @@ def load_yaml_text(text: str | bytes, source: str = "<string>") -> Any:
         raise ScheduleError(
             f"{source}: not valid YAML: a value cannot be read ({type(e).__name__}: "
             f"{_line(str(e))})") from None
+
+
+_MAX_FLOW_DEPTH: Final = 100
+_BRACKETS: Final = re.compile(r"[\[\]{}]")
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` (an upper bound: quotes are not parsed)."""
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(text):
+        if m.group() in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > _MAX_FLOW_DEPTH:
+                    break
+        elif depth:
+            depth -= 1
+    return deepest
 
 
 def read_yaml_file(path: str | os.PathLike[str], what: str = "schedule file") -> Any:

@@ -56,7 +56,6 @@ from autoremat._schedule import Schedule, save_schedule
 RUN_DIR: Final = Path("runs")
 DEFAULT_STORAGE: Final = "sqlite:///runs/autoremat.db"
 LAST_STUDY_FILE: Final = RUN_DIR / "last_study.json"
-_RDB_PREFIXES: Final = ("sqlite:", "postgresql", "postgres:", "mysql", "mariadb", "oracle", "mssql")
 _MAX_DUPLICATES_IN_A_ROW: Final = 50
 DEFAULT_HEARTBEAT: Final = 60
 #: A trial whose worker sent no heartbeat for this many intervals is stale.
@@ -108,14 +107,16 @@ def redact(url: str) -> str:
 def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) -> Any:
     """An Optuna storage for ``url`` (default ``DEFAULT_STORAGE``).
 
-    RDB URLs (SQLite included) get ``heartbeat_interval=heartbeat``,
-    ``grace_period=GRACE_INTERVALS * heartbeat`` and a retry of stale trials
-    (``RetryStaleTrial``); the SQLite default creates ``runs/``. Other strings
-    are passed to Optuna as they are.
+    Every URL is an RDB (SQLAlchemy) URL, as in Optuna; the storage gets
+    ``heartbeat_interval=heartbeat``, ``grace_period=GRACE_INTERVALS * heartbeat``
+    and a retry of stale trials (``RetryStaleTrial``); the SQLite default
+    creates ``runs/``. A URL that cannot be opened is a ``TuneError``.
     """
+    import random
     import warnings
 
     import optuna
+    import sqlalchemy.exc
 
     url = url or DEFAULT_STORAGE
     if not isinstance(url, str):
@@ -125,31 +126,30 @@ def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) 
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         if str(path) not in ("", ":memory:"):
-            path.parent.mkdir(parents=True, exist_ok=True)
-    if url.startswith(_RDB_PREFIXES):
-        import random
-
-        import sqlalchemy.exc
-
-        for attempt in range(6):
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    return optuna.storages.RDBStorage(
-                        url, heartbeat_interval=heartbeat,
-                        grace_period=GRACE_INTERVALS * heartbeat, **_retry_callback(optuna))
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
-                # Workers starting together on an empty database race to create
-                # Optuna's tables; the losers find them made on the next try.
-                if attempt == 5:
-                    raise TuneError(f"--storage: cannot open {redact(url)}: {type(e).__name__}: "
-                                    f"{_one_line(e)}") from None
-                time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
-            except Exception as e:
-                raise TuneError(
-                    f"--storage: cannot open {redact(url)}: {type(e).__name__}: {_one_line(e)}"
-                ) from None
-    return url
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (OSError, ValueError) as e:
+                raise TuneError(f"--storage: cannot create the folder of {str(path)!r} ({e})"
+                                ) from None
+    for attempt in range(6):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=heartbeat,
+                    grace_period=GRACE_INTERVALS * heartbeat, **_retry_callback(optuna))
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+            # Workers starting together on an empty database race to create
+            # Optuna's tables; the losers find them made on the next try.
+            if attempt == 5:
+                raise TuneError(f"--storage: cannot open {redact(url)}: {type(e).__name__}: "
+                                f"{_one_line(e)}") from None
+            time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
+        except Exception as e:
+            raise TuneError(
+                f"--storage: cannot open {redact(url)}: {type(e).__name__}: {_one_line(e)}"
+            ) from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:

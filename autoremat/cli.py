@@ -209,6 +209,9 @@ def _check_settings(settings: dict[str, Any]) -> None:
         v = settings.get(key)
         if v is not None and (not isinstance(v, str) or not v.strip() or "\0" in v):
             raise bad(key, "a non-empty string")
+    name = settings.get("study_name")
+    if isinstance(name, str) and len(name) > 512:  # Optuna's column is VARCHAR(512)
+        raise bad("study_name", "at most 512 characters")
     if not isinstance(settings.get("seq2seq"), bool):
         raise bad("seq2seq", "true or false")
     out = settings.get("out")
