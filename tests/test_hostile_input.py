@@ -86,7 +86,8 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
     doc["levels"] = [dict(lv) for lv in VALID["levels"]]
     what = draw(st.sampled_from([
         "version", "kind", "levels", "level", "length", "policy", "unroll", "meta", "top_key",
-        "level_key", "missing", "missing_length", "too_many_levels",
+        "level_key", "missing", "missing_length", "too_many_levels", "snapshots",
+        "binomial_levels",
     ]))
     if what == "version":
         doc["version"] = draw(junk.filter(_not_one))
@@ -113,8 +114,14 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
         del doc[draw(st.sampled_from(["version", "levels"]))]
     elif what == "missing_length":
         del doc["levels"][draw(st.integers(0, 1))]["length"]
-    else:
+    elif what == "too_many_levels":
         doc["levels"] = [{"length": 2}] * draw(st.integers(MAX_LEVELS + 1, 3 * MAX_LEVELS))
+    elif what == "snapshots":  # binomial: bad snapshot counts, or snapshots on a nested one
+        doc = {"version": 1, "kind": "binomial", "snapshots": draw(bad_length)}
+        if draw(st.booleans()):
+            doc = {**VALID, "snapshots": draw(st.integers(1, 64))}
+    else:  # a binomial schedule with levels
+        doc = {**VALID, "kind": "binomial", "snapshots": draw(st.integers(1, 64))}
     return doc
 
 
