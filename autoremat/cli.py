@@ -333,8 +333,9 @@ def _run_tune(problem: Any, budget: int, budget_note: str, settings: dict[str, A
 def _result_table(result: Any) -> str:
     from autoremat._budget import format_bytes
     from autoremat._pareto import _seconds
+    from autoremat._tune import redact
 
-    lines = [f"study: {result.study_name!r} in {result.storage} "
+    lines = [f"study: {result.study_name!r} in {redact(result.storage)} "
              f"({result.n_trials} trials, {result.measured} measured now)",
              f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule"]
     plain = result.plain_attrs
