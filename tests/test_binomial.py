@@ -8,13 +8,13 @@ independent dynamic program.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
+from test_bounds import brute_advances
 from test_scan import _assert_close, _loss_and_grads, _temp_bytes
 
 import autoremat
@@ -127,22 +127,11 @@ def test_only_what_is_differentiated_gets_a_cotangent() -> None:
 # --- step evaluations counted at run time vs an independent dynamic program ----
 
 
-@functools.cache
-def _fewest_advances(length: int, slots: int) -> int:
-    """Revolve's optimum by brute force: reverse ``length`` steps, the first carry
-    stored, with ``slots`` checkpoints in all (the stored first carry included)."""
-    if length == 1:
-        return 0
-    if slots == 1:
-        return length - 1 + _fewest_advances(length - 1, 1)
-    return min(m + _fewest_advances(length - m, slots - 1) + _fewest_advances(m, slots)
-               for m in range(1, length))
-
-
 def _dp_evaluations(steps: int, snapshots: int) -> int:
-    """Step runs of forward + backward: T - 1 of the first sweep are the DP's
-    advances; + 1 for the last step's forward, + T for the reversals (VJPs)."""
-    return _fewest_advances(steps, min(snapshots, steps)) + 1 + steps
+    """Step runs of forward + backward by the brute-force DP (``test_bounds``): its
+    advances include the T - 1 of the first sweep; + 1 for the last step's
+    forward, + T for the reversals (VJPs)."""
+    return brute_advances(steps, min(snapshots, steps)) + 1 + steps
 
 
 def _counted_evaluations(steps: int, snapshots: int) -> int:
