@@ -12,7 +12,8 @@ state and on all steps), for each sequence length T, the rows are:
 * ``hand sqrt(T) nested``: two ``lax.scan`` levels with ``jax.checkpoint``
   on the chunk body, written directly (no autoremat);
 * ``autoremat min-memory``: the smallest compiled total of a few 2/3-level
-  nested schedules;
+  nested schedules and the binomial (Revolve) schedule with the fewest
+  snapshots the tuner would try (at most 6 re-runs of a step);
 * ``autoremat tuned <=25%``: ``autoremat.tune`` under 25% of the plain
   scan's total, re-measured here next to the others;
 * any ``--extra-schedule LABEL=FILE.yaml`` and the rows of ``SCHEDULE_ROWS``
@@ -367,8 +368,9 @@ def equinox_version() -> str | None:
 
 
 def min_memory_candidates(seq_len: int, max_depth: int = 3) -> list[Any]:
-    """A few 2/3-level nested schedules with ``nothing_saveable`` outer levels."""
+    """A few 2/3-level nested schedules with ``nothing_saveable`` outer levels, and binomial."""
     from autoremat import Schedule
+    from autoremat._space import snapshot_range
 
     cands = []
     for depth in range(2, max_depth + 1):
@@ -377,6 +379,8 @@ def min_memory_candidates(seq_len: int, max_depth: int = 3) -> list[Any]:
             continue
         cands.append(Schedule.nested(lengths, "nothing_saveable"))
         cands.append(Schedule.nested(lengths, ["nothing_saveable"] * (depth - 1) + ["none"]))
+    if seq_len >= 2:
+        cands.append(Schedule.binomial(snapshot_range(seq_len)[0]))
     return cands or [Schedule.nested([seq_len], "nothing_saveable")]
 
 
