@@ -188,7 +188,7 @@ class _Loop:
 
         def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
             ct_c, slots, acc = state
-            k = self.steps - 1 - (self.steps - 1 - index if self.reverse else index)
+            k = self.steps - 1 - self.index(index)  # reversal number
             slot = restore_slot[k]
             use_init = slot == initial
             safe = jnp.minimum(slot, initial - 1)

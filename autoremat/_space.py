@@ -32,7 +32,7 @@ import math
 from typing import Any, Final
 
 from autoremat._schedule import NO_REMAT, Policy, Schedule
-from autoremat.bounds import max_steps, repetitions
+from autoremat.bounds import max_steps
 
 POLICIES: Final[dict[str, Policy]] = {
     "nothing": Policy("nothing_saveable"),
@@ -81,13 +81,10 @@ def snap(length: int, remaining: int) -> int:
 def snapshot_range(seq_len: int) -> tuple[int, int]:
     """The binomial ``snapshots`` worth trying at this ``T`` (low, high)."""
     high = max(1, min(seq_len, 4 * math.isqrt(seq_len)))
-    low = 1
-    while low < high and repetitions(seq_len, low) > MAX_REPETITIONS:
-        low += 1
-    return low, high
+    return min(_fewest_snapshots(seq_len, MAX_REPETITIONS), high), high
 
 
-def _binomial_for(seq_len: int, reps: int) -> int:
+def _fewest_snapshots(seq_len: int, reps: int) -> int:
     """The fewest snapshots reversing ``seq_len`` steps with ``reps`` repetitions."""
     s = 1
     while max_steps(s, reps) < seq_len:
@@ -160,7 +157,7 @@ def seed_params(seq_len: int) -> list[dict[str, Any]]:
         params.append(p)
     if seq_len >= 2:
         low, high = snapshot_range(seq_len)
-        snapshots = min(max(_binomial_for(seq_len, 3), low), high)
+        snapshots = min(max(_fewest_snapshots(seq_len, 3), low), high)
         params.append({"kind": "binomial", "snapshots": snapshots})
     return params
 

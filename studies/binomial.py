@@ -29,6 +29,7 @@ from autoremat import Schedule, bounds
 from autoremat._atomic import atomic_write_text
 from autoremat._budget import format_bytes
 from autoremat._measure import environment
+from autoremat._pareto import dominates
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,9 @@ def run(seq_len: int, seq2seq: bool, quick: bool, time_budget: float) -> list[Ro
 
 def front(rows: list[Row]) -> list[Row]:
     timed = [r for r in rows if r.step is not None and r.total is not None]
-    return sorted((r for r in timed if not any(
-        o.total <= r.total and o.step <= r.step and (o.total, o.step) != (r.total, r.step)
-        for o in timed)), key=lambda r: r.total)
+    return sorted((r for r in timed
+                   if not any(dominates((o.total, o.step), (r.total, r.step)) for o in timed)),
+                  key=lambda r: r.total)
 
 
 def verdict(rows: list[Row]) -> list[str]:
