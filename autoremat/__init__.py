@@ -19,12 +19,17 @@ when first used, so ``autoremat --help`` is instant.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoremat import bounds as bounds
 from autoremat._budget import parse_bytes as parse_bytes
 from autoremat._check import StaleScheduleWarning as StaleScheduleWarning
 from autoremat._check import load_schedule as load_schedule
+from autoremat._errors import AutorematError as AutorematError
+from autoremat._errors import BudgetError as BudgetError
+from autoremat._errors import ProblemError as ProblemError
+from autoremat._errors import ScheduleError as ScheduleError
+from autoremat._errors import TuneError as TuneError
 from autoremat._measure import Measurement as Measurement
 from autoremat._measure import measure as measure
 from autoremat._pareto import FrontPoint as FrontPoint
@@ -34,20 +39,27 @@ from autoremat._problem import seed_lstm as seed_lstm
 from autoremat._schedule import Level as Level
 from autoremat._schedule import Policy as Policy
 from autoremat._schedule import Schedule as Schedule
-from autoremat._schedule import ScheduleError as ScheduleError
 from autoremat._schedule import save_schedule as save_schedule
 from autoremat._tune import TuneResult as TuneResult
 from autoremat._tune import tune as tune
 
+if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getattr__
+    from autoremat import linen as linen
+    from autoremat._scan import scan as scan
+
 __all__ = [
+    "AutorematError",
+    "BudgetError",
     "FrontPoint",
     "Level",
     "Measurement",
     "Policy",
     "Problem",
+    "ProblemError",
     "Schedule",
     "ScheduleError",
     "StaleScheduleWarning",
+    "TuneError",
     "TuneResult",
     "bounds",
     "linen",

@@ -18,6 +18,8 @@ import math
 import re
 from typing import Final
 
+from autoremat._errors import BudgetError as BudgetError
+
 _UNITS: Final[dict[str, int]] = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
@@ -32,10 +34,6 @@ ACCEPTED_FORMS: Final = (
     "(decimal K/KB, M/MB, G/GB, T/TB = 10^3..10^12) or 4GiB "
     "(binary KiB, MiB, GiB, TiB = 2^10..2^40)"
 )
-
-
-class BudgetError(ValueError):
-    """A byte count could not be read; the message lists the accepted forms."""
 
 
 def parse_bytes(text: str | int, name: str = "--budget") -> int:

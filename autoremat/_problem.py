@@ -21,13 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoremat._errors import ProblemError as ProblemError
 from autoremat._schedule import Schedule
 
 Step = Callable[..., Any]
-
-
-class ProblemError(ValueError):
-    """A problem reference could not be resolved or is not a Problem."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -46,6 +46,7 @@ from typing import Any, Final
 import yaml
 
 from autoremat._atomic import atomic_write_text
+from autoremat._errors import ScheduleError as ScheduleError
 
 SCHEDULE_VERSION: Final = 1
 KNOWN_VERSIONS: Final = (1,)
@@ -84,10 +85,6 @@ MAX_LENGTH: Final = 2**31 - 1
 MAX_LEVELS: Final = 64
 _TOP_KEYS: Final = ("version", "kind", "levels", "snapshots", "unroll", "meta")
 _LEVEL_KEYS: Final = ("length", "policy")
-
-
-class ScheduleError(ValueError):
-    """A schedule (object, mapping or file) is invalid; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -300,7 +297,7 @@ class Schedule:
     def nested(
         cls,
         lengths: tuple[int, ...] | list[int],
-        policies: str | Policy | tuple[str | Policy, ...] | list[str | Policy] = "nothing_saveable",
+        policies: str | Policy | Sequence[str | Policy] = "nothing_saveable",
         *,
         unroll: int = 1,
         meta: Mapping[str, Any] | None = None,
@@ -334,6 +331,26 @@ class Schedule:
         'binomial s=16 unroll=1'
         """
         return cls(kind="binomial", snapshots=snapshots, unroll=unroll, meta=dict(meta or {}))
+
+    @classmethod
+    def root(
+        cls,
+        seq_len: int,
+        depth: int,
+        policies: str | Policy | Sequence[str | Policy] = "nothing_saveable",
+        *,
+        unroll: int = 1,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Schedule:
+        """``depth`` levels, each about ``seq_len ** (1 / depth)`` long (``root_lengths``).
+
+        The classic sqrt(T) (``depth=2``) and cube-root (``depth=3``) schedules
+        of Chen et al. 2016: ``O(depth * T^(1/depth))`` stored carries.
+
+        >>> Schedule.root(10_000, 2).describe()
+        '100x100 nothing/nothing unroll=1'
+        """
+        return cls.nested(root_lengths(seq_len, depth), policies, unroll=unroll, meta=meta)
 
     @classmethod
     def plain(cls, length: int) -> Schedule:
@@ -488,6 +505,45 @@ def pieces(steps: int, lengths: tuple[int, ...]) -> list[tuple[int, int, int]]:
             start += count * chunk
     assert start == steps
     return out
+
+
+def divisors(n: int) -> list[int]:
+    """All divisors of ``n``, ascending."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+#: A length is snapped to a divisor of what it must tile when one is this close.
+SNAP_TOLERANCE: Final = 0.25
+
+
+def snap(length: int, remaining: int) -> int:
+    """The divisor of ``remaining`` nearest ``length`` if within 25%, else ``length``."""
+    best = min(divisors(remaining), key=lambda k: (abs(k - length), k))
+    return best if abs(best - length) <= SNAP_TOLERANCE * length else length
+
+
+def root_lengths(seq_len: int, depth: int) -> tuple[int, ...]:
+    """``depth`` level lengths, outermost first, each near ``seq_len ** (1 / depth)``.
+
+    Inner lengths are snapped to divisors (``snap``) so most ``T`` are tiled
+    exactly; the outermost is ``ceil(T / prod(inner))`` (the builder runs any
+    remainder). Every level is at least 2 long when ``2 ** depth <= T``.
+
+    >>> root_lengths(10_000, 2), root_lengths(1_000, 3)
+    ((100, 100), (10, 10, 10))
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ScheduleError(f"depth: expected an integer >= 1, got {_show(depth)}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ScheduleError(f"seq_len: expected an integer >= 1, got {_show(seq_len)}")
+    remaining, inner = seq_len, []  # innermost first
+    for i in range(depth - 1):
+        target = round(remaining ** (1 / (depth - i)))
+        length = max(2, snap(target, remaining))
+        inner.append(length)
+        remaining = math.ceil(remaining / length)
+    return (remaining, *reversed(inner))
 
 
 def _check_unroll(unroll: Any) -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from autoremat._schedule import NO_REMAT, Policy, Schedule
+from autoremat._schedule import NO_REMAT, Policy, Schedule, root_lengths, snap
 from autoremat.bounds import max_steps
 
 POLICIES: Final[dict[str, Policy]] = {
@@ -51,7 +51,6 @@ MAX_DEPTH: Final = 4
 #: Binomial schedules re-run a step at most this often (about ``r + 1`` times
 #: the forward work); fewer snapshots than that are never faster than nested.
 MAX_REPETITIONS: Final = 6
-_SNAP: Final = 0.25
 
 
 def policy_choices(platform: str) -> dict[str, Policy]:
@@ -64,18 +63,6 @@ def policy_choices(platform: str) -> dict[str, Policy]:
 def depths(seq_len: int) -> list[int]:
     """The depths worth trying at this ``T`` (each level at least 2 long)."""
     return [d for d in range(1, MAX_DEPTH + 1) if d == 1 or 2**d <= seq_len]
-
-
-def divisors(n: int) -> list[int]:
-    """All divisors of ``n``, ascending."""
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
-
-
-def snap(length: int, remaining: int) -> int:
-    """The divisor of ``remaining`` nearest ``length`` if within 25%, else ``length``."""
-    best = min(divisors(remaining), key=lambda k: (abs(k - length), k))
-    return best if abs(best - length) <= _SNAP * length else length
 
 
 def snapshot_range(seq_len: int) -> tuple[int, int]:
@@ -123,17 +110,6 @@ def suggest(trial: Any, seq_len: int, platform: str = "cpu") -> Schedule:
     return Schedule.nested(lengths, policies, unroll=min(unroll, lengths[-1]))
 
 
-def _root_chunks(seq_len: int, depth: int) -> list[int]:
-    """Inner lengths (innermost first) near ``T^(1/depth)``, snapped to divisors."""
-    remaining, inner = seq_len, []
-    for i in range(depth - 1):
-        target = round(remaining ** (1 / (depth - i)))
-        length = max(2, snap(target, remaining))
-        inner.append(length)
-        remaining = math.ceil(remaining / length)
-    return inner
-
-
 def seed_params(seq_len: int) -> list[dict[str, Any]]:
     """Trial parameters of the obvious candidates, in the order to try them.
 
@@ -150,7 +126,7 @@ def seed_params(seq_len: int) -> list[dict[str, Any]]:
         if depth not in depths(seq_len):
             continue
         p: dict[str, Any] = {"kind": "nested", "depth": depth, f"d{depth}_unroll": 1}
-        for i, length in enumerate(_root_chunks(seq_len, depth)):
+        for i, length in enumerate(reversed(root_lengths(seq_len, depth)[1:])):
             p[f"d{depth}_n{i}"] = length
         for i, label in enumerate(policies):
             p[f"d{depth}_p{i}"] = label

@@ -50,6 +50,7 @@ from typing import Any, Final
 
 from autoremat._atomic import atomic_write_text
 from autoremat._budget import format_bytes
+from autoremat._errors import TuneError as TuneError
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule, save_schedule
 
@@ -61,10 +62,6 @@ DEFAULT_HEARTBEAT: Final = 60
 #: A trial whose worker sent no heartbeat for this many intervals is stale.
 GRACE_INTERVALS: Final = 3
 MAX_RETRIES: Final = 2
-
-
-class TuneError(ValueError):
-    """The study cannot be created, resumed or read; the message says why."""
 
 
 class MeasurementFailed(RuntimeError):

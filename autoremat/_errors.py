@@ -1,0 +1,29 @@
+"""Every error autoremat raises for bad input, in one place.
+
+All are ``ValueError``s under ``AutorematError``, so ``except
+autoremat.AutorematError`` catches any of them. Messages name the argument or
+field (``budget``, ``storage``, ``levels[1].length``), the bad value and the
+valid choices; they never name a command-line flag -- the CLI adds those.
+"""
+
+from __future__ import annotations
+
+
+class AutorematError(ValueError):
+    """Bad input to autoremat; the message names the field and the fix."""
+
+
+class ScheduleError(AutorematError):
+    """A schedule (object, mapping or file) is invalid; the message says why."""
+
+
+class BudgetError(AutorematError):
+    """A byte count could not be read; the message lists the accepted forms."""
+
+
+class ProblemError(AutorematError):
+    """A problem reference could not be resolved, built, or is not a Problem."""
+
+
+class TuneError(AutorematError):
+    """The study cannot be created, resumed or read; the message says why."""
