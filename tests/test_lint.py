@@ -1,4 +1,4 @@
-"""The code base is ruff clean (config in pyproject.toml)."""
+"""The code base is ruff clean and mypy clean (both configured in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ def test_ruff_clean() -> None:
         pytest.skip("ruff is not installed (it comes with the 'test' extra)")
     result = subprocess.run(
         ["ruff", "check", "autoremat", "tests", "examples", "studies"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_clean() -> None:
+    """``autoremat/`` type-checks (mypy and its stubs come with the 'test' extra)."""
+    pytest.importorskip("mypy", reason="mypy is not installed (it comes with the 'test' extra)")
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary", "--hide-error-context"],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
