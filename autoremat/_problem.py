@@ -131,15 +131,12 @@ class SeedModel:
         return cast("jax.Array", self.readout.apply(variables, h))
 
 
-def seed_model(
-    seq_len: int = 10_000,
-    batch: int = 10,
-    hidden: int = 128,
-    input_dim: int = 32,
-    output_dim: int = 4,
-    seq2seq: bool = True,
-) -> SeedModel:
-    """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3) and random data (``PRNGKey(0)``)."""
+def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_dim: int = 32,
+               output_dim: int = 4, seq2seq: bool = True) -> SeedModel:
+    """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3) and random data (``PRNGKey(0)``).
+
+    The arguments are ``seed_lstm``'s.
+    """
     import flax.linen as nn
     import jax
     import jax.numpy as jnp

@@ -1,44 +1,32 @@
 """Side-by-side remat benchmarks on the seed LSTM train step (issue 6).
 
-On the seed's LSTM train step (``autoremat._problem.seed_model``, loss on the
-last state and on all steps), for each sequence length T, the rows are:
+On the seed's LSTM train step (loss on the last state and on all steps), for
+each sequence length T, the rows are: ``plain`` (``Schedule.plain(T)``);
+``per-cell remat`` (``Schedule.nested([T], 'nothing_saveable')``); ``flax
+nn.scan(nn.remat)`` (Flax's FAQ recipe); ``equinox checkpointed``
+(``equinox.internal.scan(kind='checkpointed')``, default ``checkpoints``; the
+optional ``bench`` extra, else skipped with a message); ``hand sqrt(T) nested``
+(two ``lax.scan`` levels, ``jax.checkpoint`` on the chunk body, no autoremat);
+``autoremat min-memory`` (the smallest compiled total of a few 2/3-level
+``Schedule.root`` schedules and the binomial (Revolve) schedule with the fewest
+snapshots the tuner tries); ``autoremat tuned <=25%`` (``autoremat.tune`` under
+25% of the plain row's total, re-measured here); and any ``--extra-schedule
+LABEL=FILE.yaml`` or ``SCHEDULE_ROWS`` entry (how new schedule kinds get a row).
 
-* ``plain``: ``Schedule.plain(T)`` (a plain scan, no remat);
-* ``per-cell remat``: ``Schedule.nested([T], 'nothing_saveable')``;
-* ``flax nn.scan(nn.remat)``: Flax's FAQ recipe;
-* ``equinox checkpointed``: ``equinox.internal.scan(kind='checkpointed')``
-  with its default ``checkpoints`` (the optional ``bench`` extra; without
-  equinox the row is skipped with a message);
-* ``hand sqrt(T) nested``: two ``lax.scan`` levels with ``jax.checkpoint``
-  on the chunk body (no autoremat);
-* ``autoremat min-memory``: the smallest compiled total of a few 2/3-level
-  ``Schedule.root`` schedules and the binomial (Revolve) schedule with the
-  fewest snapshots the tuner would try (at most 6 re-runs of a step);
-* ``autoremat tuned <=25%``: ``autoremat.tune`` under 25% of the plain
-  scan's total, re-measured here next to the others;
-* any ``--extra-schedule LABEL=FILE.yaml`` and the rows of ``SCHEDULE_ROWS``
-  (an autoremat schedule per T; how new schedule kinds get a row).
+Every competitor is the seed's one train step (``SeedModel.train_step``) around
+its own way of running the scan, measured by ``autoremat.measure_step``: compile,
+``memory_analysis()`` (total = argument + output + temp - alias), one warm-up,
+``--repeats`` timed runs (median). The warm-up's loss must equal the plain
+scan's (rtol 1e-5), and so must its gradients (Adam's first moment after one
+step is 0.1 x the gradient; max-norm relative error <= 1e-4).
 
-Every competitor is the seed's one train step (``SeedModel.train_step``)
-around its own way of running the scan, and every row is measured by
-``autoremat.measure_step``: compile with ``jax.jit(step).lower(*args).compile()``,
-read ``memory_analysis()`` (total = argument + output + temp - alias), one
-warm-up run, then ``--repeats`` timed runs (median). The warm-up's loss is
-compared with the plain scan's (rtol 1e-5) and so are its gradients (Adam's
-first moment after one step is 0.1 x the gradient; max-norm relative error <= 1e-4).
+``--gpu`` (automatic on a gpu backend) also records the device's
+``peak_bytes_in_use`` per row, a process-wide high-water mark, so every row then
+runs in a fresh subprocess (``--isolate``); without memory stats (CPU) it is
+``n/a``. The min-memory and tuned schedules are chosen in the parent.
 
-``--gpu`` (automatic when ``jax.default_backend() == 'gpu'``) also records
-``device.memory_stats()['peak_bytes_in_use']`` per row. That is a
-process-wide high-water mark, so then every row runs in a fresh subprocess
-(``--isolate``); where the backend gives no memory stats (CPU) the peak is
-``n/a``. Choosing the min-memory and tuned schedules happens in the parent.
-
-Writes, into ``--out``, after every (T, loss kind): ``compare.md`` (table,
-slopes, per-competitor ratios, wall times), ``compare.json`` (the rows) and
-``memory_vs_T.png`` (log-log total and temp bytes vs T for the plain scan
-and min-memory autoremat, with fitted slopes).
-
-Usage::
+Writes, into ``--out``, after every (T, loss kind): ``compare.md``,
+``compare.json`` and ``memory_vs_T.png`` (see ``compare_report.py``)::
 
     python studies/compare.py --seq-lens 1000,10000 [--with-1e5] [--gpu] [--out studies/results]
 """
@@ -257,7 +245,8 @@ def tuned_schedule(model: SeedModel, budget: int, trials: int) -> Schedule | Non
 def run_spec(group: Group, spec: Spec, *, repeats: int, gpu: bool,
              model: SeedModel | None = None) -> report.Outcome:
     """Build one row's step and measure it with ``measure_step``, in this process."""
-    row = report.Row(seq_len=group.seq_len, seq2seq=group.seq2seq, method=spec.method, detail=spec.detail)
+    row = report.Row(seq_len=group.seq_len, seq2seq=group.seq2seq, method=spec.method,
+                     detail=spec.detail)
     if spec.builder == "none":  # nothing to run (e.g. nothing fits the tuner's budget)
         return report.Outcome(row)
     try:
@@ -309,8 +298,9 @@ def run_isolated(group: Group, spec: Spec, *, repeats: int, gpu: bool, timeout: 
             failed = f"worker timed out after {timeout:.0f} s"
         result = job.with_suffix(".out.json")
         if failed or not result.is_file():
-            return report.Outcome(report.Row(seq_len=group.seq_len, seq2seq=group.seq2seq, method=spec.method,
-                               detail=spec.detail, error=failed or "worker wrote no result"))
+            row = report.Row(seq_len=group.seq_len, seq2seq=group.seq2seq, method=spec.method,
+                             detail=spec.detail, error=failed or "worker wrote no result")
+            return report.Outcome(row)
         with np.load(job.with_suffix(".grads.npz")) as data:
             grads = [data[f"g{i}"] for i in range(len(data.files))]
         return report.Outcome(report.Row(**json.loads(result.read_text())), grads)
@@ -349,9 +339,9 @@ def compare_one(seq_len: int, seq2seq: bool, *, batch: int, hidden: int, repeats
         outcome = (run_isolated(group, spec, repeats=repeats, gpu=gpu, timeout=row_timeout) if isolate
                    else run_spec(group, spec, repeats=repeats, gpu=gpu, model=model))
         r = outcome.row
-        log(f"  {r.method}: total {report.megabytes(r.total_bytes)}, temp {report.megabytes(r.temp_bytes)}, "
-            f"step {report.seconds(r.step_seconds)} ({time.perf_counter() - t0:.0f} s)"
-            + (f", ERROR {r.error}" if r.error else ""))
+        log(f"  {r.method}: total {report.megabytes(r.total_bytes)}, "
+            f"temp {report.megabytes(r.temp_bytes)}, step {report.seconds(r.step_seconds)} "
+            f"({time.perf_counter() - t0:.0f} s)" + (f", ERROR {r.error}" if r.error else ""))
         outcomes.append(outcome)
 
     for spec in fixed_specs(group, extra, wanted, log):
@@ -371,8 +361,6 @@ def compare_one(seq_len: int, seq2seq: bool, *, batch: int, hidden: int, repeats
                 log(f"  tuned ({trials} trials, {time.perf_counter() - t0:.0f} s): {best.describe()}")
                 add(schedule_spec(TUNED, best))
     return report.check_against_plain(outcomes)
-
-
 
 
 # --------------------------------------------------------------------------- main
@@ -400,7 +388,8 @@ def _extra_schedule(text: str) -> tuple[str, Schedule]:
     label, sep, path = text.rpartition("=")
     if not sep or not label or not path:
         raise argparse.ArgumentTypeError(f"expected LABEL=FILE.yaml, got {text!r}")
-    return label if label.startswith(report.AUTOREMAT) else f"{report.AUTOREMAT} {label}", load_schedule(path)
+    ours = label if label.startswith(report.AUTOREMAT) else f"{report.AUTOREMAT} {label}"
+    return ours, load_schedule(path)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
