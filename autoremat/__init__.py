@@ -32,6 +32,7 @@ from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
 from autoremat._measure import Measurement as Measurement
 from autoremat._measure import measure as measure
+from autoremat._measure import measure_step as measure_step
 from autoremat._pareto import FrontPoint as FrontPoint
 from autoremat._pareto import pareto_front as pareto_front
 from autoremat._problem import Problem as Problem
@@ -65,6 +66,7 @@ __all__ = [
     "linen",
     "load_schedule",
     "measure",
+    "measure_step",
     "pareto_front",
     "parse_bytes",
     "save_schedule",

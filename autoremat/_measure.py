@@ -1,8 +1,10 @@
 """What is measured, and how: the one place that defines every figure.
 
-For a ``Problem`` and a ``Schedule``, ``measure`` builds the step, compiles
-it ahead of time with ``jax.jit(step).lower(*args).compile()`` and reads the
-compiled executable's ``memory_analysis()``:
+``measure_step(step, args)`` takes any un-jitted step (an autoremat schedule's
+or a competitor's), compiles it ahead of time with
+``jax.jit(step).lower(*args).compile()`` and reads the compiled executable's
+``memory_analysis()``; ``measure(problem, schedule)`` is
+``problem.build(schedule)`` followed by ``measure_step``:
 
 * ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` are
   XLA's own figures for that executable (``alias`` is output memory that
@@ -10,7 +12,7 @@ compiled executable's ``memory_analysis()``:
 * ``total_bytes = argument + output + temp - alias``: what the step needs on
   the device while it runs. This is known after compiling, before running.
 
-A schedule whose total is over the budget is not run (``status`` is
+A step whose total is over the budget is not run (``status`` is
 ``"over_budget"``). Otherwise the step runs once as a warm-up (its loss and
 every floating output must be finite), then ``repeats`` more times, where
 ``repeats`` adapts to the warm-up time so timing one schedule takes about
@@ -31,6 +33,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -148,14 +151,46 @@ def measure(
 ) -> Measurement:
     """Compile, size and time ``problem``'s step under ``schedule``.
 
+    ``problem.build(schedule)`` then ``measure_step`` (see there for the
+    arguments); a build that raises is recorded as ``"build failed: ..."``.
+    """
+    try:
+        step, args = problem.build(schedule)
+    except Exception as e:
+        env: dict[str, Any] = environment()
+        return Measurement(schedule.key(), ERROR, f"build failed: {_one_line(e)}", **env)
+    return measure_step(step, args, budget_bytes=budget_bytes, time_budget=time_budget,
+                        min_repeats=min_repeats, max_repeats=max_repeats, run=run,
+                        label=schedule.key())
+
+
+def measure_step(
+    step: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    budget_bytes: int | None = None,
+    time_budget: float = 5.0,
+    min_repeats: int = 3,
+    max_repeats: int = 20,
+    run: bool = True,
+    label: str = "",
+    on_output: Callable[[Any], None] | None = None,
+) -> Measurement:
+    """Compile, size and time any un-jitted ``step(*args)`` (see the module doc).
+
     Args:
-      problem: the training step to measure.
-      schedule: the remat schedule it is built with.
-      budget_bytes: when given, a schedule whose ``total_bytes`` exceeds it is
+      step, args: the un-jitted step and example arguments for it; compiled
+        with ``jax.jit(step).lower(*args).compile()``.
+      budget_bytes: when given, a step whose ``total_bytes`` exceeds it is
         not run (``status="over_budget"``).
       time_budget: about how many seconds the timed runs may take in all.
-      min_repeats, max_repeats: bounds on the number of timed runs.
+      min_repeats, max_repeats: bounds on the number of timed runs (equal
+        bounds: exactly that many).
       run: ``False`` compiles and sizes only (no ``step_seconds``).
+      label: recorded as ``schedule_key`` (e.g. a non-autoremat competitor's name).
+      on_output: called with the warm-up run's (finite) output before the
+        timed runs, e.g. to keep gradients for a comparison; what it raises
+        is recorded as a run failure.
 
     Returns:
       A ``Measurement``; failures are recorded in it, never raised (except
@@ -163,26 +198,19 @@ def measure(
     """
     import jax
 
-    env = environment()
-    key = schedule.key()
+    env: dict[str, Any] = environment()  # str values, passed to the str fields
 
     def fail(reason: str, **figures: Any) -> Measurement:
-        return Measurement(key, ERROR, reason, **figures, **env)
+        return Measurement(label, ERROR, reason, **figures, **env)
 
-    try:
-        step, args = problem.build(schedule)
-    except Exception as e:
-        return fail(f"build failed: {_one_line(e)}")
     start = time.perf_counter()
     try:
         compiled = jax.jit(step).lower(*args).compile()
     except Exception as e:
         return fail(f"{_kind_of_failure(e, 'compile')}: {_one_line(e)}")
-    compile_seconds = time.perf_counter() - start
-
     parts = _memory_parts(compiled)
     figures: dict[str, Any] = {
-        "compile_seconds": compile_seconds,
+        "compile_seconds": time.perf_counter() - start,
         "temp_bytes": parts["temp"],
         "argument_bytes": parts["argument"],
         "output_bytes": parts["output"],
@@ -192,12 +220,12 @@ def measure(
     total = figures["total_bytes"]
     if budget_bytes is not None and total is not None and total > budget_bytes:
         return Measurement(
-            key, OVER_BUDGET,
+            label, OVER_BUDGET,
             f"over budget: total {total} bytes > budget {budget_bytes} bytes (not run)",
             **figures, **env,
         )
     if not run:
-        return Measurement(key, OK, "", **figures, **env)
+        return Measurement(label, OK, "", **figures, **env)
 
     try:
         t0 = time.perf_counter()
@@ -206,6 +234,9 @@ def measure(
         loss, bad = _check_finite(out)
         if bad:
             return fail(f"non-finite output: {bad}", **figures, loss=loss)
+        if on_output is not None:
+            on_output(out)
+        del out
         repeats = max(min_repeats, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
         samples = []
         for _ in range(repeats):
@@ -224,10 +255,10 @@ def measure(
         return fail("no memory figure: memory_analysis() and memory_stats() gave none",
                     **figures, loss=loss)
     if budget_bytes is not None and figures["total_bytes"] > budget_bytes:
-        return Measurement(key, OVER_BUDGET, "over budget: peak bytes in use > budget",
+        return Measurement(label, OVER_BUDGET, "over budget: peak bytes in use > budget",
                            **figures, peak_bytes=peak, **env)
     return Measurement(
-        key, OK, "", **figures, peak_bytes=peak, step_seconds=statistics.median(samples),
+        label, OK, "", **figures, peak_bytes=peak, step_seconds=statistics.median(samples),
         step_samples=tuple(samples), loss=loss, **env,
     )
 

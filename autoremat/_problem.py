@@ -19,10 +19,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from autoremat._errors import ProblemError as ProblemError
 from autoremat._schedule import Schedule
+
+if TYPE_CHECKING:  # imported lazily at run time: importing autoremat must not import jax
+    import flax.linen as nn
+    import jax
+    import optax
 
 Step = Callable[..., Any]
 
@@ -49,6 +54,108 @@ class Problem:
             raise ProblemError("build: expected a callable build(schedule) -> (step, args)")
 
 
+#: ``run_scan(params, x) -> (final_carry, hs)``: how a train step runs the LSTM
+#: over ``x`` (batch-major ``(B, T, D)``); ``hs`` is time-major ``(T, B, H)``,
+#: or ``None`` when the loss is on the last state only.
+RunScan = Callable[[Any, Any], tuple[Any, Any]]
+
+
+@dataclass(frozen=True)
+class SeedModel:
+    """The seed's LSTM, readout, optimizer and example arguments, built once.
+
+    ``train_step(run_scan)`` is the seed's train step (forward, L2 loss,
+    gradients, Adam) around any way of running the scan: ``seed_lstm`` runs
+    it with ``autoremat.scan``; ``studies/compare.py`` with its competitors.
+    """
+
+    cell: nn.OptimizedLSTMCell
+    readout: nn.Dense
+    tx: optax.GradientTransformation
+    carry0: Any
+    args: tuple[Any, ...]  # (params, opt_state, x, y)
+    seq2seq: bool
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.args[2].shape[1])
+
+    def problem(self) -> Problem:
+        """This train step as a ``Problem``, its scan run by ``autoremat.scan`` under a schedule."""
+
+        def build(schedule: Schedule) -> tuple[Step, tuple[Any, ...]]:
+            from autoremat._scan import scan
+
+            def run_scan(params: Any, x: Any) -> tuple[Any, Any]:
+                return scan(self.cell_step(params), self.carry0, x, schedule=schedule,
+                            axis=1, out_axis=0)
+
+            return self.train_step(run_scan), self.args
+
+        batch, kind = self.args[2].shape[0], "seq2seq" if self.seq2seq else "last"
+        name = f"seed_lstm(T={self.seq_len},B={batch},H={self.cell.features},{kind})"
+        return Problem(name=name, seq_len=self.seq_len, build=build)
+
+    def cell_step(self, params: Any) -> Callable[[Any, Any], tuple[Any, Any]]:
+        """One scan step ``(carry, x_t) -> (carry, h_t or None)`` with ``params``."""
+
+        def step(carry: Any, xt: Any) -> tuple[Any, Any]:
+            carry, h = self.cell.apply({"params": params["cell"]}, carry, xt)
+            return carry, (h if self.seq2seq else None)
+
+        return step
+
+    def train_step(self, run_scan: RunScan) -> Step:
+        """``train_step(params, opt_state, x, y) -> (params, opt_state, loss)``."""
+        import jax
+        import jax.numpy as jnp
+        import optax
+
+        def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+            (_, h_last), hs = run_scan(params, x)
+            readout = {"params": params["readout"]}
+            # hs stays time-major (T, B, H): only the small predictions are transposed.
+            preds = (jnp.moveaxis(self._apply(readout, hs), 0, 1) if self.seq2seq
+                     else self._apply(readout, h_last))
+            return optax.l2_loss(preds, y).mean()
+
+        def train_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            updates, opt_state = self.tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        return train_step
+
+    def _apply(self, variables: Any, h: jax.Array) -> jax.Array:
+        # Dense.apply is typed as maybe returning (output, state); without mutable it does not.
+        return cast("jax.Array", self.readout.apply(variables, h))
+
+
+def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_dim: int = 32,
+               output_dim: int = 4, seq2seq: bool = True) -> SeedModel:
+    """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3) and random data (``PRNGKey(0)``).
+
+    The arguments are ``seed_lstm``'s.
+    """
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    cell = nn.OptimizedLSTMCell(hidden)
+    readout = nn.Dense(output_dim)
+    tx = optax.adam(1e-3)
+    kx, ky, kc, kd = jax.random.split(jax.random.PRNGKey(0), 4)
+    x = jax.random.normal(kx, (batch, seq_len, input_dim), jnp.float32)
+    y = jax.random.normal(ky, (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
+    carry0 = cell.initialize_carry(kc, (batch, input_dim))
+    params = {
+        "cell": cell.init(kc, carry0, x[:, 0])["params"],
+        "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
+    }
+    return SeedModel(cell, readout, tx, carry0, (params, tx.init(params), x, y), seq2seq)
+
+
 def seed_lstm(
     seq_len: int = 10_000,
     batch: int = 10,
@@ -63,51 +170,7 @@ def seed_lstm(
     with ``axis=1`` (no transposed copy). With ``seq2seq=False`` the loss is on
     the last hidden state, so no per-step output is stacked at all.
     """
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    from autoremat._scan import scan
-
-    cell = nn.OptimizedLSTMCell(hidden)
-    readout = nn.Dense(output_dim)
-    tx = optax.adam(1e-3)
-    kx, ky, kc, kd = jax.random.split(jax.random.PRNGKey(0), 4)
-    x = jax.random.normal(kx, (batch, seq_len, input_dim), jnp.float32)
-    y = jax.random.normal(ky, (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
-    carry0 = cell.initialize_carry(kc, (batch, input_dim))
-    params = {
-        "cell": cell.init(kc, carry0, x[:, 0])["params"],
-        "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
-    }
-    opt_state = tx.init(params)
-
-    def build(schedule: Schedule) -> tuple[Step, tuple[Any, ...]]:
-        def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
-            def step(carry: Any, xt: jax.Array) -> tuple[Any, Any]:
-                carry, h = cell.apply({"params": params["cell"]}, carry, xt)
-                return carry, (h if seq2seq else None)
-
-            # Inputs are sliced batch-major; outputs stay time-major (T, B, H) so the
-            # large stack of hidden states is never transposed, only the small preds.
-            (_, h_last), hs = scan(step, carry0, x, schedule=schedule, axis=1, out_axis=0)
-            if seq2seq:
-                preds = jnp.moveaxis(readout.apply({"params": params["readout"]}, hs), 0, 1)
-            else:
-                preds = readout.apply({"params": params["readout"]}, h_last)
-            return optax.l2_loss(preds, y).mean()
-
-        def train_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
-            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        return train_step, (params, opt_state, x, y)
-
-    kind = "seq2seq" if seq2seq else "last"
-    name = f"seed_lstm(T={seq_len},B={batch},H={hidden},{kind})"
-    return Problem(name=name, seq_len=seq_len, build=build)
+    return seed_model(seq_len, batch, hidden, input_dim, output_dim, seq2seq).problem()
 
 
 def resolve_problem(ref: str) -> Problem:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
 import time
@@ -71,8 +70,7 @@ def parse_schedule_arg(value: str | None, seq_len: int) -> autoremat.Schedule:
         return autoremat.Schedule.plain(seq_len)
     if value:
         return autoremat.load_schedule(value)
-    root = max(1, round(math.sqrt(seq_len)))
-    return autoremat.Schedule.nested([math.ceil(seq_len / root), root])
+    return autoremat.Schedule.root(seq_len, 2)
 
 
 def main(argv: list[str] | None = None) -> int:

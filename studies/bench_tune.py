@@ -8,7 +8,7 @@ the tuner's wall time as a ratio to the grid's.
 
 Case b: T=10^5 under 4 GB: the chosen schedule against the plain scan (over
 budget, measured anyway), per-cell remat, sqrt(T) two levels and cube-root
-three levels.
+three levels (``Schedule.root``, as the tuner's first trials).
 
 Every figure is measured in this run (``autoremat._measure.measure``)::
 
@@ -28,7 +28,6 @@ from autoremat._budget import format_bytes, parse_bytes
 from autoremat._measure import Measurement, measure
 from autoremat._problem import Problem, seed_lstm
 from autoremat._schedule import Schedule
-from autoremat._space import seed_schedules
 from autoremat._tune import tune
 
 GRID_POLICIES = ("nothing_saveable", "dots_saveable", "everything_saveable")
@@ -47,67 +46,80 @@ def grid(seq_len: int, ladder: list[int]) -> list[Schedule]:
     return out
 
 
-def row(label: str, m: Measurement | dict[str, Any] | None, ref: float | None) -> str:
+Figures = Measurement | dict[str, Any] | None  # a Measurement or a trial's user attrs
+
+
+def _get(m: Figures, key: str) -> Any:
+    return None if m is None else m.get(key) if isinstance(m, dict) else getattr(m, key)
+
+
+def row(label: str, m: Figures, ref: float | None) -> str:
     if m is None:
         return f"| {label} | - | - | - |"
-    get = m.get if isinstance(m, dict) else lambda k: getattr(m, k)
-    step = get("step_seconds")
+    step = _get(m, "step_seconds")
     ratio = f"{step / ref:.2f}" if step and ref else "-"
     shown = f"{step:.3f} s" if step else "not run"
-    return f"| {label} | {format_bytes(get('total_bytes'))} | {shown} | {ratio} |"
+    return f"| {label} | {format_bytes(_get(m, 'total_bytes'))} | {shown} | {ratio} |"
+
+
+def run_tune(problem: Problem, budget: int, trials: int, time_budget: float,
+             case: str) -> tuple[str, Figures, int, float]:
+    """``tune`` on runs/bench.db: (row label, the chosen figures, schedules measured, wall s).
+
+    The only code here that reads a ``TuneResult``.
+    """
+    t0 = time.perf_counter()
+    result = tune(problem, budget, n_trials=trials, time_budget=time_budget,
+                  storage="sqlite:///runs/bench.db", study_name=f"bench-{case}-{int(time.time())}")
+    wall = time.perf_counter() - t0
+    label = f"tuned ({result.best.describe()})" if result.best else "tuned (none fits)"
+    return label, result.best_attrs, result.measured, wall
 
 
 def case_a(trials: int, ladder: list[int], time_budget: float, seq_len: int) -> None:
     problem = seed_lstm(seq_len=seq_len)
     plain = measure(problem, Schedule.plain(seq_len), time_budget=time_budget)
+    assert plain.total_bytes is not None, plain.reason
     budget = int(0.25 * plain.total_bytes)
     print(f"case a: {problem.name}, plain total {format_bytes(plain.total_bytes)}, "
           f"budget 25% = {format_bytes(budget)}")
-    t0 = time.perf_counter()
-    result = tune(problem, budget, n_trials=trials, time_budget=time_budget,
-                  storage="sqlite:///runs/bench.db", study_name=f"bench-a-{int(time.time())}")
-    tune_wall = time.perf_counter() - t0
+    label, chosen, tuned_count, tune_wall = run_tune(problem, budget, trials, time_budget, "a")
     schedules = grid(seq_len, ladder)
     print(f"grid: {len(schedules)} schedules (ladder {ladder}, policies {GRID_POLICIES})")
     t0 = time.perf_counter()
     measured = [(s, measure(problem, s, budget_bytes=budget, time_budget=time_budget))
                 for s in schedules]
     grid_wall = time.perf_counter() - t0
-    fits = [(s, m) for s, m in measured if m.feasible]
-    best_s, best_m = min(fits, key=lambda sm: sm[1].step_seconds)
-    chosen = result.best_attrs
+    fits = [(s, m) for s, m in measured if m.feasible and m.step_seconds is not None]
+    best_s, best_m = min(fits, key=lambda sm: sm[1].step_seconds or 0.0)
     print("\n| schedule | total | step | step / plain |\n|---|---|---|---|")
     print(row(f"plain ({Schedule.plain(seq_len).describe()})", plain, plain.step_seconds))
-    print(row(f"tuned ({chosen['describe']})" if chosen else "tuned (none fits)", chosen,
-              plain.step_seconds))
+    print(row(label, chosen, plain.step_seconds))
     print(row(f"grid best ({best_s.describe()})", best_m, plain.step_seconds))
-    if chosen:
-        print(f"\nchosen / grid best step time: {chosen['step_seconds'] / best_m.step_seconds:.2f}")
-    print(f"tuner wall {tune_wall:.0f} s ({result.measured} schedules) / grid wall "
+    if chosen and best_m.step_seconds:
+        print(f"\nchosen / grid best step time: {_get(chosen, 'step_seconds') / best_m.step_seconds:.2f}")
+    print(f"tuner wall {tune_wall:.0f} s ({tuned_count} schedules) / grid wall "
           f"{grid_wall:.0f} s ({len(schedules)} schedules) = {tune_wall / grid_wall:.2f}")
 
 
 def case_b(trials: int, time_budget: float, seq_len: int, budget_text: str) -> None:
     problem: Problem = seed_lstm(seq_len=seq_len)
     budget = parse_bytes(budget_text)
-    t0 = time.perf_counter()
-    result = tune(problem, budget, n_trials=trials, time_budget=time_budget,
-                  storage="sqlite:///runs/bench.db", study_name=f"bench-b-{int(time.time())}")
-    tune_wall = time.perf_counter() - t0
-    plain_s, cell_s, sqrt_s, cube_s = seed_schedules(seq_len)
-    refs = [("plain scan", plain_s), ("per-cell remat", cell_s), ("sqrt(T) 2-level", sqrt_s),
-            ("cube-root 3-level", cube_s)]
-    measured = [(label, s, measure(problem, s, time_budget=time_budget)) for label, s in refs]
+    label, chosen, tuned_count, tune_wall = run_tune(problem, budget, trials, time_budget, "b")
+    refs = [("plain scan", Schedule.plain(seq_len)),
+            ("per-cell remat", Schedule.nested([seq_len], "nothing_saveable")),
+            ("sqrt(T) 2-level", Schedule.root(seq_len, 2, ["nothing_saveable", "everything_saveable"])),
+            ("cube-root 3-level", Schedule.root(seq_len, 3, ["nothing_saveable", "nothing_saveable",
+                                                             "everything_saveable"]))]
+    measured = [(name, s, measure(problem, s, time_budget=time_budget)) for name, s in refs]
     plain = measured[0][2]
     print(f"case b: {problem.name}, budget {format_bytes(budget)}; tuner wall {tune_wall:.0f} s "
-          f"({result.measured} schedules)")
+          f"({tuned_count} schedules)")
     print("\n| schedule | total | step | step / plain |\n|---|---|---|---|")
-    for label, s, m in measured:
+    for name, s, m in measured:
         over = " (over budget)" if m.total_bytes and m.total_bytes > budget else ""
-        print(row(f"{label}{over} ({s.describe()})", m, plain.step_seconds))
-    chosen = result.best_attrs
-    print(row(f"tuned ({chosen['describe']})" if chosen else "tuned (none fits)", chosen,
-              plain.step_seconds))
+        print(row(f"{name}{over} ({s.describe()})", m, plain.step_seconds))
+    print(row(label, chosen, plain.step_seconds))
 
 
 def main() -> None:

@@ -47,26 +47,17 @@ class Row:
 
 
 def candidates(seq_len: int, quick: bool) -> list[tuple[str, Schedule]]:
-    root = math.isqrt(seq_len)
-    cube = round(seq_len ** (1 / 3))
+    stored, remat = "everything_saveable", "nothing_saveable"
     out = [
         ("plain scan", Schedule.plain(seq_len)),
-        ("per-step remat", Schedule.nested([seq_len], "nothing_saveable")),
-        ("sqrt 2 levels", Schedule.nested([math.ceil(seq_len / root), root],
-                                          ["nothing_saveable", "everything_saveable"])),
-        ("cube 3 levels", Schedule.nested([math.ceil(seq_len / cube**2), cube, cube],
-                                          ["nothing_saveable", "nothing_saveable",
-                                           "everything_saveable"])),
-        ("deep 4 levels", Schedule.nested(_four_levels(seq_len), "nothing_saveable")),
+        ("per-step remat", Schedule.nested([seq_len], remat)),
+        ("sqrt 2 levels", Schedule.root(seq_len, 2, [remat, stored])),
+        ("cube 3 levels", Schedule.root(seq_len, 3, [remat, remat, stored])),
+        ("deep 4 levels", Schedule.root(seq_len, 4, remat)),
     ]
     snapshots = (8, 32, 128) if quick else (4, 8, 16, 32, 64, 128, 256)
     out += [(f"binomial s={s}", Schedule.binomial(s)) for s in snapshots if s < seq_len]
     return out
-
-
-def _four_levels(seq_len: int) -> list[int]:
-    n = max(2, round(seq_len ** 0.25))
-    return [math.ceil(seq_len / n**3), n, n, n]
 
 
 def run(seq_len: int, seq2seq: bool, quick: bool, time_budget: float) -> list[Row]:

@@ -13,13 +13,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "studies" / "compare.py"
 HAS_EQUINOX = importlib.util.find_spec("equinox") is not None
 
 
-def _load_compare():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("_studies_compare", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def _load(name: str = "compare"):  # type: ignore[no-untyped-def]
+    """``studies/<name>.py`` imported as run (a script: its folder first on ``sys.path``)."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    return importlib.import_module(name)
 
 
 def test_compare_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -35,7 +33,7 @@ def test_compare_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     try:
         for name, value in settings.items():
             jax.config.update(name, value)
-        compare = _load_compare()
+        compare = _load("compare")
         out = tmp_path / "results"
         # T=512, H=32: 25% of plain's total is reachable in 3 trials (at T=64 the arguments alone exceed it)
         rows = compare.main([
@@ -86,7 +84,8 @@ def test_compare_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
     # re-rendering from the saved rows gives the same report; the README section is replaced in place
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{compare.README_BEGIN}\nold\n{compare.README_END}\n\nafter\n")
+    report = _load("compare_report")
+    readme.write_text(f"# x\n\n{report.README_BEGIN}\nold\n{report.README_END}\n\nafter\n")
     again = tmp_path / "again"
     compare.main(["--render", str(out / "compare.json"), "--out", str(again), "--readme", str(readme)])
     assert (again / "compare.md").read_text() == text
@@ -96,31 +95,31 @@ def test_compare_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_slopes_and_ratios_from_rows() -> None:
-    compare = _load_compare()
+    report = _load("compare_report")
     rows = []
     for t in (1_000, 10_000, 100_000):
-        rows.append(compare.Row(t, False, "plain", total_bytes=2 * t + 10 * t, temp_bytes=10 * t,
-                                step_seconds=1e-3 * t))
-        rows.append(compare.Row(t, False, "autoremat min-memory", total_bytes=2 * t + int(50 * t**0.5),
-                                temp_bytes=int(50 * t**0.5), step_seconds=1.2e-3 * t))
-        rows.append(compare.Row(t, True, "plain", temp_bytes=t * 2 * 3 * 4 + 7 * t))
-        rows.append(compare.Row(t, True, "autoremat min-memory", temp_bytes=t * 2 * 3 * 4 + int(9 * t**0.5)))
-    fitted = {(s.method, s.seq2seq, s.measure): s for s in compare.slopes(rows)}
+        rows.append(report.Row(t, False, "plain", total_bytes=2 * t + 10 * t, temp_bytes=10 * t,
+                               step_seconds=1e-3 * t))
+        rows.append(report.Row(t, False, "autoremat min-memory", total_bytes=2 * t + int(50 * t**0.5),
+                               temp_bytes=int(50 * t**0.5), step_seconds=1.2e-3 * t))
+        rows.append(report.Row(t, True, "plain", temp_bytes=t * 2 * 3 * 4 + 7 * t))
+        rows.append(report.Row(t, True, "autoremat min-memory", temp_bytes=t * 2 * 3 * 4 + int(9 * t**0.5)))
+    fitted = {(s.method, s.seq2seq, s.measure): s for s in report.slopes(rows)}
     assert fitted[("plain", False, "temp")].slope == pytest.approx(1.0)
     assert fitted[("plain", False, "total")].slope == pytest.approx(1.0)
     assert fitted[("autoremat min-memory", False, "temp")].slope == pytest.approx(0.5, abs=1e-3)
     assert fitted[("autoremat min-memory", False, "temp")].seq_lens == (1_000, 10_000, 100_000)
     assert fitted[("autoremat min-memory", True, "temp")].slope == pytest.approx(1.0, abs=0.02)
     assert fitted[("plain", True, "total")].slope is None  # no totals given
-    table = compare.slope_table(list(fitted.values()))
+    table = report.slope_table(list(fitted.values()))
     assert "| autoremat min-memory | last | 1,000, 10,000, 100,000 |" in table
 
-    ratios = compare.competitor_ratios([r for r in rows if not r.seq2seq])
+    ratios = report.competitor_ratios([r for r in rows if not r.seq2seq])
     at_1e4 = next(r for r in ratios if r["seq_len"] == 10_000)
     assert (at_1e4["competitor"], at_1e4["ours"]) == ("plain", "autoremat min-memory")
     assert at_1e4["temp_ratio"] == pytest.approx(5_000 / 100_000)
     assert at_1e4["time_ratio"] == pytest.approx(1.2)
-    assert "| 10,000 | last | plain | 0.21x / 0.050x | 1.20x |" in compare.ratio_table(ratios)
+    assert "| 10,000 | last | plain | 0.21x / 0.050x | 1.20x |" in report.ratio_table(ratios)
 
 
 def test_isolated_row_matches_in_process_and_records_peak() -> None:
@@ -129,7 +128,7 @@ def test_isolated_row_matches_in_process_and_records_peak() -> None:
 
     from autoremat import Schedule
 
-    compare = _load_compare()
+    compare = _load("compare")
 
     group = compare.Group(seq_len=16, seq2seq=True, batch=2, hidden=8)
     spec = compare.schedule_spec("plain", Schedule.plain(16))
@@ -138,11 +137,12 @@ def test_isolated_row_matches_in_process_and_records_peak() -> None:
     assert not there.row.error, there.row.error
     assert there.row.loss == here.row.loss
     assert (there.row.total_bytes, there.row.temp_bytes) == (here.row.total_bytes, here.row.temp_bytes)
-    assert compare.grad_error(there.grads, here.grads) == 0.0
+    assert _load("compare_report").grad_error(there.grads, here.grads) == 0.0
     if jax.default_backend() == "cpu":
         assert there.row.peak_bytes is None  # memory_stats() is None there: shown as n/a
-        rows = compare.check_against_plain([here])
-        assert "| n/a |" in compare.table(rows, gpu=True)
+        report = _load("compare_report")
+        rows = report.check_against_plain([here])
+        assert "| n/a |" in report.table(rows, gpu=True)
     else:
         assert there.row.peak_bytes is not None and there.row.peak_bytes > 0
 
@@ -150,15 +150,15 @@ def test_isolated_row_matches_in_process_and_records_peak() -> None:
 def test_merge_keeps_other_groups_and_replaces_remeasured_ones() -> None:
     from dataclasses import asdict
 
-    compare = _load_compare()
-    old_rows = [compare.Row(t, False, m, total_bytes=1) for t in (1_000, 100_000) for m in ("plain", "x")]
-    previous = {"commands": ["python studies/compare.py --with-1e5"], "rows": [asdict(r) for r in old_rows],
+    report = _load("compare_report")
+    old_rows = [report.Row(t, False, m, total_bytes=1) for t in (1_000, 100_000) for m in ("plain", "x")]
+    previous = {"commands": ["python studies/report.py --with-1e5"], "rows": [asdict(r) for r in old_rows],
                 "walls": [{"seq_len": 1_000, "seq2seq": False, "seconds": 5.0},
                           {"seq_len": 100_000, "seq2seq": False, "seconds": 900.0}]}
-    new_rows = [compare.Row(1_000, False, m, total_bytes=2) for m in ("plain", "x")]
-    rows, walls, commands = compare.merged(previous, new_rows, [(1_000, False, 6.0)], "python new")
+    new_rows = [report.Row(1_000, False, m, total_bytes=2) for m in ("plain", "x")]
+    rows, walls, commands = report.merged(previous, new_rows, [(1_000, False, 6.0)], "python new")
     assert [(r.seq_len, r.method, r.total_bytes) for r in rows] == [
         (1_000, "plain", 2), (1_000, "x", 2), (100_000, "plain", 1), (100_000, "x", 1)]
     assert walls == [(1_000, False, 6.0), (100_000, False, 900.0)]
-    assert commands == ["python studies/compare.py --with-1e5", "python new"]
-    assert "Commands (" in "\n".join(compare._commands_md(commands))
+    assert commands == ["python studies/report.py --with-1e5", "python new"]
+    assert "Commands (" in "\n".join(report._commands_md(commands))

@@ -15,8 +15,9 @@ from autoremat._measure import (
     _total,
     fingerprint,
     measure,
+    measure_step,
 )
-from autoremat._problem import Problem, seed_lstm
+from autoremat._problem import Problem, seed_lstm, seed_model
 from autoremat._schedule import Schedule
 from tests.tiny_problem import tiny
 
@@ -41,6 +42,44 @@ def test_seed_lstm_plain_and_nested(seed: Problem) -> None:
     assert nested.temp_bytes < plain.temp_bytes
     assert nested.argument_bytes == plain.argument_bytes
     assert plain.to_attrs()["feasible"] is True
+
+
+def test_measure_step_takes_any_step_and_hands_back_the_warm_up_output() -> None:
+    step, args = tiny().build(Schedule.plain(32))
+    seen: list[Any] = []
+    m = measure_step(step, args, time_budget=0.05, label="hand-written", on_output=seen.append)
+    assert m.status == OK and m.schedule_key == "hand-written"
+    assert len(seen) == 1 and float(seen[0][1]) == m.loss
+    same = measure(tiny(), Schedule.plain(32), time_budget=0.05)  # measure = build + measure_step
+    assert (same.total_bytes, same.temp_bytes, same.loss) == (m.total_bytes, m.temp_bytes, m.loss)
+    assert same.schedule_key == Schedule.plain(32).key()
+
+    def boom(out: Any) -> None:
+        raise ValueError("gradients differ")
+
+    m = measure_step(step, args, on_output=boom)
+    assert m.status == ERROR and m.reason.startswith("run failed: ValueError: gradients differ")
+    assert m.total_bytes is not None and m.step_seconds is None
+
+
+@pytest.mark.parametrize("seq2seq", [False, True])
+def test_seed_train_step_around_lax_scan_is_seed_lstm(seq2seq: bool) -> None:
+    """``SeedModel.train_step`` is the one seed step: around ``lax.scan`` it is the plain schedule's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    model = seed_model(seq_len=16, batch=2, hidden=8, seq2seq=seq2seq)
+
+    def run_scan(params: Any, x: Any) -> Any:
+        return jax.lax.scan(model.cell_step(params), model.carry0, jnp.moveaxis(x, 1, 0))
+
+    ours = jax.jit(model.train_step(run_scan))(*model.args)
+    step, args = seed_lstm(seq_len=16, batch=2, hidden=8, seq2seq=seq2seq).build(Schedule.plain(16))
+    ref = jax.jit(step)(*args)
+    assert model.problem().name == seed_lstm(16, 2, 8, seq2seq=seq2seq).name
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(ref), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5)
 
 
 def test_over_budget_is_not_run() -> None:
