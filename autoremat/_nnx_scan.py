@@ -192,6 +192,7 @@ class _Loop:
         self.f, self.args, self.carry_arg, self.out_axes = f, args, carry_arg, out_axes
         leaves, self.treedef = jax.tree_util.tree_flatten(args, is_leaf=_is_node)
         specs = _leaf_axes(axes, args)
+        self.is_node = [_is_node(x) for x in leaves]
         self.node_pos = [i for i, x in enumerate(leaves) if _is_node(x)]
         self.nodes = [leaves[i] for i in self.node_pos]
         self.node_specs = [specs[i] for i in self.node_pos]
@@ -212,7 +213,9 @@ class _Loop:
         self.axes = sorted(c for c in categories if isinstance(c, int))
         self.filters = [self._filter(_CARRY), self._filter(None),
                         *(self._filter(a) for a in self.axes)]
-        self.graphdef, gcarry, self.gbcast, *self.gx = nnx.split(self.nodes, *self.filters)
+        split: tuple[Any, ...] = nnx.split(self.nodes, *self.filters)
+        self.graphdef: Any = split[0]
+        gcarry, self.gbcast, self.gx = split[1], split[2], list(split[3:])
         self.gcarry_leaves, self.gcarry_def = jax.tree_util.tree_flatten(gcarry)
         self.changed: list[bool] = [True] * len(self.gcarry_leaves)
 
@@ -243,7 +246,7 @@ class _Loop:
         gcarry = jax.tree_util.tree_unflatten(self.gcarry_def, gleaves)
         gbcast = jax.tree_util.tree_map(lambda v: v, self.gbcast)  # fresh Variables
         nodes = nnx.merge(self.graphdef, gcarry, gbcast, *gx)
-        leaves: list[Any] = [None] * self.treedef.num_leaves
+        leaves: list[Any] = [None] * len(self.is_node)
         for i, node in zip(self.node_pos, nodes, strict=True):
             leaves[i] = node
         for i, v in self.plain.items():
@@ -259,7 +262,8 @@ class _Loop:
             raise ValueError("out_axes: the scanned function returns a Module or Variable; "
                              "autoremat.nnx.scan stacks arrays only (use nnx.scan to create "
                              "stacked modules)")
-        graphdef, gcarry_out, _, *gx_out = nnx.split(nodes, *self.filters)
+        split: tuple[Any, ...] = nnx.split(nodes, *self.filters)
+        graphdef, gcarry_out, gx_out = split[0], split[1], split[3:]
         if graphdef != self.graphdef:
             raise ValueError("f: the scanned function changed the structure of a module (added "
                              "or removed a Variable or submodule); that is not supported")

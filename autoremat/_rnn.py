@@ -12,6 +12,7 @@ sequences, ``keep_order``, picking each sequence's last carry with
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -22,37 +23,63 @@ from flax.linen.recurrent import flip_sequences
 PyTree = Any
 
 
-def time_axis(inputs: jax.Array, num_feature_axes: int, time_major: bool) -> tuple[int, int]:
-    """The time axis of ``inputs`` and the number of batch axes (as the originals)."""
-    axis = 0 if time_major else inputs.ndim - (num_feature_axes + 1)
-    if axis < 0:
-        axis += inputs.ndim
-    batch = inputs.ndim - 1 - num_feature_axes
-    return axis, batch
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One RNN call's settings, the attributes overridden by the call's arguments."""
+
+    axis: int  # the time axis of the inputs
+    num_batch_dims: int
+    time_major: bool
+    reverse: bool
+    keep_order: bool
+    return_carry: bool
+    seq_lengths: jax.Array | None
+
+    @property
+    def slice_carry(self) -> bool:
+        """Whether every carry is stacked, to pick each padded sequence's last one."""
+        return self.seq_lengths is not None and self.return_carry
+
+    @property
+    def out_axes(self) -> Any:
+        return (0, self.axis) if self.slice_carry else self.axis
+
+    def step_shape(self, inputs: jax.Array) -> tuple[int, ...]:
+        return inputs.shape[:self.axis] + inputs.shape[self.axis + 1:]
 
 
-def flip(tree: PyTree, seq_lengths: jax.Array | None, num_batch_dims: int,
-         time_major: bool) -> PyTree:
+def prepare(rnn: Any, inputs: jax.Array, seq_lengths: jax.Array | None,
+            **overrides: bool | None) -> tuple[jax.Array, Call]:
+    """Resolve the call's settings (as the originals) and reverse the inputs if asked."""
+    opts = {k: getattr(rnn, k) if v is None else v for k, v in overrides.items()}
+    nfeat = rnn.cell.num_feature_axes
+    axis = 0 if opts["time_major"] else inputs.ndim - (nfeat + 1)
+    call = Call(axis=axis % inputs.ndim, num_batch_dims=inputs.ndim - 1 - nfeat,
+                seq_lengths=seq_lengths, **opts)
+    if call.reverse:
+        inputs = flip(inputs, call)
+    return inputs, call
+
+
+def flip(tree: PyTree, call: Call) -> PyTree:
     """Reverse each sequence in time, keeping padding at the end."""
     return jax.tree_util.tree_map(
-        lambda x: flip_sequences(x, seq_lengths, num_batch_dims=num_batch_dims,
-                                 time_major=time_major), tree)
+        lambda x: flip_sequences(x, call.seq_lengths, num_batch_dims=call.num_batch_dims,
+                                 time_major=call.time_major), tree)
 
 
-def finish(scan_output: Any, *, seq_lengths: jax.Array | None, slice_carry: bool,
-           return_carry: bool, reverse: bool, keep_order: bool, num_batch_dims: int,
-           time_major: bool) -> Any:
+def finish(scan_output: Any, call: Call) -> Any:
     """From the scan's output to the RNN's: the last valid carry, the outputs' order."""
-    if slice_carry:
-        assert seq_lengths is not None
+    if call.slice_carry:
+        assert call.seq_lengths is not None
         _, (carries, outputs) = scan_output
-        last = seq_lengths - 1
+        last = call.seq_lengths - 1
         carry = jax.tree_util.tree_map(lambda x: x[last, jnp.arange(x.shape[1])], carries)
     else:
         carry, outputs = scan_output
-    if reverse and keep_order:
-        outputs = flip(outputs, seq_lengths, num_batch_dims, time_major)
-    return (carry, outputs) if return_carry else outputs
+    if call.reverse and call.keep_order:
+        outputs = flip(outputs, call)
+    return (carry, outputs) if call.return_carry else outputs
 
 
 def scan_body(slice_carry: bool) -> Any:
@@ -88,7 +115,7 @@ class RNN(nn.RNN):
     schedule: Any = None
     unroll: int | None = None  # type: ignore[assignment]
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         inputs: jax.Array,
         *,
@@ -105,24 +132,15 @@ class RNN(nn.RNN):
         if self.schedule is None:
             raise TypeError("autoremat.linen.RNN: missing the schedule= argument "
                             "(an autoremat.Schedule or a schedule file)")
-        return_carry = self.return_carry if return_carry is None else return_carry
-        time_major = self.time_major if time_major is None else time_major
-        reverse = self.reverse if reverse is None else reverse
-        keep_order = self.keep_order if keep_order is None else keep_order
-        axis, nbatch = time_axis(inputs, self.cell.num_feature_axes, time_major)
-        if reverse:
-            inputs = flip(inputs, seq_lengths, nbatch, time_major)
+        inputs, call = prepare(self, inputs, seq_lengths, return_carry=return_carry,
+                               time_major=time_major, reverse=reverse, keep_order=keep_order)
         if initial_carry is None:
             key = jax.random.key(0) if init_key is None else init_key
-            initial_carry = self.cell.initialize_carry(
-                key, inputs.shape[:axis] + inputs.shape[axis + 1:])
-        slice_carry = seq_lengths is not None and return_carry
+            initial_carry = self.cell.initialize_carry(key, call.step_shape(inputs))
         scanned = scan(
-            scan_body(slice_carry), schedule=self.schedule, unroll=self.unroll,
-            in_axes=axis, out_axes=(0, axis) if slice_carry else axis,
-            variable_axes=self.variable_axes, variable_broadcast=self.variable_broadcast,
-            variable_carry=self.variable_carry, split_rngs=self.split_rngs,
+            scan_body(call.slice_carry), schedule=self.schedule, unroll=self.unroll,
+            in_axes=call.axis, out_axes=call.out_axes, variable_axes=self.variable_axes,
+            variable_broadcast=self.variable_broadcast, variable_carry=self.variable_carry,
+            split_rngs=self.split_rngs,
         )
-        return finish(scanned(self.cell, initial_carry, inputs), seq_lengths=seq_lengths,
-                      slice_carry=slice_carry, return_carry=return_carry, reverse=reverse,
-                      keep_order=keep_order, num_batch_dims=nbatch, time_major=time_major)
+        return finish(scanned(self.cell, initial_carry, inputs), call)

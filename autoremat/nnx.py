@@ -51,7 +51,7 @@ from flax import nnx
 
 from autoremat._nnx_scan import scan
 from autoremat._problem import Problem
-from autoremat._rnn import finish, flip, scan_body, time_axis
+from autoremat._rnn import finish, prepare, scan_body
 from autoremat._schedule import Schedule
 from autoremat.linen import _as_schedule
 
@@ -94,7 +94,7 @@ class RNN(nnx.RNN):
         self.schedule = _as_schedule(schedule)
         self.unroll = unroll  # type: ignore[assignment]
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         inputs: jax.Array,
         *,
@@ -106,30 +106,21 @@ class RNN(nnx.RNN):
         keep_order: bool | None = None,
         rngs: Any = None,
     ) -> Any:
-        return_carry = self.return_carry if return_carry is None else return_carry
-        time_major = self.time_major if time_major is None else time_major
-        reverse = self.reverse if reverse is None else reverse
-        keep_order = self.keep_order if keep_order is None else keep_order
-        axis, nbatch = time_axis(inputs, self.cell.num_feature_axes, time_major)
-        if reverse:
-            inputs = flip(inputs, seq_lengths, nbatch, time_major)
+        inputs, call = prepare(self, inputs, seq_lengths, return_carry=return_carry,
+                               time_major=time_major, reverse=reverse, keep_order=keep_order)
         rngs = self.rngs if rngs is None else rngs
         if isinstance(rngs, nnx.Rngs):
             rngs = rngs.carry.fork()
         if initial_carry is None:
-            initial_carry = self.cell.initialize_carry(
-                inputs.shape[:axis] + inputs.shape[axis + 1:], rngs)
-        slice_carry = seq_lengths is not None and return_carry
-        state_axes = nnx.StateAxes({nnx.All(nnx.RngState, self.broadcast_rngs): None,
-                                    **self.state_axes})
+            initial_carry = self.cell.initialize_carry(call.step_shape(inputs), rngs)
+        axes: dict[Any, Any] = {nnx.All(nnx.RngState, self.broadcast_rngs): None,
+                                **self.state_axes}
         scanned = nnx.split_rngs(splits=1, only=self.broadcast_rngs, squeeze=True)(scan(
-            scan_body(slice_carry), schedule=self.schedule, unroll=self.unroll,
-            in_axes=(state_axes, nnx.Carry, axis),
-            out_axes=(nnx.Carry, (0, axis)) if slice_carry else (nnx.Carry, axis),
+            scan_body(call.slice_carry), schedule=self.schedule, unroll=self.unroll,
+            in_axes=(nnx.StateAxes(axes), nnx.Carry, call.axis),
+            out_axes=(nnx.Carry, call.out_axes),
         ))
-        return finish(scanned(self.cell, initial_carry, inputs), seq_lengths=seq_lengths,
-                      slice_carry=slice_carry, return_carry=return_carry, reverse=reverse,
-                      keep_order=keep_order, num_batch_dims=nbatch, time_major=time_major)
+        return finish(scanned(self.cell, initial_carry, inputs), call)
 
 
 def problem(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
 import time
@@ -80,28 +79,19 @@ def problem(seq_len: int | None = None, hidden: int | None = None, batch: int = 
     )
 
 
-def parse_schedule_arg(value: str | None, seq_len: int) -> autoremat.Schedule:
-    if value == "plain":
-        return autoremat.Schedule.plain(seq_len)
-    if value:
-        return autoremat.load_schedule(value)
-    root = max(1, round(math.sqrt(seq_len)))
-    return autoremat.Schedule.nested([math.ceil(seq_len / root), root])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--schedule", help="a schedule YAML file, or 'plain' (default: sqrt(T) 2-level)")
-    parser.add_argument("--steps", type=int, default=5, help="training steps to run (default 5)")
-    parser.add_argument("--seq-len", type=int, default=10_000, help="T (default 10000)")
-    parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--input-dim", type=int, default=32)
-    parser.add_argument("--output-dim", type=int, default=4)
-    parser.add_argument("--seq2seq", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--schedule", help="a schedule YAML file, or 'plain' "
+                        "(default: two levels of about sqrt(T))")
+    parser.add_argument("--steps", type=int, default=5, help="training steps (5)")
+    parser.add_argument("--seq-len", type=int, default=10_000, help="T (10000)")
+    parser.add_argument("--hidden", type=int, default=128, help="LSTM width (128)")
     args = parser.parse_args(argv)
+    args.batch, args.input_dim, args.output_dim, args.seq2seq = 10, 32, 4, True
     try:
-        schedule = parse_schedule_arg(args.schedule, args.seq_len)
+        schedule = (autoremat.Schedule.plain(args.seq_len) if args.schedule == "plain"
+                    else autoremat.load_schedule(args.schedule) if args.schedule
+                    else autoremat.Schedule.root(args.seq_len, 2))
     except autoremat.ScheduleError as e:
         print(f"error: --schedule: {e}", file=sys.stderr)
         return 2

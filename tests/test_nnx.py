@@ -178,18 +178,15 @@ def dropout_loss(scan_fn: Scan, mode: str) -> Callable[..., Any]:
     @functools.partial(scan_fn, in_axes=(model_axis, nnx.Carry, 0, 0 if mode == "split" else None),
                        out_axes=(nnx.Carry, 0))
     def step(model: Noisy, h: jax.Array, x: jax.Array, rngs: nnx.Rngs) -> Any:
+        h = model(h, x)
         if mode == "split":
-            h = model(h, x) * jax.random.uniform(rngs.noise(), h.shape)
-        else:
-            h = model(h, x)
+            h = h * jax.random.uniform(rngs.noise(), h.shape)
         return h, h
 
     def loss(model: Noisy, x: jax.Array, rngs: nnx.Rngs) -> tuple[jax.Array, Any]:
-        if mode == "split":
-            h, ys = nnx.split_rngs(splits=T, only="noise")(step)(model, jnp.zeros((B, HID)), x, rngs)
-        else:
-            h, ys = step(model, jnp.zeros((B, HID)), x, rngs)
-        return weighted(ys), ys
+        scanned = nnx.split_rngs(splits=T, only="noise")(step) if mode == "split" else step
+        h, ys = scanned(model, jnp.zeros((B, HID)), x, rngs)
+        return weighted(ys) + jnp.sum(h), ys
 
     return loss
 
