@@ -5,9 +5,10 @@ linear in ``T``); these run that scan under a schedule instead
 (``autoremat.linen.scan`` / ``autoremat.nnx.scan``), so the residuals kept
 for the backward pass shrink to the schedule's (``O(d * T^(1/d))`` carries
 for ``d`` nested levels; Chen et al. 2016, arXiv 1604.06174) at the cost of
-recomputing the forward pass. Everything around the scan -- reversing padded
-sequences, ``keep_order``, picking each sequence's last carry with
-``seq_lengths`` -- is done exactly as the originals do it.
+recomputing the forward pass. Around the scan -- reversing padded sequences,
+``keep_order``, each sequence's last carry with ``seq_lengths`` -- the results
+are the originals'; only that last carry is picked inside the loop rather than
+from a stack of every step's carry.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ class Call:
 
     @property
     def slice_carry(self) -> bool:
-        """Whether every carry is stacked, to pick each padded sequence's last one."""
+        """Whether each padded sequence's last carry is picked (not the final one)."""
         return self.seq_lengths is not None and self.return_carry
 
-    @property
-    def out_axes(self) -> Any:
-        return (0, self.axis) if self.slice_carry else self.axis
+    def init(self, carry: PyTree) -> PyTree:
+        """The scan's initial carry: with ``slice_carry``, also the picked carry and ``t``."""
+        return (carry, carry, jnp.zeros((), jnp.int32)) if self.slice_carry else carry
 
     def step_shape(self, inputs: jax.Array) -> tuple[int, ...]:
         return inputs.shape[:self.axis] + inputs.shape[self.axis + 1:]
@@ -70,24 +71,30 @@ def flip(tree: PyTree, call: Call) -> PyTree:
 
 def finish(scan_output: Any, call: Call) -> Any:
     """From the scan's output to the RNN's: the last valid carry, the outputs' order."""
+    carry, outputs = scan_output
     if call.slice_carry:
-        assert call.seq_lengths is not None
-        _, (carries, outputs) = scan_output
-        last = call.seq_lengths - 1
-        carry = jax.tree_util.tree_map(lambda x: x[last, jnp.arange(x.shape[1])], carries)
-    else:
-        carry, outputs = scan_output
+        _, carry, _ = carry
     if call.reverse and call.keep_order:
         outputs = flip(outputs, call)
     return (carry, outputs) if call.return_carry else outputs
 
 
-def scan_body(slice_carry: bool) -> Any:
-    """The per-step function: the cell, and with ``slice_carry`` every carry as output."""
+def scan_body(call: Call, steps: int) -> Any:
+    """The per-step function: the cell; with ``slice_carry`` it also keeps the carry of
+    step ``seq_lengths - 1`` (of each sequence), which the originals pick from a stack
+    of all ``T`` carries -- same values, without that ``T x carry`` memory."""
 
     def step(cell: Any, carry: PyTree, x: jax.Array) -> tuple[PyTree, Any]:
+        if not call.slice_carry:
+            return cell(carry, x)
+        assert call.seq_lengths is not None
+        carry, picked, t = carry
         carry, y = cell(carry, x)
-        return (carry, (carry, y)) if slice_carry else (carry, y)
+        hit = (call.seq_lengths - 1) % steps == t  # (*batch,); -1 picks the last step
+        picked = jax.tree_util.tree_map(
+            lambda new, old: jnp.where(hit.reshape(hit.shape + (1,) * (new.ndim - hit.ndim)),
+                                       new, old), carry, picked)
+        return (carry, picked, t + 1), y
 
     return step
 
@@ -107,9 +114,8 @@ class RNN(nn.RNN):
 
         rnn = autoremat.linen.RNN(nn.OptimizedLSTMCell(128), schedule=schedule)
 
-    With ``seq_lengths`` and ``return_carry=True`` every step's carry is
-    stacked to pick each sequence's last one, as ``nn.RNN`` does (``T`` carries
-    of memory on top of the schedule's).
+    With ``seq_lengths`` and ``return_carry=True`` each sequence's last carry
+    is kept as the loop runs (``nn.RNN`` stacks all ``T`` carries to pick it).
     """
 
     schedule: Any = None
@@ -138,9 +144,10 @@ class RNN(nn.RNN):
             key = jax.random.key(0) if init_key is None else init_key
             initial_carry = self.cell.initialize_carry(key, call.step_shape(inputs))
         scanned = scan(
-            scan_body(call.slice_carry), schedule=self.schedule, unroll=self.unroll,
-            in_axes=call.axis, out_axes=call.out_axes, variable_axes=self.variable_axes,
+            scan_body(call, inputs.shape[call.axis]), schedule=self.schedule,
+            unroll=self.unroll, in_axes=call.axis, out_axes=call.axis,
+            variable_axes=self.variable_axes,
             variable_broadcast=self.variable_broadcast, variable_carry=self.variable_carry,
             split_rngs=self.split_rngs,
         )
-        return finish(scanned(self.cell, initial_carry, inputs), call)
+        return finish(scanned(self.cell, call.init(initial_carry), inputs), call)

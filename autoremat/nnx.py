@@ -70,8 +70,8 @@ class RNN(nnx.RNN):
     The cell's state is carried as in ``nnx.RNN`` (``state_axes`` default),
     but state the cell only reads -- its parameters -- is held once, not in
     every saved carry. Works inside ``nnx.Bidirectional``. With
-    ``seq_lengths`` and ``return_carry=True`` every step's carry is stacked to
-    pick each sequence's last one, as ``nnx.RNN`` does.
+    ``seq_lengths`` and ``return_carry=True`` each sequence's last carry is
+    kept as the loop runs (``nnx.RNN`` stacks all ``T`` carries to pick it).
     """
 
     def __init__(
@@ -116,11 +116,11 @@ class RNN(nnx.RNN):
         axes: dict[Any, Any] = {nnx.All(nnx.RngState, self.broadcast_rngs): None,
                                 **self.state_axes}
         scanned = nnx.split_rngs(splits=1, only=self.broadcast_rngs, squeeze=True)(scan(
-            scan_body(call.slice_carry), schedule=self.schedule, unroll=self.unroll,
-            in_axes=(nnx.StateAxes(axes), nnx.Carry, call.axis),
-            out_axes=(nnx.Carry, call.out_axes),
+            scan_body(call, inputs.shape[call.axis]), schedule=self.schedule,
+            unroll=self.unroll, in_axes=(nnx.StateAxes(axes), nnx.Carry, call.axis),
+            out_axes=(nnx.Carry, call.axis),
         ))
-        return finish(scanned(self.cell, initial_carry, inputs), call)
+        return finish(scanned(self.cell, call.init(initial_carry), inputs), call)
 
 
 def problem(

@@ -160,6 +160,25 @@ def test_gru_with_state_axes_counter_and_running_mean(schedule: Schedule, revers
     assert int(a[2]["count"][...]) == T
 
 
+@TWO_KINDS
+def test_module_inside_the_carry_and_a_carry_free_scan(schedule: Schedule) -> None:
+    def loss(scan_fn: Scan) -> Callable[..., Any]:
+        step = scan_fn(lambda c, x: ((c[0], c[0](c[1], x)[0]), c[1]), in_axes=(nnx.Carry, 0),
+                       out_axes=(nnx.Carry, 0))
+        readout = scan_fn(lambda m, h: m.cell.dense_h(h), in_axes=(None, 0), out_axes=0)
+
+        def f(model: GRU, x: jax.Array) -> tuple[jax.Array, Any]:
+            (_, h), hs = step((model, jnp.zeros((B, HID))), x)
+            return weighted(readout(model, hs)) + jnp.sum(h), hs
+
+        return f
+
+    x = data(time_major=True)
+    a = run(loss(ours(schedule)), GRU(nnx.Rngs(0)), x)
+    assert_close(a, reference("carry-tuple", lambda: run(loss(nnx.scan), GRU(nnx.Rngs(0)), x)))
+    assert int(a[2]["count"][...]) == T
+
+
 class Noisy(nnx.Module):
     """Dense + dropout with its own rng stream (its count advances every call)."""
 
