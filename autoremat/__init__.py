@@ -46,6 +46,7 @@ from autoremat._tune import tune as tune
 
 if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getattr__
     from autoremat import linen as linen
+    from autoremat import nnx as nnx
     from autoremat._scan import scan as scan
 
 __all__ = [
@@ -67,6 +68,7 @@ __all__ = [
     "load_schedule",
     "measure",
     "measure_step",
+    "nnx",
     "pareto_front",
     "parse_bytes",
     "save_schedule",
@@ -86,4 +88,8 @@ def __getattr__(name: str) -> Any:
         import autoremat.linen as linen
 
         return linen
+    if name == "nnx":
+        import autoremat.nnx as nnx
+
+        return nnx
     raise AttributeError(f"module 'autoremat' has no attribute {name!r}")

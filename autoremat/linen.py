@@ -84,7 +84,7 @@ from jax import lax, random
 from autoremat._scan import _normalize_axis, _prefix_leaves, _sequence_length, scan_axes
 from autoremat._schedule import Schedule, ScheduleError, load_schedule
 
-__all__ = ["scan"]
+__all__ = ["RNN", "scan"]
 
 Target = TypeVar("Target", bound=type[Module] | Callable[..., Any])
 PyTree = Any
@@ -424,3 +424,6 @@ def _restore(counters: list[Counters], snapshot: list[Counters]) -> None:
 
     for live, snap in zip(counters, snapshot, strict=True):
         restore(live, snap)
+
+
+from autoremat._rnn import RNN as RNN  # noqa: E402  (it imports this module's scan lazily)

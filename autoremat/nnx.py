@@ -1,0 +1,165 @@
+"""Flax NNX with a remat schedule: ``scan``, ``RNN`` and a tunable ``problem``.
+
+``autoremat.nnx.scan`` is a drop-in for ``flax.nnx.scan`` over the time axis
+and ``autoremat.nnx.RNN`` for ``flax.nnx.RNN`` (it works inside
+``nnx.Bidirectional``): the same arguments plus ``schedule=``, the same
+outputs, gradients and final module state; only memory and time differ. With
+``d`` nested levels of lengths ``n_1 .. n_d`` the backward pass keeps about
+``n_1 + ... + n_d`` carries plus one innermost chunk of residuals --
+``O(d * T^(1/d))`` memory instead of ``O(T)`` -- for ``d - 1`` extra forward
+passes (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost",
+arXiv 1604.06174); a binomial schedule keeps a fixed number of carries
+(Griewank & Walther's Revolve). Remat recomputes, it never approximates.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import autoremat, autoremat.nnx
+    >>> cell = nnx.OptimizedLSTMCell(3, 8, rngs=nnx.Rngs(0))
+    >>> @autoremat.nnx.scan(in_axes=(nnx.Carry, None, 1), out_axes=(nnx.Carry, 1),
+    ...                     schedule=autoremat.Schedule.nested([10, 10]))
+    ... def forward(carry, cell, x):
+    ...     return cell(carry, x)
+    >>> x = jnp.ones((2, 100, 3))                      # (batch, time, features)
+    >>> carry, ys = forward(cell.initialize_carry((2, 3), nnx.Rngs(0)), cell, x)
+    >>> ys.shape
+    (2, 100, 8)
+    >>> rnn = autoremat.nnx.RNN(cell, schedule=autoremat.Schedule.binomial(8))
+    >>> rnn(x).shape
+    (2, 100, 8)
+
+Supported as in ``nnx.scan``: ``in_axes`` / ``out_axes`` with ``nnx.Carry``,
+``None`` (broadcast inputs), ints, ``nnx.StateAxes`` for modules; module state
+carried (mutations -- a counter, batch statistics, rng counts -- written
+back), broadcast (mutations dropped, as ``nnx.scan`` drops them) or scanned;
+rng streams are module state and advance exactly as in ``nnx.scan``. Not
+supported, each with an error naming it: ``unroll=True`` (full unroll),
+``_split_transpose``, ``transform_metadata``, ``graph=False`` /
+``graph_updates=False`` (tree mode), ``None`` in ``out_axes``, returning a
+module from the step, and changing a module's structure inside the step.
+Needs flax >= 0.11 (``nnx.Optimizer(model, tx, wrt=...)``, ``update(model,
+grads)``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from flax import nnx
+
+from autoremat._nnx_scan import scan
+from autoremat._problem import Problem
+from autoremat._rnn import finish, prepare, scan_body
+from autoremat._schedule import Schedule
+from autoremat.linen import _as_schedule
+
+__all__ = ["RNN", "problem", "scan"]
+
+PyTree = Any
+
+
+class RNN(nnx.RNN):
+    """``flax.nnx.RNN`` with its scan run under a remat schedule.
+
+    The arguments of ``nnx.RNN`` (``time_major``, ``return_carry``,
+    ``reverse``, ``keep_order``, ``state_axes``, ``broadcast_rngs``, ``rngs``;
+    at call time ``initial_carry``, ``seq_lengths``, ``rngs`` and the
+    overrides) plus ``schedule``; ``unroll`` defaults to ``schedule.unroll``.
+    The cell's state is carried as in ``nnx.RNN`` (``state_axes`` default),
+    but state the cell only reads -- its parameters -- is held once, not in
+    every saved carry. Works inside ``nnx.Bidirectional``. With
+    ``seq_lengths`` and ``return_carry=True`` each sequence's last carry is
+    kept as the loop runs (``nnx.RNN`` stacks all ``T`` carries to pick it).
+    """
+
+    def __init__(
+        self,
+        cell: Any,
+        *,
+        schedule: Schedule | str | os.PathLike[str],
+        time_major: bool = False,
+        return_carry: bool = False,
+        reverse: bool = False,
+        keep_order: bool = False,
+        unroll: int | None = None,
+        state_axes: Any = None,
+        broadcast_rngs: Any = None,
+        rngs: Any = True,
+    ) -> None:
+        super().__init__(cell, time_major=time_major, return_carry=return_carry,
+                         reverse=reverse, keep_order=keep_order, state_axes=state_axes,
+                         broadcast_rngs=broadcast_rngs, rngs=rngs)
+        self.schedule = _as_schedule(schedule)
+        self.unroll = unroll  # type: ignore[assignment]
+
+    def __call__(
+        self,
+        inputs: jax.Array,
+        *,
+        initial_carry: PyTree | None = None,
+        seq_lengths: jax.Array | None = None,
+        return_carry: bool | None = None,
+        time_major: bool | None = None,
+        reverse: bool | None = None,
+        keep_order: bool | None = None,
+        rngs: Any = None,
+    ) -> Any:
+        inputs, call = prepare(self, inputs, seq_lengths, return_carry=return_carry,
+                               time_major=time_major, reverse=reverse, keep_order=keep_order)
+        rngs = self.rngs if rngs is None else rngs
+        if isinstance(rngs, nnx.Rngs):
+            rngs = rngs.carry.fork()
+        if initial_carry is None:
+            initial_carry = self.cell.initialize_carry(call.step_shape(inputs), rngs)
+        axes: dict[Any, Any] = {nnx.All(nnx.RngState, self.broadcast_rngs): None,
+                                **self.state_axes}
+        scanned = nnx.split_rngs(splits=1, only=self.broadcast_rngs, squeeze=True)(scan(
+            scan_body(call, inputs.shape[call.axis]), schedule=self.schedule,
+            unroll=self.unroll, in_axes=(nnx.StateAxes(axes), nnx.Carry, call.axis),
+            out_axes=(nnx.Carry, call.axis),
+        ))
+        return finish(scanned(self.cell, call.init(initial_carry), inputs), call)
+
+
+def problem(
+    name: str,
+    model_fn: Callable[[Schedule], nnx.Module],
+    loss_fn: Callable[..., jax.Array],
+    optimizer_fn: Callable[[nnx.Module], nnx.Optimizer],
+    batch: Sequence[Any],
+    seq_len: int,
+) -> Problem:
+    """An ``autoremat.Problem`` (for ``autoremat tune --problem``) from an NNX model.
+
+    Args:
+      name: a short name, recorded in schedules and studies.
+      model_fn: ``model_fn(schedule) -> model``: the model, built so that its
+        scan runs under ``schedule`` (``autoremat.nnx.scan`` / ``RNN``).
+      loss_fn: ``loss_fn(model, *batch) -> scalar``.
+      optimizer_fn: ``optimizer_fn(model) -> nnx.Optimizer``, e.g.
+        ``lambda m: nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)``.
+      batch: example inputs of one training step (arrays), passed to ``loss_fn``.
+      seq_len: the sequence length ``T`` the model scans.
+
+    Returns:
+      A ``Problem`` whose step is one training step: ``nnx.value_and_grad`` of
+      ``loss_fn`` w.r.t. the ``nnx.Param`` state, then ``optimizer.update``.
+    """
+    batch = tuple(batch)
+
+    def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        model = model_fn(schedule)
+        optimizer = optimizer_fn(model)
+        graphdef, state = nnx.split((model, optimizer))
+
+        def train_step(state: Any, *batch: Any) -> tuple[Any, jax.Array]:
+            model, optimizer = nnx.merge(graphdef, state)
+            loss, grads = nnx.value_and_grad(loss_fn)(model, *batch)
+            optimizer.update(model, grads)
+            return nnx.state((model, optimizer)), loss
+
+        return train_step, (state, *batch)
+
+    return Problem(name=name, seq_len=seq_len, build=build)
