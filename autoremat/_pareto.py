@@ -158,21 +158,22 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
     path = Path(path)
     info = StudyInfo.of(study)
     budget = info.budget_bytes
-    trials = [t.measurement for t in measured_trials(study)]
-    timed = [m for m in trials if m.fits(budget)]
-    over = [m.total_bytes for m in trials if not m.fits(budget) and m.total_bytes is not None]
-    failed = [m for m in trials if m.total_bytes is None]
+    trials = measured_trials(study)
+    timed = [_point(t) for t in trials if t.measurement.fits(budget)]
+    over = [t.measurement.total_bytes for t in trials
+            if not t.measurement.fits(budget) and t.measurement.total_bytes is not None]
+    failed = [t for t in trials if t.measurement.total_bytes is None]
     front = pareto_front(study)
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     ax.set_xscale("log")
     if timed:
-        ax.scatter([m.total_bytes for m in timed], [m.step_seconds for m in timed],
+        ax.scatter([p[0] for p in timed], [p[1] for p in timed],
                    s=28, color="tab:blue", alpha=0.6, label=f"within budget ({len(timed)})")
     if front:
         ax.plot([p.total_bytes for p in front], [p.step_seconds for p in front],
                 "-o", color="tab:green", ms=5, lw=1.5, label=f"Pareto front ({len(front)})")
-    ymax = max([m.step_seconds or 0.0 for m in timed], default=1.0) * 1.15
+    ymax = max([p[1] for p in timed], default=1.0) * 1.15
     if over:
         ax.scatter(over, [ymax] * len(over),
                    marker="x", color="tab:red", s=36,

@@ -9,10 +9,9 @@ import optuna
 import pytest
 
 from autoremat._check import StaleScheduleWarning, load_schedule, schedule_mismatches
-from autoremat._measure import measure
-from autoremat._schedule import Schedule
 from autoremat._errors import TuneError
-from autoremat._measure import Measurement
+from autoremat._measure import Measurement, measure
+from autoremat._schedule import Schedule
 from autoremat._storage import redact
 from autoremat._study import (
     MeasuredTrial,
