@@ -168,7 +168,8 @@ def _tune(args: argparse.Namespace) -> int:
     if settings.get("total_trials") is not None and settings.get("trials") is None:
         settings["trials"] = settings["total_trials"]
     settings = with_defaults(settings, TUNE_SETTINGS)
-    settings["storage"] = settings["storage"] or os.environ.get(STORAGE_ENV) or None
+    if settings["storage"] is None:
+        settings["storage"] = os.environ.get(STORAGE_ENV) or None
     check_settings(settings)
 
     from autoremat._budget import parse_bytes

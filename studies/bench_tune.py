@@ -75,14 +75,14 @@ def case_a(trials: int, ladder: list[int], time_budget: float, seq_len: int) -> 
     grid_wall = time.perf_counter() - t0
     fits = [(s, m) for s, m in measured if m.feasible]
     best_s, best_m = min(fits, key=lambda sm: sm[1].step_seconds)
-    chosen = result.best_attrs
+    chosen = result.best_trial.measurement if result.best_trial else None
     print("\n| schedule | total | step | step / plain |\n|---|---|---|---|")
     print(row(f"plain ({Schedule.plain(seq_len).describe()})", plain, plain.step_seconds))
-    print(row(f"tuned ({chosen['describe']})" if chosen else "tuned (none fits)", chosen,
+    print(row(f"tuned ({result.best.describe()})" if result.best else "tuned (none fits)", chosen,
               plain.step_seconds))
     print(row(f"grid best ({best_s.describe()})", best_m, plain.step_seconds))
     if chosen:
-        print(f"\nchosen / grid best step time: {chosen['step_seconds'] / best_m.step_seconds:.2f}")
+        print(f"\nchosen / grid best step time: {chosen.step_seconds / best_m.step_seconds:.2f}")
     print(f"tuner wall {tune_wall:.0f} s ({result.measured} schedules) / grid wall "
           f"{grid_wall:.0f} s ({len(schedules)} schedules) = {tune_wall / grid_wall:.2f}")
 
@@ -105,8 +105,8 @@ def case_b(trials: int, time_budget: float, seq_len: int, budget_text: str) -> N
     for label, s, m in measured:
         over = " (over budget)" if m.total_bytes and m.total_bytes > budget else ""
         print(row(f"{label}{over} ({s.describe()})", m, plain.step_seconds))
-    chosen = result.best_attrs
-    print(row(f"tuned ({chosen['describe']})" if chosen else "tuned (none fits)", chosen,
+    chosen = result.best_trial.measurement if result.best_trial else None
+    print(row(f"tuned ({result.best.describe()})" if result.best else "tuned (none fits)", chosen,
               plain.step_seconds))
 
 
