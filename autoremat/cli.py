@@ -1,8 +1,13 @@
 """The ``autoremat`` command: ``tune``, ``pareto``, ``export``, ``show``.
 
 Parsing and printing only; every action is a library call (``autoremat._tune``,
-``autoremat._pareto``). Heavy modules (jax, optuna, matplotlib) are imported
-inside the commands, so ``autoremat --help`` is instant.
+``autoremat._study``, ``autoremat._pareto``). The options and study-file keys
+come from one table (``autoremat._cli_settings``), which also turns a library
+error naming an argument (``storage: ...``) into one naming its flag
+(``--storage: ...``). ``tune`` records the study it ran in
+``runs/last_study.json``, the default study of ``pareto`` and ``export``.
+Heavy modules (jax, optuna, matplotlib) are imported inside the commands, so
+``autoremat --help`` is instant.
 
 Exit codes: 0 success; 1 ``show --problem`` found the schedule stale;
 2 usage error (one line on stderr); 3 ``tune`` found nothing that fits
@@ -43,8 +48,6 @@ if TYPE_CHECKING:
     from autoremat._problem import Problem
     from autoremat._study import MeasuredTrial, TuneResult
 
-__all__ = ["STUDY_FILE_KEYS", "UsageError", "main", "make_problem"]
-
 EXIT_OK: Final = 0
 EXIT_STALE: Final = 1
 EXIT_USAGE: Final = 2
@@ -53,7 +56,6 @@ EXIT_INTERRUPTED: Final = 130
 #: ``{"storage", "study_name"}`` of the last ``tune`` run from this folder: the
 #: default study of ``pareto`` and ``export``.
 LAST_STUDY_FILE: Final = Path("runs") / "last_study.json"
-_read_study_file = read_study_file  # the tests' name for it
 
 
 class _Parser(argparse.ArgumentParser):

@@ -141,10 +141,11 @@ def test_show_malformed_file_exits_2_with_one_line(tmp_path: Path) -> None:
 
 def test_shipped_study_files_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
     from autoremat._budget import parse_bytes
-    from autoremat.cli import STUDY_FILE_KEYS, _read_study_file
+    from autoremat._cli_settings import read_study_file
+    from autoremat.cli import STUDY_FILE_KEYS
 
     for name, budget in (("seed_lstm.yaml", 175 * 10**6), ("seed_lstm_100k.yaml", 4 * 10**9)):
-        settings = _read_study_file(str(ROOT / "studies" / name))
+        settings = read_study_file(str(ROOT / "studies" / name))
         assert set(settings) <= set(STUDY_FILE_KEYS)
         assert parse_bytes(settings["budget"]) == budget
 
