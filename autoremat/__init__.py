@@ -9,7 +9,9 @@ The pipeline, one module per box::
                      bounds.py      Revolve's optimum; any schedule's recompute and carries
       -> measure     _measure.py    compile -> memory_analysis -> run -> time
       -> search      _space.py      Optuna trial -> Schedule
-                     _tune.py       the study: budget constraint, storage, resume
+                     _tune.py       the search loop: budget constraint, dedupe, resume
+                     _storage.py    Optuna storages, stale-trial retry, the workers' lock
+      -> study       _study.py      reading a study: measured trials, the answer, TuneResult
       -> front       _pareto.py     non-dominated trials, table, plot, export
       -> schedule    (YAML again, with what was measured in ``meta``)
 
@@ -41,7 +43,8 @@ from autoremat._schedule import Level as Level
 from autoremat._schedule import Policy as Policy
 from autoremat._schedule import Schedule as Schedule
 from autoremat._schedule import save_schedule as save_schedule
-from autoremat._tune import TuneResult as TuneResult
+from autoremat._study import MeasuredTrial as MeasuredTrial
+from autoremat._study import TuneResult as TuneResult
 from autoremat._tune import tune as tune
 
 if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getattr__
@@ -54,6 +57,7 @@ __all__ = [
     "BudgetError",
     "FrontPoint",
     "Level",
+    "MeasuredTrial",
     "Measurement",
     "Policy",
     "Problem",

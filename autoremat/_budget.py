@@ -36,7 +36,7 @@ ACCEPTED_FORMS: Final = (
 )
 
 
-def parse_bytes(text: str | int, name: str = "--budget") -> int:
+def parse_bytes(text: str | int, name: str = "budget") -> int:
     """Read a byte count such as ``4GB`` (4 * 10^9) or ``4GiB`` (4 * 2^30).
 
     Raises:

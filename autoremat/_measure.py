@@ -33,10 +33,11 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
+from autoremat._errors import TuneError
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
 
@@ -94,6 +95,25 @@ class Measurement:
         data["step_samples"] = list(self.step_samples)
         data["feasible"] = self.feasible
         return data
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> Measurement:
+        """The measurement ``to_attrs`` stored (Optuna user attrs); other keys are ignored.
+
+        Raises:
+          TuneError: ``schedule_key`` or ``status`` is missing (not a measurement).
+        """
+        for key in ("schedule_key", "status"):
+            if key not in attrs:
+                raise TuneError(f"trial attrs: no {key!r}, so no measurement to read")
+        data = {f.name: attrs[f.name] for f in fields(cls) if f.name in attrs}
+        data["step_samples"] = tuple(data.get("step_samples") or ())
+        return cls(**data)
+
+    def fits(self, budget_bytes: int) -> bool:
+        """Ran (timed) and ``total_bytes <= budget_bytes``: the one test of "fits the budget"."""
+        return (self.feasible and self.step_seconds is not None
+                and self.total_bytes is not None and self.total_bytes <= budget_bytes)
 
 
 def environment() -> dict[str, str]:

@@ -17,12 +17,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autoremat._budget import format_bytes
+from autoremat._errors import TuneError
 from autoremat._schedule import Schedule
-from autoremat._tune import TuneError, choose, measured_trials, trial_schedule, within_budget
+from autoremat._study import MeasuredTrial, StudyInfo, choose, measured_trials, trial_schedule
 from autoremat.bounds import cost, distance_to_optimum
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -55,32 +59,37 @@ def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[0] and a[1] <= b[1] and a != b
 
 
-def pareto_front(study: Any) -> list[FrontPoint]:
+def pareto_front(study: optuna.Study) -> list[FrontPoint]:
     """The non-dominated trials within the study's budget, sorted by memory."""
-    budget = study.user_attrs["budget_bytes"]
-    fits = [t for t in measured_trials(study) if within_budget(t, budget)]
-    point = {t.number: (t.user_attrs["total_bytes"], t.user_attrs["step_seconds"]) for t in fits}
+    info = StudyInfo.of(study)
+    fits = [t for t in measured_trials(study) if t.measurement.fits(info.budget_bytes)]
+    point = {t.number: _point(t) for t in fits}
     front = [t for t in fits if not any(dominates(point[o.number], point[t.number]) for o in fits)]
     if not front:
         return []
     fastest = min(point[t.number][1] for t in front)
     chosen = choose(study)
-    front.sort(key=lambda t: (point[t.number][0], point[t.number][1], t.number))
-    seq_len = int(study.user_attrs["seq_len"])
-    schedules = {t.number: Schedule.from_data(t.user_attrs["schedule"]) for t in front}
+    front.sort(key=lambda t: (*point[t.number], t.number))
     return [
         FrontPoint(
             number=t.number,
             total_bytes=int(point[t.number][0]),
-            step_seconds=float(point[t.number][1]),
-            ratio_to_fastest=float(point[t.number][1]) / fastest if fastest > 0 else 1.0,
-            schedule=schedules[t.number].describe(),
+            step_seconds=point[t.number][1],
+            ratio_to_fastest=point[t.number][1] / fastest if fastest > 0 else 1.0,
+            schedule=t.schedule.describe(),
             chosen=chosen is not None and t.number == chosen.number,
-            recompute=cost(schedules[t.number], seq_len).recompute_factor,
-            vs_optimum=distance_to_optimum(schedules[t.number], seq_len),
+            recompute=cost(t.schedule, info.seq_len).recompute_factor,
+            vs_optimum=distance_to_optimum(t.schedule, info.seq_len),
         )
         for t in front
     ]
+
+
+def _point(t: MeasuredTrial) -> tuple[float, float]:
+    """``(total_bytes, step_seconds)`` of a trial that fits (so both are measured)."""
+    m = t.measurement
+    assert m.total_bytes is not None and m.step_seconds is not None
+    return float(m.total_bytes), float(m.step_seconds)
 
 
 def front_table(points: list[FrontPoint], budget_bytes: int) -> str:
@@ -109,7 +118,7 @@ def front_json(points: list[FrontPoint], budget_bytes: int) -> str:
                       indent=2)
 
 
-def export_trial(study: Any, number: int) -> Schedule:
+def export_trial(study: optuna.Study, number: int) -> Schedule:
     """Trial ``number``'s schedule with the same ``meta`` as ``tune`` writes.
 
     Raises:
@@ -121,18 +130,19 @@ def export_trial(study: Any, number: int) -> Schedule:
     trial = trials.get(number)
     if trial is None:
         raise TuneError(
-            f"TRIAL: no trial {number} in study {study.study_name!r} "
+            f"trial: no trial {number} in study {study.study_name!r} "
             f"(trials 0..{max(trials, default=-1)})"
         )
-    if trial.state != TrialState.COMPLETE or not trial.user_attrs.get("measured"):
-        why = trial.user_attrs.get("reason") or (
+    measured = MeasuredTrial.of(trial)
+    if trial.state != TrialState.COMPLETE or measured is None:
+        why = (measured.measurement.reason if measured is not None else "") or (
             f"duplicate of trial {trial.user_attrs['duplicate_of']}"
             if "duplicate_of" in trial.user_attrs else trial.state.name.lower())
-        raise TuneError(f"TRIAL: trial {number} has no measured schedule ({why})")
-    return trial_schedule(study, trial)
+        raise TuneError(f"trial: trial {number} has no measured schedule ({why})")
+    return trial_schedule(study, measured)
 
 
-def plot_study(study: Any, path: str | Path) -> Path:
+def plot_study(study: optuna.Study, path: str | Path) -> Path:
     """Draw every measured trial: memory (log axis) vs step time.
 
     Within budget: filled circles; the front joined by a line; the chosen
@@ -146,26 +156,26 @@ def plot_study(study: Any, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    budget = study.user_attrs["budget_bytes"]
+    info = StudyInfo.of(study)
+    budget = info.budget_bytes
     trials = measured_trials(study)
-    timed = [t for t in trials if within_budget(t, budget)]
-    over = [t for t in trials if not within_budget(t, budget)
-            and t.user_attrs.get("total_bytes") is not None]
-    failed = [t for t in trials if t.user_attrs.get("total_bytes") is None]
+    timed = [_point(t) for t in trials if t.measurement.fits(budget)]
+    over = [t.measurement.total_bytes for t in trials
+            if not t.measurement.fits(budget) and t.measurement.total_bytes is not None]
+    failed = [t for t in trials if t.measurement.total_bytes is None]
     front = pareto_front(study)
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     ax.set_xscale("log")
     if timed:
-        ax.scatter([t.user_attrs["total_bytes"] for t in timed],
-                   [t.user_attrs["step_seconds"] for t in timed],
+        ax.scatter([p[0] for p in timed], [p[1] for p in timed],
                    s=28, color="tab:blue", alpha=0.6, label=f"within budget ({len(timed)})")
     if front:
         ax.plot([p.total_bytes for p in front], [p.step_seconds for p in front],
                 "-o", color="tab:green", ms=5, lw=1.5, label=f"Pareto front ({len(front)})")
-    ymax = max([t.user_attrs["step_seconds"] for t in timed], default=1.0) * 1.15
+    ymax = max([p[1] for p in timed], default=1.0) * 1.15
     if over:
-        ax.scatter([t.user_attrs["total_bytes"] for t in over], [ymax] * len(over),
+        ax.scatter(over, [ymax] * len(over),
                    marker="x", color="tab:red", s=36,
                    label=f"over budget, not timed ({len(over)})")
     ax.axvline(budget, color="black", ls="--", lw=1, label=f"budget {format_bytes(budget)}")
@@ -183,10 +193,8 @@ def plot_study(study: Any, path: str | Path) -> Path:
     ax.set_ylim(bottom=0, top=ymax * 1.08)
     ax.set_xlabel("total memory, bytes (argument + output + temp - alias; log scale)")
     ax.set_ylabel("step time, s (median)")
-    title = f"{study.user_attrs.get('problem', study.study_name)}"
-    device = study.user_attrs.get("device_kind")
-    ax.set_title(f"{title} on {device}" + (f"  ({len(failed)} failed)" if failed else ""),
-                 fontsize=9)
+    ax.set_title(f"{info.problem or study.study_name} on {info.device_kind}"
+                 + (f"  ({len(failed)} failed)" if failed else ""), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

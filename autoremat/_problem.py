@@ -181,12 +181,12 @@ def resolve_problem(ref: str) -> Problem:
     module_ref, sep, attr = ref.rpartition(":")
     if not sep or not module_ref or not attr:
         raise ProblemError(
-            f"--problem: expected 'package.module:name' or 'path/to/file.py:name', got {ref!r}"
+            f"problem: expected 'package.module:name' or 'path/to/file.py:name', got {ref!r}"
         )
     if module_ref.endswith(".py"):
         path = Path(module_ref)
         if not path.is_file():
-            raise ProblemError(f"--problem: no such file {module_ref!r}")
+            raise ProblemError(f"problem: no such file {module_ref!r}")
         spec = importlib.util.spec_from_file_location(f"_autoremat_problem_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -194,23 +194,23 @@ def resolve_problem(ref: str) -> Problem:
         try:
             spec.loader.exec_module(module)
         except Exception as e:
-            raise ProblemError(f"--problem: importing {module_ref} failed: {type(e).__name__}: {e}") from None
+            raise ProblemError(f"problem: importing {module_ref} failed: {type(e).__name__}: {e}") from None
     else:
         try:
             module = importlib.import_module(module_ref)
         except Exception as e:
-            raise ProblemError(f"--problem: cannot import {module_ref!r}: {type(e).__name__}: {e}") from None
+            raise ProblemError(f"problem: cannot import {module_ref!r}: {type(e).__name__}: {e}") from None
     if not hasattr(module, attr):
-        raise ProblemError(f"--problem: {module_ref} has no attribute {attr!r}")
+        raise ProblemError(f"problem: {module_ref} has no attribute {attr!r}")
     obj = getattr(module, attr)
     if not isinstance(obj, Problem) and callable(obj):
         try:
             obj = obj()
         except Exception as e:
-            raise ProblemError(f"--problem: calling {ref}() failed: {type(e).__name__}: {e}") from None
+            raise ProblemError(f"problem: calling {ref}() failed: {type(e).__name__}: {e}") from None
     if not isinstance(obj, Problem):
         raise ProblemError(
-            f"--problem: {ref} is a {type(obj).__name__}, expected an autoremat.Problem "
+            f"problem: {ref} is a {type(obj).__name__}, expected an autoremat.Problem "
             "or a zero-argument callable returning one"
         )
     return obj

@@ -22,7 +22,6 @@ import argparse
 import itertools
 import math
 import time
-from typing import Any
 
 from autoremat._budget import format_bytes, parse_bytes
 from autoremat._measure import Measurement, measure
@@ -46,24 +45,17 @@ def grid(seq_len: int, ladder: list[int]) -> list[Schedule]:
     return out
 
 
-Figures = Measurement | dict[str, Any] | None  # a Measurement or a trial's user attrs
-
-
-def _get(m: Figures, key: str) -> Any:
-    return None if m is None else m.get(key) if isinstance(m, dict) else getattr(m, key)
-
-
-def row(label: str, m: Figures, ref: float | None) -> str:
+def row(label: str, m: Measurement | None, ref: float | None) -> str:
     if m is None:
         return f"| {label} | - | - | - |"
-    step = _get(m, "step_seconds")
+    step = m.step_seconds
     ratio = f"{step / ref:.2f}" if step and ref else "-"
     shown = f"{step:.3f} s" if step else "not run"
-    return f"| {label} | {format_bytes(_get(m, 'total_bytes'))} | {shown} | {ratio} |"
+    return f"| {label} | {format_bytes(m.total_bytes)} | {shown} | {ratio} |"
 
 
 def run_tune(problem: Problem, budget: int, trials: int, time_budget: float,
-             case: str) -> tuple[str, Figures, int, float]:
+             case: str) -> tuple[str, Measurement | None, int, float]:
     """``tune`` on runs/bench.db: (row label, the chosen figures, schedules measured, wall s).
 
     The only code here that reads a ``TuneResult``.
@@ -73,7 +65,8 @@ def run_tune(problem: Problem, budget: int, trials: int, time_budget: float,
                   storage="sqlite:///runs/bench.db", study_name=f"bench-{case}-{int(time.time())}")
     wall = time.perf_counter() - t0
     label = f"tuned ({result.best.describe()})" if result.best else "tuned (none fits)"
-    return label, result.best_attrs, result.measured, wall
+    chosen = result.best_trial.measurement if result.best_trial else None
+    return label, chosen, result.measured, wall
 
 
 def case_a(trials: int, ladder: list[int], time_budget: float, seq_len: int) -> None:
@@ -96,8 +89,8 @@ def case_a(trials: int, ladder: list[int], time_budget: float, seq_len: int) -> 
     print(row(f"plain ({Schedule.plain(seq_len).describe()})", plain, plain.step_seconds))
     print(row(label, chosen, plain.step_seconds))
     print(row(f"grid best ({best_s.describe()})", best_m, plain.step_seconds))
-    if chosen and best_m.step_seconds:
-        print(f"\nchosen / grid best step time: {_get(chosen, 'step_seconds') / best_m.step_seconds:.2f}")
+    if chosen and chosen.step_seconds and best_m.step_seconds:
+        print(f"\nchosen / grid best step time: {chosen.step_seconds / best_m.step_seconds:.2f}")
     print(f"tuner wall {tune_wall:.0f} s ({tuned_count} schedules) / grid wall "
           f"{grid_wall:.0f} s ({len(schedules)} schedules) = {tune_wall / grid_wall:.2f}")
 

@@ -141,9 +141,69 @@ def test_show_malformed_file_exits_2_with_one_line(tmp_path: Path) -> None:
 
 def test_shipped_study_files_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
     from autoremat._budget import parse_bytes
-    from autoremat.cli import STUDY_FILE_KEYS, _read_study_file
+    from autoremat._cli_settings import read_study_file
+    from autoremat.cli import STUDY_FILE_KEYS
 
     for name, budget in (("seed_lstm.yaml", 175 * 10**6), ("seed_lstm_100k.yaml", 4 * 10**9)):
-        settings = _read_study_file(str(ROOT / "studies" / name))
+        settings = read_study_file(str(ROOT / "studies" / name))
         assert set(settings) <= set(STUDY_FILE_KEYS)
         assert parse_bytes(settings["budget"]) == budget
+
+
+def test_library_errors_get_their_flag_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
+    assert main(["pareto", "--storage", "zzz", "--study-name", "s"]) == 2
+    assert main(["pareto", "--storage", f"sqlite:///{tmp_path / 'x.db'}", "--study-name",
+                 "nope"]) == 2
+    assert main(["pareto"]) == 2  # no study given and none tuned here
+    assert main(["tune", "--problem", "no_colon"]) == 2
+    assert main(["show", str(tmp_path / "missing.yaml"), "--seq-len", "0"]) == 2
+    (tmp_path / "s.yaml").write_text("version: 1\nlevels: [{length: 8}]\n")
+    assert main(["show", "s.yaml", "--problem", "seed_lstm", "--seq-len", "0"]) == 2
+    assert main(["show", "s.yaml", "--problem", TINY, "--hidden", "3"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("autoremat: error: --storage: cannot open zzz")
+    assert lines[1].startswith("autoremat: error: --study-name: no study 'nope' in sqlite:///")
+    assert lines[2].startswith("autoremat: error: --study-name: none given and no "
+                               "runs/last_study.json")
+    assert lines[3].startswith("autoremat: error: --problem: expected 'package.module:name'")
+    assert "missing.yaml" in lines[4]  # the file is read first; its path is not a flag
+    assert lines[5].startswith("autoremat: error: --seq-len: expected a positive integer")
+    assert lines[6].startswith("autoremat: error: --hidden: only resizes the built-in")
+    assert not (tmp_path / "runs" / "last_study.json").exists()
+
+
+def test_export_names_the_trial_argument(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import optuna
+
+    monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
+    storage = f"sqlite:///{tmp_path / 'e.db'}"
+    optuna.create_study(study_name="e", storage=storage)
+    assert main(["export", "7", "--out", str(tmp_path / "x.yaml"), "--storage", storage,
+                 "--study-name", "e"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autoremat: error: TRIAL: no trial 7 in study 'e'"), err
+
+
+def test_one_settings_table_makes_the_options_and_the_study_file_keys(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autoremat._cli_settings import PROBLEM_SETTINGS, TUNE_SETTINGS
+    from autoremat.cli import STUDY_FILE_KEYS
+
+    assert tuple(s.name for s in TUNE_SETTINGS) == STUDY_FILE_KEYS
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    tune_help = capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["show", "--help"])
+    show_help = capsys.readouterr().out
+    for s in TUNE_SETTINGS:
+        assert s.flag in tune_help, s.flag
+    for s in PROBLEM_SETTINGS:
+        assert s.flag in show_help, s.flag
+    assert "--trials" not in show_help

@@ -24,7 +24,7 @@ def test_compare_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                       capsys: pytest.CaptureFixture[str]) -> None:
     import jax
 
-    monkeypatch.chdir(tmp_path)  # tune() writes runs/last_study.json in the working folder
+    monkeypatch.chdir(tmp_path)  # anything relative the run writes lands in tmp_path
     # The tuner's first trials (plain, per-cell, sqrt(T)) compile the same HLO as rows measured
     # before them; a persistent cache makes those repeats cheap (compile times are not checked here).
     settings = {"jax_compilation_cache_dir": str(tmp_path / "xla_cache"),

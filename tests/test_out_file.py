@@ -28,7 +28,8 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
     with contextlib.chdir(folder):
         result = tune(tiny(), 10**6, n_trials=2, time_budget=0.02, storage=storage,
                       study_name="s")
-    return storage, result.best_attrs["number"]
+    assert result.best_trial is not None
+    return storage, result.best_trial.number
 
 
 def _env() -> dict[str, str]:

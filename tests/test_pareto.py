@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 from autoremat._check import load_schedule
+from autoremat._errors import TuneError
 from autoremat._pareto import (
     describe_schedule,
     dominates,
@@ -22,7 +23,8 @@ from autoremat._pareto import (
     plot_study,
 )
 from autoremat._schedule import Schedule, save_schedule
-from autoremat._tune import TuneError, choose, load_study, tune
+from autoremat._study import choose, load_study
+from autoremat._tune import tune
 from tests.tiny_problem import tiny
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -87,7 +89,7 @@ def real_study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, 
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)
         tune(tiny(), 2400, n_trials=8, time_budget=0.02, study_name="p")
-        yield load_study(study_name="p"), folder
+        yield load_study("p"), folder
 
 
 def test_plot_is_a_valid_png_and_svg(real_study: tuple[Any, Path]) -> None:
@@ -112,7 +114,7 @@ def test_export_then_load_gives_the_trials_schedule(real_study: tuple[Any, Path]
         assert loaded.meta["step_seconds"] == point.step_seconds
         summary = describe_schedule(loaded)
         assert point.schedule in summary and "measured: total" in summary
-    with pytest.raises(TuneError, match=r"TRIAL: no trial 999 in study 'p'"):
+    with pytest.raises(TuneError, match=r"^trial: no trial 999 in study 'p'"):
         export_trial(study, 999)
 
 
@@ -120,7 +122,7 @@ def test_export_refuses_trials_without_a_measurement() -> None:
     study = _synthetic(2, 1500, 0)
     study.add_trial(optuna.trial.create_trial(
         state=optuna.trial.TrialState.PRUNED, user_attrs={"duplicate_of": 0}))
-    with pytest.raises(TuneError, match=r"TRIAL: trial 2 has no measured schedule "
+    with pytest.raises(TuneError, match=r"^trial: trial 2 has no measured schedule "
                                         r"\(duplicate of trial 0\)"):
         export_trial(study, 2)
 

@@ -9,19 +9,18 @@ import optuna
 import pytest
 
 from autoremat._check import StaleScheduleWarning, load_schedule, schedule_mismatches
-from autoremat._measure import measure
+from autoremat._errors import TuneError
+from autoremat._measure import Measurement, measure
 from autoremat._schedule import Schedule
-from autoremat._tune import (
-    LAST_STUDY_FILE,
-    TuneError,
+from autoremat._storage import redact
+from autoremat._study import (
+    MeasuredTrial,
     choose,
     load_study,
     measured_trials,
     nothing_fits_message,
-    redact,
-    tune,
-    within_budget,
 )
+from autoremat._tune import tune
 from tests.tiny_problem import tiny
 
 BUDGET = 2400  # the tiny plain scan needs ~2.6 KB, nested schedules ~1.9 KB
@@ -43,7 +42,8 @@ def test_tune_writes_a_schedule_that_fits_when_remeasured(in_tmp: Path) -> None:
     problem = tiny()
     result = tune(problem, BUDGET, n_trials=6, time_budget=0.02, out="s.yaml")
     assert result.best is not None and result.measured == 6
-    assert (in_tmp / "runs" / "autoremat.db").is_file() and LAST_STUDY_FILE.is_file()
+    assert (in_tmp / "runs" / "autoremat.db").is_file()
+    assert not (in_tmp / "runs" / "last_study.json").exists()  # the CLI's business
     loaded = load_schedule("s.yaml", problem=problem)
     assert loaded.key() == result.best.key()
     again = measure(problem, loaded, budget_bytes=BUDGET, time_budget=0.02)
@@ -54,22 +54,29 @@ def test_tune_writes_a_schedule_that_fits_when_remeasured(in_tmp: Path) -> None:
         assert loaded.meta[key] is not None, key
     assert loaded.meta["budget_bytes"] == BUDGET and loaded.meta["problem"] == problem.name
 
-    study = load_study()
+    study = load_study(result.study_name)
     assert study.study_name == result.study_name
     assert {"budget_bytes", "problem", "fingerprint"} <= study.user_attrs.keys()
+    for t in study.trials:
+        if t.user_attrs.get("measured"):
+            assert set(TRIAL_ATTRS) <= t.user_attrs.keys()
+            assert "schedule" in t.user_attrs and "meta" not in t.user_attrs["schedule"]
+            # the typed measurement round-trips through the trial's user attrs
+            assert Measurement.from_attrs(t.user_attrs).to_attrs().items() <= t.user_attrs.items()
     trials = measured_trials(study)
-    for t in trials:
-        assert set(TRIAL_ATTRS) <= t.user_attrs.keys()
-        assert "schedule" in t.user_attrs and "meta" not in t.user_attrs["schedule"]
+    assert len(trials) == 6
     # The plain scan (enqueued first) is over budget: sized, constrained, never timed.
     plain = next(t for t in trials if t.number == 0)
-    assert plain.user_attrs["schedule_key"] == Schedule.plain(32).key()
-    assert plain.user_attrs["step_seconds"] is None and not plain.user_attrs["feasible"]
-    assert plain.system_attrs["constraints:memory"] > 0
+    assert plain.schedule.key() == plain.measurement.schedule_key == Schedule.plain(32).key()
+    assert plain.measurement.step_seconds is None and not plain.measurement.feasible
+    assert not plain.measurement.fits(BUDGET) and result.plain_trial == plain
+    assert study.trials[0].system_attrs["constraints:memory"] > 0
     # The chosen trial is the fastest of those that fit.
-    fits = [t for t in trials if within_budget(t, BUDGET)]
-    fastest = min(t.user_attrs["step_seconds"] for t in fits)
-    assert result.best_attrs["step_seconds"] == fastest == choose(study).user_attrs["step_seconds"]
+    fits = [t for t in trials if t.measurement.fits(BUDGET)]
+    fastest = min(t.measurement.step_seconds for t in fits)
+    assert result.best_trial is not None and result.best_trial == choose(study)
+    assert result.best_trial.measurement.step_seconds == fastest
+    assert result.best.meta["trial"] == result.best_trial.number
 
 
 def test_resume_adds_trials_and_never_measures_a_schedule_twice(in_tmp: Path) -> None:
@@ -77,8 +84,8 @@ def test_resume_adds_trials_and_never_measures_a_schedule_twice(in_tmp: Path) ->
     second = tune(tiny(), BUDGET, n_trials=3, time_budget=0.02, study_name="s", seed=0)
     assert second.study_name == first.study_name
     assert second.n_trials >= first.n_trials + 3
-    study = load_study(study_name="s")
-    keys = [t.user_attrs["schedule_key"] for t in measured_trials(study)]
+    study = load_study("s")
+    keys = [t.measurement.schedule_key for t in measured_trials(study)]
     assert len(keys) == 7 and len(set(keys)) == len(keys)
     pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
     for t in pruned:
@@ -92,25 +99,30 @@ def test_resuming_with_another_budget_or_problem_is_refused(in_tmp: Path) -> Non
     with pytest.raises(TuneError, match=r"was run with problem="):
         tune(tiny(seq_len=16), BUDGET, n_trials=1, study_name="s")
     with pytest.raises(TuneError, match=r"no study 'nope'.*studies there: 's'"):
-        load_study(study_name="nope")
+        load_study("nope")
 
 
 def test_nothing_fits(in_tmp: Path) -> None:
     result = tune(tiny(), 10, n_trials=3, time_budget=0.02, out="s.yaml")
     assert result.best is None and not (in_tmp / "s.yaml").exists()
-    s = result.smallest_attrs
-    assert s is not None and s["total_bytes"] > 10
+    s = result.smallest_trial
+    assert s is not None and s.measurement.total_bytes > 10
+    assert result.best_trial is None
     message = nothing_fits_message(result)
     assert message.startswith("nothing fits in 10 B")
-    assert "smallest total measured is" in message and s["describe"] in message
+    assert "smallest total measured is" in message and s.schedule.describe() in message
+    assert f"({s.measurement.total_bytes} bytes), trial {s.number}:" in message
 
 
 def test_failed_schedules_are_recorded_and_the_search_goes_on(in_tmp: Path) -> None:
     result = tune(tiny(nan_for_plain=True), 10**6, n_trials=3, time_budget=0.02)
-    study = load_study()
+    study = load_study(result.study_name)
     first = study.trials[0]
     assert first.state == optuna.trial.TrialState.FAIL
     assert "non-finite output" in first.user_attrs["reason"]
+    failed = MeasuredTrial.of(first)
+    assert failed is not None and failed.measurement.status == "error"
+    assert "non-finite output" in failed.measurement.reason
     assert result.best is not None and result.measured == 3
 
 
@@ -127,6 +139,26 @@ def test_stale_schedule_warnings(in_tmp: Path) -> None:
         f"tuned on device {schedule.meta['device_kind']!r}, running on 'TPU v9'"]
     assert schedule_mismatches(schedule.with_meta(), problem) == []
     assert schedule_mismatches(Schedule.plain(8), tiny(seq_len=16)) == []  # no meta
+
+
+def test_measurement_from_attrs_round_trips_and_refuses_what_is_not_one() -> None:
+    m = Measurement("k", "ok", total_bytes=100, step_seconds=0.5, step_samples=(0.4, 0.5, 0.6),
+                    device_kind="cpu")
+    assert Measurement.from_attrs(m.to_attrs()) == m
+    assert Measurement.from_attrs({**m.to_attrs(), "describe": "x", "measured": True}) == m
+    assert m.fits(100) and not m.fits(99)
+    assert not Measurement("k", "over_budget", total_bytes=10).fits(100)  # not timed
+    with pytest.raises(TuneError, match=r"trial attrs: no 'status'"):
+        Measurement.from_attrs({"schedule_key": "k"})
+
+
+def test_the_library_names_its_arguments_not_flags(in_tmp: Path) -> None:
+    with pytest.raises(TuneError, match=r"^storage: cannot open zzz"):
+        tune(tiny(), BUDGET, n_trials=1, storage="zzz")
+    with pytest.raises(TuneError, match=r"^heartbeat: expected whole seconds"):
+        tune(tiny(), BUDGET, n_trials=1, heartbeat=0)
+    with pytest.raises(TuneError, match=r"^study_name: no study 'nope'"):
+        load_study("nope")
 
 
 def test_redact_hides_passwords() -> None:

@@ -22,7 +22,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autoremat._schedule import load_schedule
-from autoremat._tune import choose
+from autoremat._study import choose
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = f"{ROOT / 'tests' / 'tiny_problem.py'}:tiny"
@@ -98,7 +98,7 @@ def test_three_workers_share_one_postgres_study(postgres_url: str, tmp_path: Pat
     measured_now = []
     for i, out in enumerate(outputs):
         schedule = load_schedule(tmp_path / f"w{i}.yaml")
-        assert schedule.key() == best.user_attrs["schedule_key"]
+        assert schedule.key() == best.schedule.key() == best.measurement.schedule_key
         assert schedule.meta["trial"] == best.number and schedule.meta["study_name"] == "shared"
         assert f"best (trial {best.number})" in out
         measured_now.append(int(out.split(" measured now")[0].rsplit(", ", 1)[1]))
@@ -168,9 +168,9 @@ def test_worker_killed_mid_trial_is_retried_and_a_restart_finishes(
 LOCKER = """
 import sys, time
 from pathlib import Path
-from autoremat._tune import _StudyLock, open_storage
+from autoremat._storage import StudyLock, open_storage
 storage = open_storage(sys.argv[1])
-lock, counter = _StudyLock(storage, "locked"), Path(sys.argv[2])
+lock, counter = StudyLock(storage, "locked"), Path(sys.argv[2])
 for _ in range(25):
     with lock:  # a read-modify-write that loses updates unless the lock excludes
         n = int(counter.read_text())
@@ -185,7 +185,7 @@ def test_study_lock_excludes_other_processes(
 ) -> None:
     storage = (request.getfixturevalue("postgres_url") if backend == "postgres"
                else f"sqlite:///{tmp_path / 'lock.db'}")
-    from autoremat._tune import open_storage
+    from autoremat._storage import open_storage
 
     open_storage(storage)  # create the tables once, before the race
     counter = tmp_path / "counter"

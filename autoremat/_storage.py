@@ -1,0 +1,197 @@
+"""Where studies live: Optuna storages, stale-trial retries, and a lock across workers.
+
+* Storage: any Optuna (SQLAlchemy) storage URL; default an SQLite file
+  ``runs/autoremat.db`` (``runs/`` is ignored by git).
+* Crashes: RDB storages get a heartbeat (every ``heartbeat`` seconds; a trial
+  silent for ``GRACE_INTERVALS * heartbeat`` seconds is stale) and a retry
+  callback (``RetryStaleTrial``): the stale trial is marked FAIL and re-queued
+  (at most ``MAX_RETRIES`` times) with the same parameters.
+* Many workers: a worker claims a schedule under ``StudyLock``, held across
+  processes (a PostgreSQL advisory lock, or ``flock`` on ``<file>.lock`` for
+  SQLite; the server or the kernel drops it when its holder dies).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from autoremat._errors import TuneError
+
+if TYPE_CHECKING:
+    import optuna
+    import sqlalchemy
+    from optuna.storages import BaseStorage, RDBStorage
+    from optuna.trial import FrozenTrial
+
+DEFAULT_STORAGE: Final = "sqlite:///runs/autoremat.db"
+DEFAULT_HEARTBEAT: Final = 60
+#: A trial whose worker sent no heartbeat for this many intervals is stale.
+GRACE_INTERVALS: Final = 3
+MAX_RETRIES: Final = 2
+
+
+def redact(url: str) -> str:
+    """A storage URL with any password replaced by ``***``."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """``str(e)`` on one line, at most ``limit`` characters."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) -> RDBStorage:
+    """An Optuna storage for ``url`` (default ``DEFAULT_STORAGE``).
+
+    Every URL is an RDB (SQLAlchemy) URL, as in Optuna; the storage gets
+    ``heartbeat_interval=heartbeat``, ``grace_period=GRACE_INTERVALS * heartbeat``
+    and a retry of stale trials (``RetryStaleTrial``); the SQLite default
+    creates ``runs/``. A URL that cannot be opened is a ``TuneError``.
+    """
+    import random
+    import warnings
+
+    import optuna
+    import sqlalchemy.exc
+
+    url = url or DEFAULT_STORAGE
+    if not isinstance(url, str):
+        raise TuneError(f"storage: expected a storage URL string, got {url!r}")
+    if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1:
+        raise TuneError(f"heartbeat: expected whole seconds >= 1, got {heartbeat!r}")
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if str(path) not in ("", ":memory:"):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except (OSError, ValueError) as e:
+                raise TuneError(f"storage: cannot create the folder of {str(path)!r} ({e})"
+                                ) from None
+    for attempt in range(6):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, heartbeat_interval=heartbeat,
+                    grace_period=GRACE_INTERVALS * heartbeat, **_retry_callback())
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as e:
+            # Workers starting together on an empty database race to create
+            # Optuna's tables; the losers find them made on the next try.
+            if attempt == 5:
+                raise TuneError(f"storage: cannot open {redact(url)}: {type(e).__name__}: "
+                                f"{one_line(e)}") from None
+            time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
+        except Exception as e:
+            raise TuneError(
+                f"storage: cannot open {redact(url)}: {type(e).__name__}: {one_line(e)}"
+            ) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _retry_callback() -> dict[str, Any]:
+    """``RetryStaleTrial`` under the keyword this Optuna takes.
+
+    Optuna >= 4.9 names it ``heartbeat_stale_trial_callback``; older ones
+    ``failed_trial_callback``.
+    """
+    import inspect
+
+    import optuna
+
+    params = inspect.signature(optuna.storages.RDBStorage).parameters
+    key = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
+           else "failed_trial_callback")
+    return {key: RetryStaleTrial(max_retry=MAX_RETRIES)}
+
+
+class RetryStaleTrial:
+    """Re-queue a trial whose worker died (stale heartbeat), at most ``max_retry`` times.
+
+    Like Optuna's ``RetryHeartbeatStaleTrialCallback`` (same ``system_attrs``
+    ``failed_trial`` / ``retry_history``), but the copy drops the dead
+    worker's ``measuring`` claim and records ``retry_of`` and why, so it is
+    claimed afresh by whichever worker runs it.
+    """
+
+    def __init__(self, max_retry: int = MAX_RETRIES) -> None:
+        self.max_retry = max_retry
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        import optuna
+
+        history = [*trial.system_attrs.get("retry_history", []), trial.number]
+        if len(history) > self.max_retry:
+            return
+        system_attrs = {**trial.system_attrs, "failed_trial": history[0],
+                        "retry_history": history}
+        user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "measuring"}
+        user_attrs["retry_of"] = trial.number
+        user_attrs["retry_reason"] = "its worker stopped sending heartbeats (killed or lost)"
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.WAITING, params=trial.params,
+            distributions=trial.distributions, user_attrs=user_attrs, system_attrs=system_attrs,
+        ))
+
+
+class StudyLock:
+    """A lock on one study, held across processes while a worker claims a schedule.
+
+    PostgreSQL: a session-level advisory lock on a connection of its own;
+    SQLite (a file): ``flock`` on ``<file>.lock``. Both are released by the
+    server or the kernel when the holder dies. Other storages (in-memory,
+    one process) need none; other RDB servers get none (dedupe there is
+    best-effort, as it is in plain Optuna).
+    """
+
+    def __init__(self, storage: BaseStorage, study_name: str) -> None:
+        self._engine: sqlalchemy.engine.Engine | None = None
+        self._path: Path | None = None
+        self._key = int.from_bytes(
+            hashlib.sha256(f"autoremat:{study_name}".encode()).digest()[:8], "big", signed=True)
+        self._conn: sqlalchemy.engine.Connection | None = None
+        self._fd: int | None = None
+        engine = getattr(storage, "engine", None)
+        dialect = getattr(getattr(engine, "dialect", None), "name", "")
+        if dialect == "postgresql":
+            self._engine = engine
+        elif dialect == "sqlite":
+            database = engine.url.database if engine is not None else None
+            if database and database != ":memory:" and not database.startswith("file:"):
+                self._path = Path(f"{database}.lock")
+
+    def __enter__(self) -> StudyLock:
+        if self._engine is not None:
+            import sqlalchemy
+
+            self._conn = self._engine.connect()
+            self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": self._key})
+            self._conn.commit()
+        elif self._path is not None:
+            import fcntl
+            import os
+
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            try:
+                import sqlalchemy
+
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
+                conn.commit()
+                conn.close()
+            except Exception:
+                conn.invalidate()  # the session ends, and the server drops the lock
+        if self._fd is not None:
+            import os
+
+            fd, self._fd = self._fd, None
+            os.close(fd)  # releases the flock
