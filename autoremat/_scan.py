@@ -1,24 +1,15 @@
-"""The scan builder: ``lax.scan`` semantics, a schedule's memory.
+"""``autoremat.scan``: ``lax.scan`` semantics, a schedule's memory.
 
 Backprop through ``lax.scan`` stores every step's residuals, so memory grows
-linearly with the sequence length ``T``. Wrapping the whole loop in
-``jax.checkpoint`` saves nothing, and remat of each step saves a constant
-factor. Nesting does better (Chen et al. 2016, "Training Deep Nets with
-Sublinear Memory Cost", arXiv 1604.06174): an outer scan over chunks whose
-body -- the inner scan of one chunk -- is checkpointed keeps only the carries
-at chunk boundaries, and recomputes one chunk at a time in the backward pass.
-With ``d`` levels memory is ``O(d * T^(1/d))`` for ``d - 1`` extra forward
-passes. Gradients are exact: remat recomputes, it never approximates.
-
-Batch-major data (``axis=1``) is never transposed as a whole: each outer chunk
-is sliced straight out of the original array, so the ``T x B x X`` copy that
-``nn.scan(in_axes=1)`` makes (128 MB for the seed's input at ``T=10^5``) does
-not exist.
+linearly with the sequence length ``T``. A schedule trades that memory for
+recomputation; remat recomputes, it never approximates, so loss and gradients
+equal a plain scan's. This module checks the arguments, flattens ``xs`` and
+hands the steps to the schedule's kind (``Schedule.run``: ``_nested_scan`` or
+``_binomial_scan``), the one place the builder dispatches.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -26,8 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from autoremat._schedule import NO_REMAT, Level, Schedule, ScheduleError
-from autoremat._schedule import pieces as _split
+from autoremat._schedule import Schedule, ScheduleError
 
 Carry = TypeVar("Carry")
 PyTree = Any
@@ -118,114 +108,8 @@ def scan_axes(
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
         return carry, _move_out(ys, out_axes)
 
-    if schedule.kind == "binomial":
-        from autoremat._binomial import binomial_scan
-
-        carry, ys = binomial_scan(step, init, leaves, axes, steps, schedule.snapshots,
-                                  reverse, schedule.unroll)
-        return carry, _move_out(ys, out_axes)
-    pieces = _split(steps, schedule.lengths)
-    order = reversed(pieces) if reverse else pieces
-    carry = init
-    outs: dict[int, PyTree] = {}
-    for start, count, level in order:
-        carry, outs[start] = _run_piece(
-            step, carry, leaves, axes, start, count, schedule.levels[level:],
-            schedule.unroll, reverse,
-        )
-    ys_parts = [outs[start] for start, _, _ in pieces]
-    if len(ys_parts) == 1:
-        ys = ys_parts[0]
-    else:
-        ys = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p, axis=0), *ys_parts)
+    carry, ys = schedule.run(step, init, leaves, axes, steps, reverse)
     return carry, _move_out(ys, out_axes)
-
-
-def _checkpoint(fn: Callable[..., Any], level: Level) -> Callable[..., Any]:
-    if level.policy.name == NO_REMAT:
-        return fn
-    # prevent_cse=False is safe (and faster) because every body is inside a scan.
-    return jax.checkpoint(fn, policy=level.policy.resolve(), prevent_cse=False)
-
-
-def _run_piece(
-    step: Callable[..., Any],
-    carry: Any,
-    leaves: list[jax.Array],
-    axes: list[int],
-    start: int,
-    count: int,
-    levels: tuple[Level, ...],
-    unroll: int,
-    reverse: bool,
-) -> tuple[Any, PyTree]:
-    """Scan ``count`` chunks of ``levels[0]`` starting at step ``start``.
-
-    Leaves scanned along axis 0 are reshaped to ``(count, chunk, ...)`` and fed
-    to ``lax.scan`` (a free reshape). Leaves scanned along another axis are
-    closed over and each chunk is sliced out in the body, so no transposed copy
-    of the whole sequence is made; only a chunk is moved to axis 0.
-    """
-    inner = levels[1:]
-    chunk = math.prod(lv.length for lv in inner)
-    lead = [i for i, a in enumerate(axes) if a == 0]
-    lead_xs = [
-        lax.slice_in_dim(leaves[i], start, start + count * chunk, axis=0).reshape(
-            (count, chunk, *leaves[i].shape[1:]) if inner else (count, *leaves[i].shape[1:])
-        )
-        for i in lead
-    ]
-    other = [i for i, a in enumerate(axes) if a != 0]
-    other_xs = [leaves[i] for i in other]
-
-    def body(c: Any, xs: tuple[jax.Array, list[jax.Array]]) -> tuple[Any, PyTree]:
-        index, lead_chunk = xs
-        offset = start + index * chunk
-        x_chunk: list[Any] = [None] * len(leaves)
-        for i, x in zip(lead, lead_chunk, strict=True):
-            x_chunk[i] = x
-        for i, x in zip(other, other_xs, strict=True):
-            if inner:
-                piece = lax.dynamic_slice_in_dim(x, offset, chunk, axis=axes[i])
-                x_chunk[i] = jnp.moveaxis(piece, axes[i], 0)
-            else:
-                x_chunk[i] = lax.dynamic_index_in_dim(x, offset, axes[i], keepdims=False)
-        if not inner:
-            return step(c, x_chunk)
-        return _nested(step, c, x_chunk, inner, unroll, reverse)
-
-    body = _checkpoint(body, levels[0])
-    indices = jnp.arange(count, dtype=jnp.int32)
-    carry, ys = lax.scan(body, carry, (indices, lead_xs), reverse=reverse,
-                         unroll=1 if inner else unroll)
-    if inner:
-        ys = jax.tree_util.tree_map(lambda y: y.reshape((count * chunk, *y.shape[2:])), ys)
-    return carry, ys
-
-
-def _nested(
-    step: Callable[..., Any],
-    carry: Any,
-    x_leaves: list[jax.Array],
-    levels: tuple[Level, ...],
-    unroll: int,
-    reverse: bool,
-) -> tuple[Any, PyTree]:
-    """Scan exactly ``prod(levels)`` steps of axis-0 inputs, nested by level."""
-    head, inner = levels[0], levels[1:]
-    if not inner:
-        return lax.scan(_checkpoint(step, head), carry, x_leaves, length=head.length,
-                        reverse=reverse, unroll=unroll)
-    chunk = math.prod(lv.length for lv in inner)
-    shaped = [x.reshape((head.length, chunk, *x.shape[1:])) for x in x_leaves]
-
-    def body(c: Any, xs: list[jax.Array]) -> tuple[Any, PyTree]:
-        return _nested(step, c, xs, inner, unroll, reverse)
-
-    carry, ys = lax.scan(_checkpoint(body, head), carry, shaped, length=head.length,
-                         reverse=reverse)
-    ys = jax.tree_util.tree_map(lambda y: y.reshape((head.length * chunk, *y.shape[2:])), ys)
-    return carry, ys
 
 
 def _prefix_leaves(axes: PyTree, tree: PyTree) -> list[Any]:
