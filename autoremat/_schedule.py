@@ -50,21 +50,11 @@ import yaml
 
 from autoremat._atomic import atomic_write_text
 from autoremat._errors import ScheduleError as ScheduleError
-from autoremat._policy import (
-    ALL_POLICY_NAMES as ALL_POLICY_NAMES,
-)
-from autoremat._policy import (
-    FACTORY_POLICIES as FACTORY_POLICIES,
-)
-from autoremat._policy import (
-    MAX_LENGTH as MAX_LENGTH,
-)
-from autoremat._policy import (
-    NO_REMAT as NO_REMAT,
-)
-from autoremat._policy import (
-    ZERO_ARG_POLICIES as ZERO_ARG_POLICIES,
-)
+from autoremat._policy import ALL_POLICY_NAMES as ALL_POLICY_NAMES
+from autoremat._policy import FACTORY_POLICIES as FACTORY_POLICIES
+from autoremat._policy import MAX_LENGTH as MAX_LENGTH
+from autoremat._policy import NO_REMAT as NO_REMAT
+from autoremat._policy import ZERO_ARG_POLICIES as ZERO_ARG_POLICIES
 from autoremat._policy import Level as Level
 from autoremat._policy import Policy as Policy
 from autoremat._policy import _show, check_int
