@@ -34,8 +34,15 @@ class BinomialSchedule(Schedule):
     them, with the fewest step evaluations any schedule storing ``snapshots``
     carries can do (``autoremat.bounds.min_evaluations``). Any ``T`` runs;
     ``snapshots >= T`` stores every carry (per-step remat). ``unroll`` is the
-    ``lax.scan`` unroll of the forward sweep. First-order reverse mode only:
-    ``jax.grad``/``jax.vjp`` work; ``jax.jvp`` and grad-of-grad do not.
+    ``lax.scan`` unroll of the forward sweep.
+
+    Transformations: ``jax.grad``/``vjp``, ``jvp``/``jacfwd`` (forward mode
+    runs the plain forward sweep, which stores nothing either),
+    forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``), ``vmap``,
+    ``jit``. Not: reverse-over-reverse (grad of grad: the backward's
+    re-advances are loops of dynamic length; a clear ``ScheduleError``) and
+    ``jax.linearize`` (JAX's error when the linear map is applied; a
+    ``custom_vjp`` has no forward-mode rule). Use a nested schedule for those.
 
     Attributes:
       snapshots: how many carries are stored at once (>= 1).
@@ -43,6 +50,7 @@ class BinomialSchedule(Schedule):
 
     kind: ClassVar[str] = "binomial"
     FIELDS: ClassVar[Mapping[str, str]] = {"snapshots": "'snapshots: 16'"}
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset({"grad_of_grad", "linearize"})
 
     snapshots: int
 
@@ -80,7 +88,7 @@ class BinomialSchedule(Schedule):
         from autoremat._binomial_scan import binomial_scan
 
         return binomial_scan(step, init, leaves, axes, steps, self.snapshots, reverse,
-                             self.unroll)
+                             self.unroll, self.describe())
 
     @classmethod
     def suggest(cls, trial: Any, seq_len: int, platform: str) -> BinomialSchedule:

@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from autoremat._errors import ScheduleError
 from autoremat._revolve import Plan, plan
 
 PyTree = Any
@@ -42,11 +43,27 @@ def binomial_scan(
     snapshots: int,
     reverse: bool,
     unroll: int,
+    label: str,
 ) -> tuple[PyTree, PyTree]:
-    """Run ``steps >= 1`` steps of ``step(carry, x_leaves)``; outputs stacked on axis 0."""
+    """Run ``steps >= 1`` steps of ``step(carry, x_leaves)``; outputs stacked on axis 0.
+
+    ``label`` (the schedule's ``describe()``) names it in errors.
+    """
     x_first = [lax.index_in_dim(x, 0, a, keepdims=False) for x, a in zip(leaves, axes, strict=True)]
     fn, consts = jax.closure_convert(step, init, x_first)
-    return _Loop(fn, plan(steps, snapshots), tuple(axes), reverse, unroll).run(init, leaves, consts)
+    loop = _Loop(fn, plan(steps, snapshots), tuple(axes), reverse, unroll, label)
+    return loop.run(init, leaves, consts)
+
+
+def _traced_by(name: str, *trees: Any) -> bool:
+    """Whether a leaf is a tracer of JAX's ``ad.<name>`` (``JVPTracer``: forward mode;
+    ``LinearizeTracer``: reverse mode). Private classes: with a jax without them
+    the answer is ``False`` and JAX's own errors apply."""
+    from jax._src.interpreters import ad
+
+    kind = getattr(ad, name, None)
+    return isinstance(kind, type) and any(
+        isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
 
 
 def _inexact(x: Any) -> bool:
@@ -61,9 +78,9 @@ class _Loop:
     """One binomial scan: the step (closure-converted), the plan, the layout."""
 
     def __init__(self, fn: Callable[..., Any], the_plan: Plan, axes: tuple[int, ...],
-                 reverse: bool, unroll: int) -> None:
+                 reverse: bool, unroll: int, label: str) -> None:
         self.fn, self.plan, self.axes = fn, the_plan, axes
-        self.reverse, self.unroll = reverse, unroll
+        self.reverse, self.unroll, self.label = reverse, unroll, label
         self.steps = the_plan.seq_len
 
     # -- helpers -------------------------------------------------------------
@@ -89,6 +106,12 @@ class _Loop:
 
     # -- the custom VJP ----------------------------------------------------------
     def run(self, init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:
+        """The loop under a ``jax.custom_vjp``; in pure forward mode (``jax.jvp``,
+        ``jax.jacfwd``) the plain forward sweep, whose JVP stores nothing either."""
+        if _traced_by("JVPTracer", init, xs, consts) and getattr(
+                jax.config, "jax_use_direct_linearize", True):
+            return self.forward(init, xs, consts, keep=False)[0]
+
         @jax.custom_vjp
         def loop(init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:
             return self.forward(init, xs, consts, keep=False)[0]
@@ -106,6 +129,13 @@ class _Loop:
             return out, (init_v, xs_v, consts_v, slots, marks)
 
         def bwd(res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
+            if _traced_by("LinearizeTracer", res[:4]):
+                raise ScheduleError(
+                    f"schedule {self.label!r}: the binomial kind's backward pass cannot be "
+                    "differentiated in reverse mode (grad of grad, jax.jacrev of a gradient): "
+                    "its re-advances are loops of dynamic length. Use a nested schedule "
+                    "(e.g. Schedule.root(T, 2)) or forward-over-reverse (jax.jacfwd(jax.grad(f)), "
+                    "jax.hessian).")
             return self.backward(res, cts)
 
         loop.defvjp(fwd, bwd, symbolic_zeros=True)

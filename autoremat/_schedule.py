@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 
 SCHEDULE_VERSION: Final = 1
 KNOWN_VERSIONS: Final = (1,)
+#: The transformations of ``autoremat.scan`` the tests check for every kind.
+TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
 #: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
 COMMON_KEYS: Final = ("version", "kind", "unroll", "meta")
 
@@ -94,6 +96,9 @@ class Schedule(ABC):
     kind: ClassVar[str]
     #: The kind's own top-level keys (all required), each with an example.
     FIELDS: ClassVar[Mapping[str, str]]
+    #: JAX transformations of ``autoremat.scan`` this kind cannot do, out of
+    #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
 
     unroll: int = 1
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
