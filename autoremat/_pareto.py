@@ -206,24 +206,7 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
 
 def describe_schedule(schedule: Schedule) -> str:
     """A human summary: levels, policies, and what ``meta`` records."""
-    lines = [f"schedule: {schedule.describe()}"]
-    if schedule.kind == "binomial":
-        lines.append(f"  binomial (Revolve) checkpointing: {schedule.snapshots} carries stored at "
-                     "once, the fewest step re-runs for that memory (any T runs)")
-        seq_len = schedule.meta.get("seq_len")
-        if isinstance(seq_len, int) and seq_len >= 1:
-            c = cost(schedule, seq_len)
-            lines.append(f"  at T = {seq_len}: {c.evaluations} step evaluations per training "
-                         f"step ({c.recompute_factor:.2f}x the forward)")
-    else:
-        lines.append(f"  depth {schedule.depth}, tiles T = {schedule.tuned_length} exactly "
-                     "(any T runs)")
-    for i, lv in enumerate(schedule.levels):
-        where = "outermost" if i == 0 else ("innermost" if i == schedule.depth - 1 else "")
-        lines.append(f"  level {i}: length {lv.length:>7}, policy {lv.policy.to_data()}"
-                     + (f"  ({where})" if where and schedule.depth > 1 else ""))
-    where = "forward sweep" if schedule.kind == "binomial" else "innermost"
-    lines.append(f"  unroll ({where}): {schedule.unroll}")
+    lines = [f"schedule: {schedule.describe()}", *schedule.explain()]
     meta = dict(schedule.meta)
     if not meta:
         lines.append("  meta: none (not written by autoremat tune)")

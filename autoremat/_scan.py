@@ -1,33 +1,25 @@
-"""The scan builder: ``lax.scan`` semantics, a schedule's memory.
+"""``autoremat.scan``: ``lax.scan`` semantics, a schedule's memory.
 
 Backprop through ``lax.scan`` stores every step's residuals, so memory grows
-linearly with the sequence length ``T``. Wrapping the whole loop in
-``jax.checkpoint`` saves nothing, and remat of each step saves a constant
-factor. Nesting does better (Chen et al. 2016, "Training Deep Nets with
-Sublinear Memory Cost", arXiv 1604.06174): an outer scan over chunks whose
-body -- the inner scan of one chunk -- is checkpointed keeps only the carries
-at chunk boundaries, and recomputes one chunk at a time in the backward pass.
-With ``d`` levels memory is ``O(d * T^(1/d))`` for ``d - 1`` extra forward
-passes. Gradients are exact: remat recomputes, it never approximates.
-
-Batch-major data (``axis=1``) is never transposed as a whole: each outer chunk
-is sliced straight out of the original array, so the ``T x B x X`` copy that
-``nn.scan(in_axes=1)`` makes (128 MB for the seed's input at ``T=10^5``) does
-not exist.
+linearly with the sequence length ``T``. A schedule trades that memory for
+recomputation; remat recomputes, it never approximates, so loss and gradients
+equal a plain scan's. This module checks the arguments, flattens ``xs`` and
+hands the steps to the schedule's kind (``Schedule.run``: ``_nested_scan`` or
+``_binomial_scan``), the one place the builder dispatches.
 """
 
 from __future__ import annotations
 
-import math
+import operator
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from autoremat._schedule import NO_REMAT, Level, Schedule, ScheduleError
-from autoremat._schedule import pieces as _split
+from autoremat._schedule import Schedule, ScheduleError
 
 Carry = TypeVar("Carry")
 PyTree = Any
@@ -41,12 +33,13 @@ def scan(
     *,
     schedule: Schedule,
     reverse: bool = False,
+    unroll: int | bool | None = None,
     axis: int = 0,
     out_axis: int | None = None,
 ) -> tuple[Carry, PyTree]:
     """``jax.lax.scan`` executed with a remat schedule.
 
-    Same semantics as ``lax.scan(f, init, xs, length, reverse=reverse)``:
+    Same semantics as ``lax.scan(f, init, xs, length, reverse, unroll)``:
     ``f(carry, x) -> (carry, y)`` with pytree carry, pytree ``xs`` (or ``None``
     with ``length``), outputs stacked along the scanned axis. Loss and
     gradients equal a plain scan's (remat recomputes, it never approximates);
@@ -60,6 +53,8 @@ def scan(
       length: the number of steps; required when ``xs`` is ``None``.
       schedule: the remat schedule (``autoremat.load_schedule`` reads one).
       reverse: scan from the last step to the first (outputs keep index order).
+      unroll: as ``lax.scan``'s (an int, or ``True`` to unroll fully); overrides
+        the schedule's ``unroll`` (its innermost loop). ``None``: the schedule's.
       axis: the axis of every ``xs`` leaf that is scanned, and the axis along
         which outputs are stacked. ``axis=1`` scans batch-major ``(B, T, ...)``
         data without a transposed copy of the whole sequence.
@@ -79,7 +74,7 @@ def scan(
       >>> float(c), ys.shape
       (100.0, (100,))
     """
-    return scan_axes(f, init, xs, length, schedule=schedule, reverse=reverse,
+    return scan_axes(f, init, xs, length, schedule=schedule, reverse=reverse, unroll=unroll,
                      in_axes=axis, out_axes=axis if out_axis is None else out_axis)
 
 
@@ -93,6 +88,7 @@ def scan_axes(
     reverse: bool = False,
     in_axes: PyTree = 0,
     out_axes: PyTree = 0,
+    unroll: int | bool | None = None,
 ) -> tuple[Carry, PyTree]:
     """``scan`` with a scanned axis per input leaf and per output leaf.
 
@@ -104,128 +100,32 @@ def scan_axes(
             f"schedule: expected an autoremat.Schedule (see autoremat.load_schedule), "
             f"got {type(schedule).__name__}"
         )
-    leaves, treedef = jax.tree_util.tree_flatten(xs)
-    leaves = [jnp.asarray(x) for x in leaves]
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(xs)
+    paths = ["xs" + jax.tree_util.keystr(p) for p, _ in with_paths]
+    leaves = [jnp.asarray(x) for _, x in with_paths]
+    for path, x in zip(paths, leaves, strict=True):
+        if x.ndim == 0:
+            raise ValueError(f"scan got value with no leading axis to scan over: {path} is a "
+                             f"scalar ({jax.typeof(x).str_short()}); give every xs leaf the "
+                             "scanned axis, or close over it in the step")
     prefix = _prefix_leaves(in_axes, xs)
-    axes = [_normalize_axis(a, x.ndim, "axis") for a, x in zip(prefix, leaves, strict=True)]
+    axes = [_normalize_axis(a, x.ndim, "axis", path)
+            for a, x, path in zip(prefix, leaves, paths, strict=True)]
     steps = _sequence_length(leaves, axes, length)
+    if unroll is not None:
+        schedule = replace(schedule, unroll=_unroll(unroll, steps))
 
     def step(carry: Carry, x_leaves: Sequence[jax.Array]) -> tuple[Carry, PyTree]:
         return f(carry, jax.tree_util.tree_unflatten(treedef, list(x_leaves)))
 
+    init = _checked_init(step, init, leaves, axes, schedule)
     if steps == 0:
         moved = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes, strict=True)]
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
         return carry, _move_out(ys, out_axes)
 
-    if schedule.kind == "binomial":
-        from autoremat._binomial import binomial_scan
-
-        carry, ys = binomial_scan(step, init, leaves, axes, steps, schedule.snapshots,
-                                  reverse, schedule.unroll)
-        return carry, _move_out(ys, out_axes)
-    pieces = _split(steps, schedule.lengths)
-    order = reversed(pieces) if reverse else pieces
-    carry = init
-    outs: dict[int, PyTree] = {}
-    for start, count, level in order:
-        carry, outs[start] = _run_piece(
-            step, carry, leaves, axes, start, count, schedule.levels[level:],
-            schedule.unroll, reverse,
-        )
-    ys_parts = [outs[start] for start, _, _ in pieces]
-    if len(ys_parts) == 1:
-        ys = ys_parts[0]
-    else:
-        ys = jax.tree_util.tree_map(lambda *p: jnp.concatenate(p, axis=0), *ys_parts)
+    carry, ys = schedule.run(step, init, leaves, axes, steps, reverse)
     return carry, _move_out(ys, out_axes)
-
-
-def _checkpoint(fn: Callable[..., Any], level: Level) -> Callable[..., Any]:
-    if level.policy.name == NO_REMAT:
-        return fn
-    # prevent_cse=False is safe (and faster) because every body is inside a scan.
-    return jax.checkpoint(fn, policy=level.policy.resolve(), prevent_cse=False)
-
-
-def _run_piece(
-    step: Callable[..., Any],
-    carry: Any,
-    leaves: list[jax.Array],
-    axes: list[int],
-    start: int,
-    count: int,
-    levels: tuple[Level, ...],
-    unroll: int,
-    reverse: bool,
-) -> tuple[Any, PyTree]:
-    """Scan ``count`` chunks of ``levels[0]`` starting at step ``start``.
-
-    Leaves scanned along axis 0 are reshaped to ``(count, chunk, ...)`` and fed
-    to ``lax.scan`` (a free reshape). Leaves scanned along another axis are
-    closed over and each chunk is sliced out in the body, so no transposed copy
-    of the whole sequence is made; only a chunk is moved to axis 0.
-    """
-    inner = levels[1:]
-    chunk = math.prod(lv.length for lv in inner)
-    lead = [i for i, a in enumerate(axes) if a == 0]
-    lead_xs = [
-        lax.slice_in_dim(leaves[i], start, start + count * chunk, axis=0).reshape(
-            (count, chunk, *leaves[i].shape[1:]) if inner else (count, *leaves[i].shape[1:])
-        )
-        for i in lead
-    ]
-    other = [i for i, a in enumerate(axes) if a != 0]
-    other_xs = [leaves[i] for i in other]
-
-    def body(c: Any, xs: tuple[jax.Array, list[jax.Array]]) -> tuple[Any, PyTree]:
-        index, lead_chunk = xs
-        offset = start + index * chunk
-        x_chunk: list[Any] = [None] * len(leaves)
-        for i, x in zip(lead, lead_chunk, strict=True):
-            x_chunk[i] = x
-        for i, x in zip(other, other_xs, strict=True):
-            if inner:
-                piece = lax.dynamic_slice_in_dim(x, offset, chunk, axis=axes[i])
-                x_chunk[i] = jnp.moveaxis(piece, axes[i], 0)
-            else:
-                x_chunk[i] = lax.dynamic_index_in_dim(x, offset, axes[i], keepdims=False)
-        if not inner:
-            return step(c, x_chunk)
-        return _nested(step, c, x_chunk, inner, unroll, reverse)
-
-    body = _checkpoint(body, levels[0])
-    indices = jnp.arange(count, dtype=jnp.int32)
-    carry, ys = lax.scan(body, carry, (indices, lead_xs), reverse=reverse,
-                         unroll=1 if inner else unroll)
-    if inner:
-        ys = jax.tree_util.tree_map(lambda y: y.reshape((count * chunk, *y.shape[2:])), ys)
-    return carry, ys
-
-
-def _nested(
-    step: Callable[..., Any],
-    carry: Any,
-    x_leaves: list[jax.Array],
-    levels: tuple[Level, ...],
-    unroll: int,
-    reverse: bool,
-) -> tuple[Any, PyTree]:
-    """Scan exactly ``prod(levels)`` steps of axis-0 inputs, nested by level."""
-    head, inner = levels[0], levels[1:]
-    if not inner:
-        return lax.scan(_checkpoint(step, head), carry, x_leaves, length=head.length,
-                        reverse=reverse, unroll=unroll)
-    chunk = math.prod(lv.length for lv in inner)
-    shaped = [x.reshape((head.length, chunk, *x.shape[1:])) for x in x_leaves]
-
-    def body(c: Any, xs: list[jax.Array]) -> tuple[Any, PyTree]:
-        return _nested(step, c, xs, inner, unroll, reverse)
-
-    carry, ys = lax.scan(_checkpoint(body, head), carry, shaped, length=head.length,
-                         reverse=reverse)
-    ys = jax.tree_util.tree_map(lambda y: y.reshape((head.length * chunk, *y.shape[2:])), ys)
-    return carry, ys
 
 
 def _prefix_leaves(axes: PyTree, tree: PyTree) -> list[Any]:
@@ -242,11 +142,11 @@ def _prefix_leaves(axes: PyTree, tree: PyTree) -> list[Any]:
     return jax.tree_util.tree_leaves(expanded)
 
 
-def _normalize_axis(axis: Any, ndim: int, name: str) -> int:
+def _normalize_axis(axis: Any, ndim: int, name: str, what: str = "an input") -> int:
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise ValueError(f"{name}: expected an int, got {axis!r}")
     if not -ndim <= axis < ndim:
-        raise ValueError(f"{name}: {axis} is out of range for an input of rank {ndim}")
+        raise ValueError(f"{name}: {axis} is out of range for {what} of rank {ndim}")
     return axis % ndim
 
 
@@ -258,7 +158,8 @@ def _sequence_length(leaves: list[jax.Array], axes: list[int], length: int | Non
             f"{sorted(sizes)}"
         )
     if length is not None:
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        length = _concrete_int(length, "length", "int")
+        if length < 0:
             raise ValueError(f"length: expected a non-negative int, got {length!r}")
         if sizes and sizes != {length}:
             raise ValueError(f"length: {length} does not match the inputs' length {sizes.pop()}")
@@ -282,3 +183,98 @@ def _move_out(ys: PyTree, out_axes: PyTree) -> PyTree:
             )
         moved.append(jnp.moveaxis(y, 0, a % y.ndim))
     return jax.tree_util.tree_unflatten(treedef, moved)
+
+
+def _concrete_int(value: Any, name: str, expected: str) -> int:
+    """``value`` as a Python int; a traced value is a ``ConcretizationTypeError`` (as in lax.scan)."""
+    if isinstance(value, jax.core.Tracer):
+        raise jax.errors.ConcretizationTypeError(
+            value, f"The `{name}` argument to autoremat.scan expects a concrete {expected} value "
+            "(a schedule is planned for a static T). For a dynamic length use lax.while_loop.")
+    if isinstance(value, bool) and name == "length":
+        raise ValueError(f"length: expected a non-negative int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected {'a non-negative int' if name == 'length' else expected}"
+                        f", got {value!r} ({type(value).__name__})") from None
+
+
+def _unroll(unroll: Any, steps: int) -> int:
+    """``lax.scan``'s ``unroll`` (``True``: all ``steps``) as the schedule's ``unroll``."""
+    value = _concrete_int(unroll, "unroll", "`bool` or non-negative `int`")
+    if isinstance(unroll, bool):
+        value = steps if unroll else 1
+    if value < 0:
+        raise ValueError(f"unroll: `unroll` must be a `bool` or a non-negative `int`, got {value}")
+    return max(1, min(value, steps))
+
+
+def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], axes: list[int],
+                  schedule: Schedule) -> Any:
+    """``init``, checked against one abstract trace of the step, as ``lax.scan`` does.
+
+    The step must return a pair whose carry has ``init``'s structure, shapes
+    and dtypes; a weakly typed ``init`` leaf (a Python scalar) takes the dtype
+    the step returns. Errors name the leaf and the schedule.
+    """
+    x_avals = [jax.ShapeDtypeStruct(x.shape[:a] + x.shape[a + 1:], x.dtype)
+               for x, a in zip(leaves, axes, strict=True)]
+    out = jax.eval_shape(step, init, x_avals)
+    where = f"(autoremat.scan with schedule {schedule.describe()})"
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"scan body output must be a pair (carry, y), got {_summary(out)} {where}")
+    difference = _structure_difference(init, out[0], "")
+    if difference:
+        raise TypeError("scan body function carry input and carry output must have the same "
+                        f"pytree structure, but they differ: {difference} {where}. Revise the "
+                        "function so that the carry output has the same structure as the input.")
+    promoted = []
+    for (path, leaf), new in zip(jax.tree_util.tree_flatten_with_path(init)[0],
+                                 jax.tree_util.tree_leaves(out[0]), strict=True):
+        old = jax.typeof(leaf)
+        what = "shapes" if old.shape != new.shape else "dtypes" if old.dtype != new.dtype else ""
+        if what == "dtypes" and old.weak_type and jnp.result_type(leaf, new.dtype) == new.dtype:
+            leaf = lax.convert_element_type(leaf, new.dtype)
+        elif what:
+            raise TypeError(
+                "scan body function carry input and carry output must have equal types, but "
+                f"they differ: the input carry{jax.tree_util.keystr(path)} has type "
+                f"{old.str_short()} but the output carry has type "
+                f"{jax.typeof(new).str_short()}, so the {what} do not match {where}. Revise "
+                "the function so that all output types match the corresponding input types.")
+        promoted.append(leaf)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(init), promoted)
+
+
+def _structure_difference(a: Any, b: Any, path: str) -> str:
+    """Where the pytrees ``a`` (input carry) and ``b`` (output) first differ; ``""`` if equal."""
+    if jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b):  # type: ignore[operator]
+        return ""
+    kids_a, kids_b = _children(a), _children(b)
+    if (kids_a is None or kids_b is None or type(a) is not type(b)
+            or [k for k, _ in kids_a] != [k for k, _ in kids_b]):
+        return (f"the input carry{path} is {_summary(a)} but the output carry{path} is "
+                f"{_summary(b)}")
+    for (key, x), (_, y) in zip(kids_a, kids_b, strict=True):
+        found = _structure_difference(x, y, path + key)
+        if found:
+            return found
+    return f"the input carry{path} and the output carry{path} differ in their node data"
+
+
+def _children(tree: Any) -> list[tuple[str, Any]] | None:
+    """The immediate children of a pytree node with their key strings; ``None`` for a leaf."""
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(tree)) and tree is not None:
+        return None
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda n: n is not tree)
+    return [(jax.tree_util.keystr(p), x) for p, x in flat]
+
+
+def _summary(value: Any) -> str:
+    """A short description: ``a tuple of 3``, ``an array float32[2]``."""
+    kids = _children(value)
+    if kids is None:
+        return f"an array {jax.typeof(value).str_short()}" if hasattr(value, "shape") or isinstance(
+            value, (int, float, complex)) else f"a {type(value).__name__}"
+    return f"a {type(value).__name__} of {len(kids)}"

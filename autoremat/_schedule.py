@@ -1,19 +1,19 @@
 """The remat schedule: a frozen description of how to checkpoint a scan.
 
-A schedule is data, not code: it names, outermost level first, how long each
-level of a nested scan is and which ``jax.checkpoint_policies`` member decides
-what that level keeps for the backward pass. ``autoremat.scan`` consumes it;
-the tuner produces it; YAML is its file form::
+A schedule is data, not code. Each *kind* is one frozen dataclass under the
+common base ``Schedule`` and owns its fields, parsing, validation, summary,
+cost model, search space and builder; the table of kinds is
+``autoremat._kinds.KINDS``. YAML is the file form, for example::
 
     version: 1
-    kind: nested
+    kind: nested                  # autoremat._nested.NestedSchedule
     levels:                       # outermost first
       - {length: 100, policy: nothing_saveable}
       - {length: 100, policy: dots_saveable}
     unroll: 1                     # lax.scan unroll of the innermost loop
     meta: {}                      # free-form; the tuner records what it measured
 
-or, for binomial (Revolve) checkpointing::
+or, for binomial (Revolve) checkpointing (``autoremat._binomial``)::
 
     version: 1
     kind: binomial
@@ -30,307 +30,160 @@ forward steps any schedule can with ``s`` carries: ``O(log T)`` memory for
 ``O(T log T)`` work (``autoremat.bounds``).
 
 This module imports no jax at import time, so the CLI's ``--help`` stays
-instant; ``Policy.resolve`` imports it when a policy is actually built.
+instant; ``Policy.resolve`` imports it when a policy is actually built. The
+kinds are found lazily (``autoremat._kinds`` imports the kind modules, which
+import this one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-import re
-from collections.abc import Callable, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import yaml
 
 from autoremat._atomic import atomic_write_text
 from autoremat._errors import ScheduleError as ScheduleError
+from autoremat._policy import ALL_POLICY_NAMES as ALL_POLICY_NAMES
+from autoremat._policy import FACTORY_POLICIES as FACTORY_POLICIES
+from autoremat._policy import MAX_LENGTH as MAX_LENGTH
+from autoremat._policy import NO_REMAT as NO_REMAT
+from autoremat._policy import ZERO_ARG_POLICIES as ZERO_ARG_POLICIES
+from autoremat._policy import Level as Level
+from autoremat._policy import Policy as Policy
+from autoremat._policy import _show, check_int
+from autoremat._yaml import _MAX_FILE_BYTES as _MAX_FILE_BYTES
+from autoremat._yaml import _SafeLoaderNoAliases as _SafeLoaderNoAliases
+from autoremat._yaml import load_yaml_text as load_yaml_text
+from autoremat._yaml import one_line, read_bytes
+from autoremat._yaml import read_yaml_file as read_yaml_file
+
+if TYPE_CHECKING:
+    from autoremat._binomial import BinomialSchedule
+    from autoremat._nested import NestedSchedule
+    from autoremat.bounds import Cost
 
 SCHEDULE_VERSION: Final = 1
 KNOWN_VERSIONS: Final = (1,)
-KINDS: Final = ("nested", "binomial")
+#: The transformations of ``autoremat.scan`` the tests check for every kind.
+TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
+#: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
+COMMON_KEYS: Final = ("version", "kind", "unroll", "meta")
 
-#: Zero-argument members of ``jax.checkpoint_policies`` (the last two are
-#: aliases that JAX keeps for old code).
-ZERO_ARG_POLICIES: Final = (
-    "nothing_saveable",
-    "dots_saveable",
-    "dots_with_no_batch_dims_saveable",
-    "everything_saveable",
-    "checkpoint_dots",
-    "checkpoint_dots_with_no_batch_dims",
-)
-#: Factory members of ``jax.checkpoint_policies``, written in YAML as a
-#: one-key mapping. A list is passed positionally, a mapping as keywords.
-FACTORY_POLICIES: Final = (
-    "save_only_these_names",
-    "save_any_names_but_these",
-    "save_anything_except_these_names",
-    "save_and_offload_only_these_names",
-    "offload_dot_with_no_batch_dims",
-)
-#: ``none`` wraps nothing in ``jax.checkpoint``: that level stores every
-#: residual, exactly like a plain ``lax.scan``.
-NO_REMAT: Final = "none"
-ALL_POLICY_NAMES: Final = (NO_REMAT, *ZERO_ARG_POLICIES, *FACTORY_POLICIES)
+@dataclass(frozen=True, kw_only=True)
+class Schedule(ABC):
+    """How to rematerialize a scan; one subclass per kind (``autoremat._kinds``).
 
-#: A schedule is a few KB even with its meta; PyYAML (pure Python) reads about
-#: 40 KB/s of dense flow YAML, so a bigger file is refused before parsing.
-_MAX_FILE_BYTES: Final = 1 << 16
-#: Limits of a valid schedule: a level's length and ``unroll`` are ``lax.scan``
-#: lengths (int32); more than 64 levels of length >= 2 tile more than 2^64 steps.
-MAX_LENGTH: Final = 2**31 - 1
-MAX_LEVELS: Final = 64
-_TOP_KEYS: Final = ("version", "kind", "levels", "snapshots", "unroll", "meta")
-_LEVEL_KEYS: Final = ("length", "policy")
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A ``jax.checkpoint_policies`` member by name, with factory arguments.
+    Build one with ``Schedule.nested`` / ``.binomial`` / ``.root`` /
+    ``.plain``, or from its YAML mapping with ``Schedule.from_data``. Each
+    kind's docstring defines its semantics (the one place they are defined;
+    ``autoremat.scan`` follows it); every kind gives the loss and gradients
+    of a plain ``lax.scan`` and differs only in memory and time.
 
     Attributes:
-      name: ``"none"`` (no ``jax.checkpoint``), a zero-argument policy such as
-        ``"nothing_saveable"``, or a factory such as ``"save_only_these_names"``.
-      args: positional arguments of a factory (names, as strings).
-      kwargs: keyword arguments of a factory, as sorted ``(key, value)`` pairs;
-        list values are stored as tuples.
-    """
-
-    name: str
-    args: tuple[str, ...] = ()
-    kwargs: tuple[tuple[str, Any], ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.name not in ALL_POLICY_NAMES:
-            raise ScheduleError(
-                f"policy: unknown policy {self.name!r}; valid: "
-                f"{', '.join(ALL_POLICY_NAMES)}"
-            )
-        if self.name in FACTORY_POLICIES:
-            if not self.args and not self.kwargs:
-                raise ScheduleError(
-                    f"policy: {self.name} needs arguments, e.g. "
-                    f"{{{self.name}: [gates]}}"
-                )
-        elif self.args or self.kwargs:
-            raise ScheduleError(
-                f"policy: {self.name} takes no arguments; write it as a plain "
-                f"string (policy: {self.name})"
-            )
-
-    def resolve(self) -> Callable[..., Any] | None:
-        """The JAX policy callable, or ``None`` for ``"none"`` (no remat)."""
-        if self.name == NO_REMAT:
-            return None
-        import jax
-
-        member = getattr(jax.checkpoint_policies, self.name, None)
-        if member is None:
-            raise ScheduleError(
-                f"policy: {self.name!r} is not in this jax's "
-                f"jax.checkpoint_policies (jax {jax.__version__})"
-            )
-        if self.name in FACTORY_POLICIES:
-            kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in self.kwargs}
-            try:
-                return member(*self.args, **kwargs)
-            except TypeError as e:
-                raise ScheduleError(f"policy: bad arguments for {self.name}: {e}") from None
-        return member
-
-    @property
-    def short(self) -> str:
-        """A short label: ``nothing_saveable`` -> ``nothing``."""
-        return self.name.removesuffix("_saveable")
-
-    def to_data(self) -> str | dict[str, Any]:
-        if self.name not in FACTORY_POLICIES:
-            return self.name
-        if self.kwargs:
-            return {self.name: {k: list(v) if isinstance(v, tuple) else v for k, v in self.kwargs}}
-        return {self.name: list(self.args)}
-
-    @classmethod
-    def from_data(cls, data: Any, where: str = "policy") -> Policy:
-        if isinstance(data, Policy):
-            return data
-        if data is None:
-            return cls(NO_REMAT)
-        if isinstance(data, str):
-            try:
-                return cls(data)
-            except ScheduleError as e:
-                raise ScheduleError(f"{where}: {str(e).removeprefix('policy: ')}") from None
-        if isinstance(data, Mapping) and len(data) == 1:
-            ((name, value),) = data.items()
-            if name not in FACTORY_POLICIES:
-                raise ScheduleError(
-                    f"{where}: {name!r} is not a policy factory; factories: "
-                    f"{', '.join(FACTORY_POLICIES)} (zero-argument policies are "
-                    "plain strings)"
-                )
-            if isinstance(value, str):
-                value = [value]
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return cls(name, args=tuple(value))
-            if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-                kwargs = []
-                for k, v in sorted(value.items()):
-                    if isinstance(v, list) and all(isinstance(s, str) for s in v):
-                        v = tuple(v)
-                    elif not isinstance(v, str):
-                        raise ScheduleError(
-                            f"{where}.{name}.{k}: expected a string or a list of "
-                            f"strings, got {_show(v)}"
-                        )
-                    kwargs.append((k, v))
-                return cls(name, kwargs=tuple(kwargs))
-            raise ScheduleError(
-                f"{where}.{name}: expected a list of names or a mapping of keyword "
-                f"arguments, got {_show(value)}"
-            )
-        raise ScheduleError(
-            f"{where}: expected a policy name such as 'nothing_saveable' or a "
-            f"one-key mapping such as {{save_only_these_names: [gates]}}, got "
-            f"{_show(data)}; valid names: {', '.join(ALL_POLICY_NAMES)}"
-        )
-
-
-@dataclass(frozen=True)
-class Level:
-    """One level of a nested scan: ``length`` iterations, each checkpointed."""
-
-    length: int
-    policy: Policy = Policy("nothing_saveable")
-
-    def __post_init__(self) -> None:
-        if isinstance(self.length, bool) or not isinstance(self.length, int):
-            raise ScheduleError(
-                f"length: expected a positive integer, got {_show(self.length)}"
-            )
-        if self.length < 1:
-            raise ScheduleError(f"length: must be >= 1, got {self.length}")
-        if self.length > MAX_LENGTH:
-            raise ScheduleError(f"length: must be <= {MAX_LENGTH}, got {_show(self.length)}")
-        if not isinstance(self.policy, Policy):
-            object.__setattr__(self, "policy", Policy.from_data(self.policy))
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """How to rematerialize a scan: nested levels, or binomial checkpointing.
-
-    Semantics (the one place they are defined; ``autoremat.scan`` follows it).
-
-    ``kind: nested``:
-
-    * Level ``i`` is a ``lax.scan`` whose body -- the whole scan of level
-      ``i + 1``, or the user's step at the innermost level -- is wrapped in
-      ``jax.checkpoint(policy=levels[i].policy)``. ``policy: none`` leaves the
-      body unwrapped. A one-level schedule is a plain scan, optionally with
-      per-step remat.
-    * ``unroll`` is the ``lax.scan`` unroll of the innermost level.
-    * Any sequence length ``T`` runs. The inner lengths are fixed chunk sizes;
-      the outermost count is derived from ``T``. When ``T`` is not a multiple
-      of the chunk, the rest is run as a mixed-radix remainder: with chunk
-      sizes ``c_i = n_{i+1} * ... * n_d``, ``T`` is split into
-      ``q_1 c_1 + q_2 c_2 + ... + q_d`` (``q_i < n_i`` for ``i > 1``); each
-      part is a scan of ``q_i`` chunks at level ``i`` with the same inner
-      levels. Memory stays that of the schedule plus at most ``d`` short scans.
-      ``T`` smaller than a chunk simply skips the outer levels.
-
-    ``kind: binomial``: the forward pass is one scan that keeps ``snapshots``
-    carries at the positions of Griewank & Walther's binomial schedule
-    (Revolve); the backward pass (a ``jax.custom_vjp``) restores, re-advances
-    and reverses step by step from them, with the fewest step evaluations any
-    schedule storing ``snapshots`` carries can do
-    (``autoremat.bounds.min_evaluations``). Any ``T`` runs; ``snapshots >=
-    T`` stores every carry (per-step remat). First-order reverse mode only:
-    ``jax.grad``/``jax.vjp`` work; ``jax.jvp`` and grad-of-grad do not.
-
-    Attributes:
-      levels: nested: the levels, outermost first (1 to any depth); binomial:
-        empty.
-      unroll: ``lax.scan`` unroll of the innermost loop (nested) or of the
-        forward sweep (binomial), >= 1.
-      kind: ``"nested"`` or ``"binomial"``.
+      kind: the kind's name, the ``kind:`` of its YAML (a class attribute).
+      unroll: ``lax.scan`` unroll of the innermost loop, >= 1.
       meta: free-form YAML-safe data: what the schedule was tuned for and what
         was measured. Not used to run the scan.
-      snapshots: binomial only: how many carries are stored at once (>= 1).
     """
 
-    levels: tuple[Level, ...] = ()
+    kind: ClassVar[str]
+    #: The kind's own top-level keys (all required), each with an example.
+    FIELDS: ClassVar[Mapping[str, str]]
+    #: JAX transformations of ``autoremat.scan`` this kind cannot do, out of
+    #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
+
     unroll: int = 1
-    kind: str = "nested"
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    snapshots: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ScheduleError(
-                f"kind: unknown kind {_show(self.kind)}; valid: {', '.join(KINDS)}"
-            )
-        levels = tuple(self.levels)
-        if self.kind == "binomial":
-            _check_snapshots(self.snapshots)
-            if levels:
-                raise ScheduleError("levels: a binomial schedule has no levels; remove them")
-        elif self.snapshots is not None:
-            raise ScheduleError(
-                "snapshots: only a binomial schedule has snapshots; remove it or set kind: binomial"
-            )
-        elif not levels:
-            raise ScheduleError("levels: needs at least one level, e.g. [{length: 100}]")
-        if len(levels) > MAX_LEVELS:
-            raise ScheduleError(f"levels: at most {MAX_LEVELS} levels, got {len(levels)}")
-        if not all(isinstance(lv, Level) for lv in levels):
-            raise ScheduleError("levels: every entry must be an autoremat.Level")
-        object.__setattr__(self, "levels", levels)
-        _check_unroll(self.unroll)
+        check_int("unroll", self.unroll)
         if not isinstance(self.meta, Mapping):
             raise ScheduleError(f"meta: expected a mapping, got {_show(self.meta)}")
 
+    # -- what each kind defines --------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor's keyword arguments from the kind's own YAML keys."""
+
+    @abstractmethod
+    def fields_data(self) -> dict[str, Any]:
+        """The kind's own YAML keys (the inverse of ``parse_fields``)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line, e.g. ``40x50x50 nothing/nothing/dots unroll=2``."""
+
+    @abstractmethod
+    def explain(self) -> list[str]:
+        """Indented lines for ``autoremat show``: what the schedule does."""
+
+    @abstractmethod
+    def cost(self, seq_len: int) -> Cost:
+        """Step evaluations and peak stored carries at ``T = seq_len`` (``bounds.cost``)."""
+
+    @abstractmethod
+    def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],
+            steps: int, reverse: bool) -> tuple[Any, Any]:
+        """Scan ``steps >= 1`` steps of ``step(carry, x_leaves)``, outputs on axis 0.
+
+        ``leaves[i]`` is scanned along ``axes[i]``. Imports jax (the builder).
+        """
+
+    @classmethod
+    @abstractmethod
+    def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
+        """A schedule of this kind sampled from an Optuna trial (``_space``)."""
+
+    @classmethod
+    @abstractmethod
+    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
+        """Trial parameters of this kind's obvious candidates (without ``kind``)."""
+
+    @classmethod
+    @abstractmethod
+    def examples(cls) -> Sequence[Schedule]:
+        """Schedules exercising each option of the kind (the tests' matrix runs them)."""
+
+    # -- shared ----------------------------------------------------------------
     @classmethod
     def nested(
         cls,
-        lengths: tuple[int, ...] | list[int],
-        policies: str | Policy | Sequence[str | Policy] = "nothing_saveable",
+        lengths: Sequence[int],
+        policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
         *,
         unroll: int = 1,
         meta: Mapping[str, Any] | None = None,
-    ) -> Schedule:
-        """Build a nested schedule from lengths and one policy or one per level.
+    ) -> NestedSchedule:
+        """Nested levels of the given lengths, with one policy or one per level.
 
         >>> Schedule.nested([100, 100]).describe()
         '100x100 nothing/nothing unroll=1'
         """
-        lengths = tuple(lengths)
-        if isinstance(policies, (str, Policy)):
-            policies = (policies,) * len(lengths)
-        policies = tuple(policies)
-        if len(policies) != len(lengths):
-            raise ScheduleError(
-                f"policies: got {len(policies)} policies for {len(lengths)} levels"
-            )
-        levels = tuple(
-            Level(n, Policy.from_data(p, f"levels[{i}].policy"))
-            for i, (n, p) in enumerate(zip(lengths, policies, strict=True))
-        )
-        return cls(levels=levels, unroll=unroll, meta=dict(meta or {}))
+        from autoremat._nested import NestedSchedule
+
+        return NestedSchedule.build(lengths, policies, unroll=unroll, meta=meta)
 
     @classmethod
     def binomial(
         cls, snapshots: int, *, unroll: int = 1, meta: Mapping[str, Any] | None = None
-    ) -> Schedule:
+    ) -> BinomialSchedule:
         """Binomial (Revolve) checkpointing with ``snapshots`` stored carries.
 
         >>> Schedule.binomial(16).describe()
         'binomial s=16 unroll=1'
         """
-        return cls(kind="binomial", snapshots=snapshots, unroll=unroll, meta=dict(meta or {}))
+        from autoremat._binomial import BinomialSchedule
+
+        return BinomialSchedule(snapshots=snapshots, unroll=unroll, meta=dict(meta or {}))
 
     @classmethod
     def root(
@@ -341,7 +194,7 @@ class Schedule:
         *,
         unroll: int = 1,
         meta: Mapping[str, Any] | None = None,
-    ) -> Schedule:
+    ) -> NestedSchedule:
         """``depth`` levels, each about ``seq_len ** (1 / depth)`` long (``root_lengths``).
 
         The classic sqrt(T) (``depth=2``) and cube-root (``depth=3``) schedules
@@ -353,34 +206,13 @@ class Schedule:
         return cls.nested(root_lengths(seq_len, depth), policies, unroll=unroll, meta=meta)
 
     @classmethod
-    def plain(cls, length: int) -> Schedule:
+    def plain(cls, length: int) -> NestedSchedule:
         """The reference: one plain ``lax.scan`` with no remat (linear memory)."""
         return cls.nested([length], NO_REMAT)
-
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        return tuple(lv.length for lv in self.levels)
-
-    @property
-    def depth(self) -> int:
-        return len(self.levels)
-
-    @property
-    def tuned_length(self) -> int:
-        """The sequence length the levels tile exactly (their product)."""
-        return math.prod(self.lengths)
 
     def with_meta(self, **meta: Any) -> Schedule:
         """A copy with ``meta`` updated by the given keys."""
         return replace(self, meta={**self.meta, **meta})
-
-    def describe(self) -> str:
-        """One line, e.g. ``40x50x50 nothing/nothing/dots unroll=2``."""
-        if self.kind == "binomial":
-            return f"binomial s={self.snapshots} unroll={self.unroll}"
-        lengths = "x".join(str(n) for n in self.lengths)
-        policies = "/".join(_policy_label(lv.policy) for lv in self.levels)
-        return f"{lengths} {policies} unroll={self.unroll}"
 
     def key(self) -> str:
         """A canonical string of what affects execution (not ``meta``)."""
@@ -390,121 +222,60 @@ class Schedule:
 
     def to_data(self) -> dict[str, Any]:
         """The YAML-safe mapping form (see the module docstring)."""
-        data: dict[str, Any] = {"version": SCHEDULE_VERSION, "kind": self.kind}
-        if self.kind == "binomial":
-            data["snapshots"] = self.snapshots
-        else:
-            data["levels"] = [
-                {"length": lv.length, "policy": lv.policy.to_data()} for lv in self.levels
-            ]
-        data["unroll"] = self.unroll
+        data = {"version": SCHEDULE_VERSION, "kind": self.kind, **self.fields_data(),
+                "unroll": self.unroll}
         if self.meta:
             data["meta"] = _plain(self.meta)
         return data
 
     @classmethod
     def from_data(cls, data: Any) -> Schedule:
-        """Validate a mapping (as loaded from YAML) and build the schedule."""
+        """Check a mapping's shape (as loaded from YAML) and build its kind.
+
+        The keys, ``version`` and ``kind`` are checked here; every value is
+        validated by the kind's constructor (``parse_fields`` adds the path).
+        """
+        from autoremat._kinds import DEFAULT_KIND, KINDS, top_keys
+
+        keys = top_keys()
         if not isinstance(data, Mapping):
-            raise ScheduleError(
-                f"schedule: expected a mapping with keys {', '.join(_TOP_KEYS)}, got "
-                f"{_show(data)}"
-            )
-        unknown = [k for k in data if k not in _TOP_KEYS]
+            raise ScheduleError(f"schedule: expected a mapping with keys {', '.join(keys)}, "
+                                f"got {_show(data)}")
+        unknown = [k for k in data if k not in keys]
         if unknown:
             raise ScheduleError(
-                f"{_show(unknown[0])}: unknown key; valid keys: {', '.join(_TOP_KEYS)}"
-            )
+                f"{_show(unknown[0])}: unknown key; valid keys: {', '.join(keys)}")
         if "version" not in data:
             raise ScheduleError(f"version: missing; add 'version: {SCHEDULE_VERSION}'")
         version = data["version"]
         if isinstance(version, bool) or version not in KNOWN_VERSIONS:
-            raise ScheduleError(
-                f"version: unknown version {_show(version)}; known versions: "
-                f"{', '.join(map(str, KNOWN_VERSIONS))}"
-            )
-        kind = data.get("kind", "nested")
-        if kind not in KINDS:
-            raise ScheduleError(f"kind: unknown kind {_show(kind)}; valid: {', '.join(KINDS)}")
-        unroll = data.get("unroll", 1)
-        _check_unroll(unroll)
+            raise ScheduleError(f"version: unknown version {_show(version)}; known versions: "
+                                f"{', '.join(map(str, KNOWN_VERSIONS))}")
+        name = data.get("kind", DEFAULT_KIND)
+        kind = KINDS.get(name) if isinstance(name, str) else None
+        if kind is None:
+            raise ScheduleError(f"kind: unknown kind {_show(name)}; valid: {', '.join(KINDS)}")
+        for key in data:
+            if key not in COMMON_KEYS and key not in kind.FIELDS:
+                owner = next(k.kind for k in KINDS.values() if key in k.FIELDS)
+                raise ScheduleError(
+                    f"{key}: a {kind.kind} schedule has no {key} (a {owner} schedule has); "
+                    f"remove it or set kind: {owner}")
+        for key, example in kind.FIELDS.items():
+            if key not in data:
+                raise ScheduleError(f"{key}: missing; a {kind.kind} schedule needs e.g. {example}")
         meta = data.get("meta")
-        meta = {} if meta is None else meta
-        if not isinstance(meta, Mapping):
-            raise ScheduleError(f"meta: expected a mapping, got {_show(meta)}")
-        if kind == "binomial":
-            if "levels" in data:
-                raise ScheduleError("levels: a binomial schedule has no levels; remove them")
-            if "snapshots" not in data:
-                raise ScheduleError("snapshots: missing; a binomial schedule needs e.g. 'snapshots: 16'")
-            return cls(kind=kind, snapshots=data["snapshots"], unroll=unroll, meta=dict(meta))
-        if "snapshots" in data:
-            raise ScheduleError(
-                "snapshots: only a binomial schedule has snapshots; remove it or set kind: binomial"
-            )
-        if "levels" not in data:
-            raise ScheduleError("levels: missing; e.g. levels: [{length: 100, policy: nothing_saveable}]")
-        raw_levels = data["levels"]
-        if not isinstance(raw_levels, list) or not raw_levels:
-            raise ScheduleError(
-                f"levels: expected a non-empty list of {{length, policy}} mappings, got "
-                f"{_show(raw_levels)}"
-            )
-        if len(raw_levels) > MAX_LEVELS:
-            raise ScheduleError(f"levels: at most {MAX_LEVELS} levels, got {len(raw_levels)}")
-        levels = []
-        for i, raw in enumerate(raw_levels):
-            where = f"levels[{i}]"
-            if not isinstance(raw, Mapping):
-                raise ScheduleError(
-                    f"{where}: expected a mapping like {{length: 100, policy: "
-                    f"nothing_saveable}}, got {_show(raw)}"
-                )
-            bad = [k for k in raw if k not in _LEVEL_KEYS]
-            if bad:
-                raise ScheduleError(
-                    f"{where}.{bad[0]}: unknown key; valid keys: {', '.join(_LEVEL_KEYS)}"
-                )
-            if "length" not in raw:
-                raise ScheduleError(f"{where}.length: missing; give a positive integer")
-            length = raw["length"]
-            if isinstance(length, bool) or not isinstance(length, int):
-                raise ScheduleError(
-                    f"{where}.length: expected a positive integer, got {_show(length)}"
-                )
-            if length < 1:
-                raise ScheduleError(f"{where}.length: must be >= 1, got {_show(length)}")
-            if length > MAX_LENGTH:
-                raise ScheduleError(f"{where}.length: must be <= {MAX_LENGTH}, got {_show(length)}")
-            policy = Policy.from_data(raw.get("policy", "nothing_saveable"), f"{where}.policy")
-            levels.append(Level(length, policy))
-        return cls(levels=tuple(levels), unroll=unroll, kind=kind, meta=dict(meta))
+        return kind(**kind.parse_fields(data), unroll=data.get("unroll", 1),
+                    meta={} if meta is None else meta)
 
 
-def _check_snapshots(snapshots: Any) -> None:
-    if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
-        raise ScheduleError(
-            f"snapshots: expected an integer >= 1 for kind binomial, got {_show(snapshots)}"
-        )
-    if snapshots > MAX_LENGTH:
-        raise ScheduleError(f"snapshots: must be <= {MAX_LENGTH}, got {_show(snapshots)}")
-
-
-def pieces(steps: int, lengths: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """Split ``steps`` into ``(start, chunk_count, level)`` parts, mixed radix.
-
-    Level ``k`` chunks hold ``prod(lengths[k+1:])`` steps; the innermost level's
-    chunk is one step, so every ``steps`` is covered exactly.
-    """
-    out, start = [], 0
-    for level in range(len(lengths)):
-        chunk = math.prod(lengths[level + 1:])
-        count = (steps - start) // chunk
-        if count:
-            out.append((start, count, level))
-            start += count * chunk
-    assert start == steps
-    return out
+@contextlib.contextmanager
+def at(path: str) -> Iterator[None]:
+    """Prefix ``path.`` to the field of a ``ScheduleError`` raised inside."""
+    try:
+        yield
+    except ScheduleError as e:
+        raise ScheduleError(f"{path}.{e}") from None
 
 
 def divisors(n: int) -> list[int]:
@@ -546,20 +317,6 @@ def root_lengths(seq_len: int, depth: int) -> tuple[int, ...]:
     return (remaining, *reversed(inner))
 
 
-def _check_unroll(unroll: Any) -> None:
-    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
-        raise ScheduleError(f"unroll: expected an integer >= 1, got {_show(unroll)}")
-    if unroll > MAX_LENGTH:
-        raise ScheduleError(f"unroll: must be <= {MAX_LENGTH}, got {_show(unroll)}")
-
-
-def _policy_label(policy: Policy) -> str:
-    if policy.name in FACTORY_POLICIES:
-        names = ",".join(policy.args) or ",".join(k for k, _ in policy.kwargs)
-        return f"{policy.name}({names})"
-    return policy.short
-
-
 def _plain(value: Any) -> Any:
     """Convert tuples and mappings to plain lists/dicts for YAML."""
     if isinstance(value, Mapping):
@@ -567,87 +324,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    kind = type(value).__name__
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({kind})"
-
-
-class _SafeLoaderNoAliases(yaml.SafeLoader):
-    """The safe loader, refusing anchors/aliases (no 'billion laughs')."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
-        if self.check_event(yaml.AliasEvent):
-            raise ScheduleError("YAML aliases (*name) are not allowed")
-        return super().compose_node(parent, index)
-
-
-def load_yaml_text(text: str | bytes, source: str = "<string>") -> Any:
-    """One YAML document, read safely; every failure is a one-line ``ScheduleError``.
-
-    The safe loader (plain data only), no anchors/aliases, at most
-    ``_MAX_FILE_BYTES``, UTF-8 only; a tag whose value cannot be read
-    (``!!int abc``, a date such as ``2020-02-30``) is an error too.
-    """
-    if isinstance(text, bytes):
-        if len(text) > _MAX_FILE_BYTES:
-            raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes")
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ScheduleError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if len(text) > _MAX_FILE_BYTES:
-        raise ScheduleError(f"{source}: larger than {_MAX_FILE_BYTES} bytes")
-    if _flow_depth(text) > _MAX_FLOW_DEPTH:
-        # PyYAML's scanner is quadratic in open flow collections ("[[[[..."):
-        # refuse before it spends seconds on them.
-        raise ScheduleError(f"{source}: YAML nested too deeply (over {_MAX_FLOW_DEPTH} "
-                            "levels of [ ] / { })")
-    try:
-        return yaml.load(text, Loader=_SafeLoaderNoAliases)
-    except ScheduleError as e:
-        raise ScheduleError(f"{source}: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
-        raise ScheduleError(f"{source}: not valid YAML{where}: {_line(problem)}") from None
-    except RecursionError:
-        raise ScheduleError(f"{source}: YAML nested too deeply") from None
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
-        # PyYAML's constructors raise these for a tagged or implicit value they
-        # cannot convert (!!int abc, !!bool maybe, 2020-02-30, a 5000-digit int).
-        raise ScheduleError(
-            f"{source}: not valid YAML: a value cannot be read ({type(e).__name__}: "
-            f"{_line(str(e))})") from None
-
-
-_MAX_FLOW_DEPTH: Final = 100
-_BRACKETS: Final = re.compile(r"[\[\]{}]")
-
-
-def _flow_depth(text: str) -> int:
-    """The deepest nesting of ``[`` / ``{`` (an upper bound: quotes are not parsed)."""
-    depth = deepest = 0
-    for m in _BRACKETS.finditer(text):
-        if m.group() in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > _MAX_FLOW_DEPTH:
-                    break
-        elif depth:
-            depth -= 1
-    return deepest
-
-
-def read_yaml_file(path: str | os.PathLike[str], what: str = "schedule file") -> Any:
-    """``load_yaml_text`` of a file (at most ``_MAX_FILE_BYTES`` are read)."""
-    return load_yaml_text(_read_bytes(path, what), str(path))
 
 
 def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
@@ -658,12 +334,7 @@ def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
     except RecursionError:
         raise ScheduleError(f"{source}: nested too deeply") from None
     except ScheduleError as e:
-        raise ScheduleError(f"{source}: {_line(str(e))}") from None
-
-
-def _line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        raise ScheduleError(f"{source}: {one_line(str(e))}") from None
 
 
 def load_schedule(path: str | os.PathLike[str]) -> Schedule:
@@ -673,17 +344,7 @@ def load_schedule(path: str | os.PathLike[str]) -> Schedule:
       ScheduleError: the file is missing, unreadable, not YAML, or not a valid
         schedule; the message names the file, the field and the fix.
     """
-    return parse_schedule(_read_bytes(path, "schedule file"), str(path))
-
-
-def _read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
-    try:
-        with Path(path).open("rb") as fh:
-            return fh.read(_MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise ScheduleError(f"{path}: cannot read {what} ({e.strerror or e})") from None
-    except ValueError as e:  # e.g. a NUL byte in the path
-        raise ScheduleError(f"{path!r}: cannot read {what} ({e})") from None
+    return parse_schedule(read_bytes(path, "schedule file"), str(path))
 
 
 def dump_schedule(schedule: Schedule) -> str:

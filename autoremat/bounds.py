@@ -27,10 +27,11 @@ backward pass starts), one run per reversed step (its VJP), and the
 re-advances in between.
 
 ``cost(schedule, T)`` gives any schedule's evaluations and peak stored
-carries in the same units, so the tuner's front can show a *recompute factor*
+carries in the same units (each kind defines its own, ``Schedule.cost``), so
+the tuner's front can show a *recompute factor*
 (evaluations / ``T``: 1 for the plain scan, 2 for per-step remat) and the
 distance to the optimum at the same memory. For nested schedules it is a
-model: a level whose policy keeps everything (``none``,
+model (``autoremat._nested``): a level whose policy keeps everything (``none``,
 ``everything_saveable``) stores its steps' residuals, counted as one carry per
 step, and a partial policy (``dots_saveable``, ...) is counted as recomputing
 its body in full. Such a schedule can beat the carry-only optimum on
@@ -45,8 +46,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autoremat._schedule import Level, pieces
-
 if TYPE_CHECKING:
     from autoremat._schedule import Schedule
 
@@ -60,11 +59,6 @@ __all__ = [
     "optimal_cost",
     "repetitions",
 ]
-
-#: Policies under which a level stores its body's residuals instead of
-#: recomputing them in the backward pass.
-_KEEPS_EVERYTHING = ("none", "everything_saveable")
-
 
 def _check(name: str, value: int, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -161,30 +155,7 @@ def cost(schedule: Schedule, seq_len: int) -> Cost:
     rule for any ``T`` (mixed-radix remainder pieces).
     """
     _check("seq_len", seq_len, 1)
-    if schedule.kind == "binomial":
-        return optimal_cost(seq_len, schedule.snapshots)
-    levels = schedule.levels
-    evaluations, stored, extra = 0, 0, 0
-    for _, count, level in pieces(seq_len, schedule.lengths):
-        piece = (Level(count, levels[level].policy), *levels[level + 1:])
-        chunk = math.prod(lv.length for lv in levels[level + 1:])
-        recomputes = sum(lv.policy.name not in _KEEPS_EVERYTHING for lv in piece)
-        evaluations += count * chunk * (1 + recomputes)
-        kept, peak = _stored(piece)
-        stored += kept
-        extra = max(extra, peak - kept)
-    return Cost(seq_len, evaluations, stored + extra)
-
-
-def _stored(levels: tuple[Level, ...]) -> tuple[int, int]:
-    """(carries kept from the forward pass, peak during the backward) of one run."""
-    head, inner = levels[0], levels[1:]
-    if not inner:
-        return head.length, head.length
-    kept, peak = _stored(inner)
-    if head.policy.name in _KEEPS_EVERYTHING:
-        return head.length * kept, (head.length - 1) * kept + peak
-    return head.length, head.length + peak
+    return schedule.cost(seq_len)
 
 
 def distance_to_optimum(schedule: Schedule, seq_len: int) -> float:

@@ -1,7 +1,8 @@
 """The binomial (Revolve) kind against a plain lax.scan, and its step count.
 
-Gradients must equal a plain scan's (float32, rtol 1e-5) on the nested kind's
-matrix of cells, pytrees, T and options, and for every ``s`` from 1 to T; the
+Gradients must equal a plain scan's (float32, rtol 1e-5) on every kind's matrix
+of cells, pytrees, T and options (``test_scan``, ``helpers.kind_matrix``), and
+for every ``s`` from 1 to T; the
 number of step evaluations counted at run time must equal the optimum of an
 independent dynamic program.
 """
@@ -13,42 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import _assert_close, _temp_bytes, brute_advances
 from jax import lax
-from test_bounds import brute_advances
-from test_scan import _assert_close, _loss_and_grads, _temp_bytes
 
 import autoremat
 from autoremat import Schedule
 from autoremat._problem import seed_lstm
-
-# (cell, T, snapshots, axis, reverse): every cell, T in {1, 7, 97, 1000, 1009},
-# s from 1 (quadratic) to >= T (every carry), both axes, both directions.
-CASES = [
-    ("lstm", 1, 1, 0, False),
-    ("lstm", 7, 2, 1, False),
-    ("lstm", 97, 3, 1, True),
-    ("lstm", 1000, 8, 1, False),
-    ("lstm", 1009, 5, 0, True),
-    ("gru", 1, 4, 1, True),
-    ("gru", 7, 7, 0, False),
-    ("gru", 97, 96, 1, False),
-    ("gru", 1009, 16, 1, True),
-    ("dict", 1, 1, 0, False),
-    ("dict", 7, 1, 0, True),
-    ("dict", 97, 6, 1, True),
-    ("dict", 1000, 32, 0, False),
-    ("dict", 1009, 3, 1, False),
-]
-
-
-@pytest.mark.parametrize(("cell", "steps", "snapshots", "axis", "reverse"), CASES)
-def test_gradients_match_plain_scan(
-    cell: str, steps: int, snapshots: int, axis: int, reverse: bool
-) -> None:
-    """w.r.t. closed-over params (flax cells), the initial carry and the inputs."""
-    want = _loss_and_grads(cell, None, steps, axis=axis, reverse=reverse)
-    got = _loss_and_grads(cell, Schedule.binomial(snapshots), steps, axis=axis, reverse=reverse)
-    _assert_close(got, want)
 
 
 def _tanh_loss(w: jax.Array, c0: jax.Array, xs: jax.Array, schedule: Schedule | None,
@@ -74,19 +45,6 @@ def test_every_snapshot_count_from_1_to_T() -> None:
         want = grad(w, c0, xs, None, reverse)
         for s in snapshots:
             _assert_close(grad(w, c0, xs, Schedule.binomial(s), reverse), want)
-
-
-def test_outputs_match_without_grad() -> None:
-    """Forward values (carry and stacked outputs) equal lax.scan, pytrees, axis=1."""
-    from test_scan import CELLS, _inputs
-
-    make, params, carry = CELLS["dict"]()
-    xs = _inputs("dict", 31, 1)
-    f = make(params)
-    want_c, want_ys = lax.scan(f, carry, jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), xs))
-    got_c, got_ys = autoremat.scan(f, carry, xs, schedule=Schedule.binomial(4), axis=1)
-    _assert_close(got_c, want_c)
-    _assert_close(got_ys, jax.tree_util.tree_map(lambda y: jnp.swapaxes(y, 0, 1), want_ys))
 
 
 def test_xs_none_and_integer_carry() -> None:
@@ -128,7 +86,7 @@ def test_only_what_is_differentiated_gets_a_cotangent() -> None:
 
 
 def _dp_evaluations(steps: int, snapshots: int) -> int:
-    """Step runs of forward + backward by the brute-force DP (``test_bounds``): its
+    """Step runs of forward + backward by the brute-force DP (``helpers``): its
     advances include the T - 1 of the first sweep; + 1 for the last step's
     forward, + T for the reversals (VJPs)."""
     return brute_advances(steps, min(snapshots, steps)) + 1 + steps

@@ -6,20 +6,10 @@ import functools
 import math
 
 import pytest
+from helpers import brute_advances
 
 from autoremat import Schedule, bounds
 from autoremat._revolve import plan
-
-
-@functools.cache
-def brute_advances(length: int, slots: int) -> int:
-    """Fewest advances, by exhaustive recursion over the first snapshot position."""
-    if length == 1:
-        return 0
-    if slots == 1:
-        return length - 1 + brute_advances(length - 1, 1)
-    return min(m + brute_advances(length - m, slots - 1) + brute_advances(m, slots)
-               for m in range(1, length))
 
 
 def brute_max_steps(slots: int, reps: int) -> int:

@@ -26,14 +26,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoremat._budget import BudgetError, parse_bytes
+from autoremat._kinds import top_keys
+from autoremat._nested import LEVEL_KEYS as _LEVEL_KEYS
+from autoremat._nested import MAX_LEVELS
 from autoremat._schedule import (
-    _LEVEL_KEYS,
     _MAX_FILE_BYTES,
-    _TOP_KEYS,
     ALL_POLICY_NAMES,
     FACTORY_POLICIES,
     MAX_LENGTH,
-    MAX_LEVELS,
     ZERO_ARG_POLICIES,
     ScheduleError,
     load_schedule,
@@ -106,7 +106,7 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
     elif what == "meta":
         doc["meta"] = draw(junk.filter(lambda v: v is not None and not isinstance(v, dict)))
     elif what == "top_key":
-        doc[draw(st.text(max_size=10).filter(lambda k: k not in _TOP_KEYS))] = draw(junk)
+        doc[draw(st.text(max_size=10).filter(lambda k: k not in top_keys()))] = draw(junk)
     elif what == "level_key":
         key = draw(st.text(max_size=10).filter(lambda k: k not in _LEVEL_KEYS))
         doc["levels"][0][key] = draw(junk)

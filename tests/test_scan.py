@@ -3,144 +3,28 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
+from helpers import CELLS, _assert_close, _inputs, _loss_and_grads, _temp_bytes, kind_matrix, one_per_kind
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
 import autoremat
 from autoremat import Schedule
+from autoremat._nested import pieces as _pieces
 from autoremat._problem import seed_lstm
 from autoremat._schedule import ZERO_ARG_POLICIES
-from autoremat._schedule import pieces as _pieces
-
-RTOL = 1e-5
-ATOL = 1e-6
-BATCH, FEAT, HID = 3, 5, 6
 
 
-def _flax_cell(cell: nn.Module) -> tuple[Callable[..., Any], Any, Any]:
-    """A flax RNN cell as a pure step ``f(params)(carry, x)``, its params, carry."""
-    key = jax.random.PRNGKey(0)
-    carry = cell.initialize_carry(key, (BATCH, FEAT))
-    params = cell.init(key, carry, jnp.zeros((BATCH, FEAT)))["params"]
-
-    def make(p: Any) -> Callable[..., Any]:
-        return lambda c, x: cell.apply({"params": p}, c, x)
-
-    return make, params, carry
-
-
-def _dict_cell() -> tuple[Callable[..., Any], Any, Any]:
-    """Pure JAX: dict carry, a tuple of inputs, a tuple of outputs."""
-    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
-    params = {
-        "w": jax.random.normal(k1, (HID, HID)) * 0.3,
-        "u": jax.random.normal(k2, (FEAT, HID)) * 0.3,
-    }
-    carry = {"h": jnp.zeros((BATCH, HID)), "n": jnp.zeros((BATCH,))}
-
-    def make(p: Any) -> Callable[..., Any]:
-        def f(c: Any, x: Any) -> Any:
-            a, b = x
-            h = jnp.tanh(c["h"] @ p["w"] + a @ p["u"]) * (1.0 + 0.1 * jnp.sin(b)[:, None])
-            return {"h": h, "n": c["n"] + h.mean(-1)}, (h, h.sum(-1))
-
-        return f
-
-    return make, params, carry
-
-
-CELLS: dict[str, Callable[[], tuple[Callable[..., Any], Any, Any]]] = {
-    "lstm": lambda: _flax_cell(nn.OptimizedLSTMCell(HID)),
-    "gru": lambda: _flax_cell(nn.GRUCell(HID)),
-    "dict": _dict_cell,
-}
-
-
-def _inputs(cell: str, steps: int, axis: int) -> Any:
-    key = jax.random.PRNGKey(steps)
-    shape = (steps, BATCH, FEAT) if axis == 0 else (BATCH, steps, FEAT)
-    a = jax.random.normal(key, shape)
-    if cell == "dict":
-        return (a, jax.random.normal(jax.random.fold_in(key, 1), shape[:2]))
-    return a
-
-
-def _loss_and_grads(
-    cell: str, schedule: Schedule | None, steps: int, *, axis: int = 0, reverse: bool = False
-) -> Any:
-    """value_and_grad w.r.t. params, initial carry and inputs; None = plain lax.scan."""
-    make, params, carry = CELLS[cell]()
-    xs = _inputs(cell, steps, axis)
-
-    def loss(p: Any, c0: Any, xs: Any) -> jax.Array:
-        f = make(p)
-        if schedule is None:
-            moved = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, axis, 0), xs)
-            c, ys = lax.scan(f, c0, moved, reverse=reverse)
-            ys = jax.tree_util.tree_map(lambda y: jnp.moveaxis(y, 0, axis), ys)
-        else:
-            c, ys = autoremat.scan(f, c0, xs, schedule=schedule, reverse=reverse, axis=axis)
-        weights = jnp.cos(jnp.arange(steps, dtype=jnp.float32))
-        y = ys[0] if isinstance(ys, tuple) else ys
-        y = jnp.moveaxis(y, axis, 0)
-        return sum(jnp.sum(v**2) for v in jax.tree_util.tree_leaves(c)) + jnp.sum(
-            weights[:, None, None] * y
-        )
-
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(params, carry, xs)
-
-
-def _assert_close(got: Any, want: Any) -> None:
-    """Elementwise rtol 1e-5, with atol 1e-5 of the array's largest magnitude.
-
-    Parameter gradients are sums over T steps; a nested scan adds them chunk by
-    chunk, so float32 reassociation moves tiny entries by ~1e-6 absolute. The
-    scale-relative atol accepts exactly that and nothing larger.
-    """
-    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
-    want_leaves, want_tree = jax.tree_util.tree_flatten(want)
-    assert got_tree == want_tree
-    for g, w in zip(got_leaves, want_leaves, strict=True):
-        w = np.asarray(w)
-        scale = float(np.max(np.abs(w))) if w.size else 0.0
-        np.testing.assert_allclose(np.asarray(g), w, rtol=RTOL, atol=max(ATOL, RTOL * scale))
-
-
-# (cell, T, lengths, policy, axis, reverse): every cell, every T in the issue,
-# 1-4 levels, both axes, both directions, covered without the full product.
-CASES = [
-    ("lstm", 1, (4, 4), "nothing_saveable", 0, False),
-    ("lstm", 7, (2, 3), "nothing_saveable", 1, False),
-    ("lstm", 97, (10, 10), "dots_saveable", 1, True),
-    ("lstm", 1000, (10, 10, 10), "nothing_saveable", 1, False),
-    ("lstm", 1009, (10, 10, 10), "nothing_saveable", 0, True),
-    ("lstm", 97, (2, 2, 3, 4), "dots_with_no_batch_dims_saveable", 0, False),
-    ("gru", 1, (1,), "nothing_saveable", 1, True),
-    ("gru", 7, (7,), "everything_saveable", 0, False),
-    ("gru", 97, (4, 5, 6), "nothing_saveable", 1, False),
-    ("gru", 1009, (30, 30), "nothing_saveable", 1, True),
-    ("dict", 1, (3,), "none", 0, False),
-    ("dict", 7, (3, 2), "nothing_saveable", 0, True),
-    ("dict", 97, (3, 4, 5, 2), "nothing_saveable", 1, True),
-    ("dict", 1000, (25, 40), "dots_saveable", 0, False),
-    ("dict", 1009, (2, 5, 10, 10), "nothing_saveable", 1, False),
-]
-
-
-@pytest.mark.parametrize(("cell", "steps", "lengths", "policy", "axis", "reverse"), CASES)
+@pytest.mark.parametrize(("cell", "steps", "axis", "reverse", "schedule"), kind_matrix())
 def test_gradients_match_plain_scan(
-    cell: str, steps: int, lengths: tuple[int, ...], policy: str, axis: int, reverse: bool
+    cell: str, steps: int, axis: int, reverse: bool, schedule: Schedule
 ) -> None:
-    schedule = Schedule.nested(lengths, policy)
+    """Every kind's examples, w.r.t. closed-over params (flax cells), the initial
+    carry and the inputs, against a plain lax.scan (``helpers.kind_matrix``)."""
     want = _loss_and_grads(cell, None, steps, axis=axis, reverse=reverse)
     got = _loss_and_grads(cell, schedule, steps, axis=axis, reverse=reverse)
     _assert_close(got, want)
@@ -193,13 +77,15 @@ def test_xs_none_with_length() -> None:
         _assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))
 
 
-def test_outputs_match_without_grad() -> None:
-    """Forward values (carry and stacked outputs) equal lax.scan, axis=1."""
+@pytest.mark.parametrize(
+    "schedule", [Schedule.nested((2, 2, 3)), Schedule.binomial(4), *one_per_kind()], ids=str)
+def test_outputs_match_without_grad(schedule: Schedule) -> None:
+    """Forward values (carry and stacked outputs) equal lax.scan, pytrees, axis=1."""
     make, params, carry = CELLS["dict"]()
     xs = _inputs("dict", 31, 1)
     f = make(params)
     want_c, want_ys = lax.scan(f, carry, jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), xs))
-    got_c, got_ys = autoremat.scan(f, carry, xs, schedule=Schedule.nested((2, 2, 3)), axis=1)
+    got_c, got_ys = autoremat.scan(f, carry, xs, schedule=schedule, axis=1)
     _assert_close(got_c, want_c)
     _assert_close(got_ys, jax.tree_util.tree_map(lambda y: jnp.swapaxes(y, 0, 1), want_ys))
 
@@ -252,12 +138,6 @@ def test_bad_arguments_name_the_argument() -> None:
         autoremat.scan(f, 0.0, jnp.ones(3), schedule={"levels": [2]})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="axis: 2 is out of range"):
         autoremat.scan(f, 0.0, jnp.ones((3, 2)), schedule=Schedule.nested([2]), axis=2)
-
-
-def _temp_bytes(problem: Any, schedule: Schedule) -> int:
-    step, args = problem.build(schedule)
-    analysis = jax.jit(step).lower(*args).compile().memory_analysis()
-    return int(analysis.temp_size_in_bytes)
 
 
 def test_memory_two_levels_at_1e4_is_under_3_percent_of_plain() -> None:

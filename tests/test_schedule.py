@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import yaml
 
 import autoremat
-from autoremat import Level, Policy, Schedule, ScheduleError
+from autoremat import Level, Policy, Schedule, ScheduleError, bounds
+from autoremat._kinds import KINDS
+from autoremat._nested import NestedSchedule
 from autoremat._schedule import ALL_POLICY_NAMES, dump_schedule, parse_schedule
 
 SEED_YAML = """\
@@ -48,7 +54,9 @@ def test_parse_the_documented_form() -> None:
         Schedule.nested([7, 7], meta={"problem": "p", "total_bytes": 123, "nested": {"a": [1, 2]}}),
         Schedule.binomial(32),
         Schedule.binomial(1, unroll=4, meta={"seq_len": 100}),
+        *(s for kind in KINDS.values() for s in kind.examples()),
     ],
+    ids=str,
 )
 def test_yaml_round_trip(tmp_path: Path, schedule: Schedule) -> None:
     path = autoremat.save_schedule(schedule, tmp_path / "s.yaml")
@@ -110,9 +118,9 @@ BAD = [
     ("version: 1\nlevels: [{policy: nothing_saveable}]\n", r"levels\[0\].length: missing"),
     ("version: 1\nlevels: [{length: 0}]\n", r"levels\[0\].length: must be >= 1, got 0"),
     ("version: 1\nlevels: [{length: -5}]\n", r"levels\[0\].length: must be >= 1, got -5"),
-    ("version: 1\nlevels: [{length: '10'}]\n", r"levels\[0\].length: expected a positive integer"),
-    ("version: 1\nlevels: [{length: 2.5}]\n", r"levels\[0\].length: expected a positive integer"),
-    ("version: 1\nlevels: [{length: true}]\n", r"levels\[0\].length: expected a positive integer"),
+    ("version: 1\nlevels: [{length: '10'}]\n", r"levels\[0\].length: expected an integer >= 1"),
+    ("version: 1\nlevels: [{length: 2.5}]\n", r"levels\[0\].length: expected an integer >= 1"),
+    ("version: 1\nlevels: [{length: true}]\n", r"levels\[0\].length: expected an integer >= 1"),
     ("version: 1\nlevels: [{length: 10, polcy: none}]\n", r"levels\[0\].polcy: unknown key"),
     ("version: 1\nlevels: [{length: 10, policy: dots}]\n",
      r"levels\[0\].policy: unknown policy 'dots'; valid: none, nothing_saveable"),
@@ -121,18 +129,20 @@ BAD = [
      r"'dots_saveable' is not a policy factory"),
     ("version: 1\nlevels: [{length: 10, policy: save_only_these_names}]\n",
      r"save_only_these_names needs arguments"),
-    ("version: 1\nlevels: [{length: 10}]\nunroll: 0\n", r"unroll: expected an integer >= 1"),
+    ("version: 1\nlevels: [{length: 10}]\nunroll: 0\n", r"unroll: must be >= 1, got 0"),
     ("version: 1\nlevels: [{length: 10}]\nunroll: fast\n", r"unroll: expected an integer >= 1"),
     ("version: 1\nlevels: [{length: 10}]\nmeta: [1]\n", r"meta: expected a mapping"),
     ("version: 1\nlevels: [{length: 10}\n", r"not valid YAML \(line"),
     ("a: &x [1]\nb: *x\n", r"aliases \(\*name\) are not allowed"),
     ("", r"schedule: expected a mapping"),
     ("version: 1\nkind: binomial\n", r"snapshots: missing; a binomial schedule needs"),
-    ("version: 1\nkind: binomial\nsnapshots: 0\n", r"snapshots: expected an integer >= 1"),
+    ("version: 1\nkind: binomial\nsnapshots: 0\n", r"snapshots: must be >= 1, got 0"),
     ("version: 1\nkind: binomial\nsnapshots: many\n", r"snapshots: expected an integer >= 1"),
     ("version: 1\nkind: binomial\nsnapshots: 4\nlevels: [{length: 2}]\n",
      r"levels: a binomial schedule has no levels"),
-    ("version: 1\nlevels: [{length: 2}]\nsnapshots: 4\n", r"snapshots: only a binomial schedule"),
+    ("version: 1\nlevels: [{length: 2}]\nsnapshots: 4\n",
+     r"snapshots: a nested schedule has no snapshots \(a binomial schedule has\); remove it or "
+     r"set kind: binomial"),
 ]
 
 
@@ -159,12 +169,14 @@ def test_non_utf8_and_missing_files(tmp_path: Path) -> None:
 def test_bad_objects_raise_schedule_error_not_type_error() -> None:
     with pytest.raises(ScheduleError, match="length: must be >= 1"):
         Level(0)
-    with pytest.raises(ScheduleError, match="length: expected a positive integer"):
+    with pytest.raises(ScheduleError, match="length: expected an integer >= 1"):
         Level("3")  # type: ignore[arg-type]
     with pytest.raises(ScheduleError, match="policies: got 1 policies for 2 levels"):
         Schedule.nested([2, 3], ["none"])
-    with pytest.raises(ScheduleError, match="levels: needs at least one level"):
-        Schedule(levels=())
+    with pytest.raises(ScheduleError, match="levels: expected a non-empty list"):
+        NestedSchedule(levels=())
+    with pytest.raises(TypeError, match="abstract"):
+        Schedule()  # type: ignore[abstract]
     with pytest.raises(ScheduleError, match="unknown policy 'fast'"):
         Policy("fast")
     with pytest.raises(ScheduleError, match="takes no arguments"):
@@ -190,3 +202,93 @@ def test_dump_is_the_documented_shape() -> None:
         ],
         "unroll": 1,
     }
+
+
+@dataclass(frozen=True, kw_only=True)
+class _EveryStep(Schedule):
+    """A toy kind: per-step remat with one policy (what CONTRIBUTING.md describes)."""
+
+    kind: ClassVar[str] = "every_step"
+    FIELDS: ClassVar[Mapping[str, str]] = {"policy": "policy: nothing_saveable"}
+    policy: Policy
+
+    @classmethod
+    def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {"policy": Policy.from_data(data["policy"])}
+
+    def fields_data(self) -> dict[str, Any]:
+        return {"policy": self.policy.to_data()}
+
+    def describe(self) -> str:
+        return f"every step {self.policy.short} unroll={self.unroll}"
+
+    def explain(self) -> list[str]:
+        return [f"  every step under {self.policy.name}"]
+
+    def cost(self, seq_len: int) -> bounds.Cost:
+        return bounds.Cost(seq_len, 2 * seq_len, seq_len)
+
+    def run(self, step: Any, init: Any, leaves: list[Any], axes: list[int], steps: int,
+            reverse: bool) -> tuple[Any, Any]:
+        import jax
+        import jax.numpy as jnp
+
+        xs = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes, strict=True)]
+        body = jax.checkpoint(step, policy=self.policy.resolve())
+        return jax.lax.scan(body, init, xs, length=steps, reverse=reverse, unroll=self.unroll)
+
+    @classmethod
+    def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
+        return cls(policy=Policy(trial.suggest_categorical("every_policy", ["nothing_saveable"])))
+
+    @classmethod
+    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
+        return [{"every_policy": "nothing_saveable"}]
+
+    @classmethod
+    def examples(cls) -> list[Schedule]:
+        return [cls(policy=Policy("nothing_saveable"), unroll=2)]
+
+
+def test_a_new_kind_needs_only_its_class_and_the_table(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """CONTRIBUTING.md's two steps are enough: YAML, errors, show, cost, search, scan."""
+    import jax
+    import jax.numpy as jnp
+    import optuna
+    from helpers import _assert_close
+
+    from autoremat._pareto import describe_schedule
+    from autoremat._space import seed_params, suggest
+
+    monkeypatch.setitem(KINDS, "every_step", _EveryStep)
+    schedule = _EveryStep(policy=Policy("dots_saveable"), unroll=3)
+    assert autoremat.load_schedule(autoremat.save_schedule(schedule, tmp_path / "s.yaml")) == schedule
+    assert parse_schedule("version: 1\nkind: every_step\npolicy: none\n") == _EveryStep(
+        policy=Policy("none"))
+    with pytest.raises(ScheduleError, match=r"policy: missing; a every_step schedule needs e\.g\."):
+        parse_schedule("version: 1\nkind: every_step\n")
+    with pytest.raises(ScheduleError, match="levels: a every_step schedule has no levels"):
+        parse_schedule("version: 1\nkind: every_step\npolicy: none\nlevels: [{length: 2}]\n")
+    with pytest.raises(ScheduleError, match=r"policy: a nested schedule has no policy \(a every_step"):
+        parse_schedule("version: 1\nlevels: [{length: 2}]\npolicy: none\n")
+    assert "every step under dots_saveable" in describe_schedule(schedule)
+    assert autoremat.bounds.cost(schedule, 10).recompute_factor == 2.0
+    assert {"kind": "every_step", "every_policy": "nothing_saveable"} in seed_params(10)
+    trial = optuna.trial.FixedTrial({"kind": "every_step", "every_policy": "nothing_saveable"})
+    assert suggest(trial, 10) == _EveryStep(policy=Policy("nothing_saveable"))
+
+    w = jnp.array([[0.5, -0.4], [0.2, 0.6]])
+    xs = jnp.sin(jnp.arange(22.0)).reshape(11, 2)
+
+    def loss(w: jax.Array, s: Schedule | None) -> jax.Array:
+        def f(c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+            c = jnp.tanh(c @ w + x)
+            return c, c * x
+
+        scan = jax.lax.scan if s is None else functools.partial(autoremat.scan, schedule=s)
+        c, ys = scan(f, jnp.ones(2), xs)
+        return c.sum() + jnp.sum(ys**2)
+
+    _assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))

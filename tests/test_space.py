@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoremat._binomial import BinomialSchedule
+from autoremat._nested import NestedSchedule
 from autoremat._schedule import NO_REMAT, Schedule
 from autoremat._space import (
     OFFLOAD_POLICIES,
@@ -28,11 +30,12 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _check(schedule: Schedule, seq_len: int, platform: str = "cpu") -> None:
-    if schedule.kind == "binomial":
+    if isinstance(schedule, BinomialSchedule):
         low, high = snapshot_range(seq_len)
         assert low <= schedule.snapshots <= high
         assert repetitions(seq_len, schedule.snapshots) <= 6 or schedule.snapshots == high
         return
+    assert isinstance(schedule, NestedSchedule)
     allowed = {p.name for p in policy_choices(platform).values()}
     assert 1 <= schedule.depth <= 4
     assert schedule.unroll in UNROLLS or schedule.unroll == schedule.lengths[-1]
@@ -57,7 +60,7 @@ def test_random_trials_give_valid_schedules(seq_len: int) -> None:
         trial = study.ask()
         schedule = suggest(trial, seq_len)
         _check(schedule, seq_len)
-        seen.add(schedule.depth if schedule.kind == "nested" else "binomial")
+        seen.add(schedule.depth if isinstance(schedule, NestedSchedule) else "binomial")
         study.tell(trial, 0.0)
     assert seen == {*depths(seq_len), "binomial"}
 
@@ -71,7 +74,8 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
         "25x20x20 nothing/nothing/everything unroll=1",
         "binomial s=38 unroll=1",  # C(38 + 3, 3) >= 10^4: three repetitions
     ]
-    assert seed_schedules(100_000)[3].lengths == (50, 40, 50)
+    deep = seed_schedules(100_000)[3]
+    assert isinstance(deep, NestedSchedule) and deep.lengths == (50, 40, 50)
 
 
 @given(st.integers(min_value=1, max_value=200_000))
@@ -92,7 +96,8 @@ def test_offload_policies_only_on_accelerators() -> None:
         trial = study.ask()
         schedule = suggest(trial, 1000, "gpu")
         _check(schedule, 1000, "gpu")
-        names |= {lv.policy.name for lv in schedule.levels}
+        if isinstance(schedule, NestedSchedule):
+            names |= {lv.policy.name for lv in schedule.levels}
         study.tell(trial, 0.0)
     assert "offload_dot_with_no_batch_dims" in names
 

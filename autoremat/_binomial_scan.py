@@ -1,0 +1,276 @@
+"""The binomial (Revolve) scan: ``O(log T)`` stored carries, the fewest re-runs.
+
+A ``jax.custom_vjp`` around the whole loop (Griewank & Walther 2000,
+"Algorithm 799: Revolve"; the plan is ``autoremat._revolve``):
+
+* forward: one ``lax.scan`` over the ``T`` steps that also writes the carry
+  into a buffer of ``s`` slots at the plan's positions -- ``s`` carries, no
+  per-step residuals;
+* backward: a ``lax.scan`` over the reversals; each restores a slot,
+  re-advances (``lax.fori_loop``, storing new snapshots on the way) to the
+  step it reverses and runs that step's ``jax.vjp``.
+
+Values the step closes over (Flax parameters, ...) are made explicit with
+``jax.closure_convert`` so their cotangents are summed over the reversals.
+``symbolic_zeros`` tells which inputs are differentiated: cotangents of the
+others (a data input ``xs``, an integer carry) are never built, and unused
+outputs' cotangents are never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+from autoremat._errors import ScheduleError
+from autoremat._revolve import Plan, plan
+
+PyTree = Any
+
+
+def binomial_scan(
+    step: Callable[[Any, list[jax.Array]], tuple[Any, PyTree]],
+    init: PyTree,
+    leaves: list[jax.Array],
+    axes: list[int],
+    steps: int,
+    snapshots: int,
+    reverse: bool,
+    unroll: int,
+    label: str,
+) -> tuple[PyTree, PyTree]:
+    """Run ``steps >= 1`` steps of ``step(carry, x_leaves)``; outputs stacked on axis 0.
+
+    ``label`` (the schedule's ``describe()``) names it in errors.
+    """
+    x_first = [lax.index_in_dim(x, 0, a, keepdims=False) for x, a in zip(leaves, axes, strict=True)]
+    fn, consts = jax.closure_convert(step, init, x_first)
+    loop = _Loop(fn, plan(steps, snapshots), tuple(axes), reverse, unroll, label)
+    return loop.run(init, leaves, consts)
+
+
+def _traced_by(name: str, *trees: Any) -> bool:
+    """Whether a leaf is a tracer of JAX's ``ad.<name>`` (``JVPTracer``: forward mode;
+    ``LinearizeTracer``: reverse mode). Private classes: with a jax without them
+    the answer is ``False`` and JAX's own errors apply."""
+    from jax._src.interpreters import ad
+
+    kind = getattr(ad, name, None)
+    return isinstance(kind, type) and any(
+        isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
+
+
+def _inexact(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _zero(x: Any) -> bool:
+    return isinstance(x, SymbolicZero)
+
+
+class _Loop:
+    """One binomial scan: the step (closure-converted), the plan, the layout."""
+
+    def __init__(self, fn: Callable[..., Any], the_plan: Plan, axes: tuple[int, ...],
+                 reverse: bool, unroll: int, label: str) -> None:
+        self.fn, self.plan, self.axes = fn, the_plan, axes
+        self.reverse, self.unroll, self.label = reverse, unroll, label
+        self.steps = the_plan.seq_len
+
+    # -- helpers -------------------------------------------------------------
+    def index(self, position: jax.Array) -> jax.Array:
+        """Data index of scan position ``position``."""
+        return self.steps - 1 - position if self.reverse else position
+
+    def x_at(self, xs: Sequence[jax.Array], index: jax.Array) -> list[jax.Array]:
+        return [lax.dynamic_index_in_dim(x, index, a, keepdims=False)
+                for x, a in zip(xs, self.axes, strict=True)]
+
+    def call(self, carry: PyTree, x: list[jax.Array], consts: Sequence[Any]) -> tuple[PyTree, PyTree]:
+        return self.fn(carry, x, *consts)
+
+    def advance(self, carry: PyTree, position: jax.Array, count: jax.Array,
+                xs: Sequence[jax.Array], consts: Sequence[Any]) -> tuple[PyTree, jax.Array]:
+        def body(_: Any, state: tuple[PyTree, jax.Array]) -> tuple[PyTree, jax.Array]:
+            c, p = state
+            c, _ = self.call(c, self.x_at(xs, self.index(p)), consts)
+            return c, p + 1
+
+        return lax.fori_loop(0, count, body, (carry, position))
+
+    # -- the custom VJP ----------------------------------------------------------
+    def run(self, init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:
+        """The loop under a ``jax.custom_vjp``; in pure forward mode (``jax.jvp``,
+        ``jax.jacfwd``) the plain forward sweep, whose JVP stores nothing either."""
+        if _traced_by("JVPTracer", init, xs, consts) and getattr(
+                jax.config, "jax_use_direct_linearize", True):
+            return self.forward(init, xs, consts, keep=False)[0]
+
+        @jax.custom_vjp
+        def loop(init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:
+            return self.forward(init, xs, consts, keep=False)[0]
+
+        def fwd(init: PyTree, xs: list[Any], consts: list[Any]) -> tuple[Any, Any]:
+            value = lambda t: jax.tree_util.tree_map(lambda p: p.value, t)  # noqa: E731
+            flags = lambda t: jax.tree_util.tree_map(lambda p: p.perturbed, t)  # noqa: E731
+            init_v, xs_v, consts_v = value(init), value(xs), value(consts)
+            out, slots = self.forward(init_v, xs_v, consts_v, keep=True)
+            # Which inputs are differentiated, as tree structure (None: not).
+            marks = tuple(
+                tuple(() if f else None for f in jax.tree_util.tree_leaves(flags(t)))
+                for t in (init, xs, consts)
+            )
+            return out, (init_v, xs_v, consts_v, slots, marks)
+
+        def bwd(res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
+            if _traced_by("LinearizeTracer", res[:4]):
+                raise ScheduleError(
+                    f"schedule {self.label!r}: the binomial kind's backward pass cannot be "
+                    "differentiated in reverse mode (grad of grad, jax.jacrev of a gradient): "
+                    "its re-advances are loops of dynamic length. Use a nested schedule "
+                    "(e.g. Schedule.root(T, 2)) or forward-over-reverse (jax.jacfwd(jax.grad(f)), "
+                    "jax.hessian).")
+            return self.backward(res, cts)
+
+        loop.defvjp(fwd, bwd, symbolic_zeros=True)
+        return loop(init, xs, consts)
+
+    def forward(self, init: PyTree, xs: list[jax.Array], consts: list[Any],
+                keep: bool) -> tuple[tuple[PyTree, PyTree], Any]:
+        """All ``T`` steps; with ``keep``, also the plan's snapshots (``s`` slots)."""
+        p = self.plan
+        carry_leaves = jax.tree_util.tree_leaves(init)
+        slots = [jnp.zeros((p.snapshots, *jnp.shape(c)), jnp.result_type(c)) for c in carry_leaves]
+        positions = jnp.asarray(np.append(p.forward_positions, self.steps))
+        targets = jnp.asarray(np.append(p.forward_slots, 0))
+
+        def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], PyTree]:
+            carry, slots, k = state
+            if keep:
+                position = self.index(index)
+                take = position == positions[k]
+                slot = targets[k]
+                slots = [
+                    lax.dynamic_update_index_in_dim(
+                        buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, slot, 0, False)),
+                        slot, 0)
+                    for buf, c in zip(slots, jax.tree_util.tree_leaves(carry), strict=True)
+                ]
+                k = k + take.astype(jnp.int32)
+            carry, y = self.call(carry, self.x_at(xs, index), consts)
+            return (carry, slots, k), y
+
+        state = (init, slots if keep else [], jnp.int32(0))
+        (carry, slots, _), ys = lax.scan(body, state, jnp.arange(self.steps, dtype=jnp.int32),
+                                         reverse=self.reverse, unroll=self.unroll)
+        return (carry, ys), slots
+
+    def backward(self, res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
+        init, xs, consts, slots, (init_m, xs_m, consts_m) = res
+        ct_carry, ct_ys = cts
+        p = self.plan
+        carry_leaves, carry_tree = jax.tree_util.tree_flatten(init)
+        diff = [_inexact(c) for c in carry_leaves]  # carry leaves with a cotangent
+        x_diff = [m is not None for m in xs_m]
+        k_diff = [m is not None for m in consts_m]
+        ct_c = [
+            jnp.zeros_like(c) if _zero(t) else t
+            for c, t, d in zip(carry_leaves, jax.tree_util.tree_leaves(
+                ct_carry, is_leaf=_zero), diff, strict=True) if d
+        ]
+        ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
+
+        restore_slot = jnp.asarray(p.restore_slot)
+        restore_pos = jnp.asarray(p.restore_position)
+        pair_start = jnp.asarray(p.pair_start)
+        pair_adv = jnp.asarray(np.append(p.pair_advance, 0))  # padded: never empty
+        pair_slot = jnp.asarray(np.append(p.pair_slot, -1))
+        initial = p.snapshots
+
+        def vjp_step(carry: list[jax.Array], x: list[jax.Array], ct_c: list[jax.Array],
+                     ct_y: list[Any]) -> tuple[list[jax.Array], list[jax.Array], list[Any]]:
+            def f(c_d: list[jax.Array], x_d: list[jax.Array], k_d: list[Any]) -> Any:
+                it_c, it_x, it_k = iter(c_d), iter(x_d), iter(k_d)
+                c = [next(it_c) if d else v for v, d in zip(carry, diff, strict=True)]
+                xx = [next(it_x) if d else v for v, d in zip(x, x_diff, strict=True)]
+                kk = [next(it_k) if d else v for v, d in zip(consts, k_diff, strict=True)]
+                new_c, y = self.call(jax.tree_util.tree_unflatten(carry_tree, c), xx, kk)
+                new_leaves = jax.tree_util.tree_leaves(new_c)
+                y_leaves = jax.tree_util.tree_leaves(y)
+                return ([v for v, d in zip(new_leaves, diff, strict=True) if d],
+                        [v for v in y_leaves if _inexact(v)])
+
+            primals = (
+                [v for v, d in zip(carry, diff, strict=True) if d],
+                [v for v, d in zip(x, x_diff, strict=True) if d],
+                [v for v, d in zip(consts, k_diff, strict=True) if d],
+            )
+            (_, y_out), pullback = jax.vjp(f, *primals)
+            ct_y_full = [jnp.zeros_like(v) if _zero(t) else t.astype(v.dtype)
+                         for v, t in zip(y_out, ct_y, strict=True)]
+            return pullback((ct_c, ct_y_full))
+
+        def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
+            ct_c, slots, acc = state
+            k = self.steps - 1 - self.index(index)  # reversal number
+            slot = restore_slot[k]
+            use_init = slot == initial
+            safe = jnp.minimum(slot, initial - 1)
+            carry = [jnp.where(use_init, c0, lax.dynamic_index_in_dim(buf, safe, 0, False))
+                     for c0, buf in zip(carry_leaves, slots, strict=True)]
+            position = restore_pos[k]
+
+            def pair(j: jax.Array, st: tuple[Any, ...]) -> tuple[Any, ...]:
+                carry, position, slots = st
+                c, position = self.advance(jax.tree_util.tree_unflatten(carry_tree, carry),
+                                           position, pair_adv[j], xs, consts)
+                carry = jax.tree_util.tree_leaves(c)
+                target = pair_slot[j]
+                take = target >= 0
+                t = jnp.maximum(target, 0)
+                slots = [
+                    lax.dynamic_update_index_in_dim(
+                        buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
+                    for buf, c in zip(slots, carry, strict=True)
+                ]
+                return carry, position, slots
+
+            carry, position, slots = lax.fori_loop(pair_start[k], pair_start[k + 1], pair,
+                                                   (carry, position, slots))
+            x = self.x_at(xs, index)
+            ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
+                    for t in ct_y_leaves]
+            ct_y = [t for t in ct_y if _keep_y(t)]
+            ct_c, dx, dk = vjp_step(carry, x, ct_c, ct_y)
+            acc = [a + g for a, g in zip(acc, dk, strict=True)]
+            return (ct_c, slots, acc), dx
+
+        acc = [jnp.zeros_like(k) for k, d in zip(consts, k_diff, strict=True) if d]
+        (ct_c, _, acc), dxs = lax.scan(
+            body, (ct_c, slots, acc), jnp.arange(self.steps, dtype=jnp.int32),
+            reverse=not self.reverse,
+        )
+        # Cotangents, None where nobody asked for one.
+        it = iter(ct_c)
+        ct_init = [next(it) if d else None for d in diff]
+        ct_init = [c if m is not None else None for c, m in zip(ct_init, init_m, strict=True)]
+        it_x = iter(dxs)
+        ct_xs = [jnp.moveaxis(next(it_x), 0, a) if d else None
+                 for d, a in zip(x_diff, self.axes, strict=True)]
+        it_k = iter(acc)
+        ct_k = [next(it_k) if d else None for d in k_diff]
+        return (jax.tree_util.tree_unflatten(carry_tree, ct_init), ct_xs, ct_k)
+
+
+def _keep_y(t: Any) -> bool:
+    """Output cotangents passed to the step's VJP: those of inexact outputs."""
+    if isinstance(t, SymbolicZero):
+        aval: Any = t.aval
+        return jnp.issubdtype(aval.dtype, jnp.inexact)
+    return _inexact(t) and jnp.result_type(t) != jax.dtypes.float0

@@ -1,0 +1,184 @@
+"""The vocabulary of a schedule's fields: checkpoint policies by name, levels, ints.
+
+``Policy`` names a ``jax.checkpoint_policies`` member (imported only when a
+policy is resolved, so this module stays jax-free); ``Level`` is one level of
+a nested scan. ``check_int`` is the one integer check every kind's fields use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from autoremat._errors import ScheduleError
+
+#: Zero-argument members of ``jax.checkpoint_policies`` (the last two are
+#: aliases that JAX keeps for old code).
+ZERO_ARG_POLICIES: Final = (
+    "nothing_saveable",
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "everything_saveable",
+    "checkpoint_dots",
+    "checkpoint_dots_with_no_batch_dims",
+)
+#: Factory members of ``jax.checkpoint_policies``, written in YAML as a
+#: one-key mapping. A list is passed positionally, a mapping as keywords.
+FACTORY_POLICIES: Final = (
+    "save_only_these_names",
+    "save_any_names_but_these",
+    "save_anything_except_these_names",
+    "save_and_offload_only_these_names",
+    "offload_dot_with_no_batch_dims",
+)
+#: ``none`` wraps nothing in ``jax.checkpoint``: that level stores every
+#: residual, exactly like a plain ``lax.scan``.
+NO_REMAT: Final = "none"
+ALL_POLICY_NAMES: Final = (NO_REMAT, *ZERO_ARG_POLICIES, *FACTORY_POLICIES)
+
+#: Limits of a valid schedule: a level's length and ``unroll`` are ``lax.scan``
+#: lengths (int32).
+MAX_LENGTH: Final = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A ``jax.checkpoint_policies`` member by name, with factory arguments.
+
+    Attributes:
+      name: ``"none"`` (no ``jax.checkpoint``), a zero-argument policy such as
+        ``"nothing_saveable"``, or a factory such as ``"save_only_these_names"``.
+      args: positional arguments of a factory (names, as strings).
+      kwargs: keyword arguments of a factory, as sorted ``(key, value)`` pairs;
+        list values are stored as tuples.
+    """
+
+    name: str
+    args: tuple[str, ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.name not in ALL_POLICY_NAMES:
+            raise ScheduleError(
+                f"policy: unknown policy {self.name!r}; valid: "
+                f"{', '.join(ALL_POLICY_NAMES)}"
+            )
+        if self.name in FACTORY_POLICIES:
+            if not self.args and not self.kwargs:
+                raise ScheduleError(
+                    f"policy: {self.name} needs arguments, e.g. "
+                    f"{{{self.name}: [gates]}}"
+                )
+        elif self.args or self.kwargs:
+            raise ScheduleError(
+                f"policy: {self.name} takes no arguments; write it as a plain "
+                f"string (policy: {self.name})"
+            )
+
+    def resolve(self) -> Callable[..., Any] | None:
+        """The JAX policy callable, or ``None`` for ``"none"`` (no remat)."""
+        if self.name == NO_REMAT:
+            return None
+        import jax
+
+        member = getattr(jax.checkpoint_policies, self.name, None)
+        if member is None:
+            raise ScheduleError(
+                f"policy: {self.name!r} is not in this jax's "
+                f"jax.checkpoint_policies (jax {jax.__version__})"
+            )
+        if self.name in FACTORY_POLICIES:
+            kwargs = {k: list(v) if isinstance(v, tuple) else v for k, v in self.kwargs}
+            try:
+                return member(*self.args, **kwargs)
+            except TypeError as e:
+                raise ScheduleError(f"policy: bad arguments for {self.name}: {e}") from None
+        return member
+
+    @property
+    def short(self) -> str:
+        """A short label: ``nothing_saveable`` -> ``nothing``."""
+        return self.name.removesuffix("_saveable")
+
+    def to_data(self) -> str | dict[str, Any]:
+        if self.name not in FACTORY_POLICIES:
+            return self.name
+        if self.kwargs:
+            return {self.name: {k: list(v) if isinstance(v, tuple) else v for k, v in self.kwargs}}
+        return {self.name: list(self.args)}
+
+    @classmethod
+    def from_data(cls, data: Any, where: str = "policy") -> Policy:
+        if isinstance(data, Policy):
+            return data
+        if data is None:
+            return cls(NO_REMAT)
+        if isinstance(data, str):
+            try:
+                return cls(data)
+            except ScheduleError as e:
+                raise ScheduleError(f"{where}: {str(e).removeprefix('policy: ')}") from None
+        if isinstance(data, Mapping) and len(data) == 1:
+            ((name, value),) = data.items()
+            if name not in FACTORY_POLICIES:
+                raise ScheduleError(
+                    f"{where}: {name!r} is not a policy factory; factories: "
+                    f"{', '.join(FACTORY_POLICIES)} (zero-argument policies are "
+                    "plain strings)"
+                )
+            if isinstance(value, str):
+                value = [value]
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return cls(name, args=tuple(value))
+            if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+                kwargs = []
+                for k, v in sorted(value.items()):
+                    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+                        v = tuple(v)
+                    elif not isinstance(v, str):
+                        raise ScheduleError(
+                            f"{where}.{name}.{k}: expected a string or a list of "
+                            f"strings, got {_show(v)}"
+                        )
+                    kwargs.append((k, v))
+                return cls(name, kwargs=tuple(kwargs))
+            raise ScheduleError(
+                f"{where}.{name}: expected a list of names or a mapping of keyword "
+                f"arguments, got {_show(value)}"
+            )
+        raise ScheduleError(
+            f"{where}: expected a policy name such as 'nothing_saveable' or a "
+            f"one-key mapping such as {{save_only_these_names: [gates]}}, got "
+            f"{_show(data)}; valid names: {', '.join(ALL_POLICY_NAMES)}"
+        )
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of a nested scan: ``length`` iterations, each checkpointed."""
+
+    length: int
+    policy: Policy = Policy("nothing_saveable")
+
+    def __post_init__(self) -> None:
+        check_int("length", self.length)
+        if not isinstance(self.policy, Policy):
+            object.__setattr__(self, "policy", Policy.from_data(self.policy))
+
+def check_int(name: str, value: Any, low: int = 1, high: int = MAX_LENGTH) -> None:
+    """``value`` is an int (not a bool) in ``[low, high]``, else a ``ScheduleError``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScheduleError(f"{name}: expected an integer >= {low}, got {_show(value)}")
+    if value < low:
+        raise ScheduleError(f"{name}: must be >= {low}, got {value}")
+    if value > high:
+        raise ScheduleError(f"{name}: must be <= {high}, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    kind = type(value).__name__
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({kind})"

@@ -1,0 +1,188 @@
+"""Shared test helpers: cells, inputs, the plain-``lax.scan`` reference, tolerances,
+the brute-force Revolve DP and the matrix of every schedule kind's examples.
+
+Test files import from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import autoremat
+from autoremat import Schedule
+from autoremat._kinds import KINDS
+
+RTOL = 1e-5
+ATOL = 1e-6
+BATCH, FEAT, HID = 3, 5, 6
+
+
+def _flax_cell(cell: nn.Module) -> tuple[Callable[..., Any], Any, Any]:
+    """A flax RNN cell as a pure step ``f(params)(carry, x)``, its params, carry."""
+    key = jax.random.PRNGKey(0)
+    carry = cell.initialize_carry(key, (BATCH, FEAT))
+    params = cell.init(key, carry, jnp.zeros((BATCH, FEAT)))["params"]
+
+    def make(p: Any) -> Callable[..., Any]:
+        return lambda c, x: cell.apply({"params": p}, c, x)
+
+    return make, params, carry
+
+
+def _dict_cell() -> tuple[Callable[..., Any], Any, Any]:
+    """Pure JAX: dict carry, a tuple of inputs, a tuple of outputs."""
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    params = {
+        "w": jax.random.normal(k1, (HID, HID)) * 0.3,
+        "u": jax.random.normal(k2, (FEAT, HID)) * 0.3,
+    }
+    carry = {"h": jnp.zeros((BATCH, HID)), "n": jnp.zeros((BATCH,))}
+
+    def make(p: Any) -> Callable[..., Any]:
+        def f(c: Any, x: Any) -> Any:
+            a, b = x
+            h = jnp.tanh(c["h"] @ p["w"] + a @ p["u"]) * (1.0 + 0.1 * jnp.sin(b)[:, None])
+            return {"h": h, "n": c["n"] + h.mean(-1)}, (h, h.sum(-1))
+
+        return f
+
+    return make, params, carry
+
+
+CELLS: dict[str, Callable[[], tuple[Callable[..., Any], Any, Any]]] = {
+    "lstm": lambda: _flax_cell(nn.OptimizedLSTMCell(HID)),
+    "gru": lambda: _flax_cell(nn.GRUCell(HID)),
+    "dict": _dict_cell,
+}
+
+
+def _inputs(cell: str, steps: int, axis: int) -> Any:
+    key = jax.random.PRNGKey(steps)
+    shape = (steps, BATCH, FEAT) if axis == 0 else (BATCH, steps, FEAT)
+    a = jax.random.normal(key, shape)
+    if cell == "dict":
+        return (a, jax.random.normal(jax.random.fold_in(key, 1), shape[:2]))
+    return a
+
+
+def _loss_and_grads(
+    cell: str, schedule: Schedule | None, steps: int, *, axis: int = 0, reverse: bool = False
+) -> Any:
+    """value_and_grad w.r.t. params, initial carry and inputs; None = plain lax.scan."""
+    if schedule is None:
+        return _reference(cell, steps, axis, reverse)
+    return _compute_loss_and_grads(cell, schedule, steps, axis, reverse)
+
+
+@functools.cache
+def _reference(cell: str, steps: int, axis: int, reverse: bool) -> Any:
+    """The plain ``lax.scan`` result, computed once per setting for every kind."""
+    return _compute_loss_and_grads(cell, None, steps, axis, reverse)
+
+
+def _compute_loss_and_grads(
+    cell: str, schedule: Schedule | None, steps: int, axis: int, reverse: bool
+) -> Any:
+    make, params, carry = CELLS[cell]()
+    xs = _inputs(cell, steps, axis)
+
+    def loss(p: Any, c0: Any, xs: Any) -> jax.Array:
+        f = make(p)
+        if schedule is None:
+            moved = jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, axis, 0), xs)
+            c, ys = lax.scan(f, c0, moved, reverse=reverse)
+            ys = jax.tree_util.tree_map(lambda y: jnp.moveaxis(y, 0, axis), ys)
+        else:
+            c, ys = autoremat.scan(f, c0, xs, schedule=schedule, reverse=reverse, axis=axis)
+        weights = jnp.cos(jnp.arange(steps, dtype=jnp.float32))
+        y = ys[0] if isinstance(ys, tuple) else ys
+        y = jnp.moveaxis(y, axis, 0)
+        return sum(jnp.sum(v**2) for v in jax.tree_util.tree_leaves(c)) + jnp.sum(
+            weights[:, None, None] * y
+        )
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(params, carry, xs)
+
+
+def _assert_close(got: Any, want: Any) -> None:
+    """Elementwise rtol 1e-5, with atol 1e-5 of the array's largest magnitude.
+
+    Parameter gradients are sums over T steps; a nested scan adds them chunk by
+    chunk, so float32 reassociation moves tiny entries by ~1e-6 absolute. The
+    scale-relative atol accepts exactly that and nothing larger.
+    """
+    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+    want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+    assert got_tree == want_tree
+    for g, w in zip(got_leaves, want_leaves, strict=True):
+        w = np.asarray(w)
+        scale = float(np.max(np.abs(w))) if w.size else 0.0
+        np.testing.assert_allclose(np.asarray(g), w, rtol=RTOL, atol=max(ATOL, RTOL * scale))
+
+
+def _temp_bytes(problem: Any, schedule: Schedule) -> int:
+    step, args = problem.build(schedule)
+    analysis = jax.jit(step).lower(*args).compile().memory_analysis()
+    return int(analysis.temp_size_in_bytes)
+
+
+@functools.cache
+def brute_advances(length: int, slots: int) -> int:
+    """Fewest advances, by exhaustive recursion over the first snapshot position."""
+    if length == 1:
+        return 0
+    if slots == 1:
+        return length - 1 + brute_advances(length - 1, 1)
+    return min(m + brute_advances(length - m, slots - 1) + brute_advances(m, slots)
+               for m in range(1, length))
+
+
+# -- the gradient-equality matrix over every kind ------------------------------------
+
+#: (cell, T, axis, reverse): every cell, T in {1, 7, 97, 1000, 1009}, both axes,
+#: both directions. A kind's i-th example (``Schedule.examples``) runs on
+#: setting ``i`` (cyclically), so a new kind in ``autoremat._kinds.KINDS`` is
+#: in the matrix without a test edit.
+SETTINGS = [
+    ("lstm", 1, 0, False),
+    ("lstm", 7, 1, False),
+    ("lstm", 97, 1, True),
+    ("lstm", 1000, 1, False),
+    ("lstm", 1009, 0, True),
+    ("lstm", 97, 0, False),
+    ("gru", 1, 1, True),
+    ("gru", 7, 0, False),
+    ("gru", 97, 1, False),
+    ("gru", 1009, 1, True),
+    ("dict", 1, 0, False),
+    ("dict", 7, 0, True),
+    ("dict", 97, 1, True),
+    ("dict", 1000, 0, False),
+    ("dict", 1009, 1, False),
+]
+
+
+def kind_matrix() -> list[Any]:
+    """``pytest.param(cell, T, axis, reverse, schedule)`` for every example of every kind."""
+    out = []
+    for name, kind in KINDS.items():
+        for i, schedule in enumerate(kind.examples()):
+            cell, steps, axis, reverse = SETTINGS[i % len(SETTINGS)]
+            label = f"{name}-{schedule.describe()}-{cell}-T{steps}-axis{axis}"
+            out.append(pytest.param(cell, steps, axis, reverse, schedule,
+                                    id=label + ("-reverse" if reverse else "")))
+    return out
+
+
+def one_per_kind() -> list[Schedule]:
+    """The first example of every kind."""
+    return [kind.examples()[0] for kind in KINDS.values()]
