@@ -32,6 +32,8 @@ from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
+from autoremat._fuse import fuse_head as fuse_head
+from autoremat._fuse import fuse_loss as fuse_loss
 from autoremat._measure import Measurement as Measurement
 from autoremat._measure import measure as measure
 from autoremat._measure import measure_step as measure_step
@@ -68,6 +70,8 @@ __all__ = [
     "TuneError",
     "TuneResult",
     "bounds",
+    "fuse_head",
+    "fuse_loss",
     "linen",
     "load_schedule",
     "measure",
