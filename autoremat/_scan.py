@@ -211,8 +211,9 @@ def _sequence_length(leaves: list[jax.Array], axes: list[int], length: int | Non
             f"{sorted(sizes)}"
         )
     if length is not None:
-        length = _concrete_int(length, "length", "int")
-        if length < 0:
+        given = length
+        length = _concrete_int(length, "length", "a non-negative int", ValueError)
+        if isinstance(given, bool) or length < 0:
             raise ValueError(f"length: expected a non-negative int, got {length!r}")
         if sizes and sizes != {length}:
             raise ValueError(f"length: {length} does not match the inputs' length {sizes.pop()}")
@@ -238,19 +239,17 @@ def _move_out(ys: PyTree, out_axes: PyTree) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, moved)
 
 
-def _concrete_int(value: Any, name: str, expected: str) -> int:
+def _concrete_int(value: Any, name: str, expected: str,
+                  error: type[Exception] = TypeError) -> int:
     """``value`` as a Python int; a traced value is a ``ConcretizationTypeError`` (as in lax.scan)."""
     if isinstance(value, jax.core.Tracer):
         raise jax.errors.ConcretizationTypeError(
             value, f"The `{name}` argument to autoremat.scan expects a concrete {expected} value "
             "(a schedule is planned for a static T). For a dynamic length use lax.while_loop.")
-    if isinstance(value, bool) and name == "length":
-        raise ValueError(f"length: expected a non-negative int, got {value!r}")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name}: expected {'a non-negative int' if name == 'length' else expected}"
-                        f", got {value!r} ({type(value).__name__})") from None
+        raise error(f"{name}: expected {expected}, got {value!r} ({type(value).__name__})") from None
 
 
 def _unroll(unroll: Any, steps: int) -> int:
@@ -327,7 +326,9 @@ def _children(tree: Any) -> list[tuple[str, Any]] | None:
 def _summary(value: Any) -> str:
     """A short description: ``a tuple of 3``, ``an array float32[2]``."""
     kids = _children(value)
-    if kids is None:
-        return f"an array {jax.typeof(value).str_short()}" if hasattr(value, "shape") or isinstance(
-            value, (int, float, complex)) else f"a {type(value).__name__}"
-    return f"a {type(value).__name__} of {len(kids)}"
+    if kids is not None:
+        return f"a {type(value).__name__} of {len(kids)}"
+    try:
+        return f"an array {jax.typeof(value).str_short()}"
+    except TypeError:  # not an array type (a string, an object)
+        return f"a {type(value).__name__}"

@@ -218,3 +218,13 @@ def test_transformations_match_lax_scan_or_raise_clearly(schedule: Schedule, nam
 
 def test_every_transformation_has_a_check() -> None:
     assert set(TRANSFORM) == set(TRANSFORMS)
+
+
+@KINDS
+def test_grad_of_grad_through_the_cotangent_only_works(schedule: Schedule) -> None:
+    """An outer gradient that reaches the scan only through its cotangent (not a
+    residual) differentiates the backward linearly: every kind supports it."""
+    def outer(a: jax.Array, s: Schedule | None) -> jax.Array:
+        return jax.grad(lambda w: a * _scalar_loss(w, s))(1.2)
+
+    _assert_close(jax.grad(outer)(2.0, schedule), jax.grad(outer)(2.0, None))
