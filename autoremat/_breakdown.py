@@ -120,7 +120,7 @@ def floor_message(fig: Mapping[str, Any], budget_bytes: int) -> str | None:
                + f", outputs {format_bytes(fig.get('output_bytes'))}"
                + (f" (aliased {format_bytes(alias)})" if alias else "")
                + f", per-step outputs stacked by the scan {format_bytes(stacked)}")
-    fixes = ["a shorter sequence (--seq-len)", "a smaller batch (--batch)"]
+    fixes = ["a shorter sequence (built-in problem: --seq-len)", "a smaller batch (--batch)"]
     if stacked:
         fixes.insert(0, "the readout inside the scanned step (autoremat.fuse_loss stacks "
                      "nothing, autoremat.fuse_head only its outputs; the built-in problem: "

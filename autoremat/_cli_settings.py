@@ -103,7 +103,7 @@ PROBLEM_SETTINGS: Final = (
     Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
     Setting("fused_readout", "built-in problem: the readout and loss inside the scanned step "
-            "(seq2seq): nothing T-long is stacked, so schedules can save >99%", _boolean,
+            "(seq2seq): nothing T-long is stacked, so a schedule removes almost all temp", _boolean,
             default=False, const=True),
 )
 

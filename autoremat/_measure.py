@@ -105,6 +105,7 @@ class Measurement:
         """A JSON-safe mapping (Optuna user attrs), with ``feasible`` added."""
         data = asdict(self)
         data["step_samples"] = list(self.step_samples)
+        data["argument_parts"] = [[name, size] for name, size in self.argument_parts]
         data["feasible"] = self.feasible
         return data
 

@@ -114,8 +114,9 @@ def front_table(points: list[FrontPoint], budget_bytes: int) -> str:
     lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
                  "fewest any schedule storing as many carries needs (autoremat.bounds)")
     for p in points:
-        if p.chosen and p.breakdown:
-            lines += [f"chosen (trial {p.number}):", *breakdown_lines(p.breakdown)]
+        memory = breakdown_lines(p.breakdown) if p.chosen else []
+        if memory:
+            lines += [f"chosen (trial {p.number}):", *memory]
     return "\n".join(lines)
 
 

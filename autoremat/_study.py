@@ -220,7 +220,6 @@ def nothing_fits_message(result: TuneResult) -> str:
     floor = floor_message(s.measurement.to_attrs(), result.budget_bytes)
     return (
         f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
-        + (f"{floor}. " if floor else "")
-        + f"The smallest total measured is {format_bytes(total)} ({total} bytes), "
-        f"trial {s.number}: {s.schedule.describe()}"
+        f"the smallest total measured is {format_bytes(total)} ({total} bytes), "
+        f"trial {s.number}: {s.schedule.describe()}" + (f"; {floor}" if floor else "")
     )

@@ -89,7 +89,7 @@ def test_seed_fused_readout_is_the_unfused_train_step(schedule: Schedule) -> Non
 
 
 def test_fused_readout_needs_seq2seq() -> None:
-    with pytest.raises(ProblemError, match="fused_readout: .* seq2seq=True"):
+    with pytest.raises(ProblemError, match=r"fused_readout: .* seq2seq=True"):
         seed_model(seq_len=8, seq2seq=False, fused_readout=True)
 
 
