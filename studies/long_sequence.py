@@ -17,6 +17,12 @@ stacked), a schedule keeps memory at the inputs' size. For each loss kind:
 Results are written after every run to ``--out`` (markdown)::
 
     nohup python studies/long_sequence.py > runs/long_sequence.log 2>&1 &
+    python studies/long_sequence.py --reference-only   # add the compile-only reference rows
+
+``--reference-only`` compiles (never runs) what cannot run here -- the plain
+scan of each loss, and the unfused seq2seq step under the chosen nested
+schedule (its ``(T, B, H)`` stack of states is the floor no schedule removes)
+-- and replaces the reference section of ``--out``.
 """
 
 from __future__ import annotations
@@ -79,6 +85,30 @@ def run_once(loss: str, schedule: Schedule, seq_len: int, batch: int) -> dict[st
             "step_s": step_s, "loss": value, "finite": math.isfinite(value)}
 
 
+REFERENCE = "## Reference: compiled only, not run"
+
+
+def reference(out: Path, seq_len: int, batch: int) -> None:
+    """Replace ``out``'s reference section with compile-only sizes (see the module doc)."""
+    rows = []
+    nested = candidates(seq_len)["nested"][0]
+    cases = [("last", {"seq2seq": False}, Schedule.plain(seq_len)),
+             ("seq2seq fused", LOSSES["seq2seq fused"], Schedule.plain(seq_len)),
+             ("seq2seq (unfused)", {"seq2seq": True}, Schedule.plain(seq_len)),
+             ("seq2seq (unfused)", {"seq2seq": True}, nested)]
+    for loss, kwargs, s in cases:
+        m = measure(seed_model(seq_len=seq_len, batch=batch, **kwargs).problem(), s, run=False)
+        print(f"{loss} {s.describe()}: total {format_bytes(m.total_bytes)} {m.reason}", flush=True)
+        rows.append(f"| {loss} | {s.describe()} | {format_bytes(m.total_bytes)} | "
+                    f"{format_bytes(m.temp_bytes)} | {format_bytes(m.stacked_bytes)} |")
+    text = out.read_text().split(REFERENCE)[0].rstrip() if out.is_file() else ""
+    out.write_text(f"{text}\n\n{REFERENCE}\n\nWhat this machine cannot run at T={seq_len:,}, "
+                   "sized by `memory_analysis()`: the plain scan, and the unfused seq2seq step, "
+                   "whose stacked (T, B, H) states (and their cotangent) no schedule removes.\n\n"
+                   "| loss | schedule | compiled total | temp | stacked by the scan |\n"
+                   "|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
 def write(out: Path, header: str, sizing: list[str], runs: list[str]) -> None:
     head = ("| loss | kind | schedule | evaluations/T | total | temp | step (one run) | "
             "compile | loss value | finite |\n|---|---|---|---|---|---|---|---|---|---|")
@@ -96,7 +126,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--limit", default="4GB", help="largest compiled total to pick (4GB)")
     p.add_argument("--losses", default="last,seq2seq fused")
     p.add_argument("--out", default="studies/results/long_sequence.md")
+    p.add_argument("--reference-only", action="store_true",
+                   help="only (re)write the compile-only reference section of --out")
     args = p.parse_args(argv)
+    if args.reference_only:
+        reference(Path(args.out), args.seq_len, args.batch)
+        return
     limit, t = parse_bytes(args.limit), args.seq_len
     env = environment()
     header = (f"# The seed LSTM at T={t:,} (B={args.batch}, H=128), one train step each\n\n"
