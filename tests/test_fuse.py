@@ -153,9 +153,10 @@ def test_linen_example_fused_readout_has_the_unfused_loss_and_gradients(schedule
 
 
 def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The done-when of issue 13 at T=1000 (the 60MB budget at T=10^4, scaled by T/10)."""
+    monkeypatch.chdir(tmp_path)  # tune remembers its study in ./runs
     common = ["tune", "--seq-len", "1000", "--budget", "6MB", "--trials", "6", "--time-budget",
               "0.1", "--no-progress"]
     assert main([*common, "--storage", f"sqlite:///{tmp_path}/a.db",
@@ -180,3 +181,13 @@ def test_fused_readout_with_last_only_is_a_usage_error(capsys: pytest.CaptureFix
     assert main(["tune", "--last-only", "--fused-readout", "--seq-len", "10"]) == 2
     assert "--fused-readout: the loss on the last state" in capsys.readouterr().err
 
+
+
+def test_fused_readout_is_a_study_file_key(tmp_path: Path) -> None:
+    from autoremat._cli_settings import UsageError, check_settings, read_study_file
+
+    path = tmp_path / "study.yaml"
+    path.write_text("fused-readout: true\nseq_len: 100\n")
+    assert read_study_file(str(path)) == {"fused_readout": True, "seq_len": 100}
+    with pytest.raises(UsageError, match="--fused-readout: expected true or false, got 'yes'"):
+        check_settings({"fused_readout": "yes"})
