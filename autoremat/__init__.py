@@ -6,8 +6,10 @@ The pipeline, one module per box::
       -> builder     _scan.py       scan(): nested chunked remat, lax.scan semantics
                      _binomial.py   the binomial kind: custom_vjp running _revolve.py's plan
                      linen.py       linen.scan(): the same for flax.linen
+                     _fuse.py       fuse_head/fuse_loss: the readout inside the step
                      bounds.py      Revolve's optimum; any schedule's recompute and carries
       -> measure     _measure.py    compile -> memory_analysis -> run -> time
+                     _breakdown.py  where the memory goes; the floor no schedule removes
       -> search      _space.py      Optuna trial -> Schedule
                      _tune.py       the search loop: budget constraint, dedupe, resume
                      _storage.py    Optuna storages, stale-trial retry, the workers' lock
