@@ -221,7 +221,7 @@ def ratio_table(ratios: Sequence[dict[str, Any]]) -> str:
     return _md(head, body)
 
 
-def fused_check(rows: Sequence[Row]) -> list[str]:
+def fused_check(rows: Sequence[Row], heading: str = "##") -> list[str]:
     """Markdown: per group with fused rows, the fastest fused autoremat row whose temp is
     <= 1% of the plain (unfused) row's, against that plain row (empty: no fused rows)."""
     body = []
@@ -244,7 +244,7 @@ def fused_check(rows: Sequence[Row]) -> list[str]:
                      "yes" if ok else "NO"])
     if not body:
         return []
-    return ["## The readout inside the step: fused rows against the plain (unfused) scan", "",
+    return [f"{heading} The readout inside the step: fused rows against the plain (unfused) scan", "",
             "The fastest fused-readout autoremat row whose temp is <= 1% of the plain unfused "
             "scan's (else the smallest), measured in the same run as that plain row.", "",
             _md(["T", "fused row", "schedule", "temp", "plain temp", "temp / plain",
@@ -353,7 +353,7 @@ def readme_section(data: dict[str, Any]) -> str:
         f"Wall time {total / 60:.0f} min ({walls}).", "",
         table(rows, data.get("gpu", False)), "",
         slope_table([s for s in slopes(rows) if s.method in (PLAIN, MIN_MEMORY, FUSED_MIN_MEMORY)]),
-        "", *fused_check(rows),
+        "", *fused_check(rows, "###"),
     ])
 
 
