@@ -8,8 +8,10 @@ The pipeline, one module per box::
       -> builder     _scan.py       scan(): lax.scan semantics, dispatches to the kind's run()
                      _nested_scan.py / _binomial_scan.py (+ _revolve.py's plan): the builders
                      linen.py, nnx.py (_nnx_scan.py, _rnn.py): nn.scan / nnx.scan / RNN drop-ins
+                     _fuse.py       fuse_head/fuse_loss: the readout inside the step
                      bounds.py      Revolve's optimum; any schedule's recompute and carries
       -> measure     _measure.py    measure_step: compile -> memory_analysis -> run -> time
+                     _breakdown.py  where the memory goes; the floor no schedule removes
                      _problem.py    Problem (a train step built for a schedule), the seed LSTM
       -> search      _space.py      Optuna trial -> Schedule (each kind's suggest/seed_params)
                      _tune.py       the search loop: budget constraint, dedupe, resume
@@ -37,6 +39,8 @@ from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
+from autoremat._fuse import fuse_head as fuse_head
+from autoremat._fuse import fuse_loss as fuse_loss
 from autoremat._measure import Measurement as Measurement
 from autoremat._measure import measure as measure
 from autoremat._measure import measure_step as measure_step
@@ -73,6 +77,8 @@ __all__ = [
     "TuneError",
     "TuneResult",
     "bounds",
+    "fuse_head",
+    "fuse_loss",
     "linen",
     "load_schedule",
     "measure",
