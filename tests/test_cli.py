@@ -183,6 +183,7 @@ def test_export_names_the_trial_argument(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
     storage = f"sqlite:///{tmp_path / 'e.db'}"
     optuna.create_study(study_name="e", storage=storage)
+    capsys.readouterr()  # Optuna's own INFO line about the new study, when run alone
     assert main(["export", "7", "--out", str(tmp_path / "x.yaml"), "--storage", storage,
                  "--study-name", "e"]) == 2
     err = capsys.readouterr().err
