@@ -13,7 +13,8 @@ more, which one it is worth timing:
    sized (``_measure.compile_schedule``, a fraction of timing's cost), and the
    executable kept, so a schedule timed later is not compiled twice;
 3. one over the budget, or dominated on memory and predicted time by a
-   schedule already timed, is never timed; the first that is neither is;
+   schedule already timed, is never timed (nor compiled, when the memory
+   model's guess already makes it dominated); the first that is neither is;
 4. the search is done when the best prediction left is clearly slower than
    the best measured schedule that fits (``STOP_RATIO``), or the time left
    cannot pay for the next compile or timing.
@@ -27,6 +28,7 @@ already ``CUT_RATIO`` x slower than the best that fits (a *cut* trial).
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -80,6 +82,7 @@ class Planner:
     screened: int = 0
     _args: Any = None
     _fingerprint: str | None = None
+    _best_key: str | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -107,26 +110,36 @@ class Planner:
 
     def observe(self, measured: list[tuple[Schedule, Measurement]], taken: set[str]) -> None:
         """What the study holds now (every worker's): measured trials, claimed keys."""
-        best_before = self.best
         self.taken = taken
         for schedule, m in measured:
-            key = schedule.key()
-            self.add(schedule, {})
-            cand = self.pool[key]
-            cand.done = cand.done or "measured"
-            if cand.compiled is not None and cand.compiled.executable is not None:
-                cand.compiled.release()
-            if m.step_seconds is not None and m.total_bytes is not None:
-                self.timed[key] = (m.total_bytes, m.step_seconds)
-            elif m.cut_seconds is not None and m.total_bytes is not None:
-                self.cut[key] = (m.total_bytes, m.cut_seconds)
+            self.record(schedule, m, refit=False)
+        self._refit()
+
+    def record(self, schedule: Schedule, m: Measurement, *, refit: bool = True) -> None:
+        """One measured trial: no longer a candidate; its figures calibrate the model."""
+        key = schedule.key()
+        self.add(schedule, {})
+        cand = self.pool[key]
+        cand.done = cand.done or "measured"
+        if cand.compiled is not None:
+            cand.compiled.release()
+        if m.step_seconds is not None and m.total_bytes is not None:
+            self.timed[key] = (m.total_bytes, m.step_seconds)
+        elif m.cut_seconds is not None and m.total_bytes is not None:
+            self.cut[key] = (m.total_bytes, m.cut_seconds)
+        if refit:
+            self._refit()
+
+    def _refit(self) -> None:
         self.time_model.fit([(self.pool[k].structure, b, s)
                              for k, (b, s) in {**self.cut, **self.timed}.items()])
         best = self.best
-        if best is not None and best != best_before and self.pool[best[0]].params:
-            for schedule, params in neighbours(self.pool[best[0]].params, self.problem.seq_len,
-                                               self.platform, self.rng):
-                self.add(schedule, params)
+        if best is not None and best[0] != self._best_key:
+            self._best_key = best[0]
+            if self.pool[best[0]].params:
+                for schedule, params in neighbours(self.pool[best[0]].params,
+                                                   self.problem.seq_len, self.platform, self.rng):
+                    self.add(schedule, params)
 
     def cut_after(self) -> float | None:
         """Seconds after which a first run is cut (``None``: time it in full)."""
@@ -170,11 +183,20 @@ class Planner:
             cand.structure)
         return self.time_model.predict(cand.structure, float(total or 0))
 
+    def prediction(self, key: str) -> float | None:
+        """``predict`` of a schedule in the pool (recorded with its trial)."""
+        cand = self.pool.get(key)
+        return None if cand is None else self.predict(cand)
+
     def _dominated(self, cand: Candidate, predicted: float | None) -> bool:
+        """A timed schedule needs no more memory (sized, else the memory model's guess)
+        and no more time than ``predicted``."""
         sized = cand.sized
-        if predicted is None or sized is None or sized.total_bytes is None:
+        total = (sized.total_bytes if sized is not None
+                 else self.memory_model.predict(cand.structure))
+        if predicted is None or total is None:
             return False
-        return any(b <= sized.total_bytes and s <= predicted for b, s in self.timed.values())
+        return any(b <= total and s <= predicted for b, s in self.timed.values())
 
     def _rank(self) -> list[tuple[float, Candidate]]:
         open_ = [c for k, c in self.pool.items() if not c.done and k not in self.taken]
@@ -183,16 +205,24 @@ class Planner:
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),
                       key=lambda pc: pc[0])
 
-    def next(self, time_left: float | None, *, explore: bool = False) -> Candidate | None:
+    def next(self, deadline: float | None, *, explore: bool = False,
+             dominated: bool = False) -> Candidate | None:
         """The next candidate to time (or to record: a failure), or ``None``: done.
-        ``explore``: no stop on the predicted ratio (time every fitting schedule
-        not dominated)."""
+        ``deadline``: ``time.monotonic()`` to finish by; ``explore``: no stop on the
+        predicted ratio (time every fitting schedule not dominated); ``dominated``:
+        dominated ones too (a caller that must measure a given number)."""
+        if dominated:
+            for cand in self.pool.values():
+                if cand.done == "dominated" and cand.schedule.key() not in self.taken:
+                    cand.done = ""
         while True:
-            chosen = self._next_once(time_left, explore)
+            left = None if deadline is None else deadline - time.monotonic()
+            chosen = self._next_once(left, explore or dominated, dominated)
             if chosen != "again":
                 return chosen if isinstance(chosen, Candidate) else None
 
-    def _next_once(self, time_left: float | None, explore: bool) -> Candidate | str | None:
+    def _next_once(self, time_left: float | None, explore: bool,
+                   dominated: bool) -> Candidate | str | None:
         best = self.best
         compile_cost = (sum(self.compile_seconds) / len(self.compile_seconds)
                         if self.compile_seconds else 0.0)
@@ -205,6 +235,8 @@ class Planner:
                 if self.memory_model.surely_over(cand.structure):
                     cand.done = "over budget (stores more than one that is)"
                     continue
+                if not explore and self._dominated(cand, predicted):
+                    continue  # by the memory model's guess: not worth a compile (yet)
                 if time_left is not None and time_left < compile_cost:
                     return None
                 self._screen(cand)
@@ -215,9 +247,8 @@ class Planner:
             if cand.compiled.executable is None:
                 cand.done = m.status
                 continue
-            if self._dominated(cand, self.predict(cand)):
-                cand.done = "dominated"
-                cand.compiled.release()
+            if not dominated and self._dominated(cand, self.predict(cand)):
+                cand.done = "dominated"  # its executable is kept (``dominated=True``)
                 continue
             timing = predicted + max(3 * predicted, self.time_budget)
             if time_left is not None and self.time_model.points and time_left < timing:

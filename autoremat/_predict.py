@@ -120,11 +120,16 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 def _ridge(rows: list[list[float]], ys: list[float], prior: list[float],
-           weights: list[float]) -> list[float]:
-    """``argmin sum w (x.c - y)^2 + RIDGE * n * |s (c - prior)|^2``, columns scaled by ``s``."""
+           weights: list[float], ridge: float = _RIDGE) -> list[float]:
+    """``argmin sum w (x.c - y)^2 + ridge * n * |s (c - prior)|^2``, columns scaled by ``s``."""
     k = len(prior)
     scale = [max((abs(r[j]) for r in rows), default=0.0) or 1.0 for j in range(k)]
-    lam = _RIDGE * max(1, len(rows))
+    lam = ridge * max(1, len(rows))
+    top = max(weights, default=1.0) or 1.0
+    weights = [w / top for w in weights]
+    ys_scale = max((abs(y) for y in ys), default=1.0) or 1.0
+    ys = [y / ys_scale for y in ys]
+    prior = [p / ys_scale for p in prior]
     a = [[lam * (i == j) for j in range(k)] for i in range(k)]
     b = [lam * prior[i] * scale[i] for i in range(k)]
     for r, y, w in zip(rows, ys, weights, strict=True):
@@ -134,7 +139,9 @@ def _ridge(rows: list[list[float]], ys: list[float], prior: list[float],
             for j in range(k):
                 a[i][j] += w * z[i] * z[j]
     coef = _solve(a, b)
-    return prior if coef is None else [c / s for c, s in zip(coef, scale, strict=True)]
+    if coef is None:
+        return [p * ys_scale for p in prior]
+    return [c / s * ys_scale for c, s in zip(coef, scale, strict=True)]
 
 
 class TimeModel:
@@ -196,7 +203,8 @@ class MemoryModel:
             rows = [[1.0, *s.terms] for s, _ in self.points]
             ys = [y for _, y in self.points]
             low = min(ys)
-            self._coef = _ridge(rows, ys, [low, 0.0, 0.0, 0.0], [1.0 / y**2 for y in ys])
+            self._coef = _ridge(rows, ys, [low, 0.0, 0.0, 0.0], [1.0 / y**2 for y in ys],
+                                ridge=1e-4)
         coef = self._coef
         assert coef is not None
         value = coef[0] + sum(c * x for c, x in zip(coef[1:], structure.terms, strict=True))

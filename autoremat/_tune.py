@@ -168,9 +168,11 @@ class _Search:
         trial.set_user_attr("describe", schedule.describe())
         self.claim(trial, key)
         compiled = self.planner.compiled(schedule)
+        trial.set_user_attr("predicted_seconds", self.planner.prediction(key))
         m = time_compiled(compiled, budget_bytes=budget, time_budget=self.time_budget,
                           cut_after=self.planner.cut_after())
         compiled.release()
+        self.planner.record(schedule, m)
         for k, v in m.to_attrs().items():
             trial.set_user_attr(k, v)
         trial.set_user_attr("measured", True)
@@ -216,7 +218,7 @@ class _Search:
             return "wait" if self.heartbeats else "stop"
         return "measure"
 
-    def plan(self, left: float | None, explore: bool) -> bool:
+    def plan(self, deadline: float | None, explore: bool, dominated: bool = False) -> bool:
         """Enqueue the planner's next schedule unless a trial is already waiting (a seed
         or a retry); ``False`` when there is nothing left worth measuring."""
         from optuna.trial import TrialState
@@ -230,7 +232,7 @@ class _Search:
         taken = {str(t.user_attrs.get("schedule_key")) for t in trials
                  if _is_measured(t) or _is_claimed(t)}
         self.planner.observe([(m.schedule, m.measurement) for m in measured], taken)
-        cand = self.planner.next(left, explore=explore)
+        cand = self.planner.next(deadline, explore=explore, dominated=dominated)
         if cand is None:
             return False
         self.study.enqueue_trial(cand.params)
@@ -263,7 +265,8 @@ class _Search:
                     time.sleep(pause if left is None else max(0.0, min(pause, left)))
                     continue
                 exact = n_trials is not None or self.total_trials is not None
-                if not (self.plan(left, self.explore_front) or (exact and self.plan(left, True))):
+                if not (self.plan(deadline, self.explore_front) or (exact and (
+                        self.plan(deadline, True) or self.plan(deadline, True, True)))):
                     break
                 self.attempts += 1
                 self.study.optimize(self.objective, n_trials=1,
