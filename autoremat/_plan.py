@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from autoremat._measure import Compiled, Measurement, compile_schedule, fingerprint
+from autoremat._compiled import Compiled, compile_schedule
+from autoremat._measure import Measurement, fingerprint
 from autoremat._predict import MemoryModel, Structure, TimeModel
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule

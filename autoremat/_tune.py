@@ -1,32 +1,42 @@
 """The search: remat schedules of a problem under a memory budget, as an Optuna study.
 
-``tune`` runs an Optuna study with two objectives, both measured by
-``autoremat._measure.measure``: minimize ``total_bytes`` and minimize
-``step_seconds``. The budget is a constraint, ``total_bytes - budget <= 0``,
-set with ``trial.set_constraint("memory", ...)`` (Optuna 5), so the sampler
-knows which trials are infeasible and the full Pareto front stays available
-(``autoremat pareto``). The answer is the fastest trial that fits
+``tune`` records every measured schedule as a trial of an Optuna study with
+two objectives, ``total_bytes`` and ``step_seconds`` (``_measure``); the
+budget is a constraint, ``total_bytes - budget <= 0``
+(``trial.set_constraint``, Optuna 5), so the whole measured front stays
+available (``autoremat pareto``). The answer is the fastest trial that fits
 (``autoremat._study.choose``).
 
-* The obvious candidates are enqueued first (``_space.seed_params``).
+What gets measured is decided by ``autoremat._plan.Planner``, not by a
+sampler: the obvious candidates (``_space.seed_params``) are enqueued first
+and always measured (they calibrate the cost model); after them, candidates
+are sized by compiling them (cheap), ranked by a time model calibrated on the
+study's own trials (``_predict``), and timed only when they fit and are not
+dominated; a schedule whose first run is already clearly slower than the best
+that fits is a *cut* trial (``cut_seconds``, no ``step_seconds``). The search
+ends when nothing left is predicted to beat the best, after ``n_trials``
+(exactly that many: past the planner's stop it explores the front), or at
+``time_limit``.
+
 * A schedule is measured at most once per study: a trial whose schedule key
   was already measured (or is being measured by another worker) is pruned
   with ``user_attrs["duplicate_of"]``; it does not count towards ``n_trials``.
-* A schedule over the budget is compiled and sized but not timed; its
-  objective values are ``(total_bytes, inf)`` and ``step_seconds`` is ``None``.
+* A trial over the budget (the seeds; others are dropped when sized) has
+  objective values ``(total_bytes, inf)`` and ``step_seconds`` ``None``.
 * A schedule that fails to build/compile/run (or gives NaN) is a FAIL trial
   whose ``user_attrs["reason"]`` says why; the search goes on.
 * Every figure is stored in the trial's user attrs (``Measurement.to_attrs``),
-  the schedule too (``user_attrs["schedule"]``), and the study records its
-  ``StudyInfo``. The same study name resumes the study; Ctrl-C keeps every
-  finished trial.
+  the schedule too (``user_attrs["schedule"]``), the model's prediction
+  (``predicted_seconds``), and the study records its ``StudyInfo``. The same
+  study name resumes the study; Ctrl-C keeps every finished trial.
 * Many workers (``autoremat._storage``): ``autoremat tune`` started N times on
-  one PostgreSQL URL (or one SQLite file on one machine) share one study. A
-  worker claims a schedule under ``StudyLock``, so no schedule is measured
-  twice and, with ``total_trials``, the study ends with exactly that many
-  measured trials. A trial whose worker died goes stale and is re-queued;
-  with ``total_trials`` a worker waits for trials still running elsewhere (or
-  going stale) before it stops, so every worker ends on the same answer.
+  one PostgreSQL URL (or one SQLite file on one machine) share one study;
+  each plans from what every worker measured so far. A worker claims a
+  schedule under ``StudyLock``, so no schedule is measured twice and, with
+  ``total_trials``, the study ends with exactly that many measured trials. A
+  trial whose worker died goes stale and is re-queued; with ``total_trials``
+  a worker waits for trials still running elsewhere (or going stale) before
+  it stops, so every worker ends on the same answer.
 """
 
 from __future__ import annotations
@@ -157,7 +167,8 @@ class _Search:
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
         """Suggest a schedule, claim it, size it (from the planner's screen when it has
         one) and, if it fits, time it; ``(total_bytes, step_seconds)``."""
-        from autoremat._measure import ERROR, time_compiled
+        from autoremat._compiled import time_compiled
+        from autoremat._measure import ERROR
         from autoremat._space import suggest
 
         budget = self.info.budget_bytes
@@ -335,19 +346,26 @@ def tune(
 ) -> TuneResult:
     """Find the fastest schedule of ``problem``'s step whose total memory fits.
 
-    Each trial compiles (memory from ``memory_analysis()``) and, if it fits,
-    times one schedule: more trials find faster schedules at the cost of
-    about ``time_budget`` seconds plus one compile each.
+    Candidates are compiled and sized first (memory from
+    ``memory_analysis()``, a fraction of timing's cost); only those that fit
+    and that the calibrated cost model does not rule out are timed (about
+    ``time_budget`` seconds each), so the search spends its time near the
+    fastest schedule that fits (see the module doc).
 
     Args:
       problem: the training step (see ``autoremat.Problem``).
       budget_bytes: the memory budget, in bytes, for ``total_bytes``.
-      n_trials: schedules to measure in this call (duplicates do not count).
+      n_trials: measure exactly this many schedules in this call (duplicates
+        do not count); ``None``: until the planner is done or ``time_limit``.
       total_trials: stop when the study holds this many measured schedules,
         counting every worker's (``None``: no such limit). A worker whose
         remaining slots are being measured by others waits for them (or for
         them to go stale and be retried) before it returns.
-      timeout: stop starting new trials after this many seconds.
+      time_limit: stop starting new compiles or trials after this long, from
+        the call's start: seconds, or text such as ``"90s"``, ``"5m"``,
+        ``"1.5h"`` (``None``: no limit). A trial under way finishes.
+      explore_front: measure the whole front, not just near the fastest
+        schedule that fits (no stop on predictions, no cut trials).
       storage: an Optuna storage URL; default ``sqlite:///runs/autoremat.db``.
       study_name: resume or create this study; default from the problem,
         device and budget, so running the same call again resumes.

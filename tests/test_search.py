@@ -12,10 +12,10 @@ from typing import Any
 import optuna
 import pytest
 
-import autoremat._measure as measure_module
+import autoremat._compiled as measure_module
+from autoremat._compiled import compile_schedule
 from autoremat._duration import parse_duration
 from autoremat._errors import TuneError
-from autoremat._measure import compile_schedule
 from autoremat._pareto import pareto_front
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
@@ -54,7 +54,7 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
     monkeypatch.setattr(measure_module, "time_compiled", spy_time)
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
     # many, and past the planner's stop it then times dominated schedules too)
-    result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit="20s")
+    result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit="10s")
     assert result.best is not None
     # many sized, few timed; each schedule compiled once, timed at most once
     assert len(compiled) == len(set(compiled)) > len(timed)
@@ -137,7 +137,7 @@ def test_an_unseen_problem_gets_a_pick_as_fast_as_the_best_seed(name: str, tmp_p
     r = subprocess.run(
         [sys.executable, "-m", "autoremat.cli", "tune", "--problem",
          f"{ROOT / 'tests' / 'user_problems.py'}:{name}", "--budget", str(budget),
-         "--time-limit", "20s", "--time-budget", "0.05", "--study-name", name, "--no-progress"],
+         "--time-limit", "12s", "--time-budget", "0.05", "--study-name", name, "--no-progress"],
         cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
         capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
