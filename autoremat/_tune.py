@@ -21,14 +21,13 @@ ends when nothing left is predicted to beat the best, after ``n_trials``
 * A schedule is measured at most once per study: a trial whose schedule key
   was already measured (or is being measured by another worker) is pruned
   with ``user_attrs["duplicate_of"]``; it does not count towards ``n_trials``.
-* A trial over the budget (the seeds; others are dropped when sized) has
-  objective values ``(total_bytes, inf)`` and ``step_seconds`` ``None``.
-* A schedule that fails to build/compile/run (or gives NaN) is a FAIL trial
-  whose ``user_attrs["reason"]`` says why; the search goes on.
-* Every figure is stored in the trial's user attrs (``Measurement.to_attrs``),
-  the schedule too (``user_attrs["schedule"]``), the model's prediction
-  (``predicted_seconds``), and the study records its ``StudyInfo``. The same
-  study name resumes the study; Ctrl-C keeps every finished trial.
+* A seed over the budget is a trial with values ``(total_bytes, inf)``, no
+  ``step_seconds`` (other candidates over it are dropped when sized). One
+  that fails to build/compile/run (or gives NaN) is a FAIL trial whose
+  ``user_attrs["reason"]`` says why; the search goes on.
+* The trial's user attrs hold every figure (``Measurement.to_attrs``), the
+  schedule and the model's ``predicted_seconds``; the study its
+  ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
 * Many workers (``autoremat._storage``): ``autoremat tune`` started N times on
   one PostgreSQL URL (or one SQLite file on one machine) share one study;
   each plans from what every worker measured so far. A worker claims a
@@ -129,7 +128,6 @@ class _Search:
         from autoremat._plan import Planner
 
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
-        self.explore_front = explore_front
         self.planner = Planner(problem, info.budget_bytes, info.platform or "",
                                seed=seed + len(study.trials), explore_front=explore_front,
                                time_budget=time_budget)
@@ -239,10 +237,9 @@ class _Search:
         trials = self.fresh_trials()
         if any(t.state == TrialState.WAITING for t in trials):
             return True
-        measured = [m for m in map(MeasuredTrial.of, trials) if m is not None]
-        taken = {str(t.user_attrs.get("schedule_key")) for t in trials
-                 if _is_measured(t) or _is_claimed(t)}
-        self.planner.observe([(m.schedule, m.measurement) for m in measured], taken)
+        self.planner.observe([(m.schedule, m.measurement) for m in map(MeasuredTrial.of, trials)
+                              if m is not None], {str(t.user_attrs.get("schedule_key")) for t
+                                                  in trials if _is_measured(t) or _is_claimed(t)})
         cand = self.planner.next(deadline, explore=explore, dominated=dominated)
         if cand is None:
             return False
@@ -276,7 +273,7 @@ class _Search:
                     time.sleep(pause if left is None else max(0.0, min(pause, left)))
                     continue
                 exact = n_trials is not None or self.total_trials is not None
-                if not (self.plan(deadline, self.explore_front) or (exact and (
+                if not (self.plan(deadline, self.planner.explore_front) or (exact and (
                         self.plan(deadline, True) or self.plan(deadline, True, True)))):
                     break
                 self.attempts += 1
@@ -346,11 +343,9 @@ def tune(
 ) -> TuneResult:
     """Find the fastest schedule of ``problem``'s step whose total memory fits.
 
-    Candidates are compiled and sized first (memory from
-    ``memory_analysis()``, a fraction of timing's cost); only those that fit
-    and that the calibrated cost model does not rule out are timed (about
-    ``time_budget`` seconds each), so the search spends its time near the
-    fastest schedule that fits (see the module doc).
+    Candidates are sized by compiling them (cheap); only those that fit and
+    that the calibrated cost model does not rule out are timed (about
+    ``time_budget`` s each): the time goes near the answer (module doc).
 
     Args:
       problem: the training step (see ``autoremat.Problem``).
@@ -358,9 +353,8 @@ def tune(
       n_trials: measure exactly this many schedules in this call (duplicates
         do not count); ``None``: until the planner is done or ``time_limit``.
       total_trials: stop when the study holds this many measured schedules,
-        counting every worker's (``None``: no such limit). A worker whose
-        remaining slots are being measured by others waits for them (or for
-        them to go stale and be retried) before it returns.
+        counting every worker's; a worker waits for the last ones measured
+        elsewhere (or for them to go stale and be retried) before it returns.
       time_limit: stop starting new compiles or trials after this long, from
         the call's start: seconds, or text such as ``"90s"``, ``"5m"``,
         ``"1.5h"`` (``None``: no limit). A trial under way finishes.
@@ -369,7 +363,7 @@ def tune(
       storage: an Optuna storage URL; default ``sqlite:///runs/autoremat.db``.
       study_name: resume or create this study; default from the problem,
         device and budget, so running the same call again resumes.
-      seed: the sampler's seed (offset by the trials already in the study).
+      seed: the candidate pool's seed (offset by the trials already in the study).
       out: when given and a schedule fits, write it there (atomic YAML).
       time_budget: about how long timing one schedule may take, in seconds.
       heartbeat: seconds between a running trial's heartbeats (RDB storages);

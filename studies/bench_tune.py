@@ -144,7 +144,7 @@ def _rank_corr(xs: list[float], ys: list[float]) -> float:
 
 
 def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
-             log: list[str]) -> Outcome:
+             log: list[str], grid_repeats: int = 3) -> Outcome:
     seq_len, seq2seq, fraction = CASES[case]
     problem = seed_lstm(seq_len=seq_len, seq2seq=seq2seq)
     plain = compile_schedule(problem, Schedule.plain(seq_len)).measurement
@@ -173,7 +173,8 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
     for s in schedules:
         compiled = compile_schedule(problem, s, budget_bytes=budget)
         if compiled.executable is not None:
-            m = time_compiled(compiled, budget_bytes=budget, time_budget=time_budget)
+            m = time_compiled(compiled, budget_bytes=budget, time_budget=time_budget,
+                              min_repeats=grid_repeats)
             compiled.release()
             if m.step_seconds is not None:
                 timed.append((s, m))
@@ -227,12 +228,15 @@ def main() -> None:
     p.add_argument("--time-budget", type=float, default=2.0, help="timing seconds per schedule")
     p.add_argument("--tune-limit", help="the tuner's --time-limit (default: its own)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved runs of pick and best")
+    p.add_argument("--grid-repeats", type=int, default=3,
+                   help="the grid's least timed runs per schedule (the tuner's: 3)")
     a = p.parse_args()
     cases = ["a", "b"] if a.quick else a.cases.split(",")
     print(f"grid sizes: {[len(grid(CASES[c][0])) for c in cases]}", flush=True)
-    log: list[str] = []
+    log = [line for line in (RESULTS.read_text().splitlines() if RESULTS.exists() else [])
+           if line.startswith("| ") and not line.startswith("| case")]
     for case in cases:
-        run_case(case, a.time_budget, a.tune_limit, a.rounds, log)
+        run_case(case, a.time_budget, a.tune_limit, a.rounds, log, a.grid_repeats)
 
 
 if __name__ == "__main__":

@@ -279,12 +279,18 @@ bad_seconds = (st.sampled_from(["nan", "inf", "-inf", "0", "-0.0", "1e999", "x",
                | st.floats(max_value=0).map(repr) | option_text.filter(lambda s: _not_float(s)))
 
 
-def _bad_duration(v: Any) -> bool:
-    try:
-        parse_duration(v)
-    except TuneError:
-        return True
-    return False
+def _refuses(parse: Any, error: type[Exception]) -> Any:
+    """``v -> True`` when ``parse(v)`` raises ``error``."""
+    def refused(v: Any) -> bool:
+        try:
+            parse(v)
+        except error:
+            return True
+        return False
+    return refused
+
+
+_bad_duration = _refuses(parse_duration, TuneError)
 
 
 def _not_float(text: str) -> bool:
@@ -335,12 +341,7 @@ bad_study_values = {
 }
 
 
-def _bad_budget_any(v: Any) -> bool:
-    try:
-        parse_bytes(v)
-    except BudgetError:
-        return True
-    return False
+_bad_budget_any = _refuses(parse_bytes, BudgetError)
 
 
 @st.composite
