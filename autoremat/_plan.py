@@ -199,12 +199,13 @@ class Planner:
             return False
         return any(b <= total and s <= predicted for b, s in self.timed.values())
 
-    def _rank(self) -> list[tuple[float, Candidate]]:
+    def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]:
+        """Open candidates by predicted time (before any timing: fewest evaluations, the
+        time model's prior); ``compiled_first``: those already compiled first."""
         open_ = [c for k, c in self.pool.items() if not c.done and k not in self.taken]
         ranked = [(self.predict(c), c) for c in open_]
-        # Before any timing: fewest evaluations first (the prior of the time model).
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),
-                      key=lambda pc: pc[0])
+                      key=lambda pc: (compiled_first and pc[1].compiled is None, pc[0]))
 
     def next(self, deadline: float | None, *, explore: bool = False,
              dominated: bool = False) -> Candidate | None:
@@ -227,7 +228,7 @@ class Planner:
         best = self.best
         compile_cost = (sum(self.compile_seconds) / len(self.compile_seconds)
                         if self.compile_seconds else 0.0)
-        for predicted, cand in self._rank():
+        for predicted, cand in self._rank(compiled_first=dominated):
             calibrated = self.time_model.points >= 2 and best is not None
             if calibrated and not explore and best is not None \
                     and predicted > STOP_RATIO * best[2]:

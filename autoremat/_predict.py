@@ -35,7 +35,7 @@ from typing import Any
 from autoremat._schedule import Schedule
 
 #: The ridge weight pulling the fit towards the prior (relative units).
-_RIDGE = 0.3
+_RIDGE = 0.1
 #: Policies that keep a level's residuals (as ``_nested``'s cost model).
 _KEEPS = ("none", "everything_saveable")
 
@@ -121,10 +121,10 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 def _ridge(rows: list[list[float]], ys: list[float], prior: list[float],
            weights: list[float], ridge: float = _RIDGE) -> list[float]:
-    """``argmin sum w (x.c - y)^2 + ridge * n * |s (c - prior)|^2``, columns scaled by ``s``."""
+    """``argmin sum w (x.c - y)^2 + ridge |s (c - prior)|^2``, columns scaled by ``s``."""
     k = len(prior)
     scale = [max((abs(r[j]) for r in rows), default=0.0) or 1.0 for j in range(k)]
-    lam = ridge * max(1, len(rows))
+    lam = ridge
     top = max(weights, default=1.0) or 1.0
     weights = [w / top for w in weights]
     ys_scale = max((abs(y) for y in ys), default=1.0) or 1.0

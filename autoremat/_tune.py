@@ -15,7 +15,7 @@ study's own trials (``_predict``), and timed only when they fit and are not
 dominated; a schedule whose first run is already clearly slower than the best
 that fits is a *cut* trial (``cut_seconds``, no ``step_seconds``). The search
 ends when nothing left is predicted to beat the best, after ``n_trials``
-(exactly that many: past the planner's stop it explores the front), or at
+(exactly that many: past the planner's stop, dominated ones too), or at
 ``time_limit``.
 
 * A schedule is measured at most once per study: a trial whose schedule key
@@ -248,7 +248,7 @@ class _Search:
 
     def run(self, n_trials: int | None, time_limit: float | None) -> bool:
         """Measure schedules until the planner is done, ``n_trials`` are measured (then
-        exactly that many: past the planner's stop it explores the front) or the time
+        exactly that many: past the planner's stop, dominated ones too) or the time
         limit; ``True`` when Ctrl-C stopped it."""
         import optuna
 
@@ -273,8 +273,8 @@ class _Search:
                     time.sleep(pause if left is None else max(0.0, min(pause, left)))
                     continue
                 exact = n_trials is not None or self.total_trials is not None
-                if not (self.plan(deadline, self.planner.explore_front) or (exact and (
-                        self.plan(deadline, True) or self.plan(deadline, True, True)))):
+                if not (self.plan(deadline, self.planner.explore_front)
+                        or (exact and self.plan(deadline, True, True))):
                     break
                 self.attempts += 1
                 self.study.optimize(self.objective, n_trials=1,

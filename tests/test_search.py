@@ -152,3 +152,41 @@ def test_an_unseen_problem_gets_a_pick_as_fast_as_the_best_seed(name: str, tmp_p
     assert pick.measurement.step_seconds is not None
     assert pick.measurement.step_seconds <= 1.25 * min(f for f in seed_figures if f)
     assert f"best (trial {pick.number})" in r.stdout
+
+
+def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> None:
+    from autoremat._predict import MemoryModel, Structure, TimeModel
+
+    seq_len = 10_000
+    schedules = [Schedule.plain(seq_len), Schedule.nested([seq_len], "nothing_saveable"),
+                 Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"]),
+                 Schedule.nested([25, 20, 20], "nothing_saveable"), Schedule.binomial(38),
+                 Schedule.binomial(200), Schedule.nested([50, 200], "dots_saveable")]
+    structures = [Structure.of(s, seq_len) for s in schedules]
+
+    def truth(s: Structure, total: float) -> float:  # a made-up machine
+        return 1e-4 * s.evaluations + 2e-9 * total + 5e-5 * s.bookkeeping + 0.01
+
+    sizes = [7e8, 1.8e8, 7.6e7, 7.4e7, 7.5e7, 9e7, 3e8]
+    model = TimeModel()
+    assert model.predict(structures[0], sizes[0]) is None  # nothing timed yet
+    model.fit([(s, b, truth(s, b)) for s, b in zip(structures, sizes, strict=True)])
+    for s, b in zip(structures, sizes, strict=True):
+        assert model.predict(s, b) == pytest.approx(truth(s, b), rel=0.1)
+    # two points: the prior (seconds per evaluation) already orders them
+    few = TimeModel()
+    few.fit([(structures[0], sizes[0], 1.0), (structures[3], sizes[3], 3.0)])
+    assert few.predict(structures[1], sizes[1]) < few.predict(structures[3], sizes[3])
+
+    memory = MemoryModel()
+    memory.add(structures[2], 76_000_000, over_budget=True)  # 100x100 over the budget
+    wider = Structure.of(Schedule.nested([100, 100], ["dots_saveable", "everything_saveable"],
+                                         unroll=2), seq_len)  # stores more of every term
+    narrower = Structure.of(Schedule.nested([200, 50], ["nothing_saveable",
+                                                        "everything_saveable"]), seq_len)
+    assert memory.surely_over(wider) and not memory.surely_over(narrower)
+    assert not memory.surely_over(structures[4])  # another kind
+    memory.add(structures[0], 700_000_000, over_budget=True)
+    memory.add(structures[4], 75_000_000, over_budget=False)
+    guess = memory.predict(Structure.of(Schedule.plain(seq_len), seq_len))
+    assert guess is not None and guess > 5 * memory.predict(narrower)
