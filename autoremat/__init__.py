@@ -2,20 +2,27 @@
 
 The pipeline, one module per box::
 
-    schedule (YAML)  _schedule.py   Schedule (nested | binomial), load/save, ScheduleError
-      -> builder     _scan.py       scan(): nested chunked remat, lax.scan semantics
-                     _binomial.py   the binomial kind: custom_vjp running _revolve.py's plan
-                     linen.py       linen.scan(): the same for flax.linen
+    schedule (YAML)  _schedule.py   Schedule (abstract): from_data/to_data, load/save, key
+                     _kinds.py      the table of kinds -> _nested.py, _binomial.py (one type each)
+                     _policy.py     checkpoint policies by name, Level; _yaml.py: safe YAML
+      -> builder     _scan.py       scan(): lax.scan semantics, dispatches to the kind's run()
+                     _nested_scan.py / _binomial_scan.py (+ _revolve.py's plan): the builders
+                     linen.py, nnx.py (_nnx_scan.py, _rnn.py): nn.scan / nnx.scan / RNN drop-ins
+                     _fuse.py       fuse_head/fuse_loss: the readout inside the step
                      bounds.py      Revolve's optimum; any schedule's recompute and carries
-      -> measure     _measure.py    compile -> memory_analysis -> run -> time
-      -> search      _space.py      Optuna trial -> Schedule
+      -> measure     _measure.py    measure_step: compile -> memory_analysis -> run -> time
+                     _breakdown.py  where the memory goes; the floor no schedule removes
+                     _problem.py    Problem (a train step built for a schedule), the seed LSTM
+      -> search      _space.py      Optuna trial -> Schedule (each kind's suggest/seed_params)
                      _tune.py       the search loop: budget constraint, dedupe, resume
                      _storage.py    Optuna storages, stale-trial retry, the workers' lock
       -> study       _study.py      reading a study: measured trials, the answer, TuneResult
-      -> front       _pareto.py     non-dominated trials, table, plot, export
+      -> front       _pareto.py     non-dominated trials, table, plot, export, show
       -> schedule    (YAML again, with what was measured in ``meta``)
 
-Importing ``autoremat`` does not import jax: ``scan`` and ``linen`` load it
+    errors: _errors.py (AutorematError and its kinds); the command: cli.py, _cli_settings.py
+
+Importing ``autoremat`` does not import jax: ``scan``, ``linen`` and ``nnx`` load it
 when first used, so ``autoremat --help`` is instant.
 """
 
@@ -32,6 +39,8 @@ from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
+from autoremat._fuse import fuse_head as fuse_head
+from autoremat._fuse import fuse_loss as fuse_loss
 from autoremat._measure import Measurement as Measurement
 from autoremat._measure import measure as measure
 from autoremat._measure import measure_step as measure_step
@@ -68,6 +77,8 @@ __all__ = [
     "TuneError",
     "TuneResult",
     "bounds",
+    "fuse_head",
+    "fuse_loss",
     "linen",
     "load_schedule",
     "measure",

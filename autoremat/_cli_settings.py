@@ -113,6 +113,9 @@ PROBLEM_SETTINGS: Final = (
     Setting("hidden", "built-in problem: LSTM width (128)", _SIZE, int),
     Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
+    Setting("fused_readout", "built-in problem: the readout and loss inside the scanned step "
+            "(seq2seq): nothing T-long is stacked, so a schedule removes almost all temp", _boolean,
+            default=False, const=True),
 )
 
 PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "

@@ -52,23 +52,33 @@ class Compiled:
 
 
 def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
-                 budget_bytes: int | None = None, label: str = "") -> Compiled:
-    """Compile ``step(*args)`` ahead of time and size it (``memory_analysis()``).
+                 budget_bytes: int | None = None, label: str = "",
+                 arg_names: Sequence[str] | None = None) -> Compiled:
+    """Compile ``step(*args)`` ahead of time and size it (``memory_analysis()``,
+    and the breakdown of ``autoremat._breakdown``; ``arg_names`` name ``args``).
 
     The measurement's status is ``"ok"`` (sized, fits, not run yet),
     ``"over_budget"`` or ``"error"``; a failure is recorded, never raised.
     """
     import jax
 
+    from autoremat._breakdown import argument_parts, scan_figures
+    from autoremat._scan import record_scans
+
+    def fresh(*a: Any) -> Any:  # traced anew, so the scans report what they stack
+        return step(*a)
+
     env: dict[str, Any] = environment()  # str values, passed to the str fields
     start = time.perf_counter()
     try:
-        executable = jax.jit(step).lower(*args).compile()
+        with record_scans() as scans:
+            executable = jax.jit(fresh).lower(*args).compile()
     except Exception as e:
         return Compiled(Measurement(label, ERROR, f"{_kind_of_failure(e, 'compile')}: "
                                     f"{_one_line(e)}", **env))
     parts = _memory_parts(executable)
     figures: dict[str, Any] = {
+        "argument_parts": argument_parts(args, arg_names), **scan_figures(scans),
         "compile_seconds": time.perf_counter() - start,
         "temp_bytes": parts["temp"],
         "argument_bytes": parts["argument"],
@@ -94,7 +104,8 @@ def compile_schedule(problem: Problem, schedule: Schedule, *,
         env: dict[str, Any] = environment()
         return Compiled(Measurement(schedule.key(), ERROR, f"build failed: {_one_line(e)}",
                                     **env))
-    return compile_step(step, args, budget_bytes=budget_bytes, label=schedule.key())
+    return compile_step(step, args, budget_bytes=budget_bytes, label=schedule.key(),
+                        arg_names=problem.arg_names)
 
 
 def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
@@ -164,5 +175,6 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
 
 
 _FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_bytes",
-                   "alias_bytes", "total_bytes")
+                   "alias_bytes", "total_bytes", "argument_parts", "stacked_bytes",
+                   "carry_bytes")
 _ENV: Final = ("device_kind", "platform", "jax_version", "flax_version")

@@ -11,6 +11,10 @@ or a competitor's), compiles it ahead of time with
   reuses argument buffers, so it is counted once);
 * ``total_bytes = argument + output + temp - alias``: what the step needs on
   the device while it runs. This is known after compiling, before running.
+* the breakdown (``autoremat._breakdown``): ``argument_parts`` (bytes per
+  argument: params, optimizer state, inputs), ``stacked_bytes`` and
+  ``carry_bytes`` (what the autoremat scans stack and carry, reported at
+  trace time); the rest of temp is the schedule's.
 
 A step whose total is over the budget is not run (``status`` is
 ``"over_budget"``). Otherwise the step runs once as a warm-up (its loss and
@@ -62,6 +66,11 @@ class Measurement:
       compile_seconds: wall seconds of ``lower(...).compile()``.
       loss: the warm-up's scalar output when the step returns one.
       device_kind, platform, jax_version, flax_version: where it was measured.
+      argument_parts: ``(name, bytes)`` per argument of the step
+        (``Problem.arg_names``; default ``arg0``, ...).
+      stacked_bytes: per-step outputs the step's autoremat scans stack
+        (``None``: no autoremat scan); part of the floor no schedule removes.
+      carry_bytes: those scans' carries (one each).
       cut_seconds: a cut trial's one (warm-up) run, in seconds: its timing
         stopped there as it was already clearly slower than the best that
         fits (``step_seconds`` is then ``None``; ``time_compiled``).
@@ -84,6 +93,9 @@ class Measurement:
     platform: str = ""
     jax_version: str = ""
     flax_version: str = ""
+    argument_parts: tuple[tuple[str, int], ...] = ()
+    stacked_bytes: int | None = None
+    carry_bytes: int | None = None
     cut_seconds: float | None = None
 
     @property
@@ -100,6 +112,7 @@ class Measurement:
         """A JSON-safe mapping (Optuna user attrs), with ``feasible`` added."""
         data = asdict(self)
         data["step_samples"] = list(self.step_samples)
+        data["argument_parts"] = [[name, size] for name, size in self.argument_parts]
         data["feasible"] = self.feasible
         return data
 
@@ -115,6 +128,7 @@ class Measurement:
                 raise TuneError(f"trial attrs: no {key!r}, so no measurement to read")
         data = {f.name: attrs[f.name] for f in fields(cls) if f.name in attrs}
         data["step_samples"] = tuple(data.get("step_samples") or ())
+        data["argument_parts"] = tuple((str(n), int(b)) for n, b in data.get("argument_parts") or ())
         return cls(**data)
 
     def fits(self, budget_bytes: int) -> bool:
@@ -201,6 +215,7 @@ def measure_step(
     run: bool = True,
     label: str = "",
     on_output: Callable[[Any], None] | None = None,
+    arg_names: Sequence[str] | None = None,
 ) -> Measurement:
     """Compile, size and time any un-jitted ``step(*args)`` (see the module doc).
 
@@ -217,6 +232,7 @@ def measure_step(
       on_output: called with the warm-up run's (finite) output before the
         timed runs, e.g. to keep gradients for a comparison; what it raises
         is recorded as a run failure.
+      arg_names: names of ``args`` for ``argument_parts``.
 
     Returns:
       A ``Measurement``; failures are recorded in it, never raised (except
@@ -224,7 +240,8 @@ def measure_step(
     """
     from autoremat._compiled import compile_step, time_compiled
 
-    compiled = compile_step(step, args, budget_bytes=budget_bytes, label=label)
+    compiled = compile_step(step, args, budget_bytes=budget_bytes, label=label,
+                            arg_names=arg_names)
     if not run or compiled.executable is None:
         return compiled.measurement
     return time_compiled(compiled, budget_bytes=budget_bytes, time_budget=time_budget,

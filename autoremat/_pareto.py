@@ -15,10 +15,11 @@ do (``bounds.distance_to_optimum``: 1.0 = optimal, the binomial kind).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from autoremat._breakdown import KEYS, breakdown_lines
 from autoremat._budget import format_bytes
 from autoremat._errors import TuneError
 from autoremat._schedule import Schedule
@@ -42,6 +43,7 @@ class FrontPoint:
       chosen: the trial ``tune`` picks under the study's budget.
       recompute: step evaluations per step of one forward + backward pass.
       vs_optimum: evaluations over the optimum at the same stored carries.
+      breakdown: where its memory goes (``autoremat._breakdown.KEYS``).
     """
 
     number: int
@@ -52,6 +54,7 @@ class FrontPoint:
     chosen: bool
     recompute: float
     vs_optimum: float
+    breakdown: dict[str, Any] = field(default_factory=dict)
 
 
 def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -80,6 +83,7 @@ def pareto_front(study: optuna.Study) -> list[FrontPoint]:
             chosen=chosen is not None and t.number == chosen.number,
             recompute=cost(t.schedule, info.seq_len).recompute_factor,
             vs_optimum=distance_to_optimum(t.schedule, info.seq_len),
+            breakdown={k: v for k, v in t.measurement.to_attrs().items() if k in KEYS},
         )
         for t in front
     ]
@@ -109,6 +113,10 @@ def front_table(points: list[FrontPoint], budget_bytes: int) -> str:
         )
     lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
                  "fewest any schedule storing as many carries needs (autoremat.bounds)")
+    for p in points:
+        memory = breakdown_lines(p.breakdown) if p.chosen else []
+        if memory:
+            lines += [f"chosen (trial {p.number}):", *memory]
     return "\n".join(lines)
 
 
@@ -222,9 +230,10 @@ def describe_schedule(schedule: Schedule) -> str:
                  f"{format_bytes(meta.get('temp_bytes'))}, step "
                  f"{_seconds(meta.get('step_seconds'))}, compile "
                  f"{_seconds(meta.get('compile_seconds'))}")
+    lines += breakdown_lines(meta)
     known = {"problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
              "flax_version", "budget_bytes", "study_name", "trial", "storage", "date",
-             "total_bytes", "temp_bytes", "step_seconds", "compile_seconds"}
+             "step_seconds", "compile_seconds", *KEYS}
     extra = {k: v for k, v in meta.items() if k not in known}
     if extra:
         lines.append(f"other meta: {extra}")

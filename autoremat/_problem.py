@@ -8,7 +8,10 @@ schedule, and ``args`` are example arguments for it.
 
 The built-in problem is the LSTM of the original report (``../shared/seeds``):
 ``flax.linen.OptimizedLSTMCell`` (hidden 128), batch 10, input 32, output 4,
-a Dense readout, L2 loss, Adam(1e-3), seq2seq, T=10,000.
+a Dense readout, L2 loss, Adam(1e-3), seq2seq, T=10,000. With
+``fused_readout=True`` the readout and loss run inside the scanned step
+(``autoremat.fuse_loss``), so no ``(T, B, H)`` stack of states exists and the
+schedule's savings are no longer capped by it (same loss and gradients).
 """
 
 from __future__ import annotations
@@ -41,22 +44,30 @@ class Problem:
       seq_len: the sequence length ``T`` the step scans.
       build: ``build(schedule) -> (step, args)``; ``step(*args)`` is the
         un-jitted training step using that schedule.
+      arg_names: optional names of ``args`` (e.g. ``("params", "opt_state",
+        "x", "y")``), used by the memory breakdown; default ``arg0, arg1, ...``.
     """
 
     name: str
     seq_len: int
     build: Callable[[Schedule], tuple[Step, tuple[Any, ...]]]
+    arg_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ProblemError(f"seq_len: expected a positive int, got {self.seq_len!r}")
         if not callable(self.build):
             raise ProblemError("build: expected a callable build(schedule) -> (step, args)")
+        names = self.arg_names
+        if names is not None and (not isinstance(names, tuple)
+                                  or not all(isinstance(n, str) and n for n in names)):
+            raise ProblemError(f"arg_names: expected a tuple of non-empty strings, got {names!r}")
 
 
 #: ``run_scan(params, x) -> (final_carry, hs)``: how a train step runs the LSTM
 #: over ``x`` (batch-major ``(B, T, D)``); ``hs`` is time-major ``(T, B, H)``,
-#: or ``None`` when the loss is on the last state only.
+#: or ``None`` when the loss is on the last state only. With a fused readout
+#: ``x`` is ``(x, y)`` and the final carry ``(lstm_carry, summed_loss)``.
 RunScan = Callable[[Any, Any], tuple[Any, Any]]
 
 
@@ -67,6 +78,8 @@ class SeedModel:
     ``train_step(run_scan)`` is the seed's train step (forward, L2 loss,
     gradients, Adam) around any way of running the scan: ``seed_lstm`` runs
     it with ``autoremat.scan``; ``studies/compare.py`` with its competitors.
+    ``fused_readout``: the readout and per-step loss run inside the scanned
+    step (``cell_step``, ``autoremat.fuse_loss``); nothing is stacked.
     """
 
     cell: nn.OptimizedLSTMCell
@@ -75,6 +88,10 @@ class SeedModel:
     carry0: Any
     args: tuple[Any, ...]  # (params, opt_state, x, y)
     seq2seq: bool
+    fused_readout: bool = False
+
+    #: What ``args`` hold, for the memory breakdown.
+    ARG_NAMES = ("params", "opt_state", "x", "y")
 
     @property
     def seq_len(self) -> int:
@@ -87,23 +104,41 @@ class SeedModel:
             from autoremat._scan import scan
 
             def run_scan(params: Any, x: Any) -> tuple[Any, Any]:
-                return scan(self.cell_step(params), self.carry0, x, schedule=schedule,
+                return scan(self.cell_step(params), self.scan_init(), x, schedule=schedule,
                             axis=1, out_axis=0)
 
             return self.train_step(run_scan), self.args
 
-        batch, kind = self.args[2].shape[0], "seq2seq" if self.seq2seq else "last"
+        batch = self.args[2].shape[0]
+        kind = "seq2seq" if self.seq2seq else "last"
+        kind += ",fused" if self.fused_readout else ""
         name = f"seed_lstm(T={self.seq_len},B={batch},H={self.cell.features},{kind})"
-        return Problem(name=name, seq_len=self.seq_len, build=build)
+        return Problem(name=name, seq_len=self.seq_len, build=build, arg_names=self.ARG_NAMES)
+
+    def scan_init(self) -> Any:
+        """The scan's initial carry: the LSTM's, and with a fused readout a zero loss sum."""
+        if not self.fused_readout:
+            return self.carry0
+        import jax.numpy as jnp
+
+        return self.carry0, jnp.zeros((), jnp.float32)
 
     def cell_step(self, params: Any) -> Callable[[Any, Any], tuple[Any, Any]]:
-        """One scan step ``(carry, x_t) -> (carry, h_t or None)`` with ``params``."""
+        """One scan step with ``params``: ``(carry, x_t) -> (carry, h_t or None)``; with a
+        fused readout ``((carry, loss_sum), (x_t, y_t)) -> ((carry, loss_sum + loss_t), None)``."""
 
         def step(carry: Any, xt: Any) -> tuple[Any, Any]:
             carry, h = self.cell.apply({"params": params["cell"]}, carry, xt)
             return carry, (h if self.seq2seq else None)
 
-        return step
+        if not self.fused_readout:
+            return step
+        import optax
+
+        from autoremat._fuse import fuse_loss
+
+        readout = {"params": params["readout"]}
+        return fuse_loss(step, lambda h, yt: optax.l2_loss(self._apply(readout, h), yt).sum())
 
     def train_step(self, run_scan: RunScan) -> Step:
         """``train_step(params, opt_state, x, y) -> (params, opt_state, loss)``."""
@@ -112,6 +147,9 @@ class SeedModel:
         import optax
 
         def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+            if self.fused_readout:  # the readout and loss ran inside the step
+                (_, total), _ = run_scan(params, (x, y))
+                return total / y.size
             (_, h_last), hs = run_scan(params, x)
             readout = {"params": params["readout"]}
             # hs stays time-major (T, B, H): only the small predictions are transposed.
@@ -132,11 +170,16 @@ class SeedModel:
 
 
 def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_dim: int = 32,
-               output_dim: int = 4, seq2seq: bool = True) -> SeedModel:
+               output_dim: int = 4, seq2seq: bool = True,
+               fused_readout: bool = False) -> SeedModel:
     """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3) and random data (``PRNGKey(0)``).
 
-    The arguments are ``seed_lstm``'s.
+    The arguments are ``seed_lstm``'s; the data and parameters do not depend
+    on ``fused_readout``.
     """
+    if fused_readout and not seq2seq:
+        raise ProblemError("fused_readout: the loss on the last state stacks no outputs, so "
+                           "there is nothing to fuse; use it with seq2seq=True")
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -153,7 +196,8 @@ def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_
         "cell": cell.init(kc, carry0, x[:, 0])["params"],
         "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
     }
-    return SeedModel(cell, readout, tx, carry0, (params, tx.init(params), x, y), seq2seq)
+    return SeedModel(cell, readout, tx, carry0, (params, tx.init(params), x, y), seq2seq,
+                     fused_readout)
 
 
 def seed_lstm(
@@ -163,14 +207,20 @@ def seed_lstm(
     input_dim: int = 32,
     output_dim: int = 4,
     seq2seq: bool = True,
+    fused_readout: bool = False,
 ) -> Problem:
     """The seed's LSTM train step (``OptimizedLSTMCell`` + Dense, L2, Adam 1e-3).
 
     ``x`` is batch-major ``(batch, seq_len, input_dim)`` as in the seed, scanned
     with ``axis=1`` (no transposed copy). With ``seq2seq=False`` the loss is on
-    the last hidden state, so no per-step output is stacked at all.
+    the last hidden state, so no per-step output is stacked at all. With
+    ``fused_readout=True`` (seq2seq only) the readout and L2 loss run inside the
+    scanned step and the loss is summed in the carry: the ``(T, B, H)`` stack of
+    states, its cotangent and the readout's residual -- memory no schedule can
+    remove -- do not exist; loss and gradients are the unfused step's.
     """
-    return seed_model(seq_len, batch, hidden, input_dim, output_dim, seq2seq).problem()
+    return seed_model(seq_len, batch, hidden, input_dim, output_dim, seq2seq,
+                      fused_readout).problem()
 
 
 def resolve_problem(ref: str) -> Problem:

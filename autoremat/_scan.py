@@ -10,9 +10,11 @@ hands the steps to the schedule's kind (``Schedule.run``: ``_nested_scan`` or
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import jax
@@ -78,6 +80,42 @@ def scan(
                      in_axes=axis, out_axes=axis if out_axis is None else out_axis)
 
 
+@dataclass(frozen=True)
+class ScanRecord:
+    """What one autoremat scan holds whatever its schedule (``record_scans``).
+
+    Attributes:
+      stacked_bytes: its stacked per-step outputs (``T`` x one step's ``y``).
+      carry_bytes: one carry.
+    """
+
+    stacked_bytes: int
+    carry_bytes: int
+
+
+_RECORDS: contextvars.ContextVar[list[ScanRecord] | None] = contextvars.ContextVar(
+    "autoremat_scan_records", default=None)
+
+
+@contextlib.contextmanager
+def record_scans() -> Iterator[list[ScanRecord]]:
+    """Every outermost autoremat scan traced inside appends its ``ScanRecord`` to the list.
+
+    Scans inside a scanned step are not recorded: what they stack is part of
+    the outer step's output.
+    """
+    records: list[ScanRecord] = []
+    token = _RECORDS.set(records)
+    try:
+        yield records
+    finally:
+        _RECORDS.reset(token)
+
+
+def _nbytes(tree: PyTree) -> int:
+    return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree))
+
+
 def scan_axes(
     f: Callable[[Carry, Any], tuple[Carry, Any]],
     init: Carry,
@@ -95,6 +133,21 @@ def scan_axes(
     ``in_axes`` is an int or a prefix tree of ``xs``; ``out_axes`` an int or a
     prefix tree of the step's output ``y``. ``autoremat.linen.scan`` uses this.
     """
+    records = _RECORDS.get()
+    if records is None:
+        return _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
+    token = _RECORDS.set(None)
+    try:
+        carry, ys = _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
+    finally:
+        _RECORDS.reset(token)
+    records.append(ScanRecord(_nbytes(ys), _nbytes(carry)))
+    return carry, ys
+
+
+def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: PyTree,
+               length: int | None, schedule: Schedule, reverse: bool, in_axes: PyTree,
+               out_axes: PyTree, unroll: int | bool | None) -> tuple[Carry, PyTree]:
     if not isinstance(schedule, Schedule):
         raise ScheduleError(
             f"schedule: expected an autoremat.Schedule (see autoremat.load_schedule), "

@@ -140,7 +140,10 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial) -> Schedule:
         device_kind=m.device_kind, platform=m.platform, jax_version=m.jax_version,
         flax_version=m.flax_version, budget_bytes=info.budget_bytes,
         total_bytes=m.total_bytes, temp_bytes=m.temp_bytes, step_seconds=m.step_seconds,
-        compile_seconds=m.compile_seconds, study_name=study.study_name,
+        compile_seconds=m.compile_seconds, argument_bytes=m.argument_bytes,
+        output_bytes=m.output_bytes, alias_bytes=m.alias_bytes,
+        argument_parts=dict(m.argument_parts), stacked_bytes=m.stacked_bytes,
+        carry_bytes=m.carry_bytes, study_name=study.study_name,
         storage=redact(info.storage), trial=trial.number,
         date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
@@ -205,14 +208,18 @@ def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = Non
 
 
 def nothing_fits_message(result: TuneResult) -> str:
-    """One line: the budget, and the smallest total measured with its schedule."""
+    """One line: the budget, the floor no schedule removes when the budget is under it
+    (what it is made of, how to lower it), and the smallest total measured."""
+    from autoremat._breakdown import floor_message
+
     s = result.smallest_trial
     if s is None or s.measurement.total_bytes is None:
         return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
                 "measured (see the trials' 'reason')")
     total = s.measurement.total_bytes
+    floor = floor_message(s.measurement.to_attrs(), result.budget_bytes)
     return (
         f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
         f"the smallest total measured is {format_bytes(total)} ({total} bytes), "
-        f"trial {s.number}: {s.schedule.describe()}"
+        f"trial {s.number}: {s.schedule.describe()}" + (f"; {floor}" if floor else "")
     )

@@ -141,15 +141,19 @@ def _usage_error(e: AutorematError) -> UsageError:
 
 
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
-                 hidden: int | None, seq2seq: bool) -> Problem:
+                 hidden: int | None, seq2seq: bool, fused_readout: bool = False) -> Problem:
     """The built-in seed LSTM (resized), or the problem ``ref`` names (sizes checked
     by ``check_settings``)."""
     from autoremat._problem import resolve_problem, seed_lstm
 
     if ref is None or ref == BUILTIN_PROBLEM:
+        if fused_readout and not seq2seq:
+            raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
+                             "no outputs, so there is nothing to fuse; drop one of the two")
         return seed_lstm(seq_len=seq_len or 10_000, batch=batch or 10, hidden=hidden or 128,
-                         seq2seq=seq2seq)
-    sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden}
+                         seq2seq=seq2seq, fused_readout=fused_readout)
+    sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
+             "fused_readout": fused_readout or None}
     named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]
     if named:
         raise UsageError(f"{named[0]}: only resizes the built-in problem; your --problem "
@@ -159,7 +163,8 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
 
 def _problem_of(settings: dict[str, Any]) -> Problem:
     return make_problem(settings.get("problem"), settings.get("seq_len"), settings.get("batch"),
-                        settings.get("hidden"), bool(settings["seq2seq"]))
+                        settings.get("hidden"), bool(settings["seq2seq"]),
+                        bool(settings.get("fused_readout")))
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -262,6 +267,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
 
 
 def _result_table(result: TuneResult) -> str:
+    from autoremat._breakdown import breakdown_lines
     from autoremat._budget import format_bytes
     from autoremat._pareto import _seconds
     from autoremat._storage import redact
@@ -280,12 +286,15 @@ def _result_table(result: TuneResult) -> str:
                 f"{t.schedule.describe()}{note}")
 
     best = result.best_trial
+    shown = best or result.smallest_trial
     return "\n".join([
         f"study: {result.study_name!r} in {redact(result.storage)} "
         f"({result.n_trials} trials, {result.measured} measured now)",
         f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
         row(f"best (trial {best.number})" if best else "best", best),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
+        *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
+           *breakdown_lines(shown.measurement.to_attrs())] if shown else []),
     ])
 
 

@@ -13,6 +13,14 @@ snapshots the tuner tries); ``autoremat tuned <=25%`` (``autoremat.tune`` under
 25% of the plain row's total, re-measured here); and any ``--extra-schedule
 LABEL=FILE.yaml`` or ``SCHEDULE_ROWS`` entry (how new schedule kinds get a row).
 
+With ``--fused-readout`` the loss-on-all-steps groups also get rows of the
+same train step with the readout and loss inside the scanned step
+(``seed_lstm(fused_readout=True)``, ``autoremat.fuse_loss``: nothing T-long is
+stacked): ``plain (fused readout)`` (no remat), ``autoremat fused sqrt(T)
+nested``, ``autoremat fused min-memory`` and ``autoremat fused tuned <=1%
+temp`` (``autoremat.tune`` under the plain row's arguments + outputs + 1% of
+its temp). Their loss and gradients are checked against the unfused plain row.
+
 Every competitor is the seed's one train step (``SeedModel.train_step``) around
 its own way of running the scan, measured by ``autoremat.measure_step``: compile,
 ``memory_analysis()`` (total = argument + output + temp - alias), one warm-up,
@@ -74,9 +82,9 @@ class Group:
     batch: int = 10
     hidden: int = 128
 
-    def model(self) -> SeedModel:
+    def model(self, fused: bool = False) -> SeedModel:
         return seed_model(seq_len=self.seq_len, batch=self.batch, hidden=self.hidden,
-                          seq2seq=self.seq2seq)
+                          seq2seq=self.seq2seq, fused_readout=fused)
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class Spec:
     builder: str
     schedule: dict[str, Any] | None = None
     detail: str = ""
+    fused: bool = False  # the seed model with the readout inside the step
 
 
 # --------------------------------------------------------------------------- competitors
@@ -177,11 +186,11 @@ BUILDERS: dict[str, Callable[[SeedModel, Spec], tuple[Step, str]]] = {
 }
 
 
-def schedule_spec(method: str, schedule: Schedule) -> Spec:
-    """A row that runs the seed problem under an autoremat ``Schedule``."""
+def schedule_spec(method: str, schedule: Schedule, fused: bool = False) -> Spec:
+    """A row that runs the seed problem (``fused``: its fused-readout form) under a ``Schedule``."""
     data = schedule.to_data()
     data.pop("meta", None)
-    return Spec(method, "schedule", data, schedule.describe())
+    return Spec(method, "schedule", data, schedule.describe(), fused)
 
 
 def min_memory_candidates(seq_len: int, max_depth: int = 3) -> list[Schedule]:
@@ -221,7 +230,8 @@ def fixed_specs(group: Group, extra: Sequence[tuple[str, Any]], wanted: Callable
     return [s for s in specs if wanted(s.method)]
 
 
-def min_memory_spec(model: SeedModel, max_depth: int, log: Callable[[str], None]) -> Spec:
+def min_memory_spec(model: SeedModel, max_depth: int, log: Callable[[str], None],
+                    method: str = report.MIN_MEMORY) -> Spec:
     """The candidate with the smallest compiled total (compiled and sized, not run)."""
     sized = [(measure(model.problem(), c, run=False), c)
              for c in min_memory_candidates(model.seq_len, max_depth)]
@@ -230,8 +240,8 @@ def min_memory_spec(model: SeedModel, max_depth: int, log: Callable[[str], None]
             log(f"  min-memory candidate {c.describe()}: {m.reason}")
     fits = [(m.total_bytes, c) for m, c in sized if m.feasible and m.total_bytes is not None]
     chosen = min(fits, key=lambda tc: tc[0])[1] if fits else sized[0][1]
-    log(f"  min-memory: {chosen.describe()}")
-    return schedule_spec(report.MIN_MEMORY, chosen)
+    log(f"  {method.removeprefix('autoremat ')}: {chosen.describe()}")
+    return schedule_spec(method, chosen, model.fused_readout)
 
 
 def tuned_schedule(model: SeedModel, budget: int, trials: int) -> Schedule | None:
@@ -250,7 +260,7 @@ def run_spec(group: Group, spec: Spec, *, repeats: int, gpu: bool,
     if spec.builder == "none":  # nothing to run (e.g. nothing fits the tuner's budget)
         return report.Outcome(row)
     try:
-        model = model or group.model()
+        model = model or group.model(spec.fused)
         step, row.detail = BUILDERS[spec.builder](model, spec)
     except Exception as e:
         row.error = f"build: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
@@ -321,14 +331,17 @@ def _worker(job_path: str) -> None:
 def compare_one(seq_len: int, seq2seq: bool, *, batch: int, hidden: int, repeats: int, trials: int,
                 gpu: bool, max_depth: int = 3, isolate: bool = False,
                 extra: Sequence[tuple[str, Any]] = (), only: set[str] | None = None,
-                row_timeout: float = 3600.0, log: Callable[[str], None] = print) -> list[report.Row]:
+                row_timeout: float = 3600.0, fused: bool = False,
+                log: Callable[[str], None] = print) -> list[report.Row]:
     """All rows for one sequence length and loss kind (each in a subprocess when ``isolate``).
 
     Rows run in order; the min-memory row is chosen after the fixed rows, the
-    tuned one under 25% of the measured plain row's total.
+    tuned one under 25% of the measured plain row's total; with ``fused`` (and
+    ``seq2seq``) the fused-readout rows follow.
     """
     group = Group(seq_len, seq2seq, batch, hidden)
-    model = group.model()
+    models = {False: group.model()}
+    model = models[False]
     outcomes: list[report.Outcome] = []
 
     def wanted(method: str) -> bool:
@@ -337,7 +350,7 @@ def compare_one(seq_len: int, seq2seq: bool, *, batch: int, hidden: int, repeats
     def add(spec: Spec) -> None:
         t0 = time.perf_counter()
         outcome = (run_isolated(group, spec, repeats=repeats, gpu=gpu, timeout=row_timeout) if isolate
-                   else run_spec(group, spec, repeats=repeats, gpu=gpu, model=model))
+                   else run_spec(group, spec, repeats=repeats, gpu=gpu, model=models[spec.fused]))
         r = outcome.row
         log(f"  {r.method}: total {report.megabytes(r.total_bytes)}, "
             f"temp {report.megabytes(r.temp_bytes)}, step {report.seconds(r.step_seconds)} "
@@ -360,7 +373,37 @@ def compare_one(seq_len: int, seq2seq: bool, *, batch: int, hidden: int, repeats
             else:
                 log(f"  tuned ({trials} trials, {time.perf_counter() - t0:.0f} s): {best.describe()}")
                 add(schedule_spec(TUNED, best))
+    if fused and seq2seq:
+        models[True] = group.model(fused=True)
+        add_fused_rows(models[True], outcomes[0].row, add, wanted, max_depth, trials, log)
     return report.check_against_plain(outcomes)
+
+
+def add_fused_rows(model: SeedModel, plain: report.Row, add: Callable[[Spec], None],
+                   wanted: Callable[[str], bool], max_depth: int, trials: int,
+                   log: Callable[[str], None]) -> None:
+    """The fused-readout rows (see the module doc), after the unfused ones."""
+    t = model.seq_len
+    for spec in (schedule_spec(report.FUSED_PLAIN, Schedule.plain(t), True),
+                 schedule_spec(f"{report.FUSED} sqrt(T) nested",
+                               Schedule.root(t, 2, "nothing_saveable"), True)):
+        if wanted(spec.method):
+            add(spec)
+    if wanted(report.FUSED_MIN_MEMORY):
+        add(min_memory_spec(model, max_depth, log, report.FUSED_MIN_MEMORY))
+    if not wanted(report.FUSED_TUNED) or trials <= 0:
+        return
+    if plain.total_bytes is None or plain.temp_bytes is None:
+        log("  fused tuned: no memory_analysis() for the plain scan; skipping")
+        return
+    t0 = time.perf_counter()
+    best = tuned_schedule(model, plain.total_bytes - plain.temp_bytes + plain.temp_bytes // 100,
+                          trials)
+    if best is None:
+        add(Spec(report.FUSED_TUNED, "none", None, "nothing fits the budget", True))
+        return
+    log(f"  fused tuned ({trials} trials, {time.perf_counter() - t0:.0f} s): {best.describe()}")
+    add(schedule_spec(report.FUSED_TUNED, best, True))
 
 
 # --------------------------------------------------------------------------- main
@@ -414,6 +457,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--extra-schedule", action="append", default=[], type=_extra_schedule,
                    metavar="LABEL=FILE.yaml", help="add a row running this autoremat schedule")
     p.add_argument("--row-timeout", type=float, default=3600.0, help="seconds per isolated row")
+    p.add_argument("--fused-readout", action="store_true",
+                   help="add the fused-readout rows to the loss-on-all-steps groups")
     p.add_argument("--merge", metavar="FILE.json",
                    help="keep a saved compare.json's rows of the T and loss kinds this run does not measure")
     p.add_argument("--render", metavar="FILE.json",
@@ -465,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> list[report.Row]:
                                 repeats=args.repeats, trials=args.trials, gpu=gpu,
                                 max_depth=args.max_depth, isolate=isolate, extra=args.extra_schedule,
                                 only=only, row_timeout=args.row_timeout,
-                                log=lambda m: print(m, flush=True))
+                                fused=args.fused_readout, log=lambda m: print(m, flush=True))
             walls.append((seq_len, seq2seq, time.perf_counter() - t0))
             print(f"  done in {walls[-1][2]:.0f} s", flush=True)
             shown_rows, shown_walls, commands = (rows, walls, [command]) if previous is None else \
@@ -477,6 +522,7 @@ def main(argv: Sequence[str] | None = None) -> list[report.Row]:
     print(report.table(shown_rows, gpu))
     print(report.slope_table(fitted))
     print(report.ratio_table(report.competitor_ratios(shown_rows)))
+    print("\n".join(report.fused_check(shown_rows)))
     print(f"total {time.perf_counter() - start:.0f} s; wrote {out / 'compare.md'}, "
           f"{out / 'compare.json'}, {out / 'memory_vs_T.png'}")
     return rows

@@ -17,6 +17,11 @@ from typing import Any
 AUTOREMAT = "autoremat"  # rows whose method starts with this are ours (ratio tables)
 PLAIN = "plain"
 MIN_MEMORY = "autoremat min-memory"
+FUSED = "autoremat fused"  # rows of the fused-readout step (compare.py --fused-readout)
+FUSED_PLAIN = "plain (fused readout)"
+FUSED_MIN_MEMORY = f"{FUSED} min-memory"
+FUSED_TUNED = f"{FUSED} tuned <=1% temp"
+FUSED_TEMP, FUSED_TIME = 0.01, 1.1  # issue 13: temp <= 1% of plain's, step <= 1.1x plain's
 RTOL = 1e-5  # loss vs the plain scan's
 GRAD_RTOL = 1e-4  # max |g - g_plain| / max |g_plain|, per leaf
 README_BEGIN = "<!-- studies/compare.py --readme: begin (generated, do not edit) -->"
@@ -216,6 +221,36 @@ def ratio_table(ratios: Sequence[dict[str, Any]]) -> str:
     return _md(head, body)
 
 
+def fused_check(rows: Sequence[Row], heading: str = "##") -> list[str]:
+    """Markdown: per group with fused rows, the fastest fused autoremat row whose temp is
+    <= 1% of the plain (unfused) row's, against that plain row (empty: no fused rows)."""
+    body = []
+    for group in dict.fromkeys((r.seq_len, r.seq2seq) for r in rows):
+        mine = [r for r in rows if (r.seq_len, r.seq2seq) == group]
+        plain = next((r for r in mine if r.method == PLAIN), None)
+        fused = [r for r in mine if r.method.startswith(FUSED) and not r.error
+                 and r.temp_bytes is not None and r.step_seconds is not None]
+        if plain is None or not fused or not plain.temp_bytes or not plain.step_seconds:
+            continue
+        small = [r for r in fused if (r.temp_bytes or 0) <= FUSED_TEMP * plain.temp_bytes]
+        best = (min(small, key=lambda r: r.step_seconds or math.inf) if small
+                else min(fused, key=lambda r: r.temp_bytes or 0))
+        temp = (best.temp_bytes or 0) / plain.temp_bytes
+        time = (best.step_seconds or 0) / plain.step_seconds
+        ok = temp <= FUSED_TEMP and time <= FUSED_TIME
+        body.append([f"{group[0]:,}", best.method, best.detail, megabytes(best.temp_bytes),
+                     megabytes(plain.temp_bytes), f"{100 * temp:.2f}%", f"{time:.2f}x",
+                     {True: "yes", False: "NO", None: "-"}[best.loss_matches and best.grads_match],
+                     "yes" if ok else "NO"])
+    if not body:
+        return []
+    return [f"{heading} The readout inside the step: fused rows against the plain (unfused) scan", "",
+            "The fastest fused-readout autoremat row whose temp is <= 1% of the plain unfused "
+            "scan's (else the smallest), measured in the same run as that plain row.", "",
+            _md(["T", "fused row", "schedule", "temp", "plain temp", "temp / plain",
+                 "step / plain", "loss+grads ok", "<= 1% temp and <= 1.1x step"], body), ""]
+
+
 def plot(rows: Sequence[Row], fitted: Sequence[Slope], path: Path) -> None:
     """Log-log total and temp bytes vs T for plain and min-memory autoremat, slopes in the legend."""
     import matplotlib
@@ -226,7 +261,8 @@ def plot(rows: Sequence[Row], fitted: Sequence[Slope], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, measure in zip(axes, ("total", "temp"), strict=True):
         for s in fitted:
-            if s.method not in (PLAIN, MIN_MEMORY) or s.measure != measure or not s.seq_lens:
+            if (s.method not in (PLAIN, MIN_MEMORY, FUSED_MIN_MEMORY) or s.measure != measure
+                    or not s.seq_lens):
                 continue
             pts = sorted((r.seq_len, getattr(r, f"{measure}_bytes")) for r in rows
                          if (r.method, r.seq2seq) == (s.method, s.seq2seq) and r.seq_len in s.seq_lens)
@@ -281,6 +317,7 @@ def report(rows: Sequence[Row], fitted: Sequence[Slope], gpu: bool, command: str
         "autoremat's rows divided by the competitor's, same T and loss (below 1: less memory / faster).",
         "",
         ratio_table(competitor_ratios(rows)), "",
+        *fused_check(rows),
     ]
     if walls:
         lines += ["## Wall time", "", "| T | loss on | wall (plan + all rows) |", "|---|---|---|"]
@@ -315,7 +352,8 @@ def readme_section(data: dict[str, Any]) -> str:
         "```bash", *_saved_commands(data), "```", "",
         f"Wall time {total / 60:.0f} min ({walls}).", "",
         table(rows, data.get("gpu", False)), "",
-        slope_table([s for s in slopes(rows) if s.method in (PLAIN, MIN_MEMORY)]), "",
+        slope_table([s for s in slopes(rows) if s.method in (PLAIN, MIN_MEMORY, FUSED_MIN_MEMORY)]),
+        "", *fused_check(rows, "###"),
     ])
 
 

@@ -162,3 +162,46 @@ def test_merge_keeps_other_groups_and_replaces_remeasured_ones() -> None:
     assert walls == [(1_000, False, 6.0), (100_000, False, 900.0)]
     assert commands == ["python studies/report.py --with-1e5", "python new"]
     assert "Commands (" in "\n".join(report._commands_md(commands))
+
+
+def test_fused_readout_rows_match_plain_and_are_checked(tmp_path: Path) -> None:
+    """``--fused-readout``: the fused rows follow the unfused ones, agree with the unfused plain
+    scan (loss and gradients) and stack nothing, so their temp is far below plain's."""
+    compare = _load("compare")
+    report = _load("compare_report")
+    fused = [report.FUSED_PLAIN, f"{report.FUSED} sqrt(T) nested", report.FUSED_MIN_MEMORY,
+             report.FUSED_TUNED]
+    rows = compare.main([
+        "--seq-lens", "256", "--batch", "2", "--hidden", "16", "--trials", "3", "--repeats", "1",
+        "--seq2seq", "all", "--max-depth", "2", "--fused-readout", "--out", str(tmp_path),
+        "--only", ",".join(["autoremat min-memory", *fused]),
+    ])
+    assert [r.method for r in rows] == ["plain", "autoremat min-memory", *fused]
+    by = {r.method: r for r in rows}
+    tuned = by[report.FUSED_TUNED]
+    for r in rows:
+        assert not r.error, (r.method, r.error)
+        if r is not tuned or tuned.detail != "nothing fits the budget":
+            assert r.loss_matches and r.grads_match, (r.method, r.loss, r.grad_error)
+    assert by[report.FUSED_MIN_MEMORY].temp_bytes < by["autoremat min-memory"].temp_bytes
+    # 1% of plain's temp: out of reach at this tiny T (a schedule's own carries), in reach at 10^4
+    assert tuned.detail == "nothing fits the budget" or \
+        tuned.temp_bytes <= by["plain"].temp_bytes // 100
+    text = (tmp_path / "compare.md").read_text()
+    assert "## The readout inside the step" in text and "| 256 | autoremat fused" in text
+
+
+def test_fused_check_picks_the_fastest_row_under_one_percent() -> None:
+    report = _load("compare_report")
+    mb = 10**6
+    rows = [report.Row(10_000, True, "plain", temp_bytes=685 * mb, step_seconds=2.0),
+            report.Row(10_000, True, report.FUSED_MIN_MEMORY, "binomial", temp_bytes=1 * mb,
+                       step_seconds=3.0, loss_matches=True, grads_match=True),
+            report.Row(10_000, True, report.FUSED_TUNED, "100x100", temp_bytes=5 * mb,
+                       step_seconds=1.9, loss_matches=True, grads_match=True),
+            report.Row(10_000, True, report.FUSED_PLAIN, "plain", temp_bytes=600 * mb,
+                       step_seconds=1.0)]
+    text = "\n".join(report.fused_check(rows))
+    assert "| 10,000 | autoremat fused tuned <=1% temp | 100x100 | 5.00 MB | 685.00 MB | 0.73% | " \
+        "0.95x | yes | yes |" in text
+    assert report.fused_check(rows[:1]) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from autoremat._measure import (
@@ -17,7 +18,7 @@ from autoremat._measure import (
     measure,
     measure_step,
 )
-from autoremat._problem import Problem, seed_lstm, seed_model
+from autoremat._problem import Problem, ProblemError, seed_lstm, seed_model
 from autoremat._schedule import Schedule
 from tests.tiny_problem import tiny
 
@@ -163,3 +164,31 @@ def test_fingerprint_tracks_shapes_not_values() -> None:
     assert a != fingerprint((jnp.zeros((2, 4)), {"w": jnp.ones(4)}))
     assert a != fingerprint((jnp.zeros((2, 3), jnp.int32), {"w": jnp.ones(4)}))
     assert a != fingerprint((jnp.zeros((2, 3)), {"v": jnp.ones(4)}))
+
+
+def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
+    from autoremat._breakdown import breakdown_lines, floor_bytes
+    from autoremat._measure import Measurement
+
+    step, args = seed.build(Schedule.plain(64))
+    first = measure_step(step, args, run=False, arg_names=seed.arg_names)
+    again = measure_step(step, args, run=False)  # the same step: traced anew, still recorded
+    assert first.stacked_bytes == again.stacked_bytes == 64 * 2 * 8 * 4  # (T, B, H) float32
+    assert first.carry_bytes == 2 * 2 * 8 * 4  # the LSTM's (c, h)
+    assert [n for n, _ in first.argument_parts] == ["params", "opt_state", "x", "y"]
+    assert [n for n, _ in again.argument_parts] == ["arg0", "arg1", "arg2", "arg3"]
+    assert sum(b for _, b in first.argument_parts) == first.argument_bytes
+    back = Measurement.from_attrs(first.to_attrs())
+    assert back == first and isinstance(back.argument_parts, tuple)
+    floor = floor_bytes(first.to_attrs())
+    assert floor == first.argument_bytes + first.output_bytes - first.alias_bytes + \
+        first.stacked_bytes
+    lines = "\n".join(breakdown_lines(first.to_attrs()))
+    assert "arguments: params" in lines and "stacked by the scan 4.1 KB" in lines
+    no_scan = measure_step(lambda x: x * 2, (np.ones(3, np.float32),), run=False)
+    assert no_scan.stacked_bytes is None and no_scan.argument_parts == (("arg0", 12),)
+
+
+def test_arg_names_must_be_a_tuple_of_strings() -> None:
+    with pytest.raises(ProblemError, match="arg_names: expected a tuple of non-empty strings"):
+        Problem("p", 4, lambda s: (None, ()), arg_names=["x"])  # type: ignore[arg-type]

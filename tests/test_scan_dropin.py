@@ -51,7 +51,11 @@ def _loss(w: jax.Array, schedule: Schedule | None, **kw: Any) -> jax.Array:
 @pytest.mark.parametrize("unroll", [0, 1, 2, 4, T, 100, True, False])
 def test_unroll_keyword_as_lax_scan(schedule: Schedule, unroll: int | bool) -> None:
     grad = jax.value_and_grad(_loss)
-    _assert_close(grad(W, schedule, unroll=unroll), grad(W, None, unroll=unroll))
+    try:
+        reference = grad(W, None, unroll=unroll)
+    except ValueError:  # older jax's lax.scan refuses unroll=0 (newer ones take it as 1)
+        reference = grad(W, None, unroll=1)
+    _assert_close(grad(W, schedule, unroll=unroll), reference)
 
 
 @KINDS

@@ -1,0 +1,130 @@
+"""Where a measured step's memory goes, and the part no schedule can remove.
+
+``memory_analysis()`` gives four figures (argument, output, temp, alias). The
+breakdown splits them further, each part from where it is known exactly:
+
+* arguments: per argument of the step (``Problem.arg_names``: params,
+  optimizer state, inputs, ...), summed from the argument tree's shapes;
+* stacked: the per-step outputs every (outermost) autoremat scan stacks and
+  its carry, reported by the scan at trace time (``_scan.record_scans``);
+* the rest of temp: what the compiled executable needs beyond the stack --
+  the residuals the schedule keeps, cotangents, workspace.
+
+A schedule only changes the rest of temp: it trades stored residuals for
+recomputation (Chen et al. 2016; Griewank & Walther 2000). Arguments,
+outputs and the stacked per-step outputs are a *floor* under every
+schedule's total. When a budget is under it, the fixes are outside the
+schedule: the readout inside the step (``autoremat.fuse_loss`` stacks
+nothing, ``fuse_head`` only ``(T, B, Y)``), a shorter ``T``, a smaller batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autoremat._budget import format_bytes
+
+#: The keys a breakdown reads (``Measurement`` fields, and ``Schedule.meta`` keys).
+KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
+        "argument_parts", "stacked_bytes", "carry_bytes")
+
+
+def argument_parts(args: Sequence[Any], names: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
+    """``(name, bytes)`` of each argument (``names`` when they match ``args``, else ``arg0``...)."""
+    import jax
+    import numpy as np
+
+    if names is None or len(names) != len(args):
+        names = [f"arg{i}" for i in range(len(args))]
+    parts = []
+    for name, arg in zip(names, args, strict=True):
+        size = 0
+        for leaf in jax.tree_util.tree_leaves(arg):
+            shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+            if shape is not None and dtype is not None:
+                size += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        parts.append((str(name), size))
+    return tuple(parts)
+
+
+def scan_figures(records: Sequence[Any]) -> dict[str, int | None]:
+    """``stacked_bytes`` and ``carry_bytes`` summed over the recorded scans (``None``: no scan)."""
+    if not records:
+        return {"stacked_bytes": None, "carry_bytes": None}
+    return {"stacked_bytes": sum(r.stacked_bytes for r in records),
+            "carry_bytes": sum(r.carry_bytes for r in records)}
+
+
+def _parts(value: Any) -> list[tuple[str, int]]:
+    """``argument_parts`` as pairs, from pairs (a ``Measurement``) or a mapping (``meta``)."""
+    if isinstance(value, Mapping):
+        return [(str(k), int(v)) for k, v in value.items()]
+    return [(str(k), int(v)) for k, v in value or ()]
+
+
+def floor_bytes(fig: Mapping[str, Any]) -> int | None:
+    """Arguments + outputs - alias + stacked per-step outputs: under every schedule's total.
+
+    ``None`` when a part is unknown or no autoremat scan was recorded.
+    """
+    needed = [fig.get(k) for k in ("argument_bytes", "output_bytes", "stacked_bytes")]
+    if any(v is None for v in needed):
+        return None
+    floor = sum(int(v) for v in needed if v is not None) - int(fig.get("alias_bytes") or 0)
+    total = fig.get("total_bytes")
+    return floor if total is None else min(floor, int(total))
+
+
+def breakdown_lines(fig: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    """The breakdown as ``autoremat show``/``pareto``/``tune`` print it (empty: no figures)."""
+    if fig.get("total_bytes") is None or fig.get("temp_bytes") is None:
+        return []
+    alias = int(fig.get("alias_bytes") or 0)
+    lines = [f"{indent}memory: total {format_bytes(fig['total_bytes'])} = arguments "
+             f"{format_bytes(fig.get('argument_bytes'))} + outputs "
+             f"{format_bytes(fig.get('output_bytes'))}"
+             + (f" - aliased {format_bytes(alias)}" if alias else "")
+             + f" + temp {format_bytes(fig['temp_bytes'])}"]
+    parts = _parts(fig.get("argument_parts"))
+    if parts:
+        lines.append(f"{indent}  arguments: " + ", ".join(f"{n} {format_bytes(b)}" for n, b in parts))
+    stacked = fig.get("stacked_bytes")
+    if stacked is not None:
+        rest = max(0, int(fig["temp_bytes"]) - int(stacked))
+        lines.append(f"{indent}  temp: per-step outputs stacked by the scan "
+                     f"{format_bytes(stacked)} (carry {format_bytes(fig.get('carry_bytes'))}); "
+                     f"the rest {format_bytes(rest)} (residuals the schedule keeps, cotangents, "
+                     "workspace)")
+    floor = floor_bytes(fig)
+    if floor is not None:
+        lines.append(f"{indent}  floor no schedule removes: {format_bytes(floor)} (arguments + "
+                     "outputs + stacked per-step outputs)")
+    return lines
+
+
+def floor_message(fig: Mapping[str, Any], budget_bytes: int) -> str | None:
+    """Why nothing can fit ``budget_bytes`` when it is under the floor, and how to lower it.
+
+    ``None`` when the floor is unknown or within the budget.
+    """
+    floor = floor_bytes(fig)
+    if floor is None or floor <= budget_bytes:
+        return None
+    parts = _parts(fig.get("argument_parts"))
+    args = ", ".join(f"{n} {format_bytes(b)}" for n, b in parts)
+    alias = int(fig.get("alias_bytes") or 0)
+    stacked = int(fig.get("stacked_bytes") or 0)
+    made_of = (f"arguments {format_bytes(fig.get('argument_bytes'))}"
+               + (f" ({args})" if args else "")
+               + f", outputs {format_bytes(fig.get('output_bytes'))}"
+               + (f" (aliased {format_bytes(alias)})" if alias else "")
+               + f", per-step outputs stacked by the scan {format_bytes(stacked)}")
+    fixes = ["a shorter sequence (built-in problem: --seq-len)", "a smaller batch (--batch)"]
+    if stacked:
+        fixes.insert(0, "the readout inside the scanned step (autoremat.fuse_loss stacks "
+                     "nothing, autoremat.fuse_head only its outputs; the built-in problem: "
+                     "--fused-readout)")
+    return (f"the budget {format_bytes(budget_bytes)} is under the {format_bytes(floor)} "
+            f"({floor} bytes) that no schedule can remove: {made_of}. To lower it: "
+            + "; ".join(fixes))
