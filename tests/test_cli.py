@@ -182,6 +182,8 @@ def test_export_names_the_trial_argument(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
     storage = f"sqlite:///{tmp_path / 'e.db'}"
+    # quiet: Optuna's handler may hold an earlier test's (closed) captured stderr
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     optuna.create_study(study_name="e", storage=storage)
     assert main(["export", "7", "--out", str(tmp_path / "x.yaml"), "--storage", storage,
                  "--study-name", "e"]) == 2
