@@ -45,6 +45,17 @@ def _seconds(v: Any) -> str | None:
     return None if ok else "seconds > 0"
 
 
+def _duration(v: Any) -> str | None:
+    from autoremat._duration import parse_duration
+    from autoremat._errors import TuneError
+
+    try:
+        parse_duration(v)
+    except TuneError:
+        return "a duration > 0 such as 90, 90s, 5m or 1.5h"
+    return None
+
+
 def _text(max_len: int | None = None) -> Check:
     def check(v: Any) -> str | None:
         if not isinstance(v, str) or not v.strip() or "\0" in v:
@@ -117,12 +128,17 @@ TUNE_SETTINGS: Final = (
             "default: the device's memory (host RAM on CPU)", _any),
     Setting("problem", PROBLEM_HELP, _text()),
     *PROBLEM_SETTINGS,
-    Setting("trials", "schedules to measure ({default}; with --total-trials, that total); "
-            "duplicates are skipped and do not count", _integer(0, _MAX_SIZE), int, 30),
+    Setting("trials", "measure exactly N schedules (default: until nothing left is predicted "
+            "to beat the best, or --time-limit; with --total-trials, that total); duplicates "
+            "are skipped and do not count", _integer(0, _MAX_SIZE), int, metavar="N"),
     Setting("total_trials", "stop when the study holds N measured schedules, counting every "
             "worker's; a worker then waits for trials still running elsewhere, so all of them "
             "end on the same final answer", _integer(1, _MAX_SIZE), int, metavar="N"),
-    Setting("timeout", "stop starting trials after SECONDS", _seconds, float),
+    Setting("time_limit", "stop starting trials after this long: 90, 90s, 5m, 1.5h ({default})",
+            _duration, str, "2m", "DURATION"),
+    Setting("explore_front", "measure the whole memory/time front, not just the fastest "
+            "schedule that fits (no early stop or cut trials; see 'autoremat pareto')",
+            _boolean, default=False, const=True),
     Setting("storage", f"Optuna storage URL (env {STORAGE_ENV}; default "
             "sqlite:///runs/autoremat.db); any RDB URL, e.g. postgresql://..., lets several "
             "workers share one study", _text()),

@@ -35,8 +35,6 @@ as ``None`` and ``total_bytes`` falls back to ``peak_bytes`` when that exists.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
@@ -73,6 +71,9 @@ class Measurement:
       stacked_bytes: per-step outputs the step's autoremat scans stack
         (``None``: no autoremat scan); part of the floor no schedule removes.
       carry_bytes: those scans' carries (one each).
+      cut_seconds: a cut trial's one (warm-up) run, in seconds: its timing
+        stopped there as it was already clearly slower than the best that
+        fits (``step_seconds`` is then ``None``; ``time_compiled``).
     """
 
     schedule_key: str
@@ -95,6 +96,12 @@ class Measurement:
     argument_parts: tuple[tuple[str, int], ...] = ()
     stacked_bytes: int | None = None
     carry_bytes: int | None = None
+    cut_seconds: float | None = None
+
+    @property
+    def cut(self) -> bool:
+        """Timing stopped after one run (``cut_seconds``): slower than the best that fits."""
+        return self.cut_seconds is not None
 
     @property
     def feasible(self) -> bool:
@@ -188,14 +195,13 @@ def measure(
     ``problem.build(schedule)`` then ``measure_step`` (see there for the
     arguments); a build that raises is recorded as ``"build failed: ..."``.
     """
-    try:
-        step, args = problem.build(schedule)
-    except Exception as e:
-        env: dict[str, Any] = environment()
-        return Measurement(schedule.key(), ERROR, f"build failed: {_one_line(e)}", **env)
-    return measure_step(step, args, budget_bytes=budget_bytes, time_budget=time_budget,
-                        min_repeats=min_repeats, max_repeats=max_repeats, run=run,
-                        label=schedule.key(), arg_names=problem.arg_names)
+    from autoremat._compiled import compile_schedule, time_compiled
+
+    compiled = compile_schedule(problem, schedule, budget_bytes=budget_bytes)
+    if not run or compiled.executable is None:
+        return compiled.measurement
+    return time_compiled(compiled, budget_bytes=budget_bytes, time_budget=time_budget,
+                         min_repeats=min_repeats, max_repeats=max_repeats)
 
 
 def measure_step(
@@ -232,79 +238,14 @@ def measure_step(
       A ``Measurement``; failures are recorded in it, never raised (except
       ``KeyboardInterrupt``).
     """
-    import jax
+    from autoremat._compiled import compile_step, time_compiled
 
-    env: dict[str, Any] = environment()  # str values, passed to the str fields
-
-    def fail(reason: str, **figures: Any) -> Measurement:
-        return Measurement(label, ERROR, reason, **figures, **env)
-
-    from autoremat._breakdown import argument_parts, scan_figures
-    from autoremat._scan import record_scans
-
-    def fresh(*a: Any) -> Any:  # traced anew, so the scans report what they stack
-        return step(*a)
-
-    start = time.perf_counter()
-    try:
-        with record_scans() as scans:
-            compiled = jax.jit(fresh).lower(*args).compile()
-    except Exception as e:
-        return fail(f"{_kind_of_failure(e, 'compile')}: {_one_line(e)}")
-    parts = _memory_parts(compiled)
-    figures: dict[str, Any] = {
-        "argument_parts": argument_parts(args, arg_names), **scan_figures(scans),
-        "compile_seconds": time.perf_counter() - start,
-        "temp_bytes": parts["temp"],
-        "argument_bytes": parts["argument"],
-        "output_bytes": parts["output"],
-        "alias_bytes": parts["alias"],
-        "total_bytes": _total(parts),
-    }
-    total = figures["total_bytes"]
-    if budget_bytes is not None and total is not None and total > budget_bytes:
-        return Measurement(
-            label, OVER_BUDGET,
-            f"over budget: total {total} bytes > budget {budget_bytes} bytes (not run)",
-            **figures, **env,
-        )
-    if not run:
-        return Measurement(label, OK, "", **figures, **env)
-
-    try:
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(compiled(*args))
-        warmup = time.perf_counter() - t0
-        loss, bad = _check_finite(out)
-        if bad:
-            return fail(f"non-finite output: {bad}", **figures, loss=loss)
-        if on_output is not None:
-            on_output(out)
-        del out
-        repeats = max(min_repeats, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            samples.append(time.perf_counter() - t0)
-    except Exception as e:
-        return fail(f"{_kind_of_failure(e, 'run')}: {_one_line(e)}", **figures)
-
-    stats = _memory_stats(jax.devices()[0])
-    peak = stats.get("peak_bytes_in_use") if stats else None
-    peak = int(peak) if isinstance(peak, int) and peak > 0 else None
-    if figures["total_bytes"] is None:
-        figures["total_bytes"] = peak
-    if figures["total_bytes"] is None:
-        return fail("no memory figure: memory_analysis() and memory_stats() gave none",
-                    **figures, loss=loss)
-    if budget_bytes is not None and figures["total_bytes"] > budget_bytes:
-        return Measurement(label, OVER_BUDGET, "over budget: peak bytes in use > budget",
-                           **figures, peak_bytes=peak, **env)
-    return Measurement(
-        label, OK, "", **figures, peak_bytes=peak, step_seconds=statistics.median(samples),
-        step_samples=tuple(samples), loss=loss, **env,
-    )
+    compiled = compile_step(step, args, budget_bytes=budget_bytes, label=label,
+                            arg_names=arg_names)
+    if not run or compiled.executable is None:
+        return compiled.measurement
+    return time_compiled(compiled, budget_bytes=budget_bytes, time_budget=time_budget,
+                         min_repeats=min_repeats, max_repeats=max_repeats, on_output=on_output)
 
 
 def _memory_parts(compiled: Any) -> dict[str, int | None]:

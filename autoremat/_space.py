@@ -24,10 +24,16 @@ plain scan, per-step remat, sqrt(T) two levels, cube-root three levels
 (Chen et al. 2016, arXiv 1604.06174: ``d`` levels store ``O(d T^(1/d))``),
 and the binomial schedule with three repetitions (Griewank & Walther 2000:
 ``C(s + 3, 3) >= T`` snapshots).
+
+``propose`` and ``neighbours`` draw candidates from the same space without
+Optuna (``ParamTrial``), as parameter dicts the tuner enqueues: random
+schedules, and schedules one parameter away from the best so far.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
 from autoremat._binomial import MAX_REPETITIONS as MAX_REPETITIONS
@@ -59,3 +65,60 @@ def seed_schedules(seq_len: int) -> list[Schedule]:
     import optuna
 
     return [suggest(optuna.trial.FixedTrial(p), seq_len) for p in seed_params(seq_len)]
+
+
+class ParamTrial:
+    """Stands in for an Optuna trial in ``suggest``: each value from ``wanted``
+    (clipped into its range), the rest drawn at random from ``rng``.
+
+    ``params`` is what was chosen (enqueue it: the real trial then suggests the
+    same schedule); ``space`` each parameter's range or choices.
+    """
+
+    def __init__(self, wanted: dict[str, Any], rng: random.Random) -> None:
+        self.wanted, self.rng = wanted, rng
+        self.params: dict[str, Any] = {}
+        self.space: dict[str, tuple[int, int] | list[Any]] = {}
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
+        value = self.wanted.get(name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            value = (round(math.exp(self.rng.uniform(math.log(low), math.log(high)))) if log
+                     else self.rng.randint(low, high))
+        value = min(max(value, low), high)
+        self.params[name], self.space[name] = value, (low, high)
+        return value
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        value = self.wanted.get(name)
+        if value not in choices:
+            value = self.rng.choice(choices)
+        self.params[name], self.space[name] = value, list(choices)
+        return value
+
+
+def propose(wanted: dict[str, Any], seq_len: int, platform: str,
+            rng: random.Random) -> tuple[Schedule, dict[str, Any], ParamTrial]:
+    """The schedule of ``wanted`` (missing values random), its exact params, the trial."""
+    trial = ParamTrial(wanted, rng)
+    schedule = suggest(trial, seq_len, platform)
+    return schedule, trial.params, trial
+
+
+def neighbours(params: dict[str, Any], seq_len: int, platform: str,
+               rng: random.Random) -> list[tuple[Schedule, dict[str, Any]]]:
+    """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
+    each choice swapped for every other, the depth one more or less."""
+    _, _, trial = propose(params, seq_len, platform, rng)
+    out = []
+    for name, space in trial.space.items():
+        if isinstance(space, tuple):
+            values: list[Any] = [round(params[name] * f) for f in (0.5, 0.7, 1.4, 2.0)]
+        elif name == "depth":
+            values = [d for d in space if abs(d - params[name]) == 1]
+        else:
+            values = [c for c in space if c != params[name]]
+        for v in values:
+            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng)
+            out.append((schedule, p))
+    return out

@@ -1,32 +1,41 @@
 """The search: remat schedules of a problem under a memory budget, as an Optuna study.
 
-``tune`` runs an Optuna study with two objectives, both measured by
-``autoremat._measure.measure``: minimize ``total_bytes`` and minimize
-``step_seconds``. The budget is a constraint, ``total_bytes - budget <= 0``,
-set with ``trial.set_constraint("memory", ...)`` (Optuna 5), so the sampler
-knows which trials are infeasible and the full Pareto front stays available
-(``autoremat pareto``). The answer is the fastest trial that fits
+``tune`` records every measured schedule as a trial of an Optuna study with
+two objectives, ``total_bytes`` and ``step_seconds`` (``_measure``); the
+budget is a constraint, ``total_bytes - budget <= 0``
+(``trial.set_constraint``, Optuna 5), so the whole measured front stays
+available (``autoremat pareto``). The answer is the fastest trial that fits
 (``autoremat._study.choose``).
 
-* The obvious candidates are enqueued first (``_space.seed_params``).
+What gets measured is decided by ``autoremat._plan.Planner``, not by a
+sampler: the obvious candidates (``_space.seed_params``) are enqueued first
+and always measured (they calibrate the cost model); after them, candidates
+are sized by compiling them (cheap), ranked by a time model calibrated on the
+study's own trials (``_predict``), and timed only when they fit and are not
+dominated; a schedule whose first run is already clearly slower than the best
+that fits is a *cut* trial (``cut_seconds``, no ``step_seconds``). The search
+ends when nothing left is predicted to beat the best, after ``n_trials``
+(exactly that many: past the planner's stop, dominated ones too), or at
+``time_limit``.
+
 * A schedule is measured at most once per study: a trial whose schedule key
   was already measured (or is being measured by another worker) is pruned
   with ``user_attrs["duplicate_of"]``; it does not count towards ``n_trials``.
-* A schedule over the budget is compiled and sized but not timed; its
-  objective values are ``(total_bytes, inf)`` and ``step_seconds`` is ``None``.
-* A schedule that fails to build/compile/run (or gives NaN) is a FAIL trial
-  whose ``user_attrs["reason"]`` says why; the search goes on.
-* Every figure is stored in the trial's user attrs (``Measurement.to_attrs``),
-  the schedule too (``user_attrs["schedule"]``), and the study records its
-  ``StudyInfo``. The same study name resumes the study; Ctrl-C keeps every
-  finished trial.
+* A seed over the budget is a trial with values ``(total_bytes, inf)``, no
+  ``step_seconds`` (other candidates over it are dropped when sized). One
+  that fails to build/compile/run (or gives NaN) is a FAIL trial whose
+  ``user_attrs["reason"]`` says why; the search goes on.
+* The trial's user attrs hold every figure (``Measurement.to_attrs``), the
+  schedule and the model's ``predicted_seconds``; the study its
+  ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
 * Many workers (``autoremat._storage``): ``autoremat tune`` started N times on
-  one PostgreSQL URL (or one SQLite file on one machine) share one study. A
-  worker claims a schedule under ``StudyLock``, so no schedule is measured
-  twice and, with ``total_trials``, the study ends with exactly that many
-  measured trials. A trial whose worker died goes stale and is re-queued;
-  with ``total_trials`` a worker waits for trials still running elsewhere (or
-  going stale) before it stops, so every worker ends on the same answer.
+  one PostgreSQL URL (or one SQLite file on one machine) share one study;
+  each plans from what every worker measured so far. A worker claims a
+  schedule under ``StudyLock``, so no schedule is measured twice and, with
+  ``total_trials``, the study ends with exactly that many measured trials. A
+  trial whose worker died goes stale and is re-queued; with ``total_trials``
+  a worker waits for trials still running elsewhere (or going stale) before
+  it stops, so every worker ends on the same answer.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from autoremat._duration import parse_duration
 from autoremat._errors import ProblemError, TuneError
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
@@ -56,6 +66,10 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 _MAX_DUPLICATES_IN_A_ROW: Final = 50
+#: Without ``n_trials``, at most this many (the planner or the time limit stops first).
+_MAX_TRIALS: Final = 10_000
+#: ``tune``'s default time limit: the built-in problem at T=10^4 in under 2.5 minutes.
+DEFAULT_TIME_LIMIT: Final = 120.0
 OnTrial = Callable[["optuna.Study", "FrozenTrial"], None]
 
 
@@ -109,8 +123,14 @@ class _Search:
 
     def __init__(self, problem: Problem, info: StudyInfo, study: optuna.Study,
                  storage: RDBStorage, lock: StudyLock, *, total_trials: int | None,
-                 time_budget: float, heartbeat: int, on_trial: OnTrial | None) -> None:
+                 time_budget: float, heartbeat: int, on_trial: OnTrial | None,
+                 explore_front: bool = False, seed: int = 0) -> None:
+        from autoremat._plan import Planner
+
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
+        self.planner = Planner(problem, info.budget_bytes, info.platform or "",
+                               seed=seed + len(study.trials), explore_front=explore_front,
+                               time_budget=time_budget)
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None
@@ -143,8 +163,10 @@ class _Search:
             trial.set_user_attr("measuring", True)
 
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
-        """Suggest a schedule, claim it, measure it; ``(total_bytes, step_seconds)``."""
-        from autoremat._measure import ERROR, measure
+        """Suggest a schedule, claim it, size it (from the planner's screen when it has
+        one) and, if it fits, time it; ``(total_bytes, step_seconds)``."""
+        from autoremat._compiled import time_compiled
+        from autoremat._measure import ERROR
         from autoremat._space import suggest
 
         budget = self.info.budget_bytes
@@ -154,7 +176,12 @@ class _Search:
         trial.set_user_attr("schedule", schedule.to_data())
         trial.set_user_attr("describe", schedule.describe())
         self.claim(trial, key)
-        m = measure(self.problem, schedule, budget_bytes=budget, time_budget=self.time_budget)
+        compiled = self.planner.compiled(schedule)
+        trial.set_user_attr("predicted_seconds", self.planner.prediction(key))
+        m = time_compiled(compiled, budget_bytes=budget, time_budget=self.time_budget,
+                          cut_after=self.planner.cut_after())
+        compiled.release()
+        self.planner.record(schedule, m)
         for k, v in m.to_attrs().items():
             trial.set_user_attr(k, v)
         trial.set_user_attr("measured", True)
@@ -162,7 +189,8 @@ class _Search:
             trial.set_constraint("memory", float(m.total_bytes - budget))
         if m.status == ERROR or m.total_bytes is None:
             raise MeasurementFailed(m.reason)
-        return float(m.total_bytes), (m.step_seconds if m.step_seconds is not None else math.inf)
+        seconds = m.step_seconds if m.step_seconds is not None else m.cut_seconds
+        return float(m.total_bytes), (seconds if seconds is not None else math.inf)
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Count the finished trial, then call ``on_trial``."""
@@ -199,18 +227,40 @@ class _Search:
             return "wait" if self.heartbeats else "stop"
         return "measure"
 
-    def run(self, n_trials: int, timeout: float | None) -> bool:
-        """Measure up to ``n_trials`` schedules; ``True`` when Ctrl-C stopped it."""
+    def plan(self, deadline: float | None, explore: bool, dominated: bool = False) -> bool:
+        """Enqueue the planner's next schedule unless a trial is already waiting (a seed
+        or a retry); ``False`` when there is nothing left worth measuring."""
+        from optuna.trial import TrialState
+
+        from autoremat._study import MeasuredTrial
+
+        trials = self.fresh_trials()
+        if any(t.state == TrialState.WAITING for t in trials):
+            return True
+        self.planner.observe([(m.schedule, m.measurement) for m in map(MeasuredTrial.of, trials)
+                              if m is not None], {str(t.user_attrs.get("schedule_key")) for t
+                                                  in trials if _is_measured(t) or _is_claimed(t)})
+        cand = self.planner.next(deadline, explore=explore, dominated=dominated)
+        if cand is None:
+            return False
+        self.study.enqueue_trial(cand.params)
+        return True
+
+    def run(self, n_trials: int | None, time_limit: float | None) -> bool:
+        """Measure schedules until the planner is done, ``n_trials`` are measured (then
+        exactly that many: past the planner's stop, dominated ones too) or the time
+        limit; ``True`` when Ctrl-C stopped it."""
         import optuna
 
-        deadline = None if timeout is None else time.monotonic() + timeout
-        max_attempts = n_trials * 10 + _MAX_DUPLICATES_IN_A_ROW
+        deadline = None if time_limit is None else time.monotonic() + time_limit
+        cap = n_trials if n_trials is not None else _MAX_TRIALS
+        max_attempts = cap * 10 + _MAX_DUPLICATES_IN_A_ROW
         verbosity = optuna.logging.get_verbosity()
         # A failed schedule is a FAIL trial with its reason in user_attrs (and on_trial);
         # Optuna's own warning would print the MeasurementFailed traceback.
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         try:
-            while (self.measured < n_trials and self.attempts < max_attempts
+            while (self.measured < cap and self.attempts < max_attempts
                    and self.duplicates_in_a_row < _MAX_DUPLICATES_IN_A_ROW):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -222,8 +272,12 @@ class _Search:
                     pause = min(1.0, self.heartbeat / 4)
                     time.sleep(pause if left is None else max(0.0, min(pause, left)))
                     continue
+                exact = n_trials is not None or self.total_trials is not None
+                if not (self.plan(deadline, self.planner.explore_front)
+                        or (exact and self.plan(deadline, True, True))):
+                    break
                 self.attempts += 1
-                self.study.optimize(self.objective, n_trials=1, timeout=left,
+                self.study.optimize(self.objective, n_trials=1,
                                     catch=(MeasurementFailed,), callbacks=[self.callback],
                                     gc_after_trial=False)
             if self.heartbeats:
@@ -250,10 +304,9 @@ def _open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock
         study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                     directions=["minimize", "minimize"])
         n_before = 0
-    # TPE with the budget constraint (read from set_constraint), 8 startup trials (the
-    # enqueued candidates count), and a constant liar for parallel workers.
-    study.sampler = optuna.samplers.TPESampler(seed=(seed + n_before) % 2**32,
-                                               n_startup_trials=8, constant_liar=True)
+    # The planner enqueues every schedule; the sampler only fills a trial whose enqueued
+    # schedule another worker took first.
+    study.sampler = optuna.samplers.RandomSampler(seed=(seed + n_before) % 2**32)
     attrs = info.to_attrs()
     with lock:  # one worker sets the study up; the others check what it set
         recorded = study.user_attrs
@@ -276,9 +329,10 @@ def tune(
     problem: Problem,
     budget_bytes: int,
     *,
-    n_trials: int = 30,
+    n_trials: int | None = None,
     total_trials: int | None = None,
-    timeout: float | None = None,
+    time_limit: float | str | None = DEFAULT_TIME_LIMIT,
+    explore_front: bool = False,
     storage: str | None = None,
     study_name: str | None = None,
     seed: int = 0,
@@ -289,23 +343,27 @@ def tune(
 ) -> TuneResult:
     """Find the fastest schedule of ``problem``'s step whose total memory fits.
 
-    Each trial compiles (memory from ``memory_analysis()``) and, if it fits,
-    times one schedule: more trials find faster schedules at the cost of
-    about ``time_budget`` seconds plus one compile each.
+    Candidates are sized by compiling them (cheap); only those that fit and
+    that the calibrated cost model does not rule out are timed (about
+    ``time_budget`` s each): the time goes near the answer (module doc).
 
     Args:
       problem: the training step (see ``autoremat.Problem``).
       budget_bytes: the memory budget, in bytes, for ``total_bytes``.
-      n_trials: schedules to measure in this call (duplicates do not count).
+      n_trials: measure exactly this many schedules in this call (duplicates
+        do not count); ``None``: until the planner is done or ``time_limit``.
       total_trials: stop when the study holds this many measured schedules,
-        counting every worker's (``None``: no such limit). A worker whose
-        remaining slots are being measured by others waits for them (or for
-        them to go stale and be retried) before it returns.
-      timeout: stop starting new trials after this many seconds.
+        counting every worker's; a worker waits for the last ones measured
+        elsewhere (or for them to go stale and be retried) before it returns.
+      time_limit: stop starting new compiles or trials after this long, from
+        the call's start: seconds, or text such as ``"90s"``, ``"5m"``,
+        ``"1.5h"`` (``None``: no limit). A trial under way finishes.
+      explore_front: measure the whole front, not just near the fastest
+        schedule that fits (no stop on predictions, no cut trials).
       storage: an Optuna storage URL; default ``sqlite:///runs/autoremat.db``.
       study_name: resume or create this study; default from the problem,
         device and budget, so running the same call again resumes.
-      seed: the sampler's seed (offset by the trials already in the study).
+      seed: the candidate pool's seed (offset by the trials already in the study).
       out: when given and a schedule fits, write it there (atomic YAML).
       time_budget: about how long timing one schedule may take, in seconds.
       heartbeat: seconds between a running trial's heartbeats (RDB storages);
@@ -327,6 +385,8 @@ def tune(
 
     from autoremat._measure import environment, fingerprint
 
+    limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
+    start = time.monotonic()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     env = environment()
     try:
@@ -343,7 +403,9 @@ def tune(
     lock = StudyLock(storage_obj, name)
     study = _open_study(storage_obj, name, info, lock, seed)
     search = _Search(problem, info, study, storage_obj, lock, total_trials=total_trials,
-                     time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial)
-    interrupted = search.run(n_trials, timeout)
+                     time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
+                     explore_front=explore_front, seed=seed)
+    interrupted = search.run(n_trials, None if limit is None else
+                             limit - (time.monotonic() - start))
     return summarize(study, storage or DEFAULT_STORAGE, out=out, measured=search.measured,
                      interrupted=interrupted)

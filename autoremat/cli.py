@@ -216,6 +216,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
                file=sys.stderr, dynamic_ncols=True)
     storage = settings["storage"] or DEFAULT_STORAGE
     remembered: list[str] = []
+    best: list[MeasuredTrial] = []  # the fastest that fits, of this worker's trials
 
     def remember(study_name: str) -> None:
         """The last-study pointer: written once the study is open (its first trial)."""
@@ -232,14 +233,20 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
         if m.status == ERROR:
             tqdm.write(f"autoremat: trial {trial.number} failed ({describe}): {m.reason}; "
                        "going on", file=sys.stderr)
+        if m.fits(budget) and (not best or (m.step_seconds or 0)
+                               < (best[0].measurement.step_seconds or 0)):
+            best[:] = [done]
         bar.update(1)
-        bar.set_postfix_str(f"#{trial.number} {describe} {format_bytes(m.total_bytes)} "
-                            f"{'fits' if m.feasible else m.status}")
+        shown = (f"best #{best[0].number} {best[0].schedule.describe()} "
+                 f"{best[0].measurement.step_seconds:.3g} s/step" if best else "none fits yet")
+        state = "cut" if m.cut else ("fits" if m.feasible else m.status)
+        bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
 
     try:
         result = tune(
             problem, budget, n_trials=settings["trials"],
-            total_trials=settings["total_trials"], timeout=settings["timeout"],
+            total_trials=settings["total_trials"], time_limit=settings["time_limit"],
+            explore_front=bool(settings["explore_front"]),
             storage=storage, study_name=settings["study_name"], seed=settings["seed"],
             out=settings["out"], time_budget=settings["time_budget"],
             heartbeat=settings["heartbeat"], on_trial=on_trial,

@@ -1,134 +1,242 @@
-"""Benchmarks of ``autoremat tune`` (issue 3); not run in CI.
+"""Benchmark (issue 12; not a test): ``tune`` against an exhaustive grid.
 
-Case a: the default problem (seed LSTM, T=10^4, seq2seq) with a budget of 25%
-of the plain scan's measured total. Reports the chosen schedule's step time as
-a ratio to the plain scan's and to the best schedule of an exhaustive grid
-over a reduced space (depth <= 3, a ladder of lengths, three policies), and
-the tuner's wall time as a ratio to the grid's.
+Per case, on the seed LSTM (``autoremat.seed_lstm``, hidden 128, batch 10):
 
-Case b: T=10^5 under 4 GB: the chosen schedule against the plain scan (over
-budget, measured anyway), per-cell remat, sqrt(T) two levels and cube-root
-three levels (``Schedule.root``, as the tuner's first trials).
+1. the budget: a fraction of the plain scan's compiled total (sized only);
+2. ``tune`` on a fresh study (its default time limit unless ``--tune-limit``);
+3. the grid (``grid``, >= 100 schedules: depth 1 with every policy, depth 2
+   over a ladder of inner lengths x 8 policy pairs, depth 3 and 4 over
+   length triples/quads x policies, binomial over a ladder of snapshots),
+   screened by compiled memory first and timed only where it fits;
+4. the tuner's pick and the grid's best timed back to back, interleaved,
+   in this process, so machine noise cancels;
+5. the cost model (``autoremat._predict.TimeModel``) calibrated on the
+   tuner's timed trials, scored on every schedule the grid timed.
 
-Every figure is measured in this run (``autoremat._measure.measure``)::
+Every figure is measured in this run; the table goes to
+``studies/results/bench_tune.md`` (rewritten after each case)::
 
-    python studies/bench_tune.py a [--trials 20] [--ladder 25,100,400]
-    python studies/bench_tune.py b [--trials 12]
+    python studies/bench_tune.py --quick          # the T=10^4 cases
+    python studies/bench_tune.py --cases c        # T=10^5
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
+import statistics
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
-from autoremat._budget import format_bytes, parse_bytes
-from autoremat._measure import Measurement, measure
+from autoremat._binomial import snapshot_range
+from autoremat._compiled import compile_schedule, time_compiled
+from autoremat._measure import Measurement
+from autoremat._predict import Structure, TimeModel
 from autoremat._problem import Problem, seed_lstm
 from autoremat._schedule import Schedule
+from autoremat._study import load_study, measured_trials
 from autoremat._tune import tune
 
-GRID_POLICIES = ("nothing_saveable", "dots_saveable", "everything_saveable")
+RESULTS = Path(__file__).parent / "results" / "bench_tune.md"
+CASES = {  # name: (T, seq2seq, budget fraction of plain's total)
+    "a": (10_000, True, 0.25),
+    "b": (10_000, False, 0.05),
+    "c": (100_000, False, 0.02),
+}
+PAIRS = [(o, i) for o in ("nothing_saveable", "dots_saveable")
+         for i in ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                   "everything_saveable")]
+DEEP = [("nothing_saveable", "nothing_saveable", "everything_saveable"),
+        ("nothing_saveable", "dots_saveable", "everything_saveable"),
+        ("dots_saveable", "dots_saveable", "everything_saveable"),
+        ("nothing_saveable", "nothing_saveable", "nothing_saveable")]
 
 
-def grid(seq_len: int, ladder: list[int]) -> list[Schedule]:
-    """Depth <= 3, inner lengths from ``ladder``, each level one of three policies."""
-    out = [Schedule.nested([seq_len], [p]) for p in ("none", *GRID_POLICIES)]
-    for depth in (2, 3):
-        for inner in itertools.product(ladder, repeat=depth - 1):
-            if math.prod(inner) > seq_len // 2:
-                continue
-            lengths = [math.ceil(seq_len / math.prod(inner)), *inner]
-            for policies in itertools.product(GRID_POLICIES, repeat=depth):
-                out.append(Schedule.nested(lengths, list(policies)))
+def grid(seq_len: int) -> list[Schedule]:
+    """The exhaustive grid (see the module doc); lengths scale with ``T``."""
+    scale = seq_len / 10_000
+    out = [Schedule.nested([seq_len], [p]) for p in
+           ("none", "nothing_saveable", "dots_saveable", "everything_saveable")]
+    out.append(Schedule.nested([seq_len], ["none"], unroll=2))
+    for inner in (10, 25, 50, 100, 200, 400, 1000):
+        n = max(2, round(inner * math.sqrt(scale)))
+        for pair in PAIRS:
+            out.append(Schedule.nested([math.ceil(seq_len / n), n], list(pair)))
+    for mid, inner in ((10, 10), (20, 20), (25, 40), (50, 20), (10, 100), (100, 10)):
+        lengths = [max(2, round(x * scale ** (1 / 3))) for x in (mid, inner)]
+        for pols in DEEP:
+            out.append(Schedule.nested([math.ceil(seq_len / math.prod(lengths)), *lengths],
+                                       list(pols)))
+    for quad in ((10, 10, 10), (5, 10, 20), (20, 10, 5)):
+        lengths = [max(2, round(x * scale ** 0.25)) for x in quad]
+        for pols in (("nothing_saveable",) * 3 + ("everything_saveable",),
+                     ("nothing_saveable",) * 2 + ("dots_saveable", "everything_saveable")):
+            out.append(Schedule.nested([math.ceil(seq_len / math.prod(lengths)), *lengths],
+                                       list(pols)))
+    low, high = snapshot_range(seq_len)
+    ladder = sorted({round(low * (high / low) ** (i / 9)) for i in range(10)})
+    out += [Schedule.binomial(s) for s in ladder]
     return out
 
 
-def row(label: str, m: Measurement | None, ref: float | None) -> str:
-    if m is None:
-        return f"| {label} | - | - | - |"
-    step = m.step_seconds
-    ratio = f"{step / ref:.2f}" if step and ref else "-"
-    shown = f"{step:.3f} s" if step else "not run"
-    return f"| {label} | {format_bytes(m.total_bytes)} | {shown} | {ratio} |"
+@dataclass
+class Outcome:
+    case: str
+    label: str
+    budget: int
+    grid_size: int
+    grid_timed: int
+    grid_wall: float
+    tune_timed: int
+    tune_cut: int
+    tune_wall: float
+    pick: str
+    grid_best: str
+    pick_step: float
+    best_step: float
+    model_median_err: float
+    model_max_err: float
+    model_rank: float
+
+    def row(self) -> str:
+        return (f"| {self.case} | {self.label} | {self.budget / 1e6:.0f} MB | "
+                f"{self.pick} | {self.grid_best} | {self.pick_step:.3f} / {self.best_step:.3f}"
+                f" = **{self.pick_step / self.best_step:.2f}** | {self.tune_wall:.0f} / "
+                f"{self.grid_wall:.0f} = **{self.tune_wall / self.grid_wall:.2f}** | "
+                f"{self.tune_timed} (+{self.tune_cut} cut) | {self.grid_timed} of "
+                f"{self.grid_size} | {self.model_median_err:.0%} / {self.model_max_err:.0%} / "
+                f"{self.model_rank:.2f} |")
 
 
-def run_tune(problem: Problem, budget: int, trials: int, time_budget: float,
-             case: str) -> tuple[str, Measurement | None, int, float]:
-    """``tune`` on runs/bench.db: (row label, the chosen figures, schedules measured, wall s).
+def interleaved(problem: Problem, a: Schedule, b: Schedule, rounds: int) -> tuple[float, float]:
+    """Median step seconds of ``a`` and ``b``, run alternately (after one warm-up each)."""
+    ca, cb = compile_schedule(problem, a), compile_schedule(problem, b)
+    assert ca.executable is not None and cb.executable is not None
+    import jax
 
-    The only code here that reads a ``TuneResult``.
-    """
-    t0 = time.perf_counter()
-    result = tune(problem, budget, n_trials=trials, time_budget=time_budget,
-                  storage="sqlite:///runs/bench.db", study_name=f"bench-{case}-{int(time.time())}")
-    wall = time.perf_counter() - t0
-    label = f"tuned ({result.best.describe()})" if result.best else "tuned (none fits)"
-    chosen = result.best_trial.measurement if result.best_trial else None
-    return label, chosen, result.measured, wall
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for c in (ca, cb):
+        jax.block_until_ready(c.executable(*c.args))
+    for _ in range(rounds):
+        for i, c in enumerate((ca, cb)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(c.executable(*c.args))
+            times[i].append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
-def case_a(trials: int, ladder: list[int], time_budget: float, seq_len: int) -> None:
-    problem = seed_lstm(seq_len=seq_len)
-    plain = measure(problem, Schedule.plain(seq_len), time_budget=time_budget)
+def _rank_corr(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation."""
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / var if var else 0.0
+
+
+def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
+             log: list[str], grid_repeats: int = 3) -> Outcome:
+    seq_len, seq2seq, fraction = CASES[case]
+    problem = seed_lstm(seq_len=seq_len, seq2seq=seq2seq)
+    plain = compile_schedule(problem, Schedule.plain(seq_len)).measurement
     assert plain.total_bytes is not None, plain.reason
-    budget = int(0.25 * plain.total_bytes)
-    print(f"case a: {problem.name}, plain total {format_bytes(plain.total_bytes)}, "
-          f"budget 25% = {format_bytes(budget)}")
-    label, chosen, tuned_count, tune_wall = run_tune(problem, budget, trials, time_budget, "a")
-    schedules = grid(seq_len, ladder)
-    print(f"grid: {len(schedules)} schedules (ladder {ladder}, policies {GRID_POLICIES})")
+    budget = int(fraction * plain.total_bytes)
+    label = f"T={seq_len}, {'seq2seq' if seq2seq else 'last state'}, {fraction:.0%} of plain"
+    print(f"case {case}: {label}: budget {budget} bytes", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        storage = f"sqlite:///{tmp}/bench.db"
+        t0 = time.perf_counter()
+        result = tune(problem, budget, storage=storage, study_name=case, time_budget=time_budget,
+                      **({"time_limit": tune_limit} if tune_limit else {}))
+        tune_wall = time.perf_counter() - t0
+        trials = measured_trials(load_study(case, storage))
+    tuned = [t for t in trials if t.measurement.step_seconds is not None]
+    cut = [t for t in trials if t.measurement.cut]
+    assert result.best_trial is not None, "the tuner found nothing that fits"
+    print(f"  tuner: {tune_wall:.0f} s, {len(tuned)} timed + {len(cut)} cut, pick "
+          f"{result.best_trial.schedule.describe()} {result.best_trial.measurement.step_seconds}",
+          flush=True)
+
+    schedules = grid(seq_len)
     t0 = time.perf_counter()
-    measured = [(s, measure(problem, s, budget_bytes=budget, time_budget=time_budget))
-                for s in schedules]
+    timed: list[tuple[Schedule, Measurement]] = []
+    for s in schedules:
+        compiled = compile_schedule(problem, s, budget_bytes=budget)
+        if compiled.executable is not None:
+            m = time_compiled(compiled, budget_bytes=budget, time_budget=time_budget,
+                              min_repeats=grid_repeats)
+            compiled.release()
+            if m.step_seconds is not None:
+                timed.append((s, m))
+                print(f"  grid {len(timed)}: {s.describe()} {m.step_seconds:.3f}", flush=True)
     grid_wall = time.perf_counter() - t0
-    fits = [(s, m) for s, m in measured if m.feasible and m.step_seconds is not None]
-    best_s, best_m = min(fits, key=lambda sm: sm[1].step_seconds or 0.0)
-    print("\n| schedule | total | step | step / plain |\n|---|---|---|---|")
-    print(row(f"plain ({Schedule.plain(seq_len).describe()})", plain, plain.step_seconds))
-    print(row(label, chosen, plain.step_seconds))
-    print(row(f"grid best ({best_s.describe()})", best_m, plain.step_seconds))
-    if chosen and chosen.step_seconds and best_m.step_seconds:
-        print(f"\nchosen / grid best step time: {chosen.step_seconds / best_m.step_seconds:.2f}")
-    print(f"tuner wall {tune_wall:.0f} s ({tuned_count} schedules) / grid wall "
-          f"{grid_wall:.0f} s ({len(schedules)} schedules) = {tune_wall / grid_wall:.2f}")
+    best_s, _ = min(timed, key=lambda sm: sm[1].step_seconds or math.inf)
+
+    model = TimeModel()
+    model.fit([(Structure.of(t.schedule, seq_len), float(t.measurement.total_bytes or 0),
+                t.measurement.step_seconds or t.measurement.cut_seconds or 0.0)
+               for t in tuned + cut])
+    pred = [model.predict(Structure.of(s, seq_len), float(m.total_bytes or 0)) or 0.0
+            for s, m in timed]
+    real = [m.step_seconds or 0.0 for _, m in timed]
+    errs = [abs(p - r) / r for p, r in zip(pred, real, strict=True)]
+
+    pick = result.best_trial.schedule
+    pick_step, best_step = interleaved(problem, pick, best_s, rounds)
+    out = Outcome(case, label, budget, len(schedules), len(timed), grid_wall, len(tuned), len(cut),
+                  tune_wall, pick.describe(), best_s.describe(), pick_step, best_step,
+                  statistics.median(errs), max(errs), _rank_corr(pred, real))
+    log.append(out.row())
+    write(log)
+    print(out.row(), flush=True)
+    return out
 
 
-def case_b(trials: int, time_budget: float, seq_len: int, budget_text: str) -> None:
-    problem: Problem = seed_lstm(seq_len=seq_len)
-    budget = parse_bytes(budget_text)
-    label, chosen, tuned_count, tune_wall = run_tune(problem, budget, trials, time_budget, "b")
-    refs = [("plain scan", Schedule.plain(seq_len)),
-            ("per-cell remat", Schedule.nested([seq_len], "nothing_saveable")),
-            ("sqrt(T) 2-level", Schedule.root(seq_len, 2, ["nothing_saveable", "everything_saveable"])),
-            ("cube-root 3-level", Schedule.root(seq_len, 3, ["nothing_saveable", "nothing_saveable",
-                                                             "everything_saveable"]))]
-    measured = [(name, s, measure(problem, s, time_budget=time_budget)) for name, s in refs]
-    plain = measured[0][2]
-    print(f"case b: {problem.name}, budget {format_bytes(budget)}; tuner wall {tune_wall:.0f} s "
-          f"({tuned_count} schedules)")
-    print("\n| schedule | total | step | step / plain |\n|---|---|---|---|")
-    for name, s, m in measured:
-        over = " (over budget)" if m.total_bytes and m.total_bytes > budget else ""
-        print(row(f"{name}{over} ({s.describe()})", m, plain.step_seconds))
-    print(row(label, chosen, plain.step_seconds))
+def write(rows: list[str]) -> None:
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text("\n".join([
+        "# `autoremat tune` against an exhaustive grid (`studies/bench_tune.py`)",
+        "",
+        "Seed LSTM (hidden 128, batch 10, Adam), CPU, 2 shared cores. Every number was "
+        "measured in one run of the benchmark. *pick / grid best*: median step seconds of "
+        "the tuner's pick and the grid's best, timed back to back, interleaved, in one "
+        "process. *walls*: the tuner's whole `tune` call / the grid's screening + timing. "
+        "*model*: the cost model calibrated on the tuner's timed trials, scored on every "
+        "schedule the grid timed: median / max relative error of step time, Spearman rank "
+        "correlation.",
+        "",
+        "| case | problem | budget | tuner's pick | grid's best | pick / grid best (s) | "
+        "tuner wall / grid wall (s) | tuner timed | grid timed | model err med / max / rank |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *rows, ""]))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("case", choices=["a", "b"])
-    p.add_argument("--trials", type=int, default=20)
-    p.add_argument("--time-budget", type=float, default=3.0)
-    p.add_argument("--ladder", default="25,100,400")
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--budget", default="4GB", help="case b only")
+    p.add_argument("--cases", default="a,b,c", help="comma-separated: a, b, c (see CASES)")
+    p.add_argument("--quick", action="store_true", help="the T=10^4 cases only (a, b)")
+    p.add_argument("--time-budget", type=float, default=2.0, help="timing seconds per schedule")
+    p.add_argument("--tune-limit", help="the tuner's --time-limit (default: its own)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved runs of pick and best")
+    p.add_argument("--grid-repeats", type=int, default=3,
+                   help="the grid's least timed runs per schedule (the tuner's: 3)")
     a = p.parse_args()
-    if a.case == "a":
-        case_a(a.trials, [int(x) for x in a.ladder.split(",")], a.time_budget,
-               a.seq_len or 10_000)
-    else:
-        case_b(a.trials, a.time_budget, a.seq_len or 100_000, a.budget)
+    cases = ["a", "b"] if a.quick else a.cases.split(",")
+    print(f"grid sizes: {[len(grid(CASES[c][0])) for c in cases]}", flush=True)
+    log = [line for line in (RESULTS.read_text().splitlines() if RESULTS.exists() else [])
+           if line.startswith("| ") and not line.startswith("| case")]
+    for case in cases:
+        run_case(case, a.time_budget, a.tune_limit, a.rounds, log, a.grid_repeats)
 
 
 if __name__ == "__main__":

@@ -182,6 +182,8 @@ def test_export_names_the_trial_argument(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
     storage = f"sqlite:///{tmp_path / 'e.db'}"
+    # quiet: Optuna's handler may hold an earlier test's (closed) captured stderr
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     optuna.create_study(study_name="e", storage=storage)
     capsys.readouterr()  # Optuna's own INFO line about the new study, when run alone
     assert main(["export", "7", "--out", str(tmp_path / "x.yaml"), "--storage", storage,
@@ -208,3 +210,14 @@ def test_one_settings_table_makes_the_options_and_the_study_file_keys(
     for s in PROBLEM_SETTINGS:
         assert s.flag in show_help, s.flag
     assert "--trials" not in show_help
+
+
+def test_time_limit_takes_seconds_minutes_hours(capsys: pytest.CaptureFixture[str]) -> None:
+    from autoremat._cli_settings import check_settings
+
+    for good in ("90", "90s", "5m", "1.5h", 30, 2.5):
+        check_settings({"time_limit": good})
+    for bad in ("5 minutes", "0", "-1m", "1e9", "nan", "m"):
+        assert main(["tune", "--budget", "4GB", f"--time-limit={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert "--time-limit: expected a duration > 0 such as 90, 90s, 5m or 1.5h" in err, err

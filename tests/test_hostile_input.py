@@ -26,6 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoremat._budget import BudgetError, parse_bytes
+from autoremat._duration import parse_duration
+from autoremat._errors import TuneError
 from autoremat._kinds import top_keys
 from autoremat._nested import LEVEL_KEYS as _LEVEL_KEYS
 from autoremat._nested import MAX_LEVELS
@@ -277,6 +279,20 @@ bad_seconds = (st.sampled_from(["nan", "inf", "-inf", "0", "-0.0", "1e999", "x",
                | st.floats(max_value=0).map(repr) | option_text.filter(lambda s: _not_float(s)))
 
 
+def _refuses(parse: Any, error: type[Exception]) -> Any:
+    """``v -> True`` when ``parse(v)`` raises ``error``."""
+    def refused(v: Any) -> bool:
+        try:
+            parse(v)
+        except error:
+            return True
+        return False
+    return refused
+
+
+_bad_duration = _refuses(parse_duration, TuneError)
+
+
 def _not_float(text: str) -> bool:
     try:
         return not math.isfinite(float(text)) or float(text) <= 0
@@ -291,7 +307,7 @@ bad_options = st.one_of(
     (ints_below(1) | option_text.filter(_not_int)).map(lambda v: [f"--total-trials={v}"]),
     (ints_below(1) | st.sampled_from(["1.5", "0.5", "one"])).map(lambda v: [f"--heartbeat={v}"]),
     (ints_below(0) | st.integers(min_value=2**32).map(str)).map(lambda v: [f"--seed={v}"]),
-    bad_seconds.map(lambda v: [f"--timeout={v}"]),
+    (bad_seconds | option_text).filter(_bad_duration).map(lambda v: [f"--time-limit={v}"]),
     bad_seconds.map(lambda v: [f"--time-budget={v}"]),
     st.text(alphabet="abcxyz-", min_size=1, max_size=10).map(lambda v: [f"--zz{v}"]),
     st.sampled_from(["", " ", "no_colon", ":x", "x:", "no_such_module_q1:thing",
@@ -317,8 +333,7 @@ bad_study_values = {
     "total_trials": st.integers(max_value=0) | st.text(max_size=5) | st.floats(),
     "heartbeat": st.integers(max_value=0) | st.floats() | st.lists(st.integers()),
     "seed": st.integers(max_value=-1) | st.integers(min_value=2**32) | st.floats(),
-    "timeout": junk.filter(lambda v: v is not None and not (
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0)),
+    "time_limit": junk.filter(lambda v: v is not None and _bad_duration(v)),
     "time_budget": st.floats(max_value=0) | st.just(float("nan")) | st.text(max_size=5),
     "storage": junk.filter(lambda v: v is not None and not isinstance(v, str)) | st.just(""),
     "study_name": junk.filter(lambda v: v is not None and not isinstance(v, str)) | st.just(" "),
@@ -326,12 +341,7 @@ bad_study_values = {
 }
 
 
-def _bad_budget_any(v: Any) -> bool:
-    try:
-        parse_bytes(v)
-    except BudgetError:
-        return True
-    return False
+_bad_budget_any = _refuses(parse_bytes, BudgetError)
 
 
 @st.composite
@@ -436,7 +446,7 @@ SUBPROCESS_CASES = {
     "bad budget": ("args", ["tune", "--budget=-1"]),
     "bad seq-len": ("args", ["tune", "--budget", "4GB", "--seq-len", "0"]),
     "bad heartbeat": ("args", ["tune", "--budget", "4GB", "--heartbeat", "0"]),
-    "bad timeout": ("args", ["tune", "--budget", "4GB", "--timeout", "nan"]),
+    "bad time limit": ("args", ["tune", "--budget", "4GB", "--time-limit", "nan"]),
 }
 
 

@@ -1,0 +1,211 @@
+"""A cost model of step time and memory from a schedule's structure, calibrated per study.
+
+The tuner times few schedules, so it must guess which are worth timing. The
+guess is a linear model over a schedule's structure (pure Python, no jax):
+
+* ``evaluations``: step evaluations of one forward + backward pass
+  (``autoremat.bounds.cost``) -- the recomputation;
+* ``total_bytes``: the compiled total (or, before compiling, the memory
+  model's guess) -- the memory traffic, which on CPU can cost as much as the
+  recomputation it saves;
+* ``boundaries``: iterations of the outer (non-innermost) levels of a nested
+  schedule, forward and backward -- the per-level overhead of a checkpoint
+  boundary (stacking a carry, entering a remat region);
+* ``bookkeeping``: ``T`` for the binomial kind (its backward's dynamic
+  restores), else 0;
+* ``loop``: ``T / unroll`` -- loop trips of the innermost scan;
+* and a constant.
+
+``TimeModel.fit`` is a weighted least squares on relative error over this
+study's own timed trials, pulled (ridge) towards the prior "seconds
+proportional to evaluations" so two or three trials already give an order.
+``MemoryModel`` predicts ``total_bytes`` before compiling from the carries a
+schedule stores (``bounds.cost(...).stored_carries``), fitted per kind on the
+schedules sized so far. Both only *order* candidates; every figure the tuner
+reports is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoremat._schedule import Schedule
+
+#: The ridge weight pulling the fit towards the prior (relative units).
+_RIDGE = 0.1
+#: Policies that keep a level's residuals (as ``_nested``'s cost model).
+_KEEPS = ("none", "everything_saveable")
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What the model reads of one schedule at one ``T`` (see the module doc)."""
+
+    kind: str
+    evaluations: float
+    stored: float
+    boundaries: float
+    bookkeeping: float
+    loop: float
+    terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @classmethod
+    def of(cls, schedule: Schedule, seq_len: int) -> Structure:
+        cost = schedule.cost(seq_len)
+        lengths: Sequence[int] = getattr(schedule, "lengths", ())
+        boundaries = 2.0 * sum(math.prod(lengths[:i + 1]) for i in range(len(lengths) - 1))
+        levels = getattr(schedule, "levels", None)
+        terms = (_terms(tuple(levels), seq_len)[1] if levels
+                 else (float(cost.stored_carries), 1.0, 0.0))
+        return cls(kind=schedule.kind, evaluations=float(cost.evaluations),
+                   stored=float(cost.stored_carries), boundaries=boundaries,
+                   bookkeeping=float(seq_len) if schedule.kind == "binomial" else 0.0,
+                   loop=seq_len / max(1, schedule.unroll), terms=terms)
+
+    def row(self, total_bytes: float) -> list[float]:
+        """The time model's features, in ``TimeModel`` column order."""
+        return [self.evaluations, total_bytes, self.boundaries, self.bookkeeping, self.loop, 1.0]
+
+
+_Terms = tuple[float, float, float]
+
+
+def _terms(levels: tuple[Any, ...], steps: int) -> tuple[_Terms, _Terms]:
+    """(kept, peak) of a nested schedule's levels covering ``steps`` steps, as
+    (carries, steps' full residuals, steps' partial residuals (dots policies))."""
+    head, inner = levels[0], levels[1:]
+    n = min(head.length, steps) if not inner else math.ceil(
+        steps / math.prod(lv.length for lv in inner))
+    chunk = steps / max(1, n)
+    name = head.policy.name
+    if name in _KEEPS:
+        unit: _Terms = (0.0, chunk, 0.0) if not inner else (0.0, 0.0, 0.0)
+    else:
+        unit = (1.0, 0.0, chunk if name.startswith("dots") else 0.0)
+    if not inner:
+        kept = _scale(unit, n)
+        return kept, _add(kept, (0.0, 1.0, 0.0))
+    kept_i, peak_i = _terms(inner, max(1, round(chunk)))
+    if name in _KEEPS:
+        return _scale(kept_i, n), _add(_scale(kept_i, n - 1), peak_i)
+    kept = _scale(unit, n)
+    return kept, _add(kept, peak_i)
+
+
+def _scale(t: _Terms, k: float) -> _Terms:
+    return (t[0] * k, t[1] * k, t[2] * k)
+
+
+def _add(a: _Terms, b: _Terms) -> _Terms:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; ``None`` when singular."""
+    n = len(b)
+    m = [[*row, b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _ridge(rows: list[list[float]], ys: list[float], prior: list[float],
+           weights: list[float], ridge: float = _RIDGE) -> list[float]:
+    """``argmin sum w (x.c - y)^2 + ridge |s (c - prior)|^2``, columns scaled by ``s``."""
+    k = len(prior)
+    scale = [max((abs(r[j]) for r in rows), default=0.0) or 1.0 for j in range(k)]
+    lam = ridge
+    top = max(weights, default=1.0) or 1.0
+    weights = [w / top for w in weights]
+    ys_scale = max((abs(y) for y in ys), default=1.0) or 1.0
+    ys = [y / ys_scale for y in ys]
+    prior = [p / ys_scale for p in prior]
+    a = [[lam * (i == j) for j in range(k)] for i in range(k)]
+    b = [lam * prior[i] * scale[i] for i in range(k)]
+    for r, y, w in zip(rows, ys, weights, strict=True):
+        z = [r[j] / scale[j] for j in range(k)]
+        for i in range(k):
+            b[i] += w * z[i] * y
+            for j in range(k):
+                a[i][j] += w * z[i] * z[j]
+    coef = _solve(a, b)
+    if coef is None:
+        return [p * ys_scale for p in prior]
+    return [c / s * ys_scale for c, s in zip(coef, scale, strict=True)]
+
+
+class TimeModel:
+    """Step seconds from ``Structure.row``; ``None`` until one trial was timed."""
+
+    def __init__(self) -> None:
+        self.coef: list[float] | None = None
+        self.floor = 0.0
+        self.points = 0
+
+    def fit(self, points: Sequence[tuple[Structure, float, float]]) -> None:
+        """``points``: (structure, total bytes, measured step seconds) of timed trials."""
+        good = [(s, b, y) for s, b, y in points if y > 0 and math.isfinite(y)]
+        self.points = len(good)
+        if not good:
+            self.coef = None
+            return
+        per_eval = sorted(y / s.evaluations for s, _, y in good)[len(good) // 2]
+        prior = [per_eval, 0.0, 0.0, 0.0, 0.0, 0.0]
+        rows = [s.row(b) for s, b, _ in good]
+        ys = [y for _, _, y in good]
+        self.coef = _ridge(rows, ys, prior, [1.0 / y**2 for y in ys])
+        self.floor = 0.25 * min(ys)
+
+    def predict(self, structure: Structure, total_bytes: float) -> float | None:
+        if self.coef is None:
+            return None
+        value = sum(c * x for c, x in zip(self.coef, structure.row(total_bytes), strict=True))
+        return max(self.floor, value)
+
+
+class MemoryModel:
+    """``total_bytes`` before compiling, from what a schedule stores (``Structure.terms``).
+
+    ``predict``: a least-squares fit of bytes on the terms over the schedules
+    sized so far (to rank them; ``None`` before two were sized).
+    ``surely_over``: a schedule of the same kind storing at least as much of
+    every term as one already over the budget -- it is not compiled.
+    """
+
+    def __init__(self) -> None:
+        self.points: list[tuple[Structure, float]] = []
+        self.over: list[Structure] = []
+
+    def add(self, structure: Structure, total_bytes: int, over_budget: bool) -> None:
+        self.points.append((structure, float(total_bytes)))
+        if over_budget:
+            self.over.append(structure)
+        self._coef: list[float] | None = None
+
+    def surely_over(self, structure: Structure) -> bool:
+        return any(o.kind == structure.kind and all(
+            a >= b for a, b in zip(structure.terms, o.terms, strict=True)) for o in self.over)
+
+    def predict(self, structure: Structure) -> float | None:
+        if len(self.points) < 2:
+            return None
+        if getattr(self, "_coef", None) is None:
+            rows = [[1.0, *s.terms] for s, _ in self.points]
+            ys = [y for _, y in self.points]
+            low = min(ys)
+            self._coef = _ridge(rows, ys, [low, 0.0, 0.0, 0.0], [1.0 / y**2 for y in ys],
+                                ridge=1e-4)
+        coef = self._coef
+        assert coef is not None
+        value = coef[0] + sum(c * x for c, x in zip(coef[1:], structure.terms, strict=True))
+        return max(0.5 * min(y for _, y in self.points), value)

@@ -1,0 +1,192 @@
+"""The search (issue 12): screening by compiled memory, cut trials, the time limit,
+and a problem the tuner has never seen."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+import autoremat._compiled as measure_module
+from autoremat._compiled import compile_schedule
+from autoremat._duration import parse_duration
+from autoremat._errors import TuneError
+from autoremat._pareto import pareto_front
+from autoremat._problem import Problem
+from autoremat._schedule import Schedule
+from autoremat._space import seed_schedules
+from autoremat._study import MeasuredTrial, load_study, measured_trials
+from autoremat._tune import tune
+from tests.tiny_problem import tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET = 2400  # the tiny plain scan needs ~2.6 KB: over
+
+
+@pytest.fixture()
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_screening_never_times_an_over_budget_or_dominated_schedule(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled: list[str] = []
+    timed: list[tuple[str, int | None]] = []
+    real_compile, real_time = measure_module.compile_schedule, measure_module.time_compiled
+
+    def spy_compile(problem: Problem, schedule: Schedule, **kw: Any) -> Any:
+        compiled.append(schedule.key())
+        return real_compile(problem, schedule, **kw)
+
+    def spy_time(c: Any, **kw: Any) -> Any:
+        if c.executable is not None:
+            timed.append((c.measurement.schedule_key, c.measurement.total_bytes))
+        return real_time(c, **kw)
+
+    import autoremat._plan as plan_module
+    monkeypatch.setattr(plan_module, "compile_schedule", spy_compile)
+    monkeypatch.setattr(measure_module, "time_compiled", spy_time)
+    # no n_trials: the planner decides what to time (n_trials asks for exactly that
+    # many, and past the planner's stop it then times dominated schedules too)
+    result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit="10s")
+    assert result.best is not None
+    # many sized, few timed; each schedule compiled once, timed at most once
+    assert len(compiled) == len(set(compiled)) > len(timed)
+    assert len({k for k, _ in timed}) == len(timed)
+    assert all(b is not None and b <= BUDGET for _, b in timed)  # never over the budget
+    assert Schedule.plain(32).key() not in {k for k, _ in timed}
+    trials = sorted(measured_trials(load_study("s")), key=lambda t: t.number)
+    seeds = {s.key() for s in seed_schedules(32)}
+    for i, t in enumerate(trials):
+        m = t.measurement
+        if m.total_bytes is not None and m.total_bytes > BUDGET:
+            assert m.step_seconds is None and m.cut_seconds is None
+        predicted = load_study("s").trials[t.number].user_attrs.get("predicted_seconds")
+        if t.schedule.key() in seeds or predicted is None or m.total_bytes is None:
+            continue
+        for earlier in trials[:i]:  # nothing timed before it beat it on memory and prediction
+            e = earlier.measurement
+            if e.step_seconds is not None and e.total_bytes is not None:
+                assert not (e.total_bytes <= m.total_bytes and e.step_seconds <= predicted), (
+                    t.schedule.describe(), earlier.schedule.describe())
+
+
+def slow_binomial(seq_len: int = 32) -> Problem:
+    """The tiny problem, its binomial schedules 20 ms slower per step (a host callback)."""
+    import jax
+
+    base = tiny(seq_len)
+
+    def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
+        step, args = base.build(schedule)
+        if schedule.kind != "binomial":
+            return step, args
+
+        def slow(w: Any, x: Any) -> Any:
+            w = jax.pure_callback(lambda v: (time.sleep(0.02), v)[1],
+                                  jax.ShapeDtypeStruct(w.shape, w.dtype), w)
+            return step(w, x)
+
+        return slow, args
+
+    return Problem(name="slow_binomial", seq_len=seq_len, build=build)
+
+
+def test_a_clearly_slower_schedule_is_cut_and_recorded(in_tmp: Path) -> None:
+    result = tune(slow_binomial(), BUDGET, n_trials=5, time_budget=0.02, study_name="cut")
+    study = load_study("cut")
+    binomial = next(t for t in study.trials if t.user_attrs.get("schedule", {}).get("kind")
+                    == "binomial")
+    assert binomial.state == optuna.trial.TrialState.COMPLETE
+    m = MeasuredTrial.of(binomial)
+    assert m is not None and m.measurement.cut and m.measurement.step_seconds is None
+    assert m.measurement.cut_seconds is not None and m.measurement.cut_seconds >= 0.02
+    assert binomial.values[1] == m.measurement.cut_seconds  # its partial figure
+    assert not m.measurement.fits(BUDGET) and m.measurement.total_bytes <= BUDGET
+    assert result.best_trial is not None and result.best_trial.number != binomial.number
+    assert binomial.number not in {p.number for p in pareto_front(study)}  # front stays true
+
+
+def test_the_time_limit_is_respected(in_tmp: Path) -> None:
+    t0 = time.monotonic()
+    result = tune(tiny(), BUDGET, time_limit="4s", explore_front=True, time_budget=0.02)
+    wall = time.monotonic() - t0
+    assert result.best is not None and result.measured >= 2
+    assert wall < 4 + 3, wall  # one trial may finish after the limit; tiny trials are short
+    assert parse_duration("5m") == 300 and parse_duration("1.5h") == 5400
+    assert parse_duration("90s") == parse_duration("90") == parse_duration(90) == 90
+    for bad in ("0", "-1m", "5 minutes", "nan", "", True):
+        with pytest.raises(TuneError, match=r"^time_limit: expected a duration"):
+            tune(tiny(), BUDGET, time_limit=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["gru", "lstm2"])
+def test_an_unseen_problem_gets_a_pick_as_fast_as_the_best_seed(name: str, tmp_path: Path) -> None:
+    from tests import user_problems
+
+    problem = getattr(user_problems, name)()
+    plain = compile_schedule(problem, Schedule.plain(problem.seq_len)).measurement
+    assert plain.total_bytes is not None
+    budget = plain.total_bytes // 2
+    r = subprocess.run(
+        [sys.executable, "-m", "autoremat.cli", "tune", "--problem",
+         f"{ROOT / 'tests' / 'user_problems.py'}:{name}", "--budget", str(budget),
+         "--time-limit", "12s", "--time-budget", "0.05", "--study-name", name, "--no-progress"],
+        cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    trials = measured_trials(load_study(name, f"sqlite:///{tmp_path / 'runs' / 'autoremat.db'}"))
+    seeds = {s.key() for s in seed_schedules(problem.seq_len)}
+    seed_figures = [m.step_seconds or m.cut_seconds for t in trials
+                    if t.schedule.key() in seeds and (m := t.measurement).total_bytes is not None
+                    and m.total_bytes <= budget and (m.step_seconds or m.cut_seconds)]
+    assert seed_figures, "no enqueued candidate fits"
+    fits = [t for t in trials if t.measurement.fits(budget)]
+    pick = min(fits, key=lambda t: t.measurement.step_seconds or 0.0)
+    assert pick.measurement.step_seconds is not None
+    assert pick.measurement.step_seconds <= 1.25 * min(f for f in seed_figures if f)
+    assert f"best (trial {pick.number})" in r.stdout
+
+
+def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> None:
+    from autoremat._predict import MemoryModel, Structure, TimeModel
+
+    seq_len = 10_000
+    schedules = [Schedule.plain(seq_len), Schedule.nested([seq_len], "nothing_saveable"),
+                 Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"]),
+                 Schedule.nested([25, 20, 20], "nothing_saveable"), Schedule.binomial(38),
+                 Schedule.binomial(200), Schedule.nested([50, 200], "dots_saveable")]
+    structures = [Structure.of(s, seq_len) for s in schedules]
+
+    def truth(s: Structure, total: float) -> float:  # a made-up machine
+        return 1e-4 * s.evaluations + 2e-9 * total + 5e-5 * s.bookkeeping + 0.01
+
+    sizes = [7e8, 1.8e8, 7.6e7, 7.4e7, 7.5e7, 9e7, 3e8]
+    model = TimeModel()
+    assert model.predict(structures[0], sizes[0]) is None  # nothing timed yet
+    model.fit([(s, b, truth(s, b)) for s, b in zip(structures, sizes, strict=True)])
+    for s, b in zip(structures, sizes, strict=True):
+        assert model.predict(s, b) == pytest.approx(truth(s, b), rel=0.1)
+    # two points: the prior (seconds per evaluation) already orders them
+    few = TimeModel()
+    few.fit([(structures[0], sizes[0], 1.0), (structures[3], sizes[3], 3.0)])
+    assert few.predict(structures[1], sizes[1]) < few.predict(structures[3], sizes[3])
+
+    memory = MemoryModel()
+    memory.add(structures[2], 76_000_000, over_budget=True)  # 100x100 over the budget
+    wider = Structure.of(Schedule.nested([100, 100], ["dots_saveable", "everything_saveable"],
+                                         unroll=2), seq_len)  # stores more of every term
+    narrower = Structure.of(Schedule.nested([200, 50], ["nothing_saveable",
+                                                        "everything_saveable"]), seq_len)
+    assert memory.surely_over(wider) and not memory.surely_over(narrower)
+    assert not memory.surely_over(structures[4])  # another kind
+    memory.add(structures[0], 700_000_000, over_budget=True)
+    memory.add(structures[4], 75_000_000, over_budget=False)
+    guess = memory.predict(Structure.of(Schedule.plain(seq_len), seq_len))
+    assert guess is not None and guess > 5 * memory.predict(narrower)
