@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError
+from autoremat._yaml import one_line as _text_one_line
 
 if TYPE_CHECKING:
     import optuna
@@ -41,8 +42,7 @@ def redact(url: str) -> str:
 
 def one_line(e: BaseException, limit: int = 300) -> str:
     """``str(e)`` on one line, at most ``limit`` characters."""
-    text = " ".join(str(e).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return _text_one_line(str(e), limit)
 
 
 def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) -> RDBStorage:
