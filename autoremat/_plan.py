@@ -16,8 +16,10 @@ more, which one it is worth timing:
    schedule already timed, is never timed (nor compiled, when the memory
    model's guess already makes it dominated); the first that is neither is;
 4. the search is done when the best prediction left is clearly slower than
-   the best measured schedule that fits (``STOP_RATIO``), or the time left
-   cannot pay for the next compile or timing.
+   the best measured schedule that fits -- by ``STOP_RATIO``, widened by
+   twice the model's own leave-one-out error (``stop_ratio``): a model off
+   by 15% must not rule out a schedule predicted 20% slower -- or the time
+   left cannot pay for the next compile or timing.
 
 With ``explore_front`` step 4's ratio test is off: every fitting schedule
 not dominated is timed, so the whole front gets measured (within limits).
@@ -41,8 +43,10 @@ from autoremat._space import neighbours, propose, seed_params
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
-#: Stop when the best prediction left is this much slower than the best measured.
+#: Stop when the best prediction left is this much slower than the best measured
+#: (at least; ``Planner.stop_ratio`` widens it by the model's error, up to ``MAX_STOP``).
 STOP_RATIO: Final = 1.15
+MAX_STOP: Final = 1.6
 #: A schedule whose first run is this much slower than the best that fits is cut.
 CUT_RATIO: Final = 1.3
 
@@ -142,6 +146,11 @@ class Planner:
                                                    self.problem.seq_len, self.platform, self.rng):
                     self.add(schedule, params)
 
+    def stop_ratio(self) -> float:
+        """``STOP_RATIO`` widened by twice the time model's median error, at most
+        ``MAX_STOP``."""
+        return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self.time_model.error))
+
     def cut_after(self) -> float | None:
         """Seconds after which a first run is cut (``None``: time it in full)."""
         best = self.best
@@ -226,12 +235,13 @@ class Planner:
     def _next_once(self, time_left: float | None, explore: bool,
                    dominated: bool) -> Candidate | str | None:
         best = self.best
+        stop = self.stop_ratio()
         compile_cost = (sum(self.compile_seconds) / len(self.compile_seconds)
                         if self.compile_seconds else 0.0)
         for predicted, cand in self._rank(compiled_first=dominated):
             calibrated = self.time_model.points >= 2 and best is not None
             if calibrated and not explore and best is not None \
-                    and predicted > STOP_RATIO * best[2]:
+                    and predicted > stop * best[2]:
                 return None
             if cand.compiled is None:
                 if self.memory_model.surely_over(cand.structure):

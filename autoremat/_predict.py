@@ -4,7 +4,10 @@ The tuner times few schedules, so it must guess which are worth timing. The
 guess is a linear model over a schedule's structure (pure Python, no jax):
 
 * ``evaluations``: step evaluations of one forward + backward pass
-  (``autoremat.bounds.cost``) -- the recomputation;
+  (``autoremat.bounds.cost``) -- the recomputation -- less ``partial``;
+* ``partial``: the step evaluations re-run by levels under a ``dots``
+  policy: their matmul outputs are saved, so the re-run is only the
+  elementwise part of the step (``bounds.cost`` counts them in full);
 * ``total_bytes``: the compiled total (or, before compiling, the memory
   model's guess) -- the memory traffic, which on CPU can cost as much as the
   recomputation it saves;
@@ -38,6 +41,10 @@ from autoremat._schedule import Schedule
 _RIDGE = 0.1
 #: Policies that keep a level's residuals (as ``_nested``'s cost model).
 _KEEPS = ("none", "everything_saveable")
+#: Policies whose re-run skips the matmuls (their outputs are saved).
+_PARTIAL = ("dots", "offload_dot")
+#: The prior cost of a partial re-run, as a fraction of a full step evaluation.
+_PARTIAL_PRIOR = 0.4
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class Structure:
 
     kind: str
     evaluations: float
+    partial: float
     stored: float
     boundaries: float
     bookkeeping: float
@@ -60,14 +68,32 @@ class Structure:
         levels = getattr(schedule, "levels", None)
         terms = (_terms(tuple(levels), seq_len)[1] if levels
                  else (float(cost.stored_carries), 1.0, 0.0))
-        return cls(kind=schedule.kind, evaluations=float(cost.evaluations),
-                   stored=float(cost.stored_carries), boundaries=boundaries,
+        partial = _partial(schedule, seq_len)
+        return cls(kind=schedule.kind, evaluations=float(cost.evaluations) - partial,
+                   partial=partial, stored=float(cost.stored_carries), boundaries=boundaries,
                    bookkeeping=float(seq_len) if schedule.kind == "binomial" else 0.0,
                    loop=seq_len / max(1, schedule.unroll), terms=terms)
 
     def row(self, total_bytes: float) -> list[float]:
         """The time model's features, in ``TimeModel`` column order."""
-        return [self.evaluations, total_bytes, self.boundaries, self.bookkeeping, self.loop, 1.0]
+        return [self.evaluations, self.partial, total_bytes, self.boundaries, self.bookkeeping,
+                self.loop, 1.0]
+
+
+def _partial(schedule: Schedule, seq_len: int) -> float:
+    """Step evaluations re-run under ``dots`` policies (see the module doc)."""
+    levels = getattr(schedule, "levels", None)
+    if not levels:
+        return 0.0
+    from autoremat._nested import pieces
+
+    lengths = tuple(lv.length for lv in levels)
+    total = 0
+    for _, count, level in pieces(seq_len, lengths):
+        chunk = math.prod(lengths[level + 1:])
+        total += count * chunk * sum(lv.policy.name.startswith(_PARTIAL)
+                                     for lv in levels[level:])
+    return float(total)
 
 
 _Terms = tuple[float, float, float]
@@ -151,6 +177,7 @@ class TimeModel:
         self.coef: list[float] | None = None
         self.floor = 0.0
         self.points = 0
+        self.error = 0.0
 
     def fit(self, points: Sequence[tuple[Structure, float, float]]) -> None:
         """``points``: (structure, total bytes, measured step seconds) of timed trials."""
@@ -159,12 +186,30 @@ class TimeModel:
         if not good:
             self.coef = None
             return
-        per_eval = sorted(y / s.evaluations for s, _, y in good)[len(good) // 2]
-        prior = [per_eval, 0.0, 0.0, 0.0, 0.0, 0.0]
+        self.coef = self._fit(good)
+        self.floor = 0.25 * min(y for _, _, y in good)
+        self.error = self._error(good)
+
+    @staticmethod
+    def _fit(good: Sequence[tuple[Structure, float, float]]) -> list[float]:
+        per_eval = sorted(y / (s.evaluations + _PARTIAL_PRIOR * s.partial)
+                          for s, _, y in good)[len(good) // 2]
+        prior = [per_eval, _PARTIAL_PRIOR * per_eval, 0.0, 0.0, 0.0, 0.0, 0.0]
         rows = [s.row(b) for s, b, _ in good]
         ys = [y for _, _, y in good]
-        self.coef = _ridge(rows, ys, prior, [1.0 / y**2 for y in ys])
-        self.floor = 0.25 * min(ys)
+        return _ridge(rows, ys, prior, [1.0 / y**2 for y in ys])
+
+    @classmethod
+    def _error(cls, good: Sequence[tuple[Structure, float, float]]) -> float:
+        """The median relative error of leave-one-out predictions (0 below 3 points):
+        how far a prediction may be off, which widens the planner's stop test."""
+        if len(good) < 3:
+            return 0.0
+        errs = []
+        for i, (s, b, y) in enumerate(good):
+            coef = cls._fit([*good[:i], *good[i + 1:]])
+            errs.append(abs(sum(c * x for c, x in zip(coef, s.row(b), strict=True)) - y) / y)
+        return sorted(errs)[len(errs) // 2]
 
     def predict(self, structure: Structure, total_bytes: float) -> float | None:
         if self.coef is None:

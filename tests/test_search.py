@@ -165,7 +165,8 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
     structures = [Structure.of(s, seq_len) for s in schedules]
 
     def truth(s: Structure, total: float) -> float:  # a made-up machine
-        return 1e-4 * s.evaluations + 2e-9 * total + 5e-5 * s.bookkeeping + 0.01
+        return (1e-4 * s.evaluations + 4e-5 * s.partial + 2e-9 * total + 5e-5 * s.bookkeeping
+                + 0.01)
 
     sizes = [7e8, 1.8e8, 7.6e7, 7.4e7, 7.5e7, 9e7, 3e8]
     model = TimeModel()
@@ -177,6 +178,13 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
     few = TimeModel()
     few.fit([(structures[0], sizes[0], 1.0), (structures[3], sizes[3], 3.0)])
     assert few.predict(structures[1], sizes[1]) < few.predict(structures[3], sizes[3])
+    # a dots level's re-run counts as partial, so it is predicted cheaper than a full one
+    dots, full = (Structure.of(Schedule.nested([50, 200], ["nothing_saveable", p]), seq_len)
+                  for p in ("dots_saveable", "nothing_saveable"))
+    assert dots.partial == seq_len and full.partial == 0
+    assert dots.evaluations + dots.partial == full.evaluations
+    assert model.predict(dots, 3e8) < model.predict(full, 3e8)
+    assert few.error == 0.0 and model.error < 0.1  # leave-one-out, on a noiseless machine
 
     memory = MemoryModel()
     memory.add(structures[2], 76_000_000, over_budget=True)  # 100x100 over the budget
