@@ -109,10 +109,16 @@ def compile_schedule(problem: Problem, schedule: Schedule, *,
 
 
 def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
-                  time_budget: float = 5.0, min_repeats: int = 3, max_repeats: int = 20,
+                  time_budget: float = 5.0, min_repeats: int | None = None,
+                  max_repeats: int = 20,
                   on_output: Callable[[Any], None] | None = None,
                   cut_after: float | None = None) -> Measurement:
     """Run a ``compile_step`` result: a warm-up, then the timed runs (module doc).
+
+    ``min_repeats``: the fewest timed runs; by default 3, or 1 when the warm-up
+    alone took longer than ``time_budget`` (a step of tens of seconds, T=10^5
+    on a CPU: its run-to-run noise is small against its length, and three
+    more runs would triple the cost of every trial).
 
     ``cut_after``: when the warm-up and then one timed run each take longer
     (seconds), stop there: the measurement has ``step_seconds=None`` and
@@ -150,7 +156,8 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
             if samples[0] > cut_after:
                 return Measurement(label, OK, "", **figures, loss=loss,
                                    cut_seconds=samples[0], **env)
-        repeats = max(min_repeats, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
+        least = min_repeats if min_repeats is not None else 1 if warmup > time_budget else 3
+        repeats = max(least, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
         for _ in range(repeats - len(samples)):
             t0 = time.perf_counter()
             jax.block_until_ready(executable(*args))

@@ -146,10 +146,18 @@ class Planner:
                                                    self.problem.seq_len, self.platform, self.rng):
                     self.add(schedule, params)
 
-    def stop_ratio(self) -> float:
+    def stop_ratio(self, cand: Candidate | None = None) -> float:
         """``STOP_RATIO`` widened by twice the time model's median error, at most
-        ``MAX_STOP``."""
-        return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self.time_model.error))
+        ``MAX_STOP``; for ``cand``, scaled by its distance to the nearest timed
+        schedule (``TimeModel.nearest``): a neighbour of a timed one is predicted
+        well, so it must be predicted within ``STOP_RATIO`` to be timed."""
+        d = 1.0
+        if cand is not None:
+            sized = cand.sized
+            total = (sized.total_bytes if sized is not None
+                     else self.memory_model.predict(cand.structure))
+            d = self.time_model.nearest(cand.structure, float(total or 0))[0]
+        return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self.time_model.error * d))
 
     def cut_after(self) -> float | None:
         """Seconds after which a first run is cut (``None``: time it in full)."""
@@ -240,9 +248,11 @@ class Planner:
                         if self.compile_seconds else 0.0)
         for predicted, cand in self._rank(compiled_first=dominated):
             calibrated = self.time_model.points >= 2 and best is not None
-            if calibrated and not explore and best is not None \
-                    and predicted > stop * best[2]:
-                return None
+            if calibrated and not explore and best is not None:
+                if predicted > stop * best[2]:
+                    return None
+                if predicted > self.stop_ratio(cand) * best[2]:
+                    continue  # near a timed schedule, and not predicted within STOP_RATIO
             if cand.compiled is None:
                 if self.memory_model.surely_over(cand.structure):
                     cand.done = "over budget (stores more than one that is)"
@@ -262,7 +272,9 @@ class Planner:
             if not dominated and self._dominated(cand, self.predict(cand)):
                 cand.done = "dominated"  # its executable is kept (``dominated=True``)
                 continue
-            timing = predicted + max(3 * predicted, self.time_budget)
+            # a warm-up, then 3 runs -- or 1 when a run is longer than the time budget
+            timing = predicted + (predicted if predicted > self.time_budget
+                                  else max(3 * predicted, self.time_budget))
             if time_left is not None and self.time_model.points and time_left < timing:
                 return None
             return cand

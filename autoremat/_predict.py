@@ -43,6 +43,8 @@ _RIDGE = 0.1
 _KEEPS = ("none", "everything_saveable")
 #: Policies whose re-run skips the matmuls (their outputs are saved).
 _PARTIAL = ("dots", "offload_dot")
+#: Schedules this far apart (relative, in their most different feature) are unrelated.
+_NEAR = 0.25
 #: The prior cost of a partial re-run, as a fraction of a full step evaluation.
 _PARTIAL_PRIOR = 0.4
 
@@ -178,11 +180,13 @@ class TimeModel:
         self.floor = 0.0
         self.points = 0
         self.error = 0.0
+        self.good: Sequence[tuple[Structure, float, float]] = ()
 
     def fit(self, points: Sequence[tuple[Structure, float, float]]) -> None:
         """``points``: (structure, total bytes, measured step seconds) of timed trials."""
         good = [(s, b, y) for s, b, y in points if y > 0 and math.isfinite(y)]
         self.points = len(good)
+        self.good = good
         if not good:
             self.coef = None
             return
@@ -211,11 +215,37 @@ class TimeModel:
             errs.append(abs(sum(c * x for c, x in zip(coef, s.row(b), strict=True)) - y) / y)
         return sorted(errs)[len(errs) // 2]
 
+    def _linear(self, row: list[float]) -> float:
+        assert self.coef is not None
+        return sum(c * x for c, x in zip(self.coef, row, strict=True))
+
+    def nearest(self, structure: Structure, total_bytes: float) -> tuple[float, float]:
+        """``(d, ratio)``: the distance to the nearest timed schedule of the same kind
+        (0: the same features; 1: ``_NEAR`` apart or more in some feature, or none
+        timed) and that schedule's measured / linear-predicted seconds."""
+        row = structure.row(total_bytes)
+        best = (1.0, 1.0)
+        for s, b, y in self.good:
+            if s.kind != structure.kind:
+                continue
+            other = s.row(b)
+            gap = max((abs(x - z) / max(abs(x), abs(z)) for x, z in zip(row, other, strict=True)
+                       if x or z), default=0.0)
+            d = min(1.0, gap / _NEAR)
+            if d < best[0]:
+                linear = self._linear(other)
+                best = (d, y / linear if linear > 0 else 1.0)
+        return best
+
     def predict(self, structure: Structure, total_bytes: float) -> float | None:
+        """The linear model, corrected towards the nearest timed schedule's own error
+        (fully at distance 0, not at all from ``_NEAR`` on: a family the model gets
+        wrong, e.g. binomial on this machine, is predicted from its measured members)."""
         if self.coef is None:
             return None
-        value = sum(c * x for c, x in zip(self.coef, structure.row(total_bytes), strict=True))
-        return max(self.floor, value)
+        value = self._linear(structure.row(total_bytes))
+        d, ratio = self.nearest(structure, total_bytes)
+        return max(self.floor, value * ratio ** (1.0 - d))
 
 
 class MemoryModel:
