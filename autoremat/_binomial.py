@@ -40,9 +40,9 @@ class BinomialSchedule(Schedule):
     runs the plain forward sweep, which stores nothing either),
     forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``), ``vmap``,
     ``jit``. Not: reverse-over-reverse (grad of grad: the backward's
-    re-advances are loops of dynamic length; a clear ``ScheduleError``) and
-    ``jax.linearize`` (JAX's error when the linear map is applied; a
-    ``custom_vjp`` has no forward-mode rule). Use a nested schedule for those.
+    re-advances are loops of dynamic length) and ``jax.linearize`` (a
+    ``custom_vjp`` has no forward-mode linear map): each a ``ScheduleError``
+    at trace time naming the fix. Use a nested schedule for those.
 
     Attributes:
       snapshots: how many carries are stored at once (>= 1).

@@ -19,6 +19,8 @@ outputs' cotangents are never read.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,6 +68,18 @@ def _traced_by(name: str, *trees: Any) -> bool:
         isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
 
 
+def _under_linearize() -> bool:
+    """Whether this trace runs inside ``jax.linearize`` (a frame of its code on the
+    stack): ``linearize`` and ``grad`` trace alike, so the tracer cannot tell."""
+    code = getattr(inspect.unwrap(jax.linearize), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _inexact(x: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
@@ -111,6 +125,12 @@ class _Loop:
         if _traced_by("JVPTracer", init, xs, consts) and getattr(
                 jax.config, "jax_use_direct_linearize", True):
             return self.forward(init, xs, consts, keep=False)[0]
+        if _traced_by("LinearizeTracer", init, xs, consts) and _under_linearize():
+            raise ScheduleError(
+                f"schedule {self.label!r}: jax.linearize is not supported by the binomial "
+                "kind: its backward pass is a custom VJP, which has no forward-mode linear "
+                "map. Use jax.jvp (supported), or a nested schedule (e.g. Schedule.root(T, 2)) "
+                "for jax.linearize.")
 
         @jax.custom_vjp
         def loop(init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:

@@ -214,7 +214,7 @@ def test_hostile_schedule_files_are_one_line_schedule_errors(
         trace = len(seen) % 4 == 0 or len(raw) > 10_000
         if trace:
             tracemalloc.start()
-        start = time.perf_counter()
+        start = time.process_time()  # this process's CPU: other jobs' load does not count
         try:
             with pytest.raises(ScheduleError) as info:
                 if from_file:
@@ -222,14 +222,14 @@ def test_hostile_schedule_files_are_one_line_schedule_errors(
                 else:
                     parse_schedule(raw, str(path))
         finally:
-            elapsed = time.perf_counter() - start
+            elapsed = time.process_time() - start
             peak = tracemalloc.get_traced_memory()[1] if trace else 0
             if trace:
                 tracemalloc.stop()
         message = str(info.value)
         assert message.startswith(f"{path}: ") and "\n" not in message and len(message) < 1000
         assert "Traceback" not in message
-        assert elapsed < 5, f"{elapsed:.1f} s for {raw[:80]!r}"
+        assert elapsed < 5, f"{elapsed:.1f} CPU s for {raw[:80]!r}"
         assert peak < 200 * 2**20, f"{peak / 2**20:.0f} MiB for {raw[:80]!r}"
 
     check()

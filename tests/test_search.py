@@ -142,16 +142,39 @@ def test_an_unseen_problem_gets_a_pick_as_fast_as_the_best_seed(name: str, tmp_p
         capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     trials = measured_trials(load_study(name, f"sqlite:///{tmp_path / 'runs' / 'autoremat.db'}"))
-    seeds = {s.key() for s in seed_schedules(problem.seq_len)}
-    seed_figures = [m.step_seconds or m.cut_seconds for t in trials
-                    if t.schedule.key() in seeds and (m := t.measurement).total_bytes is not None
-                    and m.total_bytes <= budget and (m.step_seconds or m.cut_seconds)]
-    assert seed_figures, "no enqueued candidate fits"
     fits = [t for t in trials if t.measurement.fits(budget)]
     pick = min(fits, key=lambda t: t.measurement.step_seconds or 0.0)
-    assert pick.measurement.step_seconds is not None
-    assert pick.measurement.step_seconds <= 1.25 * min(f for f in seed_figures if f)
     assert f"best (trial {pick.number})" in r.stdout
+    # The tuner's figures are its own (and it always measures the seeds), so the pick
+    # is re-timed here against every enqueued candidate that fits, interleaved, in this
+    # process: the claim checked is "as fast as the best seed", not "its figure is lower".
+    seeds = [s for s in seed_schedules(problem.seq_len) if s.key() != pick.schedule.key()]
+    runs = {}
+    for schedule in (pick.schedule, *seeds):
+        c = compile_schedule(problem, schedule, budget_bytes=budget)
+        if c.executable is not None:
+            runs[schedule.key()] = c
+    assert len(runs) >= 2, "no enqueued candidate fits"
+    seconds = _interleaved(list(runs.values()), rounds=15)
+    assert seconds[0] <= 1.25 * min(seconds[1:]), dict(zip(runs, seconds, strict=True))
+
+
+def _interleaved(compiled: list[Any], rounds: int) -> list[float]:
+    """Median seconds of each compiled step, run in turn ``rounds`` times (after one
+    warm-up each), so machine noise falls on all of them alike."""
+    import statistics
+
+    import jax
+
+    times: list[list[float]] = [[] for _ in compiled]
+    for c in compiled:
+        jax.block_until_ready(c.executable(*c.args))
+    for _ in range(rounds):
+        for c, out in zip(compiled, times, strict=True):
+            t0 = time.perf_counter()
+            jax.block_until_ready(c.executable(*c.args))
+            out.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> None:
