@@ -22,8 +22,10 @@ of ``autoremat._kinds.KINDS``; then that kind's own parameters
 ``seed_params`` gives the obvious candidates, enqueued before any sampling:
 plain scan, per-step remat, sqrt(T) two levels, cube-root three levels
 (Chen et al. 2016, arXiv 1604.06174: ``d`` levels store ``O(d T^(1/d))``),
-and the binomial schedule with three repetitions (Griewank & Walther 2000:
-``C(s + 3, 3) >= T`` snapshots).
+three levels of short chunks (``T/100 x 10 x 10``, ``nothing/dots/everything``:
+measured fastest in ``studies/bench_tune.py``), and the binomial schedule
+with three repetitions (Griewank & Walther 2000: ``C(s + 3, 3) >= T``
+snapshots).
 
 ``propose`` and ``neighbours`` draw candidates from the same space without
 Optuna (``ParamTrial``), as parameter dicts the tuner enqueues: random

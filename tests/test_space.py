@@ -72,6 +72,7 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
         "10000 nothing unroll=1",
         "100x100 nothing/everything unroll=1",
         "25x20x20 nothing/nothing/everything unroll=1",
+        "100x10x10 nothing/dots/everything unroll=1",  # short chunks (bench_tune)
         "binomial s=38 unroll=1",  # C(38 + 3, 3) >= 10^4: three repetitions
     ]
     deep = seed_schedules(100_000)[3]
@@ -83,7 +84,8 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
 def test_seed_candidates_cover_any_length(seq_len: int) -> None:
     for schedule in seed_schedules(seq_len):
         _check(schedule, seq_len)
-    assert len(seed_params(seq_len)) == 2 + sum(d in depths(seq_len) for d in (2, 3)) + (seq_len >= 2)
+    assert len(seed_params(seq_len)) == (2 + sum(d in depths(seq_len) for d in (2, 3))
+                                         + (seq_len >= 1000) + (seq_len >= 2))
 
 
 def test_offload_policies_only_on_accelerators() -> None:
