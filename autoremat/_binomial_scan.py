@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,7 +73,7 @@ def _under_linearize() -> bool:
     """Whether this trace runs inside ``jax.linearize`` (a frame of its code on the
     stack): ``linearize`` and ``grad`` trace alike, so the tracer cannot tell."""
     code = getattr(inspect.unwrap(jax.linearize), "__code__", None)
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code is code:
             return True
