@@ -15,7 +15,9 @@ more, which one it is worth timing:
 3. one over the budget, or dominated on memory and predicted time by a
    schedule already timed, is never timed (nor compiled, when the memory
    model's guess already makes it dominated); the first that is neither is;
-4. the search is done when the best prediction left is clearly slower than
+4. the search is done at once when the budget is under what no schedule
+   removes (arguments, outputs, stacked per-step outputs:
+   ``_breakdown.floor_bytes``); else when the best prediction left is clearly slower than
    the best measured schedule that fits -- by ``STOP_RATIO``, widened by
    twice the model's own leave-one-out error (``stop_ratio``): a model off
    by 15% must not rule out a schedule predicted 20% slower -- or the time
@@ -34,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from autoremat._breakdown import floor_bytes
 from autoremat._compiled import Compiled, compile_schedule
 from autoremat._measure import Measurement, fingerprint
 from autoremat._predict import MemoryModel, Structure, TimeModel
@@ -85,6 +88,7 @@ class Planner:
     memory_model: MemoryModel = field(default_factory=MemoryModel)
     compile_seconds: list[float] = field(default_factory=list)
     screened: int = 0
+    floor: int | None = None  # bytes no schedule removes (``_breakdown.floor_bytes``)
     _args: Any = None
     _fingerprint: str | None = None
     _best_key: str | None = None
@@ -186,6 +190,9 @@ class Planner:
             self.compile_seconds.append(m.compile_seconds)
         if m.total_bytes is not None:
             self.memory_model.add(cand.structure, m.total_bytes, m.status == "over_budget")
+        floor = floor_bytes(m.to_attrs())
+        if floor is not None:
+            self.floor = floor
         if cand.compiled.executable is not None:  # share one set of arguments
             fp = fingerprint(cand.compiled.args)
             if self._fingerprint is None:
@@ -242,6 +249,8 @@ class Planner:
 
     def _next_once(self, time_left: float | None, explore: bool,
                    dominated: bool) -> Candidate | str | None:
+        if self.floor is not None and self.floor > self.budget_bytes:
+            return None  # nothing can fit: the arguments and outputs alone are over
         best = self.best
         stop = self.stop_ratio()
         compile_cost = (sum(self.compile_seconds) / len(self.compile_seconds)

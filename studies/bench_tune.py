@@ -43,7 +43,10 @@ RESULTS = Path(__file__).parent / "results" / "bench_tune.md"
 CASES = {  # name: (T, seq2seq, budget fraction of plain's total)
     "a": (10_000, True, 0.25),
     "b": (10_000, False, 0.05),
-    "c": (100_000, False, 0.02),
+    # The issue asked for 2% here, but at T=10^5 the arguments alone (the input x,
+    # 129.0 MB) are 2.01% of plain's 6.40 GB total, so nothing fits 2% (the tuner rightly
+    # found nothing); 2.5% (160 MB) leaves 31 MB for the schedule's own temp.
+    "c": (100_000, False, 0.025),
 }
 PAIRS = [(o, i) for o in ("nothing_saveable", "dots_saveable")
          for i in ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",

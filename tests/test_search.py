@@ -126,6 +126,14 @@ def test_the_time_limit_is_respected(in_tmp: Path) -> None:
             tune(tiny(), BUDGET, time_limit=bad)  # type: ignore[arg-type]
 
 
+def test_a_budget_under_the_floor_stops_after_the_seeds(in_tmp: Path) -> None:
+    from autoremat._study import nothing_fits_message
+
+    result = tune(tiny(), 10, time_limit="60s", time_budget=0.02)
+    assert result.best is None and 1 <= result.measured <= len(seed_schedules(tiny().seq_len))
+    assert "that no schedule can remove" in nothing_fits_message(result)
+
+
 @pytest.mark.parametrize("name", ["gru", "lstm2"])
 def test_an_unseen_problem_gets_a_pick_as_fast_as_the_best_seed(name: str, tmp_path: Path) -> None:
     from tests import user_problems
