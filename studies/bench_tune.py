@@ -164,7 +164,7 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
     plain = compile_schedule(problem, Schedule.plain(seq_len)).measurement
     assert plain.total_bytes is not None, plain.reason
     budget = int(fraction * plain.total_bytes)
-    label = f"T={seq_len}, {'seq2seq' if seq2seq else 'last state'}, {fraction:.0%} of plain"
+    label = f"T={seq_len}, {'seq2seq' if seq2seq else 'last state'}, {fraction * 100:g}% of plain"
     print(f"case {case}: {label}: budget {budget} bytes", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
