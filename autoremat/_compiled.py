@@ -115,10 +115,11 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
                   cut_after: float | None = None) -> Measurement:
     """Run a ``compile_step`` result: a warm-up, then the timed runs (module doc).
 
-    ``min_repeats``: the fewest timed runs; by default 3, or 1 when the warm-up
-    alone took longer than ``time_budget`` (a step of tens of seconds, T=10^5
-    on a CPU: its run-to-run noise is small against its length, and three
-    more runs would triple the cost of every trial).
+    ``min_repeats``: the fewest timed runs; by default 3 -- but when the warm-up
+    alone took longer than ``time_budget`` (a step of seconds, T=10^5 on a CPU)
+    that run is the figure (and the cut test): its one-time costs and its
+    run-to-run noise are small against its length, and more runs would
+    multiply the cost of every trial.
 
     ``cut_after``: when the warm-up and then one timed run each take longer
     (seconds), stop there: the measurement has ``step_seconds=None`` and
@@ -149,7 +150,12 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
             on_output(out)
         del out
         samples: list[float] = []
-        if cut_after is not None and warmup > cut_after:  # one timed run decides
+        if min_repeats is None and warmup > time_budget:  # a long step: its one run
+            if cut_after is not None and warmup > cut_after:
+                return Measurement(label, OK, "", **figures, loss=loss, cut_seconds=warmup,
+                                   **env)
+            samples.append(warmup)
+        elif cut_after is not None and warmup > cut_after:  # one timed run decides
             t0 = time.perf_counter()
             jax.block_until_ready(executable(*args))
             samples.append(time.perf_counter() - t0)
@@ -158,6 +164,7 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
                                    cut_seconds=samples[0], **env)
         least = min_repeats if min_repeats is not None else 1 if warmup > time_budget else 3
         repeats = max(least, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
+        repeats = max(repeats, len(samples))
         for _ in range(repeats - len(samples)):
             t0 = time.perf_counter()
             jax.block_until_ready(executable(*args))

@@ -21,7 +21,8 @@ A step whose total is over the budget is not run (``status`` is
 every floating output must be finite), then ``repeats`` more times, where
 ``repeats`` adapts to the warm-up time so timing one schedule takes about
 ``time_budget`` seconds (between ``min_repeats`` and ``max_repeats`` runs;
-one run when the warm-up alone was longer than ``time_budget``);
+by default, when the warm-up alone was longer than ``time_budget``, that
+one run is the figure);
 so timing takes ``max(time_budget, min_repeats * step)``;
 ``step_seconds`` is the median wall time of those runs, each ended by
 ``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the device's
@@ -227,8 +228,8 @@ def measure_step(
         not run (``status="over_budget"``).
       time_budget: about how many seconds the timed runs may take in all.
       min_repeats, max_repeats: bounds on the number of timed runs (equal
-        bounds: exactly that many); ``min_repeats`` by default 3, or 1 when
-        the warm-up alone took longer than ``time_budget``.
+        bounds: exactly that many); by default 3, or none when the warm-up
+        alone took longer than ``time_budget`` (that run is the figure).
       run: ``False`` compiles and sizes only (no ``step_seconds``).
       label: recorded as ``schedule_key`` (e.g. a non-autoremat competitor's name).
       on_output: called with the warm-up run's (finite) output before the

@@ -281,9 +281,9 @@ class Planner:
             if not dominated and self._dominated(cand, self.predict(cand)):
                 cand.done = "dominated"  # its executable is kept (``dominated=True``)
                 continue
-            # a warm-up, then 3 runs -- or 1 when a run is longer than the time budget
-            timing = predicted + (predicted if predicted > self.time_budget
-                                  else max(3 * predicted, self.time_budget))
+            # a warm-up, then 3 runs -- or the warm-up alone, when longer than the time budget
+            timing = (predicted if predicted > self.time_budget
+                      else predicted + max(3 * predicted, self.time_budget))
             if time_left is not None and self.time_model.points and time_left < timing:
                 return None
             return cand
