@@ -22,6 +22,10 @@ guess is a linear model over a schedule's structure (pure Python, no jax):
 ``TimeModel.fit`` is a weighted least squares on relative error over this
 study's own timed trials, pulled (ridge) towards the prior "seconds
 proportional to evaluations" so two or three trials already give an order.
+``TimeModel.predict`` corrects the fit towards the measured / fitted ratio
+of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
+``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
+stop test).
 ``MemoryModel`` predicts ``total_bytes`` before compiling from the carries a
 schedule stores (``bounds.cost(...).stored_carries``), fitted per kind on the
 schedules sized so far. Both only *order* candidates; every figure the tuner
