@@ -149,22 +149,19 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
         if on_output is not None:
             on_output(out)
         del out
-        samples: list[float] = []
-        if min_repeats is None and warmup > time_budget:  # a long step: its one run
-            if cut_after is not None and warmup > cut_after:
-                return Measurement(label, OK, "", **figures, loss=loss, cut_seconds=warmup,
-                                   **env)
-            samples.append(warmup)
-        elif cut_after is not None and warmup > cut_after:  # one timed run decides
-            t0 = time.perf_counter()
-            jax.block_until_ready(executable(*args))
-            samples.append(time.perf_counter() - t0)
+        long_step = min_repeats is None and warmup > time_budget  # its one run is the figure
+        samples = [warmup] if long_step else []
+        if cut_after is not None and warmup > cut_after:  # one run decides
+            if not samples:
+                t0 = time.perf_counter()
+                jax.block_until_ready(executable(*args))
+                samples.append(time.perf_counter() - t0)
             if samples[0] > cut_after:
                 return Measurement(label, OK, "", **figures, loss=loss,
                                    cut_seconds=samples[0], **env)
-        least = min_repeats if min_repeats is not None else 1 if warmup > time_budget else 3
-        repeats = max(least, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
-        repeats = max(repeats, len(samples))
+        repeats = 1 if long_step else max(
+            3 if min_repeats is None else min_repeats,
+            min(max_repeats, int(time_budget / max(warmup, 1e-6))))
         for _ in range(repeats - len(samples)):
             t0 = time.perf_counter()
             jax.block_until_ready(executable(*args))

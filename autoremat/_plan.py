@@ -157,10 +157,7 @@ class Planner:
         well, so it must be predicted within ``STOP_RATIO`` to be timed."""
         d = 1.0
         if cand is not None:
-            sized = cand.sized
-            total = (sized.total_bytes if sized is not None
-                     else self.memory_model.predict(cand.structure))
-            d = self.time_model.nearest(cand.structure, float(total or 0))[0]
+            d = self.time_model.nearest(cand.structure, float(self.total(cand) or 0))[0]
         return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self.time_model.error * d))
 
     def cut_after(self) -> float | None:
@@ -201,12 +198,15 @@ class Planner:
                 cand.compiled.args = self._args
 
     # -- deciding ----------------------------------------------------------------------
+    def total(self, cand: Candidate) -> float | None:
+        """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""
+        sized = cand.sized
+        return (sized.total_bytes if sized is not None
+                else self.memory_model.predict(cand.structure))
+
     def predict(self, cand: Candidate) -> float | None:
         """Predicted step seconds (``None`` before any schedule was timed)."""
-        sized = cand.sized
-        total = sized.total_bytes if sized is not None else self.memory_model.predict(
-            cand.structure)
-        return self.time_model.predict(cand.structure, float(total or 0))
+        return self.time_model.predict(cand.structure, float(self.total(cand) or 0))
 
     def prediction(self, key: str) -> float | None:
         """``predict`` of a schedule in the pool (recorded with its trial)."""
@@ -216,9 +216,7 @@ class Planner:
     def _dominated(self, cand: Candidate, predicted: float | None) -> bool:
         """A timed schedule needs no more memory (sized, else the memory model's guess)
         and no more time than ``predicted``."""
-        sized = cand.sized
-        total = (sized.total_bytes if sized is not None
-                 else self.memory_model.predict(cand.structure))
+        total = self.total(cand)
         if predicted is None or total is None:
             return False
         return any(b <= total and s <= predicted for b, s in self.timed.values())

@@ -135,6 +135,10 @@ def _add(a: _Terms, b: _Terms) -> _Terms:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
+def _dot(coef: Sequence[float], row: Sequence[float]) -> float:
+    return sum(c * x for c, x in zip(coef, row, strict=True))
+
+
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     """Gaussian elimination with partial pivoting; ``None`` when singular."""
     n = len(b)
@@ -216,12 +220,12 @@ class TimeModel:
         errs = []
         for i, (s, b, y) in enumerate(good):
             coef = cls._fit([*good[:i], *good[i + 1:]])
-            errs.append(abs(sum(c * x for c, x in zip(coef, s.row(b), strict=True)) - y) / y)
+            errs.append(abs(_dot(coef, s.row(b)) - y) / y)
         return sorted(errs)[len(errs) // 2]
 
     def _linear(self, row: list[float]) -> float:
         assert self.coef is not None
-        return sum(c * x for c, x in zip(self.coef, row, strict=True))
+        return _dot(self.coef, row)
 
     def nearest(self, structure: Structure, total_bytes: float) -> tuple[float, float]:
         """``(d, ratio)``: the distance to the nearest timed schedule of the same kind

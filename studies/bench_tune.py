@@ -17,7 +17,7 @@ Every figure is measured in this run; the table goes to
 ``studies/results/bench_tune.md`` (rewritten after each case)::
 
     python studies/bench_tune.py --quick          # the T=10^4 cases
-    python studies/bench_tune.py --cases c --tune-limit 10m --grid-repeats 0 --rounds 3
+    python studies/bench_tune.py --cases c --tune-limit 8m --grid-repeats 0 --rounds 3
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import math
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from autoremat._binomial import snapshot_range
-from autoremat._compiled import Compiled, compile_schedule, time_compiled
+from autoremat._compiled import compile_schedule, time_compiled
 from autoremat._measure import Measurement
 from autoremat._predict import Structure, TimeModel
 from autoremat._problem import Problem, seed_lstm
@@ -130,17 +130,6 @@ def interleaved(problem: Problem, a: Schedule, b: Schedule, rounds: int) -> tupl
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def once(compiled: Compiled) -> Measurement:
-    """``--grid-repeats 0``: one run, no warm-up, is the schedule's figure (T=10^5:
-    one run is tens of seconds, its noise small against its length)."""
-    import jax
-
-    assert compiled.executable is not None
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled.executable(*compiled.args))
-    return replace(compiled.measurement, step_seconds=time.perf_counter() - t0)
-
-
 def _rank_corr(xs: list[float], ys: list[float]) -> float:
     """Spearman's rank correlation."""
     def ranks(v: list[float]) -> list[float]:
@@ -187,9 +176,8 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
     for s in schedules:
         compiled = compile_schedule(problem, s, budget_bytes=budget)
         if compiled.executable is not None:
-            m = (time_compiled(compiled, budget_bytes=budget, time_budget=time_budget,
-                               min_repeats=grid_repeats) if grid_repeats
-                 else once(compiled))
+            m = time_compiled(compiled, budget_bytes=budget, time_budget=time_budget,
+                              min_repeats=grid_repeats or None)
             compiled.release()
             if m.step_seconds is not None:
                 timed.append((s, m))
@@ -247,7 +235,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="interleaved runs of pick and best")
     p.add_argument("--grid-repeats", type=int, default=3,
                    help="the grid's least timed runs per schedule (the tuner's: 3, or 1 "
-                   "for a run longer than --time-budget); 0: one run, no warm-up")
+                   "for a run longer than --time-budget); 0: the tuner's own rule (a step "
+                   "longer than --time-budget: its one run)")
     a = p.parse_args()
     cases = ["a", "b"] if a.quick else a.cases.split(",")
     print(f"grid sizes: {[len(grid(CASES[c][0])) for c in cases]}", flush=True)
