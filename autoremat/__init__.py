@@ -31,9 +31,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autoremat import bounds as bounds
-from autoremat._budget import parse_bytes as parse_bytes
-from autoremat._check import StaleScheduleWarning as StaleScheduleWarning
-from autoremat._check import load_schedule as load_schedule
 from autoremat._errors import AutorematError as AutorematError
 from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
@@ -41,9 +38,10 @@ from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
 from autoremat._fuse import fuse_head as fuse_head
 from autoremat._fuse import fuse_loss as fuse_loss
-from autoremat._measure import Measurement as Measurement
+from autoremat._kinds import save_schedule as save_schedule
 from autoremat._measure import measure as measure
 from autoremat._measure import measure_step as measure_step
+from autoremat._measurement import Measurement as Measurement
 from autoremat._pareto import FrontPoint as FrontPoint
 from autoremat._pareto import pareto_front as pareto_front
 from autoremat._problem import Problem as Problem
@@ -51,10 +49,12 @@ from autoremat._problem import seed_lstm as seed_lstm
 from autoremat._schedule import Level as Level
 from autoremat._schedule import Policy as Policy
 from autoremat._schedule import Schedule as Schedule
-from autoremat._schedule import save_schedule as save_schedule
+from autoremat._stale import StaleScheduleWarning as StaleScheduleWarning
+from autoremat._stale import load_schedule as load_schedule
 from autoremat._study import MeasuredTrial as MeasuredTrial
 from autoremat._study import TuneResult as TuneResult
 from autoremat._tune import tune as tune
+from autoremat._units import parse_bytes as parse_bytes
 
 if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getattr__
     from autoremat import linen as linen

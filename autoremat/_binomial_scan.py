@@ -1,10 +1,10 @@
 """The binomial (Revolve) scan: ``O(log T)`` stored carries, the fewest re-runs.
 
 A ``jax.custom_vjp`` around the whole loop (Griewank & Walther 2000,
-"Algorithm 799: Revolve"; the plan is ``autoremat._revolve``):
+"Algorithm 799: Revolve"; its tables are ``autoremat._revolve``):
 
 * forward: one ``lax.scan`` over the ``T`` steps that also writes the carry
-  into a buffer of ``s`` slots at the plan's positions -- ``s`` carries, no
+  into a buffer of ``s`` slots at the tables' positions -- ``s`` carries, no
   per-step residuals;
 * backward: a ``lax.scan`` over the reversals; each restores a slot,
   re-advances (``lax.fori_loop``, storing new snapshots on the way) to the
@@ -32,7 +32,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from autoremat._errors import ScheduleError
-from autoremat._revolve import Plan, plan
+from autoremat._revolve import Tables, tables
 
 PyTree = Any
 
@@ -54,7 +54,7 @@ def binomial_scan(
     """
     x_first = [lax.index_in_dim(x, 0, a, keepdims=False) for x, a in zip(leaves, axes, strict=True)]
     fn, consts = jax.closure_convert(step, init, x_first)
-    loop = _Loop(fn, plan(steps, snapshots), tuple(axes), reverse, unroll, label)
+    loop = _Loop(fn, tables(steps, snapshots), tuple(axes), reverse, unroll, label)
     return loop.run(init, leaves, consts)
 
 
@@ -90,13 +90,13 @@ def _zero(x: Any) -> bool:
 
 
 class _Loop:
-    """One binomial scan: the step (closure-converted), the plan, the layout."""
+    """One binomial scan: the step (closure-converted), the Revolve tables, the layout."""
 
-    def __init__(self, fn: Callable[..., Any], the_plan: Plan, axes: tuple[int, ...],
+    def __init__(self, fn: Callable[..., Any], tables_: Tables, axes: tuple[int, ...],
                  reverse: bool, unroll: int, label: str) -> None:
-        self.fn, self.plan, self.axes = fn, the_plan, axes
+        self.fn, self.tables, self.axes = fn, tables_, axes
         self.reverse, self.unroll, self.label = reverse, unroll, label
-        self.steps = the_plan.seq_len
+        self.steps = tables_.seq_len
 
     # -- helpers -------------------------------------------------------------
     def index(self, position: jax.Array) -> jax.Array:
@@ -164,8 +164,8 @@ class _Loop:
 
     def forward(self, init: PyTree, xs: list[jax.Array], consts: list[Any],
                 keep: bool) -> tuple[tuple[PyTree, PyTree], Any]:
-        """All ``T`` steps; with ``keep``, also the plan's snapshots (``s`` slots)."""
-        p = self.plan
+        """All ``T`` steps; with ``keep``, also the snapshots of the tables (``s`` slots)."""
+        p = self.tables
         carry_leaves = jax.tree_util.tree_leaves(init)
         slots = [jnp.zeros((p.snapshots, *jnp.shape(c)), jnp.result_type(c)) for c in carry_leaves]
         positions = jnp.asarray(np.append(p.forward_positions, self.steps))
@@ -195,7 +195,7 @@ class _Loop:
     def backward(self, res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
         init, xs, consts, slots, (init_m, xs_m, consts_m) = res
         ct_carry, ct_ys = cts
-        p = self.plan
+        p = self.tables
         carry_leaves, carry_tree = jax.tree_util.tree_flatten(init)
         diff = [_inexact(c) for c in carry_leaves]  # carry leaves with a cotangent
         x_diff = [m is not None for m in xs_m]

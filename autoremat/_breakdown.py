@@ -6,7 +6,7 @@ breakdown splits them further, each part from where it is known exactly:
 * arguments: per argument of the step (``Problem.arg_names``: params,
   optimizer state, inputs, ...), summed from the argument tree's shapes;
 * stacked: the per-step outputs every (outermost) autoremat scan stacks and
-  its carry, reported by the scan at trace time (``_scan.record_scans``);
+  its carry, reported by the scan at trace time (``record_scans``);
 * the rest of temp: what the compiled executable needs beyond the stack --
   the residuals the schedule keeps, cotangents, workspace.
 
@@ -20,14 +20,49 @@ nothing, ``fuse_head`` only ``(T, B, Y)``), a shorter ``T``, a smaller batch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from autoremat._budget import format_bytes
+from autoremat._units import format_bytes
 
 #: The keys a breakdown reads (``Measurement`` fields, and ``Schedule.meta`` keys).
 KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
         "argument_parts", "stacked_bytes", "carry_bytes")
+
+
+@dataclass(frozen=True)
+class ScanRecord:
+    """What one autoremat scan holds whatever its schedule (``record_scans``).
+
+    Attributes:
+      stacked_bytes: its stacked per-step outputs (``T`` x one step's ``y``).
+      carry_bytes: one carry.
+    """
+
+    stacked_bytes: int
+    carry_bytes: int
+
+
+SCAN_RECORDS: contextvars.ContextVar[list[ScanRecord] | None] = contextvars.ContextVar(
+    "autoremat_scan_records", default=None)
+
+
+@contextlib.contextmanager
+def record_scans() -> Iterator[list[ScanRecord]]:
+    """Every outermost autoremat scan traced inside appends its ``ScanRecord`` to the list.
+
+    Scans inside a scanned step are not recorded: what they stack is part of
+    the outer step's output.
+    """
+    records: list[ScanRecord] = []
+    token = SCAN_RECORDS.set(records)
+    try:
+        yield records
+    finally:
+        SCAN_RECORDS.reset(token)
 
 
 def argument_parts(args: Sequence[Any], names: Sequence[str] | None) -> tuple[tuple[str, int], ...]:

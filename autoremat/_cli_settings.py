@@ -211,7 +211,8 @@ def check_settings(settings: Mapping[str, Any]) -> None:
 
 def read_study_file(path: str) -> dict[str, Any]:
     """A study file's settings (keys may use dashes); unknown keys are usage errors."""
-    from autoremat._schedule import ScheduleError, read_yaml_file
+    from autoremat._errors import ScheduleError
+    from autoremat._yaml import read_yaml_file
 
     try:
         data = read_yaml_file(path, what="study file")

@@ -27,3 +27,22 @@ class ProblemError(AutorematError):
 
 class TuneError(AutorematError):
     """The study cannot be created, resumed or read; the message says why."""
+
+
+def one_line(what: str | BaseException, limit: int = 300) -> str:
+    """A message on one line, at most ``limit`` characters.
+
+    An exception is written ``Type: text``; a Python error raised inside a
+    computation (JAX embeds the host traceback) keeps the text before the
+    traceback and its last line.
+    """
+    if isinstance(what, BaseException):
+        raw = str(what)
+        if "Traceback (most recent call last)" in raw:
+            head, _, tail = raw.partition("Traceback (most recent call last)")
+            last = [line for line in tail.splitlines() if line.strip()]
+            raw = f"{head.rstrip(' :')}: {last[-1].strip()}" if last else head
+        text = f"{type(what).__name__}: {' '.join(raw.split()) or type(what).__name__}"
+    else:
+        text = " ".join(what.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

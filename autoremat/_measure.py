@@ -36,150 +36,18 @@ as ``None`` and ``total_bytes`` falls back to ``peak_bytes`` when that exists.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
-from autoremat._errors import TuneError
+from autoremat._breakdown import argument_parts, record_scans, scan_figures
+from autoremat._device import environment, memory_stats
+from autoremat._errors import one_line
+from autoremat._measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
-
-OK: Final = "ok"
-OVER_BUDGET: Final = "over_budget"
-ERROR: Final = "error"
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """The measured figures of one schedule of one problem on one device.
-
-    Attributes:
-      schedule_key: ``Schedule.key()`` of what was measured.
-      status: ``"ok"`` (compiled, fits, ran, finite), ``"over_budget"``
-        (compiled; total over the budget; not run) or ``"error"`` (build,
-        compile or run failed, out of memory, or a non-finite loss).
-      reason: why it is not ``ok`` (empty when it is).
-      total_bytes: argument + output + temp - alias, in bytes (see module doc).
-      temp_bytes, argument_bytes, output_bytes, alias_bytes: the parts.
-      peak_bytes: device ``peak_bytes_in_use`` after running (GPU/TPU only).
-      step_seconds: median wall seconds of one step (``None`` when not run).
-      step_samples: every timed run, in seconds.
-      compile_seconds: wall seconds of ``lower(...).compile()``.
-      loss: the warm-up's scalar output when the step returns one.
-      device_kind, platform, jax_version, flax_version: where it was measured.
-      argument_parts: ``(name, bytes)`` per argument of the step
-        (``Problem.arg_names``; default ``arg0``, ...).
-      stacked_bytes: per-step outputs the step's autoremat scans stack
-        (``None``: no autoremat scan); part of the floor no schedule removes.
-      carry_bytes: those scans' carries (one each).
-      cut_seconds: a cut trial's one (warm-up) run, in seconds: its timing
-        stopped there as it was already clearly slower than the best that
-        fits (``step_seconds`` is then ``None``; ``time_compiled``).
-    """
-
-    schedule_key: str
-    status: str
-    reason: str = ""
-    total_bytes: int | None = None
-    temp_bytes: int | None = None
-    argument_bytes: int | None = None
-    output_bytes: int | None = None
-    alias_bytes: int | None = None
-    peak_bytes: int | None = None
-    step_seconds: float | None = None
-    step_samples: tuple[float, ...] = field(default_factory=tuple)
-    compile_seconds: float | None = None
-    loss: float | None = None
-    device_kind: str = ""
-    platform: str = ""
-    jax_version: str = ""
-    flax_version: str = ""
-    argument_parts: tuple[tuple[str, int], ...] = ()
-    stacked_bytes: int | None = None
-    carry_bytes: int | None = None
-    cut_seconds: float | None = None
-
-    @property
-    def cut(self) -> bool:
-        """Timing stopped after one run (``cut_seconds``): slower than the best that fits."""
-        return self.cut_seconds is not None
-
-    @property
-    def feasible(self) -> bool:
-        """Compiled, within the budget, ran, and produced finite outputs."""
-        return self.status == OK
-
-    def to_attrs(self) -> dict[str, Any]:
-        """A JSON-safe mapping (Optuna user attrs), with ``feasible`` added."""
-        data = asdict(self)
-        data["step_samples"] = list(self.step_samples)
-        data["argument_parts"] = [[name, size] for name, size in self.argument_parts]
-        data["feasible"] = self.feasible
-        return data
-
-    @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> Measurement:
-        """The measurement ``to_attrs`` stored (Optuna user attrs); other keys are ignored.
-
-        Raises:
-          TuneError: ``schedule_key`` or ``status`` is missing (not a measurement).
-        """
-        for key in ("schedule_key", "status"):
-            if key not in attrs:
-                raise TuneError(f"trial attrs: no {key!r}, so no measurement to read")
-        data = {f.name: attrs[f.name] for f in fields(cls) if f.name in attrs}
-        data["step_samples"] = tuple(data.get("step_samples") or ())
-        data["argument_parts"] = tuple((str(n), int(b)) for n, b in data.get("argument_parts") or ())
-        return cls(**data)
-
-    def fits(self, budget_bytes: int) -> bool:
-        """Ran (timed) and ``total_bytes <= budget_bytes``: the one test of "fits the budget"."""
-        return (self.feasible and self.step_seconds is not None
-                and self.total_bytes is not None and self.total_bytes <= budget_bytes)
-
-
-def environment() -> dict[str, str]:
-    """Device kind, platform and jax/flax versions of the default device."""
-    import jax
-
-    try:
-        import flax
-
-        flax_version = flax.__version__
-    except ImportError:  # pragma: no cover - flax is a dependency
-        flax_version = ""
-    device = jax.devices()[0]
-    return {
-        "device_kind": str(device.device_kind),
-        "platform": str(device.platform),
-        "jax_version": jax.__version__,
-        "flax_version": flax_version,
-    }
-
-
-def device_memory_bytes() -> int | None:
-    """The default device's memory limit (GPU/TPU ``bytes_limit``), else ``None``."""
-    import jax
-
-    stats = _memory_stats(jax.devices()[0])
-    limit = stats.get("bytes_limit") if stats else None
-    return int(limit) if isinstance(limit, int) and limit > 0 else None
-
-
-def fingerprint(args: Any) -> str:
-    """A short hash of the argument tree's structure, shapes and dtypes (not values)."""
-    import hashlib
-
-    import jax
-
-    leaves, treedef = jax.tree_util.tree_flatten(args)
-    parts = [str(treedef)]
-    for leaf in leaves:
-        shape = getattr(leaf, "shape", None)
-        dtype = getattr(leaf, "dtype", None)
-        parts.append(f"{tuple(shape) if shape is not None else type(leaf).__name__}:{dtype}")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def measure(
@@ -197,8 +65,6 @@ def measure(
     ``problem.build(schedule)`` then ``measure_step`` (see there for the
     arguments); a build that raises is recorded as ``"build failed: ..."``.
     """
-    from autoremat._compiled import compile_schedule, time_compiled
-
     compiled = compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     if not run or compiled.executable is None:
         return compiled.measurement
@@ -241,14 +107,168 @@ def measure_step(
       A ``Measurement``; failures are recorded in it, never raised (except
       ``KeyboardInterrupt``).
     """
-    from autoremat._compiled import compile_step, time_compiled
-
     compiled = compile_step(step, args, budget_bytes=budget_bytes, label=label,
                             arg_names=arg_names)
     if not run or compiled.executable is None:
         return compiled.measurement
     return time_compiled(compiled, budget_bytes=budget_bytes, time_budget=time_budget,
                          min_repeats=min_repeats, max_repeats=max_repeats, on_output=on_output)
+
+
+@dataclass
+class Compiled:
+    """A step compiled and sized, not yet timed (``compile_step``).
+
+    Compiling and sizing costs a fraction of timing, so the tuner sizes many
+    schedules and times few; the executable is kept so a schedule timed later
+    is not compiled twice. ``executable`` is ``None`` when the step failed or
+    is over the budget (``measurement`` says which); ``release()`` drops it.
+    """
+
+    measurement: Measurement
+    executable: Any = None
+    args: Sequence[Any] = ()
+
+    def release(self) -> None:
+        """Drop the executable and arguments (the sized ``measurement`` stays)."""
+        self.executable, self.args = None, ()
+
+
+def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
+                 budget_bytes: int | None = None, label: str = "",
+                 arg_names: Sequence[str] | None = None) -> Compiled:
+    """Compile ``step(*args)`` ahead of time and size it (``memory_analysis()``,
+    and the breakdown of ``autoremat._breakdown``; ``arg_names`` name ``args``).
+
+    The measurement's status is ``"ok"`` (sized, fits, not run yet),
+    ``"over_budget"`` or ``"error"``; a failure is recorded, never raised.
+    """
+    import jax
+
+    def fresh(*a: Any) -> Any:  # traced anew, so the scans report what they stack
+        return step(*a)
+
+    env: dict[str, Any] = environment()  # str values, passed to the str fields
+    start = time.perf_counter()
+    try:
+        with record_scans() as scans:
+            executable = jax.jit(fresh).lower(*args).compile()
+    except Exception as e:
+        return Compiled(Measurement(label, ERROR, f"{_kind_of_failure(e, 'compile')}: "
+                                    f"{one_line(e)}", **env))
+    parts = _memory_parts(executable)
+    figures: dict[str, Any] = {
+        "argument_parts": argument_parts(args, arg_names), **scan_figures(scans),
+        "compile_seconds": time.perf_counter() - start,
+        "temp_bytes": parts["temp"],
+        "argument_bytes": parts["argument"],
+        "output_bytes": parts["output"],
+        "alias_bytes": parts["alias"],
+        "total_bytes": _total(parts),
+    }
+    total = figures["total_bytes"]
+    if budget_bytes is not None and total is not None and total > budget_bytes:
+        return Compiled(Measurement(
+            label, OVER_BUDGET,
+            f"over budget: total {total} bytes > budget {budget_bytes} bytes (not run)",
+            **figures, **env))
+    return Compiled(Measurement(label, OK, "", **figures, **env), executable, tuple(args))
+
+
+def compile_schedule(problem: Problem, schedule: Schedule, *,
+                     budget_bytes: int | None = None) -> Compiled:
+    """``problem.build(schedule)`` then ``compile_step``; a build failure is recorded."""
+    try:
+        step, args = problem.build(schedule)
+    except Exception as e:
+        env: dict[str, Any] = environment()
+        return Compiled(Measurement(schedule.key(), ERROR, f"build failed: {one_line(e)}",
+                                    **env))
+    return compile_step(step, args, budget_bytes=budget_bytes, label=schedule.key(),
+                        arg_names=problem.arg_names)
+
+
+def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
+                  time_budget: float = 5.0, min_repeats: int | None = None,
+                  max_repeats: int = 20,
+                  on_output: Callable[[Any], None] | None = None,
+                  cut_after: float | None = None) -> Measurement:
+    """Run a ``compile_step`` result: a warm-up, then the timed runs (module doc).
+
+    ``min_repeats``: the fewest timed runs; by default 3 -- but when the warm-up
+    alone took longer than ``time_budget`` (a step of seconds, T=10^5 on a CPU)
+    that run is the figure (and the cut test): its one-time costs and its
+    run-to-run noise are small against its length, and more runs would
+    multiply the cost of every trial.
+
+    ``cut_after``: when the warm-up and then one timed run each take longer
+    (seconds), stop there: the measurement has ``step_seconds=None`` and
+    ``cut_seconds`` = that run's time -- two runs instead of ``repeats + 1``
+    for a schedule already slower than one measured, and no claim about its
+    median.
+    """
+    import jax
+
+    sized = compiled.measurement
+    if compiled.executable is None:
+        return sized
+    figures = {k: getattr(sized, k) for k in _FIGURES}
+    env = {k: getattr(sized, k) for k in _ENV}
+    label, executable, args = sized.schedule_key, compiled.executable, compiled.args
+
+    def fail(reason: str, **more: Any) -> Measurement:
+        return Measurement(label, ERROR, reason, **figures, **more, **env)
+
+    try:
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(executable(*args))
+        warmup = time.perf_counter() - t0
+        loss, bad = _check_finite(out)
+        if bad:
+            return fail(f"non-finite output: {bad}", loss=loss)
+        if on_output is not None:
+            on_output(out)
+        del out
+        long_step = min_repeats is None and warmup > time_budget  # its one run is the figure
+        samples = [warmup] if long_step else []
+        if cut_after is not None and warmup > cut_after:  # one run decides
+            if not samples:
+                t0 = time.perf_counter()
+                jax.block_until_ready(executable(*args))
+                samples.append(time.perf_counter() - t0)
+            if samples[0] > cut_after:
+                return Measurement(label, OK, "", **figures, loss=loss,
+                                   cut_seconds=samples[0], **env)
+        repeats = 1 if long_step else max(
+            3 if min_repeats is None else min_repeats,
+            min(max_repeats, int(time_budget / max(warmup, 1e-6))))
+        for _ in range(repeats - len(samples)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(executable(*args))
+            samples.append(time.perf_counter() - t0)
+    except Exception as e:
+        return fail(f"{_kind_of_failure(e, 'run')}: {one_line(e)}")
+
+    stats = memory_stats(jax.devices()[0])
+    peak = stats.get("peak_bytes_in_use") if stats else None
+    peak = int(peak) if isinstance(peak, int) and peak > 0 else None
+    if figures["total_bytes"] is None:
+        figures["total_bytes"] = peak
+    if figures["total_bytes"] is None:
+        return fail("no memory figure: memory_analysis() and memory_stats() gave none", loss=loss)
+    if budget_bytes is not None and figures["total_bytes"] > budget_bytes:
+        return Measurement(label, OVER_BUDGET, "over budget: peak bytes in use > budget",
+                           **figures, peak_bytes=peak, **env)
+    return Measurement(
+        label, OK, "", **figures, peak_bytes=peak, step_seconds=statistics.median(samples),
+        step_samples=tuple(samples), loss=loss, **env,
+    )
+
+
+_FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_bytes",
+                   "alias_bytes", "total_bytes", "argument_parts", "stacked_bytes",
+                   "carry_bytes")
+_ENV: Final = ("device_kind", "platform", "jax_version", "flax_version")
 
 
 def _memory_parts(compiled: Any) -> dict[str, int | None]:
@@ -276,14 +296,6 @@ def _total(parts: dict[str, int | None]) -> int | None:
     return sum(v for v in core if v is not None) - (parts["alias"] or 0)
 
 
-def _memory_stats(device: Any) -> dict[str, Any] | None:
-    try:
-        stats = device.memory_stats()
-    except Exception:
-        return None
-    return stats if isinstance(stats, dict) else None
-
-
 def _check_finite(out: Any) -> tuple[float | None, str]:
     """The scalar loss (if any) and a description of the first non-finite output."""
     import jax
@@ -306,21 +318,3 @@ def _kind_of_failure(e: BaseException, stage: str) -> str:
     if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower():
         return f"out of memory at {stage}"
     return f"{stage} failed"
-
-
-def _one_line(e: BaseException, limit: int = 300) -> str:
-    raw = str(e)
-    if "Traceback (most recent call last)" in raw:
-        # A Python error raised inside the computation (a host callback): JAX
-        # embeds its whole traceback; keep the text before it and its last line.
-        head, _, tail = raw.partition("Traceback (most recent call last)")
-        last = [line for line in tail.splitlines() if line.strip()]
-        raw = f"{head.rstrip(' :')}: {last[-1].strip()}" if last else head
-    text = " ".join(raw.split()) or type(e).__name__
-    text = f"{type(e).__name__}: {text}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def is_finite_number(x: Any) -> bool:
-    """``x`` is a real, finite number (not ``None``/NaN/inf)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -36,9 +36,8 @@ from flax.core.frozen_dict import FrozenDict
 from flax.nnx import filterlib
 from flax.nnx import graph as nnx_graph
 
-from autoremat._scan import scan_axes
+from autoremat._scan import as_schedule, first_step, scan_axes, scanned_length
 from autoremat._schedule import Schedule
-from autoremat.linen import _as_schedule, _first_step, _length
 
 Carry = nnx.Carry
 StateAxes = nnx.StateAxes
@@ -92,7 +91,7 @@ def scan(
       The scanned function (or a decorator when ``f`` is omitted).
     """
     _check_unsupported(unroll, _split_transpose, transform_metadata, graph, graph_updates)
-    sched = _as_schedule(schedule)
+    sched = as_schedule(schedule)
     if unroll is not None:
         sched = dataclasses.replace(sched, unroll=unroll)
     options = dict(length=length, reverse=reverse, in_axes=in_axes, out_axes=out_axes)
@@ -313,9 +312,9 @@ class _Loop:
         px = [jax.numpy.asarray(self.plain.pop(i)) for i in self.px_pos]
         pcarry = [self.plain.pop(i) for i in self.pcarry_pos]
         xs, xs_axes = (tuple(self.gx), px), (tuple(self.axes), self.px_axes)
-        if _length(xs, xs_axes, length) > 0:
+        if scanned_length(xs, xs_axes, length) > 0:
             jax.eval_shape(lambda c, x: self.step(c, x, probe=True),
-                           (self.gcarry_leaves, pcarry), _first_step(xs, xs_axes))
+                           (self.gcarry_leaves, pcarry), first_step(xs, xs_axes))
         init = ([v for c, v in zip(self.changed, self.gcarry_leaves, strict=True) if c], pcarry)
         (gvar, pcarry), (ys, gx_out) = scan_axes(
             self.step, init, xs, length, schedule=schedule, reverse=reverse,

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoremat._breakdown import KEYS, breakdown_lines
-from autoremat._budget import format_bytes
 from autoremat._errors import TuneError
 from autoremat._schedule import Schedule
 from autoremat._study import MeasuredTrial, StudyInfo, choose, measured_trials, trial_schedule
+from autoremat._units import format_bytes
 from autoremat.bounds import cost, distance_to_optimum
 
 if TYPE_CHECKING:

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from autoremat._breakdown import floor_bytes
-from autoremat._compiled import Compiled, compile_schedule
-from autoremat._measure import Measurement, fingerprint
+from autoremat._device import fingerprint
+from autoremat._measure import Compiled, compile_schedule
+from autoremat._measurement import Measurement
 from autoremat._predict import MemoryModel, Structure, TimeModel
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule

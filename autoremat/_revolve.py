@@ -1,4 +1,4 @@
-"""The binomial (Revolve) checkpointing plan: where to snapshot, what to redo.
+"""The binomial (Revolve) checkpointing tables: where to snapshot, what to redo.
 
 Pure Python, computed once per ``(T, snapshots)`` and run by
 ``autoremat._binomial``. The plan is the optimal recursion of Griewank &
@@ -26,7 +26,7 @@ from autoremat.bounds import min_advances
 
 
 @dataclass(frozen=True, eq=False)
-class Plan:
+class Tables:
     """Tables of the binomial schedule for ``seq_len`` steps (positions in scan order).
 
     Attributes:
@@ -82,7 +82,7 @@ def _split(length: int, free: int) -> int:
 
 
 @functools.lru_cache(maxsize=32)
-def plan(seq_len: int, snapshots: int) -> Plan:
+def tables(seq_len: int, snapshots: int) -> Tables:
     """The binomial plan for ``seq_len >= 1`` steps and ``snapshots >= 1`` slots."""
     if seq_len < 1 or snapshots < 1:
         raise ValueError(f"plan: need seq_len >= 1 and snapshots >= 1, got {seq_len}, {snapshots}")
@@ -164,7 +164,7 @@ def plan(seq_len: int, snapshots: int) -> Plan:
     assert len(restore_slot) == seq_len
     assert state["advances"] + seq_len - 1 == min_advances(seq_len, s)
     as_array = functools.partial(np.asarray, dtype=np.int32)
-    return Plan(
+    return Tables(
         seq_len=seq_len, snapshots=s,
         forward_positions=as_array([p for p, _ in fwd]),
         forward_slots=as_array([k for _, k in fwd]),

@@ -10,17 +10,18 @@ hands the steps to the schedule's kind (``Schedule.run``: ``_nested_scan`` or
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import operator
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from autoremat._breakdown import SCAN_RECORDS, ScanRecord
+from autoremat._kinds import load_schedule
 from autoremat._schedule import Schedule, ScheduleError
 
 Carry = TypeVar("Carry")
@@ -80,38 +81,6 @@ def scan(
                      in_axes=axis, out_axes=axis if out_axis is None else out_axis)
 
 
-@dataclass(frozen=True)
-class ScanRecord:
-    """What one autoremat scan holds whatever its schedule (``record_scans``).
-
-    Attributes:
-      stacked_bytes: its stacked per-step outputs (``T`` x one step's ``y``).
-      carry_bytes: one carry.
-    """
-
-    stacked_bytes: int
-    carry_bytes: int
-
-
-_RECORDS: contextvars.ContextVar[list[ScanRecord] | None] = contextvars.ContextVar(
-    "autoremat_scan_records", default=None)
-
-
-@contextlib.contextmanager
-def record_scans() -> Iterator[list[ScanRecord]]:
-    """Every outermost autoremat scan traced inside appends its ``ScanRecord`` to the list.
-
-    Scans inside a scanned step are not recorded: what they stack is part of
-    the outer step's output.
-    """
-    records: list[ScanRecord] = []
-    token = _RECORDS.set(records)
-    try:
-        yield records
-    finally:
-        _RECORDS.reset(token)
-
-
 def _nbytes(tree: PyTree) -> int:
     return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree))
 
@@ -133,14 +102,14 @@ def scan_axes(
     ``in_axes`` is an int or a prefix tree of ``xs``; ``out_axes`` an int or a
     prefix tree of the step's output ``y``. ``autoremat.linen.scan`` uses this.
     """
-    records = _RECORDS.get()
+    records = SCAN_RECORDS.get()
     if records is None:
         return _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
-    token = _RECORDS.set(None)
+    token = SCAN_RECORDS.set(None)
     try:
         carry, ys = _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
     finally:
-        _RECORDS.reset(token)
+        SCAN_RECORDS.reset(token)
     records.append(ScanRecord(_nbytes(ys), _nbytes(carry)))
     return carry, ys
 
@@ -332,3 +301,36 @@ def _summary(value: Any) -> str:
         return f"an array {jax.typeof(value).str_short()}"
     except TypeError:  # not an array type (a string, an object)
         return f"a {type(value).__name__}"
+
+
+def as_schedule(schedule: Any) -> Schedule:
+    """``schedule`` itself, or the schedule file at that path (the front ends' ``schedule=``)."""
+    if isinstance(schedule, Schedule):
+        return schedule
+    if isinstance(schedule, (str, os.PathLike)):
+        return load_schedule(schedule)
+    raise ScheduleError(
+        "schedule: expected an autoremat.Schedule or the path of a schedule file, got "
+        f"{type(schedule).__name__}"
+    )
+
+
+def scanned_length(scanned_args: PyTree, arg_axes: PyTree, length: int | None) -> int:
+    """The scan's length from its inputs' scanned axes (``in_axes`` prefix tree) and ``length``."""
+    leaves = jax.tree_util.tree_leaves(scanned_args)
+    axes = [
+        _normalize_axis(a, jnp.ndim(x), "in_axes")
+        for x, a in zip(leaves, _prefix_leaves(arg_axes, scanned_args), strict=True)
+    ]
+    return _sequence_length(leaves, axes, length)
+
+
+def first_step(xs: PyTree, xs_axes: PyTree) -> PyTree:
+    """The inputs of step 0: every leaf indexed at 0 along its scanned axis."""
+    leaves, treedef = jax.tree_util.tree_flatten(xs)
+    axes = _prefix_leaves(xs_axes, xs)
+    firsts = [
+        lax.index_in_dim(x, 0, _normalize_axis(a, jnp.ndim(x), "in_axes"), keepdims=False)
+        for x, a in zip(leaves, axes, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, firsts)

@@ -30,25 +30,22 @@ forward steps any schedule can with ``s`` carries: ``O(log T)`` memory for
 ``O(T log T)`` work (``autoremat.bounds``).
 
 This module imports no jax at import time, so the CLI's ``--help`` stays
-instant; ``Policy.resolve`` imports it when a policy is actually built. The
-kinds are found lazily (``autoremat._kinds`` imports the kind modules, which
-import this one).
+instant; ``Policy.resolve`` imports it when a policy is actually built. It
+imports no kind either: ``autoremat._kinds`` imports the kind modules, fills
+``KINDS`` and reads and writes the YAML.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import yaml
 
-from autoremat._atomic import atomic_write_text
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._policy import ALL_POLICY_NAMES as ALL_POLICY_NAMES
 from autoremat._policy import FACTORY_POLICIES as FACTORY_POLICIES
@@ -61,7 +58,6 @@ from autoremat._policy import _show, check_int
 from autoremat._yaml import _MAX_FILE_BYTES as _MAX_FILE_BYTES
 from autoremat._yaml import _SafeLoaderNoAliases as _SafeLoaderNoAliases
 from autoremat._yaml import load_yaml_text as load_yaml_text
-from autoremat._yaml import one_line, read_bytes
 from autoremat._yaml import read_yaml_file as read_yaml_file
 
 if TYPE_CHECKING:
@@ -75,13 +71,17 @@ KNOWN_VERSIONS: Final = (1,)
 TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
 #: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
 COMMON_KEYS: Final = ("version", "kind", "unroll", "meta")
+#: ``kind:`` name -> its ``Schedule`` subclass, in the order the tuner samples them.
+#: Filled by ``autoremat._kinds`` (which imports every kind module); this module
+#: imports none of them.
+KINDS: Final[dict[str, type[Schedule]]] = {}
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule(ABC):
     """How to rematerialize a scan; one subclass per kind (``autoremat._kinds``).
 
     Build one with ``Schedule.nested`` / ``.binomial`` / ``.root`` /
-    ``.plain``, or from its YAML mapping with ``Schedule.from_data``. Each
+    ``.plain``, or from its YAML mapping with ``autoremat._kinds.from_data``. Each
     kind's docstring defines its semantics (the one place they are defined;
     ``autoremat.scan`` follows it); every kind gives the loss and gradients
     of a plain ``lax.scan`` and differs only in memory and time.
@@ -168,9 +168,7 @@ class Schedule(ABC):
         >>> Schedule.nested([100, 100]).describe()
         '100x100 nothing/nothing unroll=1'
         """
-        from autoremat._nested import NestedSchedule
-
-        return NestedSchedule.build(lengths, policies, unroll=unroll, meta=meta)
+        return KINDS["nested"].build(lengths, policies, unroll=unroll, meta=meta)  # type: ignore[attr-defined]
 
     @classmethod
     def binomial(
@@ -181,9 +179,8 @@ class Schedule(ABC):
         >>> Schedule.binomial(16).describe()
         'binomial s=16 unroll=1'
         """
-        from autoremat._binomial import BinomialSchedule
-
-        return BinomialSchedule(snapshots=snapshots, unroll=unroll, meta=dict(meta or {}))
+        return KINDS["binomial"](snapshots=snapshots, unroll=unroll,  # type: ignore[call-arg, return-value]
+                                 meta=dict(meta or {}))
 
     @classmethod
     def root(
@@ -227,46 +224,6 @@ class Schedule(ABC):
         if self.meta:
             data["meta"] = _plain(self.meta)
         return data
-
-    @classmethod
-    def from_data(cls, data: Any) -> Schedule:
-        """Check a mapping's shape (as loaded from YAML) and build its kind.
-
-        The keys, ``version`` and ``kind`` are checked here; every value is
-        validated by the kind's constructor (``parse_fields`` adds the path).
-        """
-        from autoremat._kinds import DEFAULT_KIND, KINDS, top_keys
-
-        keys = top_keys()
-        if not isinstance(data, Mapping):
-            raise ScheduleError(f"schedule: expected a mapping with keys {', '.join(keys)}, "
-                                f"got {_show(data)}")
-        unknown = [k for k in data if k not in keys]
-        if unknown:
-            raise ScheduleError(
-                f"{_show(unknown[0])}: unknown key; valid keys: {', '.join(keys)}")
-        if "version" not in data:
-            raise ScheduleError(f"version: missing; add 'version: {SCHEDULE_VERSION}'")
-        version = data["version"]
-        if isinstance(version, bool) or version not in KNOWN_VERSIONS:
-            raise ScheduleError(f"version: unknown version {_show(version)}; known versions: "
-                                f"{', '.join(map(str, KNOWN_VERSIONS))}")
-        name = data.get("kind", DEFAULT_KIND)
-        kind = KINDS.get(name) if isinstance(name, str) else None
-        if kind is None:
-            raise ScheduleError(f"kind: unknown kind {_show(name)}; valid: {', '.join(KINDS)}")
-        for key in data:
-            if key not in COMMON_KEYS and key not in kind.FIELDS:
-                owner = next(k.kind for k in KINDS.values() if key in k.FIELDS)
-                raise ScheduleError(
-                    f"{key}: a {kind.kind} schedule has no {key} (a {owner} schedule has); "
-                    f"remove it or set kind: {owner}")
-        for key, example in kind.FIELDS.items():
-            if key not in data:
-                raise ScheduleError(f"{key}: missing; a {kind.kind} schedule needs e.g. {example}")
-        meta = data.get("meta")
-        return kind(**kind.parse_fields(data), unroll=data.get("unroll", 1),
-                    meta={} if meta is None else meta)
 
 
 @contextlib.contextmanager
@@ -324,36 +281,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
-    """Parse the YAML text of a schedule; every failure is a ``ScheduleError``."""
-    data = load_yaml_text(text, source)
-    try:
-        return Schedule.from_data(data)
-    except RecursionError:
-        raise ScheduleError(f"{source}: nested too deeply") from None
-    except ScheduleError as e:
-        raise ScheduleError(f"{source}: {one_line(str(e))}") from None
-
-
-def load_schedule(path: str | os.PathLike[str]) -> Schedule:
-    """Load a schedule from a YAML file (safe loader, no aliases).
-
-    Raises:
-      ScheduleError: the file is missing, unreadable, not YAML, or not a valid
-        schedule; the message names the file, the field and the fix.
-    """
-    return parse_schedule(read_bytes(path, "schedule file"), str(path))
-
-
-def dump_schedule(schedule: Schedule) -> str:
-    """The YAML text of a schedule."""
-    return yaml.safe_dump(schedule.to_data(), sort_keys=False, default_flow_style=None)
-
-
-def save_schedule(schedule: Schedule, path: str | os.PathLike[str]) -> Path:
-    """Write a schedule as YAML atomically (temp file in the same folder + rename)."""
-    if not isinstance(schedule, Schedule):
-        raise TypeError(f"schedule: expected an autoremat.Schedule, got {type(schedule).__name__}")
-    return atomic_write_text(path, dump_schedule(schedule))

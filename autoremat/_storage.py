@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from autoremat._errors import TuneError
-from autoremat._yaml import one_line as _text_one_line
+from autoremat._errors import TuneError, one_line
 
 if TYPE_CHECKING:
     import optuna
@@ -38,11 +37,6 @@ MAX_RETRIES: Final = 2
 def redact(url: str) -> str:
     """A storage URL with any password replaced by ``***``."""
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
-
-
-def one_line(e: BaseException, limit: int = 300) -> str:
-    """``str(e)`` on one line, at most ``limit`` characters."""
-    return _text_one_line(str(e), limit)
 
 
 def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) -> RDBStorage:
@@ -83,12 +77,11 @@ def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) 
             # Workers starting together on an empty database race to create
             # Optuna's tables; the losers find them made on the next try.
             if attempt == 5:
-                raise TuneError(f"storage: cannot open {redact(url)}: {type(e).__name__}: "
-                                f"{one_line(e)}") from None
+                raise TuneError(f"storage: cannot open {redact(url)}: {one_line(e)}") from None
             time.sleep(0.2 * (attempt + 1) + random.random() * 0.2)
         except Exception as e:
             raise TuneError(
-                f"storage: cannot open {redact(url)}: {type(e).__name__}: {one_line(e)}"
+                f"storage: cannot open {redact(url)}: {one_line(e)}"
             ) from None
     raise AssertionError("unreachable")  # pragma: no cover
 

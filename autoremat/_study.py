@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoremat._budget import format_bytes
 from autoremat._errors import TuneError
-from autoremat._measure import Measurement
-from autoremat._schedule import Schedule, save_schedule
+from autoremat._kinds import from_data, save_schedule
+from autoremat._measurement import Measurement
+from autoremat._schedule import Schedule
 from autoremat._storage import DEFAULT_STORAGE, open_storage, redact
+from autoremat._units import format_bytes
 
 if TYPE_CHECKING:
     import optuna
@@ -88,7 +89,7 @@ class MeasuredTrial:
         attrs = trial.user_attrs
         if not attrs.get("measured"):
             return None
-        return cls(trial.number, Schedule.from_data(attrs["schedule"]),
+        return cls(trial.number, from_data(attrs["schedule"]),
                    Measurement.from_attrs(attrs))
 
 

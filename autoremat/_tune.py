@@ -47,14 +47,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from autoremat._duration import parse_duration
-from autoremat._errors import ProblemError, TuneError
+from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
 from autoremat._storage import (
     DEFAULT_HEARTBEAT,
     DEFAULT_STORAGE,
     StudyLock,
-    one_line,
     open_storage,
     redact,
 )
@@ -165,8 +164,8 @@ class _Search:
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
         """Suggest a schedule, claim it, size it (from the planner's screen when it has
         one) and, if it fits, time it; ``(total_bytes, step_seconds)``."""
-        from autoremat._compiled import time_compiled
-        from autoremat._measure import ERROR
+        from autoremat._measure import time_compiled
+        from autoremat._measurement import ERROR
         from autoremat._space import suggest
 
         budget = self.info.budget_bytes
@@ -383,7 +382,7 @@ def tune(
     """
     import optuna
 
-    from autoremat._measure import environment, fingerprint
+    from autoremat._device import environment, fingerprint
 
     limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
     start = time.monotonic()
@@ -393,7 +392,7 @@ def tune(
         _, args = problem.build(Schedule.plain(problem.seq_len))
     except Exception as e:
         raise ProblemError(f"problem: {problem.name}: build(plain scan) failed: "
-                           f"{type(e).__name__}: {one_line(e)}") from None
+                           f"{one_line(e)}") from None
     info = StudyInfo(budget_bytes=budget_bytes, seq_len=problem.seq_len, problem=problem.name,
                      fingerprint=fingerprint(args), device_kind=env["device_kind"],
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE))

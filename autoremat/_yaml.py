@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import yaml
 
-from autoremat._errors import ScheduleError
+from autoremat._errors import ScheduleError, one_line
 
 #: A schedule is a few KB even with its meta; PyYAML (pure Python) reads about
 #: 40 KB/s of dense flow YAML, so a bigger file is refused before parsing.
@@ -100,9 +100,3 @@ def read_bytes(path: str | os.PathLike[str], what: str) -> bytes:
         raise ScheduleError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     except ValueError as e:  # e.g. a NUL byte in the path
         raise ScheduleError(f"{path!r}: cannot read {what} ({e})") from None
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """``text`` on one line, at most ``limit`` characters."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -179,7 +179,7 @@ def _tune(args: argparse.Namespace) -> int:
         settings["storage"] = os.environ.get(STORAGE_ENV) or None
     check_settings(settings)
 
-    from autoremat._budget import parse_bytes
+    from autoremat._units import parse_bytes
 
     try:
         if settings.get("budget") is not None:
@@ -192,7 +192,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _default_budget() -> tuple[int, str]:
-    from autoremat._measure import device_memory_bytes
+    from autoremat._device import device_memory_bytes
 
     limit = device_memory_bytes()
     if limit is not None:
@@ -204,11 +204,11 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
               no_progress: bool) -> int:
     from tqdm import tqdm
 
-    from autoremat._budget import format_bytes
-    from autoremat._measure import ERROR
+    from autoremat._measurement import ERROR
     from autoremat._storage import DEFAULT_STORAGE
     from autoremat._study import MeasuredTrial, nothing_fits_message
     from autoremat._tune import tune
+    from autoremat._units import format_bytes
 
     print(f"problem: {problem.name}\nbudget: {format_bytes(budget)} ({budget} bytes)"
           f"{budget_note}", flush=True)
@@ -268,9 +268,9 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
 
 def _result_table(result: TuneResult) -> str:
     from autoremat._breakdown import breakdown_lines
-    from autoremat._budget import format_bytes
     from autoremat._pareto import _seconds
     from autoremat._storage import redact
+    from autoremat._units import format_bytes
 
     plain = result.plain_trial
     plain_step = plain.measurement.step_seconds if plain else None
@@ -358,8 +358,8 @@ def _pareto(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     try:
+        from autoremat._kinds import save_schedule
         from autoremat._pareto import export_trial
-        from autoremat._schedule import save_schedule
 
         study = _open_study(args)
         schedule = export_trial(study, args.trial)
@@ -372,14 +372,14 @@ def _export(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     try:
+        from autoremat._kinds import load_schedule
         from autoremat._pareto import describe_schedule
-        from autoremat._schedule import load_schedule
 
         schedule = load_schedule(args.path)
         print(describe_schedule(schedule))
         if args.problem is None:
             return EXIT_OK
-        from autoremat._check import schedule_mismatches
+        from autoremat._stale import schedule_mismatches
 
         settings = with_defaults(given(args, PROBLEM_SETTINGS), PROBLEM_SETTINGS)
         check_settings(settings)

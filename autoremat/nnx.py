@@ -52,8 +52,8 @@ from flax import nnx
 from autoremat._nnx_scan import scan
 from autoremat._problem import Problem
 from autoremat._rnn import finish, prepare, scan_body
+from autoremat._scan import as_schedule
 from autoremat._schedule import Schedule
-from autoremat.linen import _as_schedule
 
 __all__ = ["RNN", "problem", "scan"]
 
@@ -91,7 +91,7 @@ class RNN(nnx.RNN):
         super().__init__(cell, time_major=time_major, return_carry=return_carry,
                          reverse=reverse, keep_order=keep_order, state_axes=state_axes,
                          broadcast_rngs=broadcast_rngs, rngs=rngs)
-        self.schedule = _as_schedule(schedule)
+        self.schedule = as_schedule(schedule)
         self.unroll = unroll  # type: ignore[assignment]
 
     def __call__(

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoremat._binomial import snapshot_range
-from autoremat._compiled import compile_schedule, time_compiled
-from autoremat._measure import Measurement
+from autoremat._measure import compile_schedule, time_compiled
+from autoremat._measurement import Measurement
 from autoremat._predict import Structure, TimeModel
 from autoremat._problem import Problem, seed_lstm
 from autoremat._schedule import Schedule

@@ -27,9 +27,9 @@ from pathlib import Path
 import autoremat
 from autoremat import Schedule, bounds
 from autoremat._atomic import atomic_write_text
-from autoremat._budget import format_bytes
-from autoremat._measure import environment
+from autoremat._device import environment
 from autoremat._pareto import dominates
+from autoremat._units import format_bytes
 
 
 @dataclass(frozen=True)

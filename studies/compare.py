@@ -59,7 +59,8 @@ from typing import Any
 import compare_report as report  # studies/compare_report.py: tables, slopes, plot, README
 
 from autoremat import Measurement, Schedule, load_schedule, measure, measure_step, tune
-from autoremat._measure import environment
+from autoremat._device import environment
+from autoremat._kinds import from_data
 from autoremat._problem import SeedModel, Step, seed_model
 from autoremat._schedule import root_lengths
 from autoremat._space import snapshot_range
@@ -173,7 +174,7 @@ def equinox_version() -> str | None:
 
 
 def _build_schedule(model: SeedModel, spec: Spec) -> tuple[Step, str]:
-    schedule = Schedule.from_data(spec.schedule)
+    schedule = from_data(spec.schedule)
     return model.problem().build(schedule)[0], spec.detail or schedule.describe()
 
 

@@ -38,9 +38,10 @@ from typing import Any
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from autoremat import Schedule, measure
-from autoremat._budget import format_bytes, parse_bytes
-from autoremat._measure import Measurement, environment
+from autoremat._device import environment
+from autoremat._measurement import Measurement
 from autoremat._problem import seed_model
+from autoremat._units import format_bytes, parse_bytes
 from autoremat.bounds import cost
 
 LOSSES = {"last": {"seq2seq": False}, "seq2seq fused": {"seq2seq": True, "fused_readout": True}}

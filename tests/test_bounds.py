@@ -9,7 +9,7 @@ import pytest
 from helpers import brute_advances
 
 from autoremat import Schedule, bounds
-from autoremat._revolve import plan
+from autoremat._revolve import tables
 
 
 def brute_max_steps(slots: int, reps: int) -> int:
@@ -48,7 +48,7 @@ def test_max_steps_is_the_binomial_coefficient() -> None:
 
 def _simulate(steps: int, snapshots: int) -> int:
     """Run the plan on integer "carries" (a carry is its position); count step runs."""
-    p = plan(steps, snapshots)
+    p = tables(steps, snapshots)
     slots: dict[int, int] = {p.snapshots: 0}  # the initial carry
     targets = dict(zip(p.forward_positions.tolist(), p.forward_slots.tolist(), strict=True))
     assert sorted(targets) == p.forward_positions.tolist()
@@ -76,13 +76,13 @@ def test_plan_is_correct_and_optimal_for_all_small_T() -> None:
     for steps in range(1, 121):
         for snapshots in range(1, 9):
             want = brute_advances(steps, min(snapshots, steps)) + 1 + steps
-            assert _simulate(steps, snapshots) == want == plan(steps, snapshots).evaluations
+            assert _simulate(steps, snapshots) == want == tables(steps, snapshots).evaluations
             assert bounds.min_evaluations(steps, min(snapshots, steps)) == want
 
 
 @pytest.mark.parametrize(("steps", "snapshots"), [(10_000, 8), (100_000, 32), (1009, 1009)])
 def test_large_plans(steps: int, snapshots: int) -> None:
-    p = plan(steps, snapshots)
+    p = tables(steps, snapshots)
     assert p.evaluations == bounds.min_evaluations(steps, min(snapshots, steps))
     assert len(p.restore_slot) == steps
 

@@ -140,8 +140,8 @@ def test_show_malformed_file_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_shipped_study_files_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
-    from autoremat._budget import parse_bytes
     from autoremat._cli_settings import read_study_file
+    from autoremat._units import parse_bytes
     from autoremat.cli import STUDY_FILE_KEYS
 
     for name, budget in (("seed_lstm.yaml", 175 * 10**6), ("seed_lstm_100k.yaml", 4 * 10**9)):

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autoremat._schedule import load_schedule
+from autoremat._kinds import load_schedule
 from autoremat._space import seed_schedules
 from tests.faulty_problem import FAIL_BUILD, FAIL_COMPILE, FAIL_NAN, FAIL_RUN
 

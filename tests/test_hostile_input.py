@@ -25,7 +25,6 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoremat._budget import BudgetError, parse_bytes
 from autoremat._duration import parse_duration
 from autoremat._errors import TuneError
 from autoremat._kinds import top_keys
@@ -42,6 +41,7 @@ from autoremat._schedule import (
     load_yaml_text,
     parse_schedule,
 )
+from autoremat._units import BudgetError, parse_bytes
 from autoremat.cli import STUDY_FILE_KEYS, main
 
 ROOT = Path(__file__).resolve().parents[1]

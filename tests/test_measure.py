@@ -8,16 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autoremat._measure import (
-    ERROR,
-    OK,
-    OVER_BUDGET,
-    _memory_parts,
-    _total,
-    fingerprint,
-    measure,
-    measure_step,
-)
+from autoremat._device import fingerprint
+from autoremat._measure import _memory_parts, _total, measure, measure_step
+from autoremat._measurement import ERROR, OK, OVER_BUDGET
 from autoremat._problem import Problem, ProblemError, seed_lstm, seed_model
 from autoremat._schedule import Schedule
 from tests.tiny_problem import tiny
@@ -168,7 +161,7 @@ def test_fingerprint_tracks_shapes_not_values() -> None:
 
 def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
     from autoremat._breakdown import breakdown_lines, floor_bytes
-    from autoremat._measure import Measurement
+    from autoremat._measurement import Measurement
 
     step, args = seed.build(Schedule.plain(64))
     first = measure_step(step, args, run=False, arg_names=seed.arg_names)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autoremat._schedule import Schedule, dump_schedule, load_schedule, save_schedule
+from autoremat._kinds import dump_schedule, load_schedule, save_schedule
+from autoremat._schedule import Schedule
 from autoremat._tune import tune
 from tests.tiny_problem import tiny
 
@@ -109,7 +110,8 @@ def test_killed_while_writing_out_leaves_the_previous_file(
 
 WRITER = """
 import sys
-from autoremat._schedule import Schedule, save_schedule
+from autoremat._kinds import save_schedule
+from autoremat._schedule import Schedule
 path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 big = {"pad": ["x" * 100] * 80}  # ~8 KB per file
 schedules = [Schedule.nested([4, 8], unroll=1 + i % 4, meta={"writer": tag, "i": i, **big})

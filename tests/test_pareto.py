@@ -11,7 +11,6 @@ from typing import Any
 import optuna
 import pytest
 
-from autoremat._check import load_schedule
 from autoremat._errors import TuneError
 from autoremat._pareto import (
     describe_schedule,
@@ -23,6 +22,7 @@ from autoremat._pareto import (
     plot_study,
 )
 from autoremat._schedule import Schedule, save_schedule
+from autoremat._stale import load_schedule
 from autoremat._study import choose, load_study
 from autoremat._tune import tune
 from tests.tiny_problem import tiny

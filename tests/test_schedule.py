@@ -14,9 +14,9 @@ import yaml
 
 import autoremat
 from autoremat import Level, Policy, Schedule, ScheduleError, bounds
-from autoremat._kinds import KINDS
+from autoremat._kinds import KINDS, dump_schedule, parse_schedule
 from autoremat._nested import NestedSchedule
-from autoremat._schedule import ALL_POLICY_NAMES, dump_schedule, parse_schedule
+from autoremat._schedule import ALL_POLICY_NAMES
 
 SEED_YAML = """\
 version: 1

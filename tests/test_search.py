@@ -12,10 +12,10 @@ from typing import Any
 import optuna
 import pytest
 
-import autoremat._compiled as measure_module
-from autoremat._compiled import compile_schedule
+import autoremat._measure as measure_module
 from autoremat._duration import parse_duration
 from autoremat._errors import TuneError
+from autoremat._measure import compile_schedule
 from autoremat._pareto import pareto_front
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule

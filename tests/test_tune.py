@@ -8,10 +8,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autoremat._check import StaleScheduleWarning, load_schedule, schedule_mismatches
 from autoremat._errors import TuneError
-from autoremat._measure import Measurement, measure
+from autoremat._measure import measure
+from autoremat._measurement import Measurement
 from autoremat._schedule import Schedule
+from autoremat._stale import StaleScheduleWarning, load_schedule, schedule_mismatches
 from autoremat._storage import redact
 from autoremat._study import (
     MeasuredTrial,

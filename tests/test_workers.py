@@ -21,7 +21,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autoremat._schedule import load_schedule
+from autoremat._kinds import load_schedule
 from autoremat._study import choose
 
 ROOT = Path(__file__).resolve().parents[1]
