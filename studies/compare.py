@@ -37,6 +37,10 @@ Writes, into ``--out``, after every (T, loss kind): ``compare.md``,
 ``compare.json`` and ``memory_vs_T.png`` (see ``compare_report.py``)::
 
     python studies/compare.py --seq-lens 1000,10000 [--with-1e5] [--gpu] [--out studies/results]
+
+``--render studies/results/compare.json --readme`` re-renders a saved run without
+measuring and replaces the generated tables of ``docs/benchmarks.md`` (with the
+machine they were measured on).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import compare_report as report  # studies/compare_report.py: tables, slopes, plot, README
+import compare_report as report  # studies/compare_report.py: tables, slopes, plot, docs page
 
 from autoremat import Measurement, Schedule, load_schedule, measure, measure_step, tune
 from autoremat._device import environment
@@ -464,8 +468,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="keep a saved compare.json's rows of the T and loss kinds this run does not measure")
     p.add_argument("--render", metavar="FILE.json",
                    help="only rewrite the outputs in --out from a saved compare.json")
-    p.add_argument("--readme", metavar="README.md",
-                   help="with --render: also replace the generated section of this README")
+    p.add_argument("--readme", nargs="?", const=str(report.PAGE), metavar="PAGE.md",
+                   help=f"with --render: also replace the generated tables of this page ({report.PAGE})")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -479,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> list[report.Row]:
     if args.render:
         rows = report.render(Path(args.render), Path(args.out))
         if args.readme:
-            report.update_readme(Path(args.readme), Path(args.out) / "compare.json")
+            report.update_page(Path(args.readme), Path(args.out) / "compare.json")
         return rows
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # rows in subprocesses share the GPU
     import jax

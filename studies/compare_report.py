@@ -1,5 +1,5 @@
 """The rows of ``studies/compare.py``: checked against the plain row, shown as tables,
-slopes, ratios, a plot and a README section.
+slopes, ratios, a plot and the generated section of ``docs/benchmarks.md``.
 
 Reads and writes ``compare.json`` (``Row``s as mappings); imports no jax, so
 ``compare.py --render`` re-renders a saved run without measuring anything.
@@ -24,8 +24,9 @@ FUSED_TUNED = f"{FUSED} tuned <=1% temp"
 FUSED_TEMP, FUSED_TIME = 0.01, 1.1  # issue 13: temp <= 1% of plain's, step <= 1.1x plain's
 RTOL = 1e-5  # loss vs the plain scan's
 GRAD_RTOL = 1e-4  # max |g - g_plain| / max |g_plain|, per leaf
-README_BEGIN = "<!-- studies/compare.py --readme: begin (generated, do not edit) -->"
-README_END = "<!-- studies/compare.py --readme: end -->"
+PAGE = Path("docs/benchmarks.md")  # where ``compare.py --render ... --readme`` writes the tables
+PAGE_BEGIN = "<!-- studies/compare.py --readme: begin (generated, do not edit) -->"
+PAGE_END = "<!-- studies/compare.py --readme: end -->"
 
 Walls = Sequence[tuple[int, bool, float]]  # (T, seq2seq, wall seconds) per group
 
@@ -341,8 +342,8 @@ def write_outputs(out: Path, rows: Sequence[Row], gpu: bool, command: str | Sequ
     return fitted
 
 
-def readme_section(data: dict[str, Any]) -> str:
-    """What goes between the README markers: machine, command, the table and the slopes."""
+def page_section(data: dict[str, Any]) -> str:
+    """What goes between the page's markers: machine, commands, the table and the slopes."""
     rows = [Row(**r) for r in data["rows"]]
     total = sum(w["seconds"] for w in data.get("walls", []))
     walls = ", ".join(f"T={w['seq_len']:,} {_kind(w['seq2seq'])} {w['seconds']:.0f} s"
@@ -373,15 +374,17 @@ def merged(previous: dict[str, Any], rows: Sequence[Row], walls: Walls,
     return all_rows, all_walls, [*_saved_commands(previous), command] if old else [command]
 
 
-def update_readme(readme: Path, json_path: Path) -> None:
-    """Replace the text between ``README_BEGIN`` and ``README_END`` in ``readme``."""
-    text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"{readme}: no {README_BEGIN!r} ... {README_END!r} markers")
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    body = readme_section(json.loads(json_path.read_text()))
-    readme.write_text(f"{head}{README_BEGIN}\n{body}{README_END}{tail}")
+def update_page(page: Path, json_path: Path) -> None:
+    """Replace the text between ``PAGE_BEGIN`` and ``PAGE_END`` in ``page`` (``docs/benchmarks.md``);
+    a page that does not exist yet is written with a title and the section."""
+    text = page.read_text() if page.exists() else f"# Benchmarks\n\n{PAGE_BEGIN}\n{PAGE_END}\n"
+    if PAGE_BEGIN not in text or PAGE_END not in text:
+        raise SystemExit(f"{page}: no {PAGE_BEGIN!r} ... {PAGE_END!r} markers")
+    head, rest = text.split(PAGE_BEGIN, 1)
+    _, tail = rest.split(PAGE_END, 1)
+    body = page_section(json.loads(json_path.read_text()))
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f"{head}{PAGE_BEGIN}\n{body}{PAGE_END}{tail}")
 
 
 def render(json_path: Path, out: Path) -> list[Row]:

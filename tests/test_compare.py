@@ -82,16 +82,23 @@ def test_compare_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert mine["total_ratio"] == pytest.approx(by["autoremat min-memory"].total_bytes / plain.total_bytes)
     assert mine["time_ratio"] == pytest.approx(by["autoremat min-memory"].ratio)
 
-    # re-rendering from the saved rows gives the same report; the README section is replaced in place
-    readme = tmp_path / "README.md"
+    # re-rendering from the saved rows gives the same report; the docs page's generated section is
+    # replaced in place (the hand-written text around it kept), or the page is written when missing
     report = _load("compare_report")
-    readme.write_text(f"# x\n\n{report.README_BEGIN}\nold\n{report.README_END}\n\nafter\n")
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    page.write_text(f"# x\n\nintro\n\n{report.PAGE_BEGIN}\nold\n{report.PAGE_END}\n\nafter\n")
     again = tmp_path / "again"
-    compare.main(["--render", str(out / "compare.json"), "--out", str(again), "--readme", str(readme)])
+    compare.main(["--render", str(out / "compare.json"), "--out", str(again), "--readme", str(page)])
     assert (again / "compare.md").read_text() == text
-    section = readme.read_text()
-    assert "old" not in section and section.endswith("after\n") and "| plain |" in section
-    assert "python studies/compare.py --seq-lens 512" in section
+    section = page.read_text()
+    assert section.startswith("# x\n\nintro\n\n") and section.endswith("after\n")
+    assert "old" not in section and "| plain |" in section
+    assert "python studies/compare.py --seq-lens 512" in section and "Measured on: cpu" in section
+    page.unlink()
+    compare.main(["--render", str(out / "compare.json"), "--out", str(again), "--readme"])  # the default
+    written = (tmp_path / report.PAGE).read_text()  # relative to the working directory, tmp_path here
+    assert written.startswith("# Benchmarks") and "Measured on: cpu" in written and "| plain |" in written
 
 
 def test_slopes_and_ratios_from_rows() -> None:
