@@ -122,11 +122,16 @@ def _run_python(block: Block, namespace: dict[str, Any]) -> None:
         raise AssertionError(f"{block.where}: {type(e).__name__}: {e}\n{block.text}") from e
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def _runnable(page: Path) -> list[Block]:
+    return [b for b in blocks(page) if b.lang in RUN and b.not_run is None]
+
+
+WITH_COMMANDS = [p for p in PAGES if _runnable(p)]
+
+
+@pytest.mark.parametrize("page", WITH_COMMANDS, ids=[str(p.relative_to(ROOT)) for p in WITH_COMMANDS])
 def test_the_commands_of_a_page_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    runnable = [b for b in blocks(page) if b.lang in RUN and b.not_run is None]
-    if not runnable:
-        pytest.skip(f"{page.relative_to(ROOT)} has no command to run")
+    runnable = _runnable(page)
     env = _sandbox(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MPLBACKEND", "Agg")
