@@ -44,10 +44,10 @@ from autoremat._measure import measure_step as measure_step
 from autoremat._measurement import Measurement as Measurement
 from autoremat._pareto import FrontPoint as FrontPoint
 from autoremat._pareto import pareto_front as pareto_front
+from autoremat._policy import Level as Level
+from autoremat._policy import Policy as Policy
 from autoremat._problem import Problem as Problem
 from autoremat._problem import seed_lstm as seed_lstm
-from autoremat._schedule import Level as Level
-from autoremat._schedule import Policy as Policy
 from autoremat._schedule import Schedule as Schedule
 from autoremat._stale import StaleScheduleWarning as StaleScheduleWarning
 from autoremat._stale import load_schedule as load_schedule
