@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from autoremat._errors import TuneError
 
-OK: Final = "ok"
-OVER_BUDGET: Final = "over_budget"
-ERROR: Final = "error"
+#: A measurement's outcome (``Measurement.status``; stored as this text).
+Status = Literal["ok", "over_budget", "error"]
+OK: Final[Status] = "ok"
+OVER_BUDGET: Final[Status] = "over_budget"
+ERROR: Final[Status] = "error"
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Measurement:
     """
 
     schedule_key: str
-    status: str
+    status: Status
     reason: str = ""
     total_bytes: int | None = None
     temp_bytes: int | None = None
