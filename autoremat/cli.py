@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from autoremat._cli_settings import (
     UsageError,
     add_settings,
     check_settings,
+    flag,
     given,
     read_study_file,
     with_defaults,
@@ -155,6 +157,12 @@ def _usage_error(e: AutorematError) -> UsageError:
     return UsageError(str(e) if isinstance(e, ScheduleError) else with_flag(str(e)))
 
 
+def _with_problem_flags(message: str) -> str:
+    """The library's ``seed_lstm(name=...)`` (a setting of the built-in problem) as the
+    flag that sets it, e.g. ``--seq-len``."""
+    return re.sub(r"seed_lstm\((\w+)=[^)]*\)", lambda m: flag(m.group(1)), message)
+
+
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
                  hidden: int | None, seq2seq: bool, fused_readout: bool = False) -> Problem:
     """The built-in seed LSTM (resized), or the problem ``ref`` names (sizes checked
@@ -237,7 +245,8 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     remember(result.study_name)
     print(result_table(result))
     if result.best is None:
-        print(f"autoremat: {nothing_fits_message(result)}", file=sys.stderr)
+        print(f"autoremat: {_with_problem_flags(nothing_fits_message(result))}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
     print(f"wrote {settings['out']}")
     if result.interrupted:
