@@ -7,7 +7,6 @@ trial attrs, and says whether they fit a budget.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final, Literal
@@ -109,7 +108,3 @@ class Measurement:
         return (self.feasible and self.step_seconds is not None
                 and self.total_bytes is not None and self.total_bytes <= budget_bytes)
 
-
-def is_finite_number(x: Any) -> bool:
-    """``x`` is a real, finite number (not ``None``/NaN/inf)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

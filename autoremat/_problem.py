@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from autoremat._errors import ProblemError as ProblemError
+from autoremat._errors import ProblemError
 from autoremat._fuse import fuse_loss
 from autoremat._schedule import Schedule
 

@@ -337,9 +337,5 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _entry() -> NoReturn:  # pragma: no cover - the console script
-    sys.exit(main())
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
