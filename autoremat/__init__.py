@@ -14,13 +14,17 @@ The pipeline, one module per box::
                      _breakdown.py  where the memory goes; the floor no schedule removes
                      _problem.py    Problem (a train step built for a schedule), the seed LSTM
       -> search      _space.py      Optuna trial -> Schedule (each kind's suggest/seed_params)
-                     _tune.py       the search loop: budget constraint, dedupe, resume
+                     _predict.py    the cost model, from each kind's features()
+                     _plan.py       Planner: which schedule to compile and time next
+                     _tune.py       the search loop: budget constraint, dedupe, workers
+                     _resume.py     open a study, or resume one made for the same run
                      _storage.py    Optuna storages, stale-trial retry, the workers' lock
       -> study       _study.py      reading a study: measured trials, the answer, TuneResult
       -> front       _pareto.py     non-dominated trials, table, plot, export, show
       -> schedule    (YAML again, with what was measured in ``meta``)
 
-    errors: _errors.py (AutorematError and its kinds); the command: cli.py, _cli_settings.py
+    errors: _errors.py (AutorematError and its kinds); the command: cli.py, _cli_settings.py,
+    _cli_print.py
 
 Importing ``autoremat`` does not import jax: ``scan``, ``linen`` and ``nnx`` load it
 when first used, so ``autoremat --help`` is instant.
@@ -44,10 +48,10 @@ from autoremat._measure import measure_step as measure_step
 from autoremat._measurement import Measurement as Measurement
 from autoremat._pareto import FrontPoint as FrontPoint
 from autoremat._pareto import pareto_front as pareto_front
+from autoremat._policy import Level as Level
+from autoremat._policy import Policy as Policy
 from autoremat._problem import Problem as Problem
 from autoremat._problem import seed_lstm as seed_lstm
-from autoremat._schedule import Level as Level
-from autoremat._schedule import Policy as Policy
 from autoremat._schedule import Schedule as Schedule
 from autoremat._stale import StaleScheduleWarning as StaleScheduleWarning
 from autoremat._stale import load_schedule as load_schedule

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from autoremat._policy import check_int
-from autoremat._schedule import Schedule
+from autoremat._schedule import Features, Schedule
 from autoremat.bounds import Cost, max_steps, optimal_cost
 
 #: Binomial schedules re-run a step at most this often (about ``r + 1`` times
@@ -82,6 +82,13 @@ class BinomialSchedule(Schedule):
     def cost(self, seq_len: int) -> Cost:
         """Exact: what the builder executes (the optimum, ``bounds.optimal_cost``)."""
         return optimal_cost(seq_len, self.snapshots)
+
+    def features(self, seq_len: int) -> Features:
+        """``bookkeeping``: every step (the backward's dynamic restores and indexing);
+        ``terms``: the stored carries and one step's residuals."""
+        cost = self.cost(seq_len)
+        return Features(evaluations=float(cost.evaluations), bookkeeping=float(seq_len),
+                        terms=(float(cost.stored_carries), 1.0, 0.0))
 
     def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],
             steps: int, reverse: bool) -> tuple[Any, Any]:

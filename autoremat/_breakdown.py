@@ -155,11 +155,12 @@ def floor_message(fig: Mapping[str, Any], budget_bytes: int) -> str | None:
                + f", outputs {format_bytes(fig.get('output_bytes'))}"
                + (f" (aliased {format_bytes(alias)})" if alias else "")
                + f", per-step outputs stacked by the scan {format_bytes(stacked)}")
-    fixes = ["a shorter sequence (built-in problem: --seq-len)", "a smaller batch (--batch)"]
+    fixes = ["a shorter sequence (built-in problem: seed_lstm(seq_len=...))",
+             "a smaller batch (seed_lstm(batch=...))"]
     if stacked:
         fixes.insert(0, "the readout inside the scanned step (autoremat.fuse_loss stacks "
                      "nothing, autoremat.fuse_head only its outputs; the built-in problem: "
-                     "--fused-readout)")
+                     "seed_lstm(fused_readout=True))")
     return (f"the budget {format_bytes(budget_bytes)} is under the {format_bytes(floor)} "
             f"({floor} bytes) that no schedule can remove: {made_of}. To lower it: "
             + "; ".join(fixes))

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from autoremat._duration import parse_duration
+from autoremat._errors import ScheduleError, TuneError
+from autoremat._yaml import read_yaml_file
+
 BUILTIN_PROBLEM: Final = "seed_lstm"
 STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
 _MAX_SIZE: Final = 2**31 - 1  # lax.scan lengths and array dimensions are int32
@@ -46,9 +50,6 @@ def _seconds(v: Any) -> str | None:
 
 
 def _duration(v: Any) -> str | None:
-    from autoremat._duration import parse_duration
-    from autoremat._errors import TuneError
-
     try:
         parse_duration(v)
     except TuneError:
@@ -211,9 +212,6 @@ def check_settings(settings: Mapping[str, Any]) -> None:
 
 def read_study_file(path: str) -> dict[str, Any]:
     """A study file's settings (keys may use dashes); unknown keys are usage errors."""
-    from autoremat._errors import ScheduleError
-    from autoremat._yaml import read_yaml_file
-
     try:
         data = read_yaml_file(path, what="study file")
     except ScheduleError as e:

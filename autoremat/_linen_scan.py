@@ -8,8 +8,10 @@ loop that ``autoremat._scan.scan_axes`` runs under the schedule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jax
@@ -158,91 +160,17 @@ def _scan_core(
 ) -> Callable[..., Any]:
     """The core-level lifted scan: ``(scope_tree, carry, *xs) -> (carry, ys)``.
 
-    Written like ``flax.core.lift.scan``; the loop is ``autoremat._scan.scan_axes``.
+    Written like ``flax.core.lift.scan``: ``pack`` lifts the scopes' variable
+    groups (broadcast, carry, each scanned axis) and rngs into ``_Call.run``,
+    whose loop is ``autoremat._scan.scan_axes``.
     """
     var_in, var_out = _variable_axes(variable_axes)
-    in_groups, in_group_axes = tuple(var_in), tuple(var_in.values())
-    out_groups, out_group_axes = tuple(var_out), tuple(var_out.values())
-    rng_filters = tuple(split_rngs)
-    rng_split = tuple(bool(split_rngs[k]) for k in rng_filters)
-    params = dict(metadata_params)
-
-    def inner(
-        counters: list[Counters],
-        init_broadcast: bool,
-        scope_fn: Callable[..., Any],
-        repack_fn: Callable[..., Any],
-        variable_groups: tuple[Group, ...],
-        rng_groups: tuple[Group, ...],
-        init: PyTree,
-        *args: Any,
-    ) -> tuple[tuple[PyTree, PyTree], tuple[Group, ...]]:
-        broadcast_vars, carry_vars, *scan_groups = variable_groups
-        try:
-            scanned_args = jax.tree_util.tree_map(
-                lambda ax, a: () if ax is broadcast else a, in_axes, args)
-            arg_axes = jax.tree_util.tree_map(
-                lambda ax, a: () if ax is broadcast else ax, in_axes, args)
-        except ValueError as e:
-            raise ValueError(
-                f"in_axes: must be an int, nn.broadcast or a prefix tree of the scanned "
-                f"arguments ({e})"
-            ) from None
-        steps = scanned_length(scanned_args, arg_axes, length)
-        split_groups = tuple(
-            _map_rngs(lambda r: random.split(random.clone(r), steps), g)
-            for g, split in zip(rng_groups, rng_split, strict=True) if split
-        )
-        scan_in = tuple(
-            meta.remove_axis(g, ax, params)
-            for g, ax in zip(scan_groups, in_group_axes, strict=True)
-        )
-        xs = (scan_in, split_groups, scanned_args)
-        xs_axes = (in_group_axes, (0,) * len(split_groups), arg_axes)
-
-        def call(bvars: Group, cvars: Group, c: PyTree, x: PyTree) -> tuple[Any, PyTree, PyTree]:
-            sv, sr, sa = x
-            split_iter = iter(sr)
-            rngs = tuple(next(split_iter) if split else g
-                         for g, split in zip(rng_groups, rng_split, strict=True))
-            groups: tuple[Any, ...] = (bvars, cvars, *sv)
-            if data_transform is not None:
-                groups, rngs = data_transform(groups, rngs)
-            scope = scope_fn(groups, rngs)
-            call_args = jax.tree_util.tree_map(
-                lambda ax, a, s: a if ax is broadcast else s, in_axes, args, sa)
-            c, y = fn(scope, c, *call_args)
-            return repack_fn(scope), c, y
-
-        # One pass outside the loop, as nn.scan's init-mode trace: creates the
-        # broadcast variables at init (concrete), otherwise only traces (no
-        # compute) so that rng counters advance exactly as in nn.scan.
-        bvars = broadcast_vars
-        if steps > 0:
-            first = first_step(xs, xs_axes)
-            if init_broadcast:
-                out, _, _ = call(broadcast_vars, carry_vars, init, first)
-                bvars = _with_inputs(broadcast_vars, out[0])
-            else:
-                jax.eval_shape(lambda: (call(broadcast_vars, carry_vars, init, first), None)[1])
-        loop_counters = _snapshot(counters)
-
-        def step(carry: tuple[Group, PyTree], x: PyTree) -> tuple[Any, PyTree]:
-            cvars, c = carry
-            # Every trace (one per schedule piece, plus jax retraces) sees the
-            # same rng counters: dropout masks do not depend on the schedule.
-            _restore(counters, loop_counters)
-            out, c, y = call(bvars, cvars, c, x)
-            return (_with_inputs(cvars, out[1]), c), (y, tuple(out[2:]))
-
-        (carry_vars, c), (ys, scan_out) = scan_axes(
-            step, (carry_vars, init), xs, steps, schedule=schedule, reverse=reverse,
-            in_axes=xs_axes, out_axes=(out_axes, out_group_axes),
-        )
-        scan_out = tuple(
-            meta.add_axis(g, ax, params) for g, ax in zip(scan_out, out_group_axes, strict=True)
-        )
-        return (c, ys), (bvars, carry_vars, *scan_out)
+    spec = _Spec(fn=fn, schedule=schedule, in_axes=in_axes, out_axes=out_axes, length=length,
+                 reverse=reverse, data_transform=data_transform, params=dict(metadata_params),
+                 in_group_axes=tuple(var_in.values()), out_group_axes=tuple(var_out.values()),
+                 rng_split=tuple(bool(split_rngs[k]) for k in split_rngs))
+    groups_in = (variable_broadcast, variable_carry, *var_in)
+    groups_out = (variable_broadcast, variable_carry, *var_out)
 
     def lifted(scope_tree: Scope | PyTree, init: PyTree, *args: Any) -> tuple[PyTree, PyTree]:
         scopes = jax.tree_util.tree_leaves(scope_tree)
@@ -250,19 +178,129 @@ def _scan_core(
         init_broadcast = any(
             not is_filter_empty(intersect_filters(s.mutable, variable_broadcast)) for s in scopes
         )
-
-        def packed_inner(*a: Any) -> Any:
-            return inner(counters, init_broadcast, *a)
-
-        return pack(
-            packed_inner,
-            (variable_broadcast, variable_carry, *in_groups),
-            (variable_broadcast, variable_carry, *out_groups),
-            rng_filters,
-            name="scan",
-        )(scope_tree, init, *args)
+        run = functools.partial(_Call.run, spec, counters, init_broadcast)
+        return pack(run, groups_in, groups_out, tuple(split_rngs), name="scan")(
+            scope_tree, init, *args)
 
     return lifted
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """``_scan_core``'s arguments as the loop needs them (the variable axes split
+    into input and output group axes, ``rng_split`` per rng filter)."""
+
+    fn: Callable[..., Any]
+    schedule: Schedule
+    in_axes: Any
+    out_axes: Any
+    length: int | None
+    reverse: bool
+    data_transform: Callable[..., Any] | None
+    params: dict[Any, Any]
+    in_group_axes: tuple[int, ...]
+    out_group_axes: tuple[int, ...]
+    rng_split: tuple[bool, ...]
+
+
+class _Call:
+    """One call of the lifted scan inside ``pack``: the scanned inputs, the pass
+    outside the loop, and the step ``autoremat._scan.scan_axes`` runs."""
+
+    def __init__(self, spec: _Spec, counters: list[Counters], scope_fn: Callable[..., Any],
+                 repack_fn: Callable[..., Any], rng_groups: tuple[Group, ...],
+                 args: tuple[Any, ...]) -> None:
+        self.spec, self.counters = spec, counters
+        self.scope_fn, self.repack_fn = scope_fn, repack_fn
+        self.rng_groups, self.args = rng_groups, args
+        self.bvars: Group = ()
+        self.loop_counters: list[Counters] = []
+
+    @classmethod
+    def run(cls, spec: _Spec, counters: list[Counters], init_broadcast: bool,
+            scope_fn: Callable[..., Any], repack_fn: Callable[..., Any],
+            variable_groups: tuple[Group, ...], rng_groups: tuple[Group, ...], init: PyTree,
+            *args: Any) -> tuple[tuple[PyTree, PyTree], tuple[Group, ...]]:
+        """``pack``'s inner function: ``((carry, ys), variable groups out)``."""
+        return cls(spec, counters, scope_fn, repack_fn, rng_groups, args).loop(
+            init_broadcast, variable_groups, init)
+
+    def scanned_args(self) -> tuple[PyTree, PyTree]:
+        """The scanned arguments and their axes (``nn.broadcast`` ones are ``()``)."""
+        in_axes, args = self.spec.in_axes, self.args
+        try:
+            scanned = jax.tree_util.tree_map(lambda ax, a: () if ax is broadcast else a,
+                                             in_axes, args)
+            axes = jax.tree_util.tree_map(lambda ax, a: () if ax is broadcast else ax,
+                                          in_axes, args)
+        except ValueError as e:
+            raise ValueError(
+                f"in_axes: must be an int, nn.broadcast or a prefix tree of the scanned "
+                f"arguments ({e})"
+            ) from None
+        return scanned, axes
+
+    def call(self, bvars: Group, cvars: Group, c: PyTree, x: PyTree) -> tuple[Any, PyTree, PyTree]:
+        """``fn`` on one step's scope: ``(variable groups out, carry, ys)``."""
+        spec = self.spec
+        sv, sr, sa = x
+        split_iter = iter(sr)
+        rngs = tuple(next(split_iter) if split else g
+                     for g, split in zip(self.rng_groups, spec.rng_split, strict=True))
+        groups: tuple[Any, ...] = (bvars, cvars, *sv)
+        if spec.data_transform is not None:
+            groups, rngs = spec.data_transform(groups, rngs)
+        scope = self.scope_fn(groups, rngs)
+        call_args = jax.tree_util.tree_map(
+            lambda ax, a, s: a if ax is broadcast else s, spec.in_axes, self.args, sa)
+        c, y = spec.fn(scope, c, *call_args)
+        return self.repack_fn(scope), c, y
+
+    def first_pass(self, init_broadcast: bool, broadcast_vars: Group, carry_vars: Group,
+                   init: PyTree, first: PyTree) -> Group:
+        """One pass outside the loop, as nn.scan's init-mode trace: creates the
+        broadcast variables at init (concrete), otherwise only traces (no compute)
+        so that rng counters advance exactly as in nn.scan. The broadcast variables."""
+        if init_broadcast:
+            out, _, _ = self.call(broadcast_vars, carry_vars, init, first)
+            return _with_inputs(broadcast_vars, out[0])
+        jax.eval_shape(lambda: (self.call(broadcast_vars, carry_vars, init, first), None)[1])
+        return broadcast_vars
+
+    def step(self, carry: tuple[Group, PyTree], x: PyTree) -> tuple[Any, PyTree]:
+        cvars, c = carry
+        # Every trace (one per schedule piece, plus jax retraces) sees the
+        # same rng counters: dropout masks do not depend on the schedule.
+        _restore(self.counters, self.loop_counters)
+        out, c, y = self.call(self.bvars, cvars, c, x)
+        return (_with_inputs(cvars, out[1]), c), (y, tuple(out[2:]))
+
+    def loop(self, init_broadcast: bool, variable_groups: tuple[Group, ...],
+             init: PyTree) -> tuple[tuple[PyTree, PyTree], tuple[Group, ...]]:
+        spec = self.spec
+        broadcast_vars, carry_vars, *scan_groups = variable_groups
+        scanned, arg_axes = self.scanned_args()
+        steps = scanned_length(scanned, arg_axes, spec.length)
+        split_groups = tuple(
+            _map_rngs(lambda r: random.split(random.clone(r), steps), g)
+            for g, split in zip(self.rng_groups, spec.rng_split, strict=True) if split
+        )
+        scan_in = tuple(meta.remove_axis(g, ax, spec.params)
+                        for g, ax in zip(scan_groups, spec.in_group_axes, strict=True))
+        xs = (scan_in, split_groups, scanned)
+        xs_axes = (spec.in_group_axes, (0,) * len(split_groups), arg_axes)
+        self.bvars = broadcast_vars
+        if steps > 0:
+            self.bvars = self.first_pass(init_broadcast, broadcast_vars, carry_vars, init,
+                                         first_step(xs, xs_axes))
+        self.loop_counters = _snapshot(self.counters)
+        (carry_vars, c), (ys, scan_out) = scan_axes(
+            self.step, (carry_vars, init), xs, steps, schedule=spec.schedule,
+            reverse=spec.reverse, in_axes=xs_axes, out_axes=(spec.out_axes, spec.out_group_axes),
+        )
+        scan_out = tuple(meta.add_axis(g, ax, spec.params)
+                         for g, ax in zip(scan_out, spec.out_group_axes, strict=True))
+        return (c, ys), (self.bvars, carry_vars, *scan_out)
 
 
 # lift_transform names a lifted class after its transform: "Scan" + class name,

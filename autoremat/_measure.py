@@ -45,7 +45,7 @@ from typing import Any, Final
 from autoremat._breakdown import argument_parts, record_scans, scan_figures
 from autoremat._device import environment, memory_stats
 from autoremat._errors import one_line
-from autoremat._measurement import ERROR, OK, OVER_BUDGET, Measurement
+from autoremat._measurement import ERROR, OK, OVER_BUDGET, Measurement, Status
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
 
@@ -207,62 +207,83 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     for a schedule already slower than one measured, and no claim about its
     median.
     """
-    import jax
-
-    sized = compiled.measurement
     if compiled.executable is None:
-        return sized
-    figures = {k: getattr(sized, k) for k in _FIGURES}
-    env = {k: getattr(sized, k) for k in _ENV}
-    label, executable, args = sized.schedule_key, compiled.executable, compiled.args
+        return compiled.measurement
+    return _Timing(compiled).run(budget_bytes=budget_bytes, time_budget=time_budget,
+                                 min_repeats=min_repeats, max_repeats=max_repeats,
+                                 on_output=on_output, cut_after=cut_after)
 
-    def fail(reason: str, **more: Any) -> Measurement:
-        return Measurement(label, ERROR, reason, **figures, **more, **env)
 
-    try:
+class _Timing:
+    """``time_compiled`` of one compiled step: the figures it was sized with, its runs,
+    and the ``Measurement`` they end in."""
+
+    def __init__(self, compiled: Compiled) -> None:
+        sized = compiled.measurement
+        self.figures = {k: getattr(sized, k) for k in _FIGURES}
+        self.env = {k: getattr(sized, k) for k in _ENV}
+        self.label, self.executable, self.args = (sized.schedule_key, compiled.executable,
+                                                  compiled.args)
+
+    def measurement(self, status: Status, reason: str = "", **more: Any) -> Measurement:
+        return Measurement(self.label, status, reason, **self.figures, **more, **self.env)
+
+    def once(self) -> tuple[float, Any]:
+        """One run: its wall seconds (ended by ``block_until_ready``) and its output."""
+        import jax
+
         t0 = time.perf_counter()
-        out = jax.block_until_ready(executable(*args))
-        warmup = time.perf_counter() - t0
-        loss, bad = _check_finite(out)
-        if bad:
-            return fail(f"non-finite output: {bad}", loss=loss)
-        if on_output is not None:
-            on_output(out)
-        del out
-        long_step = min_repeats is None and warmup > time_budget  # its one run is the figure
-        samples = [warmup] if long_step else []
-        if cut_after is not None and warmup > cut_after:  # one run decides
-            if not samples:
-                t0 = time.perf_counter()
-                jax.block_until_ready(executable(*args))
-                samples.append(time.perf_counter() - t0)
-            if samples[0] > cut_after:
-                return Measurement(label, OK, "", **figures, loss=loss,
-                                   cut_seconds=samples[0], **env)
-        repeats = 1 if long_step else max(
-            3 if min_repeats is None else min_repeats,
-            min(max_repeats, int(time_budget / max(warmup, 1e-6))))
-        for _ in range(repeats - len(samples)):
-            t0 = time.perf_counter()
-            jax.block_until_ready(executable(*args))
-            samples.append(time.perf_counter() - t0)
-    except Exception as e:
-        return fail(f"{_kind_of_failure(e, 'run')}: {one_line(e)}")
+        out = jax.block_until_ready(self.executable(*self.args))
+        return time.perf_counter() - t0, out
 
-    stats = memory_stats(jax.devices()[0])
-    peak = stats.get("peak_bytes_in_use") if stats else None
-    peak = int(peak) if isinstance(peak, int) and peak > 0 else None
-    if figures["total_bytes"] is None:
-        figures["total_bytes"] = peak
-    if figures["total_bytes"] is None:
-        return fail("no memory figure: memory_analysis() and memory_stats() gave none", loss=loss)
-    if budget_bytes is not None and figures["total_bytes"] > budget_bytes:
-        return Measurement(label, OVER_BUDGET, "over budget: peak bytes in use > budget",
-                           **figures, peak_bytes=peak, **env)
-    return Measurement(
-        label, OK, "", **figures, peak_bytes=peak, step_seconds=statistics.median(samples),
-        step_samples=tuple(samples), loss=loss, **env,
-    )
+    def run(self, *, budget_bytes: int | None, time_budget: float, min_repeats: int | None,
+            max_repeats: int, on_output: Callable[[Any], None] | None,
+            cut_after: float | None) -> Measurement:
+        """The warm-up (checked finite), then the cut test or the timed runs."""
+        try:
+            warmup, out = self.once()
+            loss, bad = _check_finite(out)
+            if bad:
+                return self.measurement(ERROR, f"non-finite output: {bad}", loss=loss)
+            if on_output is not None:
+                on_output(out)
+            del out
+            long_step = min_repeats is None and warmup > time_budget  # its one run is the figure
+            samples = [warmup] if long_step else []
+            if cut_after is not None and warmup > cut_after:  # one run decides
+                if not samples:
+                    samples.append(self.once()[0])
+                if samples[0] > cut_after:
+                    return self.measurement(OK, loss=loss, cut_seconds=samples[0])
+            repeats = 1 if long_step else max(
+                3 if min_repeats is None else min_repeats,
+                min(max_repeats, int(time_budget / max(warmup, 1e-6))))
+            samples += [self.once()[0] for _ in range(repeats - len(samples))]
+        except Exception as e:
+            return self.measurement(ERROR, f"{_kind_of_failure(e, 'run')}: {one_line(e)}")
+        return self.timed(samples, loss, budget_bytes)
+
+    def timed(self, samples: list[float], loss: float | None,
+              budget_bytes: int | None) -> Measurement:
+        """The timed measurement, with the device's peak (GPU/TPU) -- the total when
+        ``memory_analysis()`` gave none, checked against the budget."""
+        import jax
+
+        stats = memory_stats(jax.devices()[0])
+        peak = stats.get("peak_bytes_in_use") if stats else None
+        peak = int(peak) if isinstance(peak, int) and peak > 0 else None
+        if self.figures["total_bytes"] is None:
+            self.figures["total_bytes"] = peak
+        total = self.figures["total_bytes"]
+        if total is None:
+            return self.measurement(
+                ERROR, "no memory figure: memory_analysis() and memory_stats() gave none",
+                loss=loss)
+        if budget_bytes is not None and total > budget_bytes:
+            return self.measurement(OVER_BUDGET, "over budget: peak bytes in use > budget",
+                                    peak_bytes=peak)
+        return self.measurement(OK, peak_bytes=peak, step_seconds=statistics.median(samples),
+                                step_samples=tuple(samples), loss=loss)
 
 
 _FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_bytes",

@@ -7,16 +7,17 @@ trial attrs, and says whether they fit a budget.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from autoremat._errors import TuneError
 
-OK: Final = "ok"
-OVER_BUDGET: Final = "over_budget"
-ERROR: Final = "error"
+#: A measurement's outcome (``Measurement.status``; stored as this text).
+Status = Literal["ok", "over_budget", "error"]
+OK: Final[Status] = "ok"
+OVER_BUDGET: Final[Status] = "over_budget"
+ERROR: Final[Status] = "error"
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Measurement:
     """
 
     schedule_key: str
-    status: str
+    status: Status
     reason: str = ""
     total_bytes: int | None = None
     temp_bytes: int | None = None
@@ -107,7 +108,3 @@ class Measurement:
         return (self.feasible and self.step_seconds is not None
                 and self.total_bytes is not None and self.total_bytes <= budget_bytes)
 
-
-def is_finite_number(x: Any) -> bool:
-    """``x`` is a real, finite number (not ``None``/NaN/inf)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

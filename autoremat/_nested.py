@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from autoremat._policy import NO_REMAT, Level, Policy, _show
-from autoremat._schedule import FACTORY_POLICIES, Schedule, ScheduleError, at, root_lengths, snap
+from autoremat._errors import ScheduleError
+from autoremat._policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _show
+from autoremat._schedule import Features, Schedule, at, root_lengths, snap
 from autoremat.bounds import Cost
 
 #: More than 64 levels of length >= 2 tile more than 2^64 steps.
@@ -25,6 +26,8 @@ LEVEL_KEYS: Final = ("length", "policy")
 #: Policies under which a level stores its body's residuals instead of
 #: recomputing them in the backward pass (the cost model).
 _KEEPS_EVERYTHING: Final = ("none", "everything_saveable")
+#: Policies whose re-run skips the matmuls (their outputs are saved): a partial re-run.
+_PARTIAL: Final = ("dots", "offload_dot")
 
 # -- the search space ------------------------------------------------------------------
 POLICIES: Final[dict[str, Policy]] = {
@@ -71,6 +74,7 @@ class NestedSchedule(Schedule):
     kind: ClassVar[str] = "nested"
     FIELDS: ClassVar[Mapping[str, str]] = {
         "levels": "levels: [{length: 100, policy: nothing_saveable}]"}
+    ORDERED: ClassVar[frozenset[str]] = frozenset({"depth"})
 
     levels: tuple[Level, ...]
 
@@ -173,6 +177,25 @@ class NestedSchedule(Schedule):
             stored += kept
             extra = max(extra, peak - kept)
         return Cost(seq_len, evaluations, stored + extra)
+
+    def features(self, seq_len: int) -> Features:
+        """``partial``: evaluations re-run under ``dots`` policies; ``boundaries``:
+        iterations of the outer (non-innermost) levels, forward and backward;
+        ``terms``: the backward's peak (``_terms``)."""
+        lengths = self.lengths
+        boundaries = 2.0 * sum(math.prod(lengths[:i + 1]) for i in range(len(lengths) - 1))
+        return Features(evaluations=float(self.cost(seq_len).evaluations),
+                        partial=self._partial(seq_len), boundaries=boundaries,
+                        terms=_terms(self.levels, seq_len)[1])
+
+    def _partial(self, seq_len: int) -> float:
+        """Step evaluations re-run under ``dots`` policies (their matmuls saved)."""
+        levels, total = self.levels, 0
+        for _, count, level in pieces(seq_len, self.lengths):
+            chunk = math.prod(self.lengths[level + 1:])
+            total += count * chunk * sum(lv.policy.name.startswith(_PARTIAL)
+                                         for lv in levels[level:])
+        return float(total)
 
     def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],
             steps: int, reverse: bool) -> tuple[Any, Any]:
@@ -279,6 +302,39 @@ def _stored(levels: tuple[Level, ...]) -> tuple[int, int]:
     if head.policy.name in _KEEPS_EVERYTHING:
         return head.length * kept, (head.length - 1) * kept + peak
     return head.length, head.length + peak
+
+
+_Terms = tuple[float, float, float]
+
+
+def _terms(levels: tuple[Level, ...], steps: int) -> tuple[_Terms, _Terms]:
+    """(kept, peak) of levels covering ``steps`` steps, as (carries, steps' full
+    residuals, steps' partial residuals (dots policies)): ``Features.terms``."""
+    head, inner = levels[0], levels[1:]
+    n = min(head.length, steps) if not inner else math.ceil(
+        steps / math.prod(lv.length for lv in inner))
+    chunk = steps / max(1, n)
+    name = head.policy.name
+    if name in _KEEPS_EVERYTHING:
+        unit: _Terms = (0.0, chunk, 0.0) if not inner else (0.0, 0.0, 0.0)
+    else:
+        unit = (1.0, 0.0, chunk if name.startswith("dots") else 0.0)
+    if not inner:
+        kept = _scale(unit, n)
+        return kept, _add(kept, (0.0, 1.0, 0.0))
+    kept_i, peak_i = _terms(inner, max(1, round(chunk)))
+    if name in _KEEPS_EVERYTHING:
+        return _scale(kept_i, n), _add(_scale(kept_i, n - 1), peak_i)
+    kept = _scale(unit, n)
+    return kept, _add(kept, peak_i)
+
+
+def _scale(t: _Terms, k: float) -> _Terms:
+    return (t[0] * k, t[1] * k, t[2] * k)
+
+
+def _add(a: _Terms, b: _Terms) -> _Terms:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
 def _policy_label(policy: Policy) -> str:

@@ -108,7 +108,7 @@ def front_table(points: list[FrontPoint], budget_bytes: int) -> str:
         mark = "*" if p.chosen else " "
         lines.append(
             f"{mark} {p.number:>5}  {format_bytes(p.total_bytes):>10}  "
-            f"{_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
+            f"{format_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
             f"{p.vs_optimum:>6.2f}  {p.schedule}"
         )
     lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
@@ -193,7 +193,7 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
                    edgecolors="black", lw=1.5, zorder=5)
         ax.annotate(
             f"chosen: trial {chosen.number}\n{chosen.schedule}\n"
-            f"{format_bytes(chosen.total_bytes)}, {_seconds(chosen.step_seconds)}",
+            f"{format_bytes(chosen.total_bytes)}, {format_seconds(chosen.step_seconds)}",
             (chosen.total_bytes, chosen.step_seconds), xytext=(12, 12),
             textcoords="offset points", fontsize=8,
             arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.8},
@@ -228,8 +228,8 @@ def describe_schedule(schedule: Schedule) -> str:
                  f"; {meta.get('date')}")
     lines.append(f"measured: total {format_bytes(meta.get('total_bytes'))}, temp "
                  f"{format_bytes(meta.get('temp_bytes'))}, step "
-                 f"{_seconds(meta.get('step_seconds'))}, compile "
-                 f"{_seconds(meta.get('compile_seconds'))}")
+                 f"{format_seconds(meta.get('step_seconds'))}, compile "
+                 f"{format_seconds(meta.get('compile_seconds'))}")
     lines += breakdown_lines(meta)
     known = {"problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
              "flax_version", "budget_bytes", "study_name", "trial", "storage", "date",
@@ -240,7 +240,7 @@ def describe_schedule(schedule: Schedule) -> str:
     return "\n".join(lines)
 
 
-def _seconds(s: float | None) -> str:
+def format_seconds(s: float | None) -> str:
     if s is None:
         return "-"
     if s >= 1:

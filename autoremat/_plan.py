@@ -31,15 +31,16 @@ already ``CUT_RATIO`` x slower than the best that fits (a *cut* trial).
 
 from __future__ import annotations
 
+import enum
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from autoremat._breakdown import floor_bytes
 from autoremat._device import fingerprint
 from autoremat._measure import Compiled, compile_schedule
-from autoremat._measurement import Measurement
+from autoremat._measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._predict import MemoryModel, Structure, TimeModel
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
@@ -55,6 +56,20 @@ MAX_STOP: Final = 1.6
 CUT_RATIO: Final = 1.3
 
 
+class Done(enum.Enum):
+    """Why a candidate will not be timed by this planner (``OPEN``: it still may)."""
+
+    OPEN = "open"
+    MEASURED = "measured"
+    SURELY_OVER = "over budget (stores more than one that is)"
+    NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
+    DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
+
+
+#: ``Planner._next_once``'s "the models moved: rank again".
+_AGAIN: Final = "again"
+
+
 @dataclass
 class Candidate:
     """One schedule in the pool: its trial params, structure, and what screening found."""
@@ -63,7 +78,7 @@ class Candidate:
     params: dict[str, Any]
     structure: Structure
     compiled: Compiled | None = None
-    done: str = ""  # why it will not be timed by this planner ("" = still a candidate)
+    done: Done = Done.OPEN
     seed: bool = False
 
     @property
@@ -130,7 +145,8 @@ class Planner:
         key = schedule.key()
         self.add(schedule, {})
         cand = self.pool[key]
-        cand.done = cand.done or "measured"
+        if cand.done is Done.OPEN:
+            cand.done = Done.MEASURED
         if cand.compiled is not None:
             cand.compiled.release()
         if m.step_seconds is not None and m.total_bytes is not None:
@@ -187,7 +203,7 @@ class Planner:
         if m.compile_seconds is not None:
             self.compile_seconds.append(m.compile_seconds)
         if m.total_bytes is not None:
-            self.memory_model.add(cand.structure, m.total_bytes, m.status == "over_budget")
+            self.memory_model.add(cand.structure, m.total_bytes, m.status == OVER_BUDGET)
         floor = floor_bytes(m.to_attrs())
         if floor is not None:
             self.floor = floor
@@ -225,7 +241,7 @@ class Planner:
     def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]:
         """Open candidates by predicted time (before any timing: fewest evaluations, the
         time model's prior); ``compiled_first``: those already compiled first."""
-        open_ = [c for k, c in self.pool.items() if not c.done and k not in self.taken]
+        open_ = [c for k, c in self.pool.items() if c.done is Done.OPEN and k not in self.taken]
         ranked = [(self.predict(c), c) for c in open_]
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),
                       key=lambda pc: (compiled_first and pc[1].compiled is None, pc[0]))
@@ -238,16 +254,16 @@ class Planner:
         dominated ones too (a caller that must measure a given number)."""
         if dominated:
             for cand in self.pool.values():
-                if cand.done == "dominated" and cand.schedule.key() not in self.taken:
-                    cand.done = ""
+                if cand.done is Done.DOMINATED and cand.schedule.key() not in self.taken:
+                    cand.done = Done.OPEN
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             chosen = self._next_once(left, explore or dominated, dominated)
-            if chosen != "again":
+            if chosen != _AGAIN:
                 return chosen if isinstance(chosen, Candidate) else None
 
     def _next_once(self, time_left: float | None, explore: bool,
-                   dominated: bool) -> Candidate | str | None:
+                   dominated: bool) -> Candidate | Literal["again"] | None:
         if self.floor is not None and self.floor > self.budget_bytes:
             return None  # nothing can fit: the arguments and outputs alone are over
         best = self.best
@@ -263,22 +279,22 @@ class Planner:
                     continue  # near a timed schedule, and not predicted within STOP_RATIO
             if cand.compiled is None:
                 if self.memory_model.surely_over(cand.structure):
-                    cand.done = "over budget (stores more than one that is)"
+                    cand.done = Done.SURELY_OVER
                     continue
                 if not explore and self._dominated(cand, predicted):
                     continue  # by the memory model's guess: not worth a compile (yet)
                 if time_left is not None and time_left < compile_cost:
                     return None
                 self._screen(cand)
-                return "again"  # the models moved: rank again
+                return _AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
-            if m.status == "error":
+            if m.status == ERROR:
                 return cand  # recorded as a failed trial
             if cand.compiled.executable is None:
-                cand.done = m.status
+                cand.done = Done.NO_EXECUTABLE
                 continue
             if not dominated and self._dominated(cand, self.predict(cand)):
-                cand.done = "dominated"  # its executable is kept (``dominated=True``)
+                cand.done = Done.DOMINATED
                 continue
             # a warm-up, then 3 runs -- or the warm-up alone, when longer than the time budget
             timing = (predicted if predicted > self.time_budget

@@ -3,19 +3,15 @@
 The tuner times few schedules, so it must guess which are worth timing. The
 guess is a linear model over a schedule's structure (pure Python, no jax):
 
-* ``evaluations``: step evaluations of one forward + backward pass
-  (``autoremat.bounds.cost``) -- the recomputation -- less ``partial``;
-* ``partial``: the step evaluations re-run by levels under a ``dots``
-  policy: their matmul outputs are saved, so the re-run is only the
-  elementwise part of the step (``bounds.cost`` counts them in full);
+* from the kind's own ``Schedule.features`` (``autoremat._schedule.Features``):
+  ``evaluations``, step evaluations of one forward + backward pass -- the
+  recomputation -- less ``partial``, the re-runs that skip the matmuls (e.g.
+  a level under a ``dots`` policy: only the elementwise part re-runs);
+  ``boundaries``, checkpoint boundaries crossed (stacking a carry, entering a
+  remat region); ``bookkeeping``, steps with dynamic restores;
 * ``total_bytes``: the compiled total (or, before compiling, the memory
   model's guess) -- the memory traffic, which on CPU can cost as much as the
   recomputation it saves;
-* ``boundaries``: iterations of the outer (non-innermost) levels of a nested
-  schedule, forward and backward -- the per-level overhead of a checkpoint
-  boundary (stacking a carry, entering a remat region);
-* ``bookkeeping``: ``T`` for the binomial kind (its backward's dynamic
-  restores), else 0;
 * ``loop``: ``T / unroll`` -- loop trips of the innermost scan;
 * and a constant.
 
@@ -26,8 +22,8 @@ proportional to evaluations" so two or three trials already give an order.
 of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
 ``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
 stop test).
-``MemoryModel`` predicts ``total_bytes`` before compiling from the carries a
-schedule stores (``bounds.cost(...).stored_carries``), fitted per kind on the
+``MemoryModel`` predicts ``total_bytes`` before compiling from what a
+schedule stores (``Features.terms``), fitted per kind on the
 schedules sized so far. Both only *order* candidates; every figure the tuner
 reports is measured.
 """
@@ -37,16 +33,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from autoremat._schedule import Schedule
 
 #: The ridge weight pulling the fit towards the prior (relative units).
 _RIDGE = 0.1
-#: Policies that keep a level's residuals (as ``_nested``'s cost model).
-_KEEPS = ("none", "everything_saveable")
-#: Policies whose re-run skips the matmuls (their outputs are saved).
-_PARTIAL = ("dots", "offload_dot")
 #: Schedules this far apart (relative, in their most different feature) are unrelated.
 _NEAR = 0.25
 #: The prior cost of a partial re-run, as a fraction of a full step evaluation.
@@ -55,12 +46,13 @@ _PARTIAL_PRIOR = 0.4
 
 @dataclass(frozen=True)
 class Structure:
-    """What the model reads of one schedule at one ``T`` (see the module doc)."""
+    """What the model reads of one schedule at one ``T`` (see the module doc): the
+    kind's own ``Schedule.features``, with ``evaluations`` less the partial ones,
+    and the loop trips of its innermost scan."""
 
     kind: str
     evaluations: float
     partial: float
-    stored: float
     boundaries: float
     bookkeeping: float
     loop: float
@@ -68,71 +60,15 @@ class Structure:
 
     @classmethod
     def of(cls, schedule: Schedule, seq_len: int) -> Structure:
-        cost = schedule.cost(seq_len)
-        lengths: Sequence[int] = getattr(schedule, "lengths", ())
-        boundaries = 2.0 * sum(math.prod(lengths[:i + 1]) for i in range(len(lengths) - 1))
-        levels = getattr(schedule, "levels", None)
-        terms = (_terms(tuple(levels), seq_len)[1] if levels
-                 else (float(cost.stored_carries), 1.0, 0.0))
-        partial = _partial(schedule, seq_len)
-        return cls(kind=schedule.kind, evaluations=float(cost.evaluations) - partial,
-                   partial=partial, stored=float(cost.stored_carries), boundaries=boundaries,
-                   bookkeeping=float(seq_len) if schedule.kind == "binomial" else 0.0,
-                   loop=seq_len / max(1, schedule.unroll), terms=terms)
+        f = schedule.features(seq_len)
+        return cls(kind=schedule.kind, evaluations=f.evaluations - f.partial,
+                   partial=f.partial, boundaries=f.boundaries, bookkeeping=f.bookkeeping,
+                   loop=seq_len / max(1, schedule.unroll), terms=f.terms)
 
     def row(self, total_bytes: float) -> list[float]:
         """The time model's features, in ``TimeModel`` column order."""
         return [self.evaluations, self.partial, total_bytes, self.boundaries, self.bookkeeping,
                 self.loop, 1.0]
-
-
-def _partial(schedule: Schedule, seq_len: int) -> float:
-    """Step evaluations re-run under ``dots`` policies (see the module doc)."""
-    levels = getattr(schedule, "levels", None)
-    if not levels:
-        return 0.0
-    from autoremat._nested import pieces
-
-    lengths = tuple(lv.length for lv in levels)
-    total = 0
-    for _, count, level in pieces(seq_len, lengths):
-        chunk = math.prod(lengths[level + 1:])
-        total += count * chunk * sum(lv.policy.name.startswith(_PARTIAL)
-                                     for lv in levels[level:])
-    return float(total)
-
-
-_Terms = tuple[float, float, float]
-
-
-def _terms(levels: tuple[Any, ...], steps: int) -> tuple[_Terms, _Terms]:
-    """(kept, peak) of a nested schedule's levels covering ``steps`` steps, as
-    (carries, steps' full residuals, steps' partial residuals (dots policies))."""
-    head, inner = levels[0], levels[1:]
-    n = min(head.length, steps) if not inner else math.ceil(
-        steps / math.prod(lv.length for lv in inner))
-    chunk = steps / max(1, n)
-    name = head.policy.name
-    if name in _KEEPS:
-        unit: _Terms = (0.0, chunk, 0.0) if not inner else (0.0, 0.0, 0.0)
-    else:
-        unit = (1.0, 0.0, chunk if name.startswith("dots") else 0.0)
-    if not inner:
-        kept = _scale(unit, n)
-        return kept, _add(kept, (0.0, 1.0, 0.0))
-    kept_i, peak_i = _terms(inner, max(1, round(chunk)))
-    if name in _KEEPS:
-        return _scale(kept_i, n), _add(_scale(kept_i, n - 1), peak_i)
-    kept = _scale(unit, n)
-    return kept, _add(kept, peak_i)
-
-
-def _scale(t: _Terms, k: float) -> _Terms:
-    return (t[0] * k, t[1] * k, t[2] * k)
-
-
-def _add(a: _Terms, b: _Terms) -> _Terms:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
 def _dot(coef: Sequence[float], row: Sequence[float]) -> float:
@@ -248,7 +184,7 @@ class TimeModel:
     def predict(self, structure: Structure, total_bytes: float) -> float | None:
         """The linear model, corrected towards the nearest timed schedule's own error
         (fully at distance 0, not at all from ``_NEAR`` on: a family the model gets
-        wrong, e.g. binomial on this machine, is predicted from its measured members)."""
+        wrong on this machine is predicted from its measured members)."""
         if self.coef is None:
             return None
         value = self._linear(structure.row(total_bytes))

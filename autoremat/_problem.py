@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from autoremat._errors import ProblemError as ProblemError
+from autoremat._errors import ProblemError
+from autoremat._fuse import fuse_loss
 from autoremat._schedule import Schedule
 
 if TYPE_CHECKING:  # imported lazily at run time: importing autoremat must not import jax
@@ -134,8 +135,6 @@ class SeedModel:
         if not self.fused_readout:
             return step
         import optax
-
-        from autoremat._fuse import fuse_loss
 
         readout = {"params": params["readout"]}
         return fuse_loss(step, lambda h, yt: optax.l2_loss(self._apply(readout, h), yt).sum())

@@ -86,89 +86,129 @@ def tables(seq_len: int, snapshots: int) -> Tables:
     """The binomial plan for ``seq_len >= 1`` steps and ``snapshots >= 1`` slots."""
     if seq_len < 1 or snapshots < 1:
         raise ValueError(f"plan: need seq_len >= 1 and snapshots >= 1, got {seq_len}, {snapshots}")
-    s = min(snapshots, seq_len)
-    handoff, initial = s - 1, s
-    free = list(range(s - 2, -1, -1))  # pop() hands out slot 0 first
-    where = {initial: 0}  # slot -> position of the carry it holds
-    fwd: list[tuple[int, int]] = []
-    restore_slot: list[int] = []
-    restore_pos: list[int] = []
-    pair_start: list[int] = []
-    pair_adv: list[int] = []
-    pair_slot: list[int] = []
-    state = {"pos": 0, "pending": 0, "forward": True, "advances": 0}
+    return _Recorder(seq_len, min(snapshots, seq_len)).run()
 
-    def advance(n: int) -> None:
-        state["pos"] += n
-        if not state["forward"]:
-            state["pending"] += n
-            state["advances"] += n
 
-    def snapshot(slot: int) -> None:
-        where[slot] = state["pos"]
-        if state["forward"]:
-            fwd.append((state["pos"], slot))
+@dataclass(frozen=True)
+class _Range:
+    """Work item: reverse ``length`` steps from ``start``, whose first carry is in
+    ``slot`` (already in hand: ``in_hand``), with ``free`` free slots."""
+
+    start: int
+    length: int
+    free: int
+    slot: int
+    in_hand: bool
+
+
+@dataclass(frozen=True)
+class _Free:
+    """Work item: slot ``slot`` is free again (its range is reversed)."""
+
+    slot: int
+
+
+class _Recorder:
+    """Walks Revolve's recursion (an explicit stack of work items) and records what
+    each action does: the forward sweep's snapshots, then per reversal its restore
+    and its (advance, store) pairs."""
+
+    def __init__(self, seq_len: int, s: int) -> None:
+        self.seq_len, self.s = seq_len, s
+        self.handoff, initial = s - 1, s
+        self.free = list(range(s - 2, -1, -1))  # pop() hands out slot 0 first
+        self.where = {initial: 0}  # slot -> position of the carry it holds
+        self.fwd: list[tuple[int, int]] = []
+        self.restore_slot: list[int] = []
+        self.restore_pos: list[int] = []
+        self.pair_start: list[int] = []
+        self.pair_adv: list[int] = []
+        self.pair_slot: list[int] = []
+        self.pos, self.pending, self.forward, self.advances = 0, 0, True, 0
+        self.stack: list[_Range | _Free] = [_Range(0, seq_len, s - 1, initial, True)]
+
+    # -- the actions ----------------------------------------------------------------
+    def advance(self, n: int) -> None:
+        self.pos += n
+        if not self.forward:
+            self.pending += n
+            self.advances += n
+
+    def snapshot(self, slot: int) -> None:
+        self.where[slot] = self.pos
+        if self.forward:
+            self.fwd.append((self.pos, slot))
         else:
-            pair_adv.append(state["pending"])
-            pair_slot.append(slot)
-            state["pending"] = 0
+            self.pair_adv.append(self.pending)
+            self.pair_slot.append(slot)
+            self.pending = 0
 
-    def restore(slot: int) -> None:
-        restore_slot.append(slot)
-        restore_pos.append(where[slot])
-        pair_start.append(len(pair_adv))
-        state["pos"] = where[slot]
+    def restore(self, slot: int) -> None:
+        self.restore_slot.append(slot)
+        self.restore_pos.append(self.where[slot])
+        self.pair_start.append(len(self.pair_adv))
+        self.pos = self.where[slot]
 
-    def reverse(position: int) -> None:
-        assert state["pos"] == position, (state["pos"], position)
-        if state["forward"]:  # end of the first sweep: the forward pass ends here
-            assert position == seq_len - 1
-            fwd.append((position, handoff))
-            where[handoff] = position
-            state["forward"] = False
-            restore(handoff)
-        elif state["pending"]:
-            pair_adv.append(state["pending"])
-            pair_slot.append(-1)
-            state["pending"] = 0
+    def reverse(self, position: int) -> None:
+        assert self.pos == position, (self.pos, position)
+        if self.forward:  # end of the first sweep: the forward pass ends here
+            assert position == self.seq_len - 1
+            self.fwd.append((position, self.handoff))
+            self.where[self.handoff] = position
+            self.forward = False
+            self.restore(self.handoff)
+        elif self.pending:
+            self.pair_adv.append(self.pending)
+            self.pair_slot.append(-1)
+            self.pending = 0
 
-    # Work items: ("range", start, length, free slots, start slot, start in hand) | ("free", slot).
-    stack: list[tuple] = [("range", 0, seq_len, s - 1, initial, True)]
-    while stack:
-        item = stack.pop()
-        if item[0] == "free":
-            free.append(item[1])
-            continue
-        _, start, length, nfree, slot, in_hand = item
-        if length == 1 or nfree == 0:
-            for j in range(length - 1, -1, -1):
-                if not (in_hand and j == length - 1):
-                    restore(slot)
-                advance(j)
-                reverse(start + j)
-            continue
-        m = _split(length, nfree)
-        if not in_hand:
-            restore(slot)
-        advance(m)
-        if length - m == 1:  # the last step is reversed at once: no snapshot needed
-            reverse(start + m)
-            stack.append(("range", start, m, nfree, slot, False))
-            continue
-        k = free.pop()
-        snapshot(k)
-        stack.append(("range", start, m, nfree, slot, False))
-        stack.append(("free", k))
-        stack.append(("range", start + m, length - m, nfree - 1, k, True))
-    pair_start.append(len(pair_adv))
-    assert len(restore_slot) == seq_len
-    assert state["advances"] + seq_len - 1 == min_advances(seq_len, s)
-    as_array = functools.partial(np.asarray, dtype=np.int32)
-    return Tables(
-        seq_len=seq_len, snapshots=s,
-        forward_positions=as_array([p for p, _ in fwd]),
-        forward_slots=as_array([k for _, k in fwd]),
-        restore_slot=as_array(restore_slot), restore_position=as_array(restore_pos),
-        pair_start=as_array(pair_start), pair_advance=as_array(pair_adv),
-        pair_slot=as_array(pair_slot), advances=state["advances"],
-    )
+    # -- the recursion --------------------------------------------------------------
+    def run(self) -> Tables:
+        while self.stack:
+            item = self.stack.pop()
+            if isinstance(item, _Free):
+                self.free.append(item.slot)
+            elif item.length == 1 or item.free == 0:
+                self.step_by_step(item)
+            else:
+                self.split(item)
+        return self.result()
+
+    def step_by_step(self, r: _Range) -> None:
+        """No free slot (or one step): re-advance from the start for each step."""
+        for j in range(r.length - 1, -1, -1):
+            if not (r.in_hand and j == r.length - 1):
+                self.restore(r.slot)
+            self.advance(j)
+            self.reverse(r.start + j)
+
+    def split(self, r: _Range) -> None:
+        """Advance ``m`` (``_split``), snapshot, then reverse the last ``length - m``
+        steps with one slot fewer, free it, and reverse the first ``m``."""
+        m = _split(r.length, r.free)
+        if not r.in_hand:
+            self.restore(r.slot)
+        self.advance(m)
+        first = _Range(r.start, m, r.free, r.slot, False)
+        if r.length - m == 1:  # the last step is reversed at once: no snapshot needed
+            self.reverse(r.start + m)
+            self.stack.append(first)
+            return
+        k = self.free.pop()
+        self.snapshot(k)
+        self.stack += [first, _Free(k), _Range(r.start + m, r.length - m, r.free - 1, k, True)]
+
+    def result(self) -> Tables:
+        self.pair_start.append(len(self.pair_adv))
+        assert len(self.restore_slot) == self.seq_len
+        assert self.advances + self.seq_len - 1 == min_advances(self.seq_len, self.s)
+        as_array = functools.partial(np.asarray, dtype=np.int32)
+        return Tables(
+            seq_len=self.seq_len, snapshots=self.s,
+            forward_positions=as_array([p for p, _ in self.fwd]),
+            forward_slots=as_array([k for _, k in self.fwd]),
+            restore_slot=as_array(self.restore_slot),
+            restore_position=as_array(self.restore_pos),
+            pair_start=as_array(self.pair_start), pair_advance=as_array(self.pair_adv),
+            pair_slot=as_array(self.pair_slot), advances=self.advances,
+        )

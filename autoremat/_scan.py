@@ -21,8 +21,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from autoremat._breakdown import SCAN_RECORDS, ScanRecord
+from autoremat._errors import ScheduleError
 from autoremat._kinds import load_schedule
-from autoremat._schedule import Schedule, ScheduleError
+from autoremat._schedule import Schedule
 
 Carry = TypeVar("Carry")
 PyTree = Any

@@ -46,19 +46,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import yaml
 
-from autoremat._errors import ScheduleError as ScheduleError
-from autoremat._policy import ALL_POLICY_NAMES as ALL_POLICY_NAMES
-from autoremat._policy import FACTORY_POLICIES as FACTORY_POLICIES
-from autoremat._policy import MAX_LENGTH as MAX_LENGTH
-from autoremat._policy import NO_REMAT as NO_REMAT
-from autoremat._policy import ZERO_ARG_POLICIES as ZERO_ARG_POLICIES
-from autoremat._policy import Level as Level
-from autoremat._policy import Policy as Policy
-from autoremat._policy import _show, check_int
-from autoremat._yaml import _MAX_FILE_BYTES as _MAX_FILE_BYTES
-from autoremat._yaml import _SafeLoaderNoAliases as _SafeLoaderNoAliases
-from autoremat._yaml import load_yaml_text as load_yaml_text
-from autoremat._yaml import read_yaml_file as read_yaml_file
+from autoremat._errors import ScheduleError
+from autoremat._policy import NO_REMAT, Policy, _show, check_int
 
 if TYPE_CHECKING:
     from autoremat._binomial import BinomialSchedule
@@ -75,6 +64,31 @@ COMMON_KEYS: Final = ("version", "kind", "unroll", "meta")
 #: Filled by ``autoremat._kinds`` (which imports every kind module); this module
 #: imports none of them.
 KINDS: Final[dict[str, type[Schedule]]] = {}
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the tuner's cost model (``autoremat._predict``) reads of one schedule at one
+    ``T``; each kind computes its own (``Schedule.features``).
+
+    Attributes:
+      evaluations: step evaluations of one forward + backward pass
+        (``Schedule.cost``), counting ``partial`` ones.
+      partial: of those, re-runs that skip the matmuls (their outputs are
+        saved, e.g. under a ``dots`` policy): only the elementwise part re-runs.
+      boundaries: checkpoint boundaries crossed, forward and backward (each
+        stacks a carry and enters a remat region).
+      bookkeeping: steps with dynamic restores or indexing (per-step overhead
+        a plain scan does not have).
+      terms: the peak stored, as (carries, steps of full residuals, steps of
+        partial residuals): ``MemoryModel`` fits bytes on these.
+    """
+
+    evaluations: float
+    partial: float = 0.0
+    boundaries: float = 0.0
+    bookkeeping: float = 0.0
+    terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule(ABC):
@@ -99,6 +113,9 @@ class Schedule(ABC):
     #: JAX transformations of ``autoremat.scan`` this kind cannot do, out of
     #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
     UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
+    #: Categorical parameters of ``suggest`` whose choices are ordered: a neighbour
+    #: (``_space.neighbours``) takes the choice before or after, not any other.
+    ORDERED: ClassVar[frozenset[str]] = frozenset()
 
     unroll: int = 1
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -129,6 +146,10 @@ class Schedule(ABC):
     @abstractmethod
     def cost(self, seq_len: int) -> Cost:
         """Step evaluations and peak stored carries at ``T = seq_len`` (``bounds.cost``)."""
+
+    @abstractmethod
+    def features(self, seq_len: int) -> Features:
+        """What the tuner's cost model reads of this schedule at ``T = seq_len``."""
 
     @abstractmethod
     def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],

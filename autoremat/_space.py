@@ -2,30 +2,13 @@
 
 The space, for a sequence of length ``T``: first ``kind``, one of the kinds
 of ``autoremat._kinds.KINDS``; then that kind's own parameters
-(``Schedule.suggest``, documented in each kind):
-
-* nested (``_nested.NestedSchedule.suggest``): ``depth`` in 1..4 (only
-  depths with ``2**depth <= T``); depth 1 is one plain scan, its policy
-  ``none`` (no remat, linear memory) or a zero-argument policy (remat of
-  every step); deeper, the ``d - 1`` inner chunk lengths, innermost first,
-  log-uniform and snapped to a divisor of what is left of ``T`` when one is
-  within 25% (the outermost count is derived, ``ceil(T / prod(inner))``);
-  each level's policy one of ``nothing_saveable``, ``dots_saveable``,
-  ``dots_with_no_batch_dims_saveable``, ``everything_saveable``, on GPU/TPU
-  also ``offload_dot_with_no_batch_dims`` (device -> ``pinned_host``); the
-  innermost ``unroll`` in {1, 2, 4, 8} (at most the innermost length);
-* binomial (``_binomial.BinomialSchedule.suggest``): ``snapshots``
-  log-uniform from the fewest that keep every step within
-  ``MAX_REPETITIONS`` re-runs (``autoremat.bounds.repetitions``) up to
-  ``4 sqrt(T)`` (past that it is per-step remat with extra bookkeeping).
+(``Schedule.suggest``, documented in each kind's module: the nested kind's
+depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
 
 ``seed_params`` gives the obvious candidates, enqueued before any sampling:
-plain scan, per-step remat, sqrt(T) two levels, cube-root three levels
-(Chen et al. 2016, arXiv 1604.06174: ``d`` levels store ``O(d T^(1/d))``),
-three levels of short chunks (``T/100 x 10 x 10``, ``nothing/dots/everything``:
-measured fastest in ``studies/bench_tune.py``), and the binomial schedule
-with three repetitions (Griewank & Walther 2000: ``C(s + 3, 3) >= T``
-snapshots).
+each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
+per-step remat, the sqrt(T) and cube-root schedules of Chen et al. 2016,
+and the binomial schedule with three repetitions).
 
 ``propose`` and ``neighbours`` draw candidates from the same space without
 Optuna (``ParamTrial``), as parameter dicts the tuner enqueues: random
@@ -38,17 +21,8 @@ import math
 import random
 from typing import Any
 
-from autoremat._binomial import MAX_REPETITIONS as MAX_REPETITIONS
-from autoremat._binomial import snapshot_range as snapshot_range
 from autoremat._kinds import KINDS
-from autoremat._nested import MAX_DEPTH as MAX_DEPTH
-from autoremat._nested import OFFLOAD_POLICIES as OFFLOAD_POLICIES
-from autoremat._nested import POLICIES as POLICIES
-from autoremat._nested import UNROLLS as UNROLLS
-from autoremat._nested import depths as depths
-from autoremat._nested import policy_choices as policy_choices
 from autoremat._schedule import Schedule
-from autoremat._schedule import snap as snap
 
 
 def suggest(trial: Any, seq_len: int, platform: str = "cpu") -> Schedule:
@@ -110,14 +84,17 @@ def propose(wanted: dict[str, Any], seq_len: int, platform: str,
 def neighbours(params: dict[str, Any], seq_len: int, platform: str,
                rng: random.Random) -> list[tuple[Schedule, dict[str, Any]]]:
     """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
-    each choice swapped for every other, the depth one more or less."""
+    each choice swapped for every other, or for the choice before or after it in
+    the kind's ``Schedule.ORDERED`` parameters (e.g. the nested depth)."""
     _, _, trial = propose(params, seq_len, platform, rng)
+    ordered = KINDS[trial.params["kind"]].ORDERED
     out = []
     for name, space in trial.space.items():
         if isinstance(space, tuple):
             values: list[Any] = [round(params[name] * f) for f in (0.5, 0.7, 1.4, 2.0)]
-        elif name == "depth":
-            values = [d for d in space if abs(d - params[name]) == 1]
+        elif name in ordered:
+            i = space.index(params[name])
+            values = space[max(0, i - 1):i] + space[i + 1:i + 2]
         else:
             values = [c for c in space if c != params[name]]
         for v in values:

@@ -14,6 +14,7 @@ import os
 import warnings
 from typing import Any
 
+from autoremat._device import environment, fingerprint
 from autoremat._kinds import load_schedule as _load_schedule
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
@@ -39,8 +40,6 @@ def schedule_mismatches(
       One sentence per mismatch; empty when everything recorded matches (a
       schedule without ``meta`` has nothing to compare and matches).
     """
-    from autoremat._device import environment, fingerprint
-
     meta = dict(schedule.meta)
     out: list[str] = []
     if problem is not None:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoremat._breakdown import floor_message
 from autoremat._errors import TuneError
 from autoremat._kinds import from_data, save_schedule
 from autoremat._measurement import Measurement
@@ -211,8 +212,6 @@ def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = Non
 def nothing_fits_message(result: TuneResult) -> str:
     """One line: the budget, the floor no schedule removes when the budget is under it
     (what it is made of, how to lower it), and the smallest total measured."""
-    from autoremat._breakdown import floor_message
-
     s = result.smallest_trial
     if s is None or s.measurement.total_bytes is None:
         return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "

@@ -42,22 +42,23 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Literal
 
+from autoremat._device import environment, fingerprint
 from autoremat._duration import parse_duration
-from autoremat._errors import ProblemError, TuneError, one_line
+from autoremat._errors import ProblemError, one_line
+from autoremat._measure import time_compiled
+from autoremat._measurement import ERROR
+from autoremat._plan import Planner
 from autoremat._problem import Problem
+from autoremat._resume import default_study_name, open_study
 from autoremat._schedule import Schedule
-from autoremat._storage import (
-    DEFAULT_HEARTBEAT,
-    DEFAULT_STORAGE,
-    StudyLock,
-    open_storage,
-    redact,
-)
-from autoremat._study import MATCHED_STUDY_ATTRS, StudyInfo, TuneResult, summarize
+from autoremat._space import suggest
+from autoremat._storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyLock, open_storage, redact
+from autoremat._study import MeasuredTrial, StudyInfo, TuneResult, summarize
 
 if TYPE_CHECKING:
     import optuna
@@ -70,15 +71,12 @@ _MAX_TRIALS: Final = 10_000
 #: ``tune``'s default time limit: the built-in problem at T=10^4 in under 2.5 minutes.
 DEFAULT_TIME_LIMIT: Final = 120.0
 OnTrial = Callable[["optuna.Study", "FrozenTrial"], None]
+#: What a worker does next (``_Search.next_step``).
+NextStep = Literal["measure", "wait", "stop"]
 
 
 class MeasurementFailed(RuntimeError):
     """A schedule failed to build, compile or run; the trial is marked FAIL."""
-
-
-def default_study_name(problem: Problem, budget_bytes: int, device_kind: str) -> str:
-    """``<problem name> on <device kind> under <budget>``."""
-    return f"{problem.name} on {device_kind} under {budget_bytes}B"
 
 
 def _is_measured(t: FrozenTrial) -> bool:
@@ -124,8 +122,6 @@ class _Search:
                  storage: RDBStorage, lock: StudyLock, *, total_trials: int | None,
                  time_budget: float, heartbeat: int, on_trial: OnTrial | None,
                  explore_front: bool = False, seed: int = 0) -> None:
-        from autoremat._plan import Planner
-
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
         self.planner = Planner(problem, info.budget_bytes, info.platform or "",
                                seed=seed + len(study.trials), explore_front=explore_front,
@@ -164,10 +160,6 @@ class _Search:
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
         """Suggest a schedule, claim it, size it (from the planner's screen when it has
         one) and, if it fits, time it; ``(total_bytes, step_seconds)``."""
-        from autoremat._measure import time_compiled
-        from autoremat._measurement import ERROR
-        from autoremat._space import suggest
-
         budget = self.info.budget_bytes
         schedule = suggest(trial, self.problem.seq_len, self.info.platform or "")
         key = schedule.key()
@@ -203,15 +195,13 @@ class _Search:
 
     def fail_stale(self) -> None:
         """Fail (and so re-queue) trials whose worker stopped sending heartbeats."""
-        import warnings
-
         import optuna
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
 
-    def next_step(self) -> str:
+    def next_step(self) -> NextStep:
         """With ``total_trials``: ``"stop"`` (reached), ``"wait"`` (others are measuring
         the last slots: wait for them to finish or go stale, then their retry is ours
         to run) or ``"measure"``."""
@@ -230,8 +220,6 @@ class _Search:
         """Enqueue the planner's next schedule unless a trial is already waiting (a seed
         or a retry); ``False`` when there is nothing left worth measuring."""
         from optuna.trial import TrialState
-
-        from autoremat._study import MeasuredTrial
 
         trials = self.fresh_trials()
         if any(t.state == TrialState.WAITING for t in trials):
@@ -286,42 +274,6 @@ class _Search:
         finally:
             optuna.logging.set_verbosity(verbosity)
         return False
-
-
-def _open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,
-                seed: int) -> optuna.Study:
-    """Load or create the study; the first worker records ``info`` and enqueues the
-    seed schedules, the others check that ``info`` matches what it recorded."""
-    import optuna
-
-    from autoremat._space import seed_params
-
-    try:
-        study = optuna.load_study(study_name=name, storage=storage)
-        n_before = len(study.trials)
-    except KeyError:
-        study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                                    directions=["minimize", "minimize"])
-        n_before = 0
-    # The planner enqueues every schedule; the sampler only fills a trial whose enqueued
-    # schedule another worker took first.
-    study.sampler = optuna.samplers.RandomSampler(seed=(seed + n_before) % 2**32)
-    attrs = info.to_attrs()
-    with lock:  # one worker sets the study up; the others check what it set
-        recorded = study.user_attrs
-        for k in MATCHED_STUDY_ATTRS:
-            if k in recorded and recorded[k] != attrs[k]:
-                raise TuneError(
-                    f"study_name: study {name!r} was run with {k}={recorded[k]!r}, "
-                    f"this run has {attrs[k]!r}; use another study name"
-                )
-        if "budget_bytes" not in recorded:
-            for k, v in attrs.items():
-                study.set_user_attr(k, v)
-            if not study.trials:
-                for params in seed_params(info.seq_len):
-                    study.enqueue_trial(params, skip_if_exists=True)
-    return study
 
 
 def tune(
@@ -382,8 +334,6 @@ def tune(
     """
     import optuna
 
-    from autoremat._device import environment, fingerprint
-
     limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
     start = time.monotonic()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -400,7 +350,7 @@ def tune(
     storage_obj = open_storage(storage, heartbeat=heartbeat)
     name = study_name or default_study_name(problem, budget_bytes, env["device_kind"])
     lock = StudyLock(storage_obj, name)
-    study = _open_study(storage_obj, name, info, lock, seed)
+    study = open_study(storage_obj, name, info, lock, seed)
     search = _Search(problem, info, study, storage_obj, lock, total_trials=total_trials,
                      time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
                      explore_front=explore_front, seed=seed)

@@ -18,7 +18,7 @@ import math
 import re
 from typing import Final
 
-from autoremat._errors import BudgetError as BudgetError
+from autoremat._errors import BudgetError
 
 _UNITS: Final[dict[str, int]] = {
     "": 1, "b": 1,

@@ -6,8 +6,9 @@ come from one table (``autoremat._cli_settings``), which also turns a library
 error naming an argument (``storage: ...``) into one naming its flag
 (``--storage: ...``). ``tune`` records the study it ran in
 ``runs/last_study.json``, the default study of ``pareto`` and ``export``.
-Heavy modules (jax, optuna, matplotlib) are imported inside the commands, so
-``autoremat --help`` is instant.
+Heavy modules (jax, optuna, matplotlib, tqdm) are imported inside the
+commands, so ``autoremat --help`` is instant; the tune command's printing is
+``autoremat._cli_print``.
 
 Exit codes: 0 success; 1 ``show --problem`` found the schedule stale;
 2 usage error (one line on stderr); 3 ``tune`` found nothing that fits
@@ -20,11 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
+from autoremat._atomic import atomic_write_text
+from autoremat._cli_print import Progress, result_table
 from autoremat._cli_settings import (
     BUILTIN_PROBLEM,
     PROBLEM_SETTINGS,
@@ -34,19 +38,32 @@ from autoremat._cli_settings import (
     UsageError,
     add_settings,
     check_settings,
+    flag,
     given,
     read_study_file,
     with_defaults,
     with_flag,
 )
+from autoremat._device import device_memory_bytes
 from autoremat._errors import AutorematError, ScheduleError
+from autoremat._kinds import load_schedule, save_schedule
+from autoremat._pareto import (
+    describe_schedule,
+    export_trial,
+    front_json,
+    front_table,
+    pareto_front,
+    plot_study,
+)
+from autoremat._problem import Problem, resolve_problem, seed_lstm
+from autoremat._stale import schedule_mismatches
+from autoremat._storage import DEFAULT_STORAGE
+from autoremat._study import StudyInfo, load_study, nothing_fits_message
+from autoremat._tune import tune
+from autoremat._units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
-
-    from autoremat._problem import Problem
-    from autoremat._study import MeasuredTrial, TuneResult
 
 EXIT_OK: Final = 0
 EXIT_STALE: Final = 1
@@ -140,12 +157,16 @@ def _usage_error(e: AutorematError) -> UsageError:
     return UsageError(str(e) if isinstance(e, ScheduleError) else with_flag(str(e)))
 
 
+def _with_problem_flags(message: str) -> str:
+    """The library's ``seed_lstm(name=...)`` (a setting of the built-in problem) as the
+    flag that sets it, e.g. ``--seq-len``."""
+    return re.sub(r"seed_lstm\((\w+)=[^)]*\)", lambda m: flag(m.group(1)), message)
+
+
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
                  hidden: int | None, seq2seq: bool, fused_readout: bool = False) -> Problem:
     """The built-in seed LSTM (resized), or the problem ``ref`` names (sizes checked
     by ``check_settings``)."""
-    from autoremat._problem import resolve_problem, seed_lstm
-
     if ref is None or ref == BUILTIN_PROBLEM:
         if fused_readout and not seq2seq:
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
@@ -179,8 +200,6 @@ def _tune(args: argparse.Namespace) -> int:
         settings["storage"] = os.environ.get(STORAGE_ENV) or None
     check_settings(settings)
 
-    from autoremat._units import parse_bytes
-
     try:
         if settings.get("budget") is not None:
             budget, budget_note = parse_bytes(settings["budget"]), ""
@@ -192,8 +211,6 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _default_budget() -> tuple[int, str]:
-    from autoremat._device import device_memory_bytes
-
     limit = device_memory_bytes()
     if limit is not None:
         return limit, " (device memory; set --budget)"
@@ -202,21 +219,10 @@ def _default_budget() -> tuple[int, str]:
 
 def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[str, Any],
               no_progress: bool) -> int:
-    from tqdm import tqdm
-
-    from autoremat._measurement import ERROR
-    from autoremat._storage import DEFAULT_STORAGE
-    from autoremat._study import MeasuredTrial, nothing_fits_message
-    from autoremat._tune import tune
-    from autoremat._units import format_bytes
-
     print(f"problem: {problem.name}\nbudget: {format_bytes(budget)} ({budget} bytes)"
           f"{budget_note}", flush=True)
-    bar = tqdm(total=settings["trials"], desc="tune", unit="schedule", disable=no_progress,
-               file=sys.stderr, dynamic_ncols=True)
     storage = settings["storage"] or DEFAULT_STORAGE
     remembered: list[str] = []
-    best: list[MeasuredTrial] = []  # the fastest that fits, of this worker's trials
 
     def remember(study_name: str) -> None:
         """The last-study pointer: written once the study is open (its first trial)."""
@@ -224,24 +230,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
             _remember_study(storage, study_name)
             remembered.append(study_name)
 
-    def on_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-        remember(study.study_name)
-        done = MeasuredTrial.of(trial)
-        if done is None:
-            return
-        m, describe = done.measurement, done.schedule.describe()
-        if m.status == ERROR:
-            tqdm.write(f"autoremat: trial {trial.number} failed ({describe}): {m.reason}; "
-                       "going on", file=sys.stderr)
-        if m.fits(budget) and (not best or (m.step_seconds or 0)
-                               < (best[0].measurement.step_seconds or 0)):
-            best[:] = [done]
-        bar.update(1)
-        shown = (f"best #{best[0].number} {best[0].schedule.describe()} "
-                 f"{best[0].measurement.step_seconds:.3g} s/step" if best else "none fits yet")
-        state = "cut" if m.cut else ("fits" if m.feasible else m.status)
-        bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
-
+    progress = Progress(settings["trials"], budget, no_progress, remember)
     try:
         result = tune(
             problem, budget, n_trials=settings["trials"],
@@ -249,14 +238,15 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
             explore_front=bool(settings["explore_front"]),
             storage=storage, study_name=settings["study_name"], seed=settings["seed"],
             out=settings["out"], time_budget=settings["time_budget"],
-            heartbeat=settings["heartbeat"], on_trial=on_trial,
+            heartbeat=settings["heartbeat"], on_trial=progress.on_trial,
         )
     finally:
-        bar.close()
+        progress.close()
     remember(result.study_name)
-    print(_result_table(result))
+    print(result_table(result))
     if result.best is None:
-        print(f"autoremat: {nothing_fits_message(result)}", file=sys.stderr)
+        print(f"autoremat: {_with_problem_flags(nothing_fits_message(result))}",
+              file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
     print(f"wrote {settings['out']}")
     if result.interrupted:
@@ -266,41 +256,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     return EXIT_OK
 
 
-def _result_table(result: TuneResult) -> str:
-    from autoremat._breakdown import breakdown_lines
-    from autoremat._pareto import _seconds
-    from autoremat._storage import redact
-    from autoremat._units import format_bytes
-
-    plain = result.plain_trial
-    plain_step = plain.measurement.step_seconds if plain else None
-
-    def row(label: str, t: MeasuredTrial | None) -> str:
-        if t is None:
-            return f"  {label:<18} (not measured)"
-        m = t.measurement
-        ratio = f"{m.step_seconds / plain_step:.2f}x" if m.step_seconds and plain_step else "-"
-        note = "" if m.feasible else f"  [{m.reason}]"
-        return (f"  {label:<18} {format_bytes(m.total_bytes):>10} "
-                f"{format_bytes(m.temp_bytes):>10} {_seconds(m.step_seconds):>10} {ratio:>9}  "
-                f"{t.schedule.describe()}{note}")
-
-    best = result.best_trial
-    shown = best or result.smallest_trial
-    return "\n".join([
-        f"study: {result.study_name!r} in {redact(result.storage)} "
-        f"({result.n_trials} trials, {result.measured} measured now)",
-        f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
-        row(f"best (trial {best.number})" if best else "best", best),
-        row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
-        *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
-           *breakdown_lines(shown.measurement.to_attrs())] if shown else []),
-    ])
-
-
 def _remember_study(storage: str, study_name: str) -> None:
-    from autoremat._atomic import atomic_write_text
-
     LAST_STUDY_FILE.parent.mkdir(exist_ok=True)
     atomic_write_text(LAST_STUDY_FILE, json.dumps({"storage": storage, "study_name": study_name}))
 
@@ -317,8 +273,6 @@ def _last_study() -> dict[str, str] | None:
 
 def _open_study(args: argparse.Namespace) -> optuna.Study:
     """``--storage``/``--study-name``, each defaulting to the last study tuned here."""
-    from autoremat._study import load_study
-
     storage = args.storage or os.environ.get(STORAGE_ENV) or None
     name = args.study_name
     if name is None or storage is None:
@@ -334,9 +288,6 @@ def _open_study(args: argparse.Namespace) -> optuna.Study:
 
 def _pareto(args: argparse.Namespace) -> int:
     try:
-        from autoremat._pareto import front_json, front_table, pareto_front, plot_study
-        from autoremat._study import StudyInfo
-
         study = _open_study(args)
         points = pareto_front(study)
         budget = StudyInfo.of(study).budget_bytes
@@ -358,9 +309,6 @@ def _pareto(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     try:
-        from autoremat._kinds import save_schedule
-        from autoremat._pareto import export_trial
-
         study = _open_study(args)
         schedule = export_trial(study, args.trial)
         save_schedule(schedule, args.out)
@@ -372,15 +320,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     try:
-        from autoremat._kinds import load_schedule
-        from autoremat._pareto import describe_schedule
-
         schedule = load_schedule(args.path)
         print(describe_schedule(schedule))
         if args.problem is None:
             return EXIT_OK
-        from autoremat._stale import schedule_mismatches
-
         settings = with_defaults(given(args, PROBLEM_SETTINGS), PROBLEM_SETTINGS)
         check_settings(settings)
         problem = _problem_of({**settings, "problem": args.problem})
@@ -392,10 +335,6 @@ def _show(args: argparse.Namespace) -> int:
         return EXIT_STALE
     print(f"matches {problem.name} on this device")
     return EXIT_OK
-
-
-def _entry() -> NoReturn:  # pragma: no cover - the console script
-    sys.exit(main())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,9 +16,10 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule
+from autoremat._breakdown import record_scans
+from autoremat._errors import ProblemError
 from autoremat._measure import measure
-from autoremat._problem import ProblemError, seed_model
-from autoremat._scan import record_scans
+from autoremat._problem import seed_model
 from autoremat.cli import main
 from tests.helpers import _assert_close, one_per_kind
 

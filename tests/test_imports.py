@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autoremat"
@@ -68,3 +70,40 @@ def test_the_import_graph_is_acyclic() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def function_level_imports() -> list[tuple[str, int, str]]:
+    """``(module, line, imported module)`` for each import of an ``autoremat`` module
+    inside a function (``from autoremat import x`` counts as ``autoremat.x``)."""
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    found = []
+    for name, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    subs = [f"{node.module}.{a.name}" for a in node.names]
+                    targets = [s for s in subs if s in modules] or [node.module]
+                else:
+                    continue
+                found += [(name, node.lineno, t) for t in targets if t.split(".")[0] == "autoremat"]
+    return found
+
+
+def test_no_function_level_import_of_a_module_import_autoremat_loads() -> None:
+    """A function-level import is for what ``import autoremat`` must not load (jax and
+    the modules that import it); anything it loads anyway is imported at the top."""
+    code = "import autoremat, sys; print(' '.join(m for m in sys.modules if m.startswith('autoremat')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PACKAGE.parent)
+    loaded = set(out.stdout.split())
+    assert {"autoremat", "autoremat._kinds", "autoremat._tune"} <= loaded
+    assert "autoremat._scan" not in loaded  # it imports jax
+    found = function_level_imports()
+    assert any(t == "autoremat._scan" for _, _, t in found)  # the finder finds lazy ones
+    hoistable = [f"{m}:{line} imports {t}" for m, line, t in found if t in loaded]
+    assert hoistable == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -36,3 +38,22 @@ def test_public_surface_imports() -> None:
     code = "import autoremat, sys; print(sorted(autoremat.__all__))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "scan" in out.stdout and "Schedule" in out.stdout
+
+
+def test_library_messages_name_no_cli_flag() -> None:
+    """Only the CLI modules name flags (``--seq-len``); the library names its arguments
+    and settings, and the CLI adds its own wording. Docstrings may name either."""
+    flag = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
+    cli = {"cli.py", "_cli_settings.py", "_cli_print.py"}
+    found = []
+    for path in sorted((ROOT / "autoremat").glob("*.py")):
+        if path.name in cli:
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr)}
+        found += [f"{path.name}:{n.lineno}: {n.value}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                  and id(n) not in docs and flag.search(n.value)]
+    assert found == []

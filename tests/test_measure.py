@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from autoremat._device import fingerprint
+from autoremat._errors import ProblemError
 from autoremat._measure import _memory_parts, _total, measure, measure_step
 from autoremat._measurement import ERROR, OK, OVER_BUDGET
-from autoremat._problem import Problem, ProblemError, seed_lstm, seed_model
+from autoremat._problem import Problem, seed_lstm, seed_model
 from autoremat._schedule import Schedule
 from tests.tiny_problem import tiny
 

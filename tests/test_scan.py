@@ -15,8 +15,8 @@ from jax import lax
 import autoremat
 from autoremat import Schedule
 from autoremat._nested import pieces as _pieces
+from autoremat._policy import ZERO_ARG_POLICIES
 from autoremat._problem import seed_lstm
-from autoremat._schedule import ZERO_ARG_POLICIES
 
 
 @pytest.mark.parametrize(("cell", "steps", "axis", "reverse", "schedule"), kind_matrix())

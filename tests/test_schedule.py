@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
 
 import pytest
 import yaml
 
 import autoremat
-from autoremat import Level, Policy, Schedule, ScheduleError, bounds
+from autoremat import Level, Policy, Schedule, ScheduleError
 from autoremat._kinds import KINDS, dump_schedule, parse_schedule
 from autoremat._nested import NestedSchedule
-from autoremat._schedule import ALL_POLICY_NAMES
+from autoremat._policy import ALL_POLICY_NAMES
 
 SEED_YAML = """\
 version: 1
@@ -202,93 +198,3 @@ def test_dump_is_the_documented_shape() -> None:
         ],
         "unroll": 1,
     }
-
-
-@dataclass(frozen=True, kw_only=True)
-class _EveryStep(Schedule):
-    """A toy kind: per-step remat with one policy (what CONTRIBUTING.md describes)."""
-
-    kind: ClassVar[str] = "every_step"
-    FIELDS: ClassVar[Mapping[str, str]] = {"policy": "policy: nothing_saveable"}
-    policy: Policy
-
-    @classmethod
-    def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        return {"policy": Policy.from_data(data["policy"])}
-
-    def fields_data(self) -> dict[str, Any]:
-        return {"policy": self.policy.to_data()}
-
-    def describe(self) -> str:
-        return f"every step {self.policy.short} unroll={self.unroll}"
-
-    def explain(self) -> list[str]:
-        return [f"  every step under {self.policy.name}"]
-
-    def cost(self, seq_len: int) -> bounds.Cost:
-        return bounds.Cost(seq_len, 2 * seq_len, seq_len)
-
-    def run(self, step: Any, init: Any, leaves: list[Any], axes: list[int], steps: int,
-            reverse: bool) -> tuple[Any, Any]:
-        import jax
-        import jax.numpy as jnp
-
-        xs = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes, strict=True)]
-        body = jax.checkpoint(step, policy=self.policy.resolve())
-        return jax.lax.scan(body, init, xs, length=steps, reverse=reverse, unroll=self.unroll)
-
-    @classmethod
-    def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
-        return cls(policy=Policy(trial.suggest_categorical("every_policy", ["nothing_saveable"])))
-
-    @classmethod
-    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
-        return [{"every_policy": "nothing_saveable"}]
-
-    @classmethod
-    def examples(cls) -> list[Schedule]:
-        return [cls(policy=Policy("nothing_saveable"), unroll=2)]
-
-
-def test_a_new_kind_needs_only_its_class_and_the_table(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """CONTRIBUTING.md's two steps are enough: YAML, errors, show, cost, search, scan."""
-    import jax
-    import jax.numpy as jnp
-    import optuna
-    from helpers import _assert_close
-
-    from autoremat._pareto import describe_schedule
-    from autoremat._space import seed_params, suggest
-
-    monkeypatch.setitem(KINDS, "every_step", _EveryStep)
-    schedule = _EveryStep(policy=Policy("dots_saveable"), unroll=3)
-    assert autoremat.load_schedule(autoremat.save_schedule(schedule, tmp_path / "s.yaml")) == schedule
-    assert parse_schedule("version: 1\nkind: every_step\npolicy: none\n") == _EveryStep(
-        policy=Policy("none"))
-    with pytest.raises(ScheduleError, match=r"policy: missing; a every_step schedule needs e\.g\."):
-        parse_schedule("version: 1\nkind: every_step\n")
-    with pytest.raises(ScheduleError, match="levels: a every_step schedule has no levels"):
-        parse_schedule("version: 1\nkind: every_step\npolicy: none\nlevels: [{length: 2}]\n")
-    with pytest.raises(ScheduleError, match=r"policy: a nested schedule has no policy \(a every_step"):
-        parse_schedule("version: 1\nlevels: [{length: 2}]\npolicy: none\n")
-    assert "every step under dots_saveable" in describe_schedule(schedule)
-    assert autoremat.bounds.cost(schedule, 10).recompute_factor == 2.0
-    assert {"kind": "every_step", "every_policy": "nothing_saveable"} in seed_params(10)
-    trial = optuna.trial.FixedTrial({"kind": "every_step", "every_policy": "nothing_saveable"})
-    assert suggest(trial, 10) == _EveryStep(policy=Policy("nothing_saveable"))
-
-    w = jnp.array([[0.5, -0.4], [0.2, 0.6]])
-    xs = jnp.sin(jnp.arange(22.0)).reshape(11, 2)
-
-    def loss(w: jax.Array, s: Schedule | None) -> jax.Array:
-        def f(c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-            c = jnp.tanh(c @ w + x)
-            return c, c * x
-
-        scan = jax.lax.scan if s is None else functools.partial(autoremat.scan, schedule=s)
-        c, ys = scan(f, jnp.ones(2), xs)
-        return c.sum() + jnp.sum(ys**2)
-
-    _assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))

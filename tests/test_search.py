@@ -50,13 +50,15 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
         return real_time(c, **kw)
 
     import autoremat._plan as plan_module
+    import autoremat._tune as tune_module
     monkeypatch.setattr(plan_module, "compile_schedule", spy_compile)
-    monkeypatch.setattr(measure_module, "time_compiled", spy_time)
+    monkeypatch.setattr(tune_module, "time_compiled", spy_time)  # where the search calls it
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
     # many, and past the planner's stop it then times dominated schedules too)
     result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit="10s")
     assert result.best is not None
     # many sized, few timed; each schedule compiled once, timed at most once
+    assert timed  # the spies saw the search (else every check below is vacuous)
     assert len(compiled) == len(set(compiled)) > len(timed)
     assert len({k for k, _ in timed}) == len(timed)
     assert all(b is not None and b <= BUDGET for _, b in timed)  # never over the budget

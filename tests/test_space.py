@@ -9,21 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoremat._binomial import BinomialSchedule
-from autoremat._nested import NestedSchedule
-from autoremat._schedule import NO_REMAT, Schedule
-from autoremat._space import (
-    OFFLOAD_POLICIES,
-    POLICIES,
-    UNROLLS,
-    depths,
-    policy_choices,
-    seed_params,
-    seed_schedules,
-    snap,
-    snapshot_range,
-    suggest,
-)
+from autoremat._binomial import BinomialSchedule, snapshot_range
+from autoremat._nested import OFFLOAD_POLICIES, POLICIES, UNROLLS, NestedSchedule, depths, policy_choices
+from autoremat._policy import NO_REMAT
+from autoremat._schedule import Schedule, snap
+from autoremat._space import seed_params, seed_schedules, suggest
 from autoremat.bounds import repetitions
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
