@@ -9,7 +9,8 @@ error naming an argument (``storage: ...``) into one naming its flag
 Heavy modules (jax, optuna, matplotlib) are imported inside the commands, so
 ``autoremat --help`` is instant.
 
-Exit codes: 0 success; 1 ``show --problem`` found the schedule stale;
+Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or
+tuned on another number of devices);
 2 usage error (one line on stderr); 3 ``tune`` found nothing that fits
 (the message gives the smallest total measured and its schedule);
 130 interrupted (finished trials are kept).
@@ -68,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="autoremat",
         description="Find and run the fastest remat schedule of a JAX scan that fits a "
         "memory budget.",
-        epilog="Exit codes: 0 ok, 1 stale schedule (show --problem), 2 usage error, "
+        epilog="Exit codes: 0 ok, 1 stale schedule (show), 2 usage error, "
         "3 nothing fits, 130 interrupted.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -102,8 +103,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="summarize a schedule file",
                        description="Print a schedule file's levels, policies, what it was "
-                       "tuned for and its measured figures; with --problem, whether it still "
-                       "matches (exit 1 if not).")
+                       "tuned for and its measured figures (per device); exit 1 if it was "
+                       "tuned on another number of devices or, with --problem, if it no longer "
+                       "matches.")
     s.add_argument("path", metavar="PATH", help="a schedule YAML file")
     s.add_argument("--problem", help=f"compare with this problem ({BUILTIN_PROBLEM} or "
                    "module:name / file.py:name)")
@@ -141,7 +143,8 @@ def _usage_error(e: AutorematError) -> UsageError:
 
 
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
-                 hidden: int | None, seq2seq: bool, fused_readout: bool = False) -> Problem:
+                 hidden: int | None, seq2seq: bool, fused_readout: bool = False,
+                 mesh: str | None = None) -> Problem:
     """The built-in seed LSTM (resized), or the problem ``ref`` names (sizes checked
     by ``check_settings``)."""
     from autoremat._problem import resolve_problem, seed_lstm
@@ -150,10 +153,10 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
         if fused_readout and not seq2seq:
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
                              "no outputs, so there is nothing to fuse; drop one of the two")
-        return seed_lstm(seq_len=seq_len or 10_000, batch=batch or 10, hidden=hidden or 128,
-                         seq2seq=seq2seq, fused_readout=fused_readout)
+        return seed_lstm(seq_len=seq_len or 10_000, batch=batch, hidden=hidden or 128,
+                         seq2seq=seq2seq, fused_readout=fused_readout, mesh=mesh)
     sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
-             "fused_readout": fused_readout or None}
+             "fused_readout": fused_readout or None, "mesh": mesh}
     named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]
     if named:
         raise UsageError(f"{named[0]}: only resizes the built-in problem; your --problem "
@@ -164,7 +167,7 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
 def _problem_of(settings: dict[str, Any]) -> Problem:
     return make_problem(settings.get("problem"), settings.get("seq_len"), settings.get("batch"),
                         settings.get("hidden"), bool(settings["seq2seq"]),
-                        bool(settings.get("fused_readout")))
+                        bool(settings.get("fused_readout")), settings.get("mesh"))
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -210,8 +213,8 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     from autoremat._tune import tune
     from autoremat._units import format_bytes
 
-    print(f"problem: {problem.name}\nbudget: {format_bytes(budget)} ({budget} bytes)"
-          f"{budget_note}", flush=True)
+    print(f"problem: {problem.name}\nbudget: {format_bytes(budget)} ({budget} bytes) per "
+          f"device{budget_note}", flush=True)
     bar = tqdm(total=settings["trials"], desc="tune", unit="schedule", disable=no_progress,
                file=sys.stderr, dynamic_ncols=True)
     storage = settings["storage"] or DEFAULT_STORAGE
@@ -268,6 +271,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
 
 def _result_table(result: TuneResult) -> str:
     from autoremat._breakdown import breakdown_lines
+    from autoremat._mesh import device_note
     from autoremat._pareto import _seconds
     from autoremat._storage import redact
     from autoremat._units import format_bytes
@@ -290,6 +294,7 @@ def _result_table(result: TuneResult) -> str:
     return "\n".join([
         f"study: {result.study_name!r} in {redact(result.storage)} "
         f"({result.n_trials} trials, {result.measured} measured now)",
+        f"  memory figures: {device_note(result.devices, result.mesh)}",
         f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
         row(f"best (trial {best.number})" if best else "best", best),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
@@ -334,6 +339,7 @@ def _open_study(args: argparse.Namespace) -> optuna.Study:
 
 def _pareto(args: argparse.Namespace) -> int:
     try:
+        from autoremat._mesh import device_note
         from autoremat._pareto import front_json, front_table, pareto_front, plot_study
         from autoremat._study import StudyInfo
 
@@ -348,7 +354,8 @@ def _pareto(args: argparse.Namespace) -> int:
             print(front_json(points, budget))
         else:
             print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
-            print(front_table(points, budget))
+            info = StudyInfo.of(study)
+            print(front_table(points, budget, device_note(info.devices, info.mesh)))
             if args.plot:
                 print(f"wrote {args.plot}")
     except AutorematError as e:
@@ -378,6 +385,12 @@ def _show(args: argparse.Namespace) -> int:
         schedule = load_schedule(args.path)
         print(describe_schedule(schedule))
         if args.problem is None:
+            from autoremat._stale import mesh_mismatches
+
+            other_mesh = mesh_mismatches(schedule)
+            if other_mesh:
+                print("stale here: " + "; ".join(other_mesh))
+                return EXIT_STALE
             return EXIT_OK
         from autoremat._stale import schedule_mismatches
 
