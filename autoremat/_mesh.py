@@ -141,6 +141,13 @@ def sharding_text(args: Any) -> str:
     return f"mesh={mesh};devices={devices};" + ",".join(specs)
 
 
+def fsdp_axis(shape: tuple[int, ...], size: int) -> int | None:
+    """The axis FSDP splits over ``size`` devices: the largest divisible one (the first
+    of equals); ``None`` (replicate) when none divides or ``size`` is 1."""
+    fits = [i for i, n in enumerate(shape) if size > 1 and n % size == 0]
+    return max(fits, key=lambda i: (shape[i], -i)) if fits else None
+
+
 def shard_seed_args(args: tuple[Any, ...], mesh: jax.sharding.Mesh,
                     batch_args: tuple[int, ...]) -> tuple[Any, ...]:
     """The seed's arguments placed on ``mesh`` (module doc): ``args[i]`` for ``i`` in
@@ -166,12 +173,8 @@ def shard_seed_args(args: tuple[Any, ...], mesh: jax.sharding.Mesh,
     fsdp = int(dict(mesh.shape).get("fsdp", 1))
 
     def param_spec(leaf: Any) -> P:
-        shape = tuple(getattr(leaf, "shape", ()))
-        fits = [i for i, n in enumerate(shape) if fsdp > 1 and n % fsdp == 0]
-        if not fits:
-            return P()
-        axis = max(fits, key=lambda i: (shape[i], -i))
-        return P(*([None] * axis), "fsdp")
+        axis = fsdp_axis(tuple(getattr(leaf, "shape", ())), fsdp)
+        return P() if axis is None else P(*([None] * axis), "fsdp")
 
     def place(i: int, arg: Any) -> Any:
         if i in batch_args:
