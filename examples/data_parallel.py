@@ -27,18 +27,17 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
-import argparse  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+from typing import Any
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import autoremat  # noqa: E402
-from autoremat._breakdown import breakdown_lines  # noqa: E402
+import autoremat
 
 
 def lstm_problem(seq_len: int, batch: int, hidden: int, fsdp: bool) -> autoremat.Problem:
@@ -66,7 +65,7 @@ def lstm_problem(seq_len: int, batch: int, hidden: int, fsdp: bool) -> autoremat
 
             zeros = jnp.zeros((x.shape[0], hidden))
             _, hs = autoremat.scan(cell, (zeros, zeros), x, schedule=schedule, axis=1)
-            return jnp.mean((hs @ p["out"] - jnp.moveaxis(y, 1, 0)) ** 2)
+            return jnp.mean((hs @ p["out"] - y) ** 2)  # hs: (B, T, H), as x
 
         def step(p: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
             loss, grads = jax.value_and_grad(loss_fn)(p, x, y)
@@ -80,10 +79,11 @@ def lstm_problem(seq_len: int, batch: int, hidden: int, fsdp: bool) -> autoremat
             args = (jax.device_put(params, replicated), jax.device_put(tx.init(params), replicated),
                     jax.device_put(x, batch_split), jax.device_put(y, batch_split))
             return step, args
-        # 2. shardings for jit: one tree like jax.jit's in_shardings (here FSDP: each
-        # matrix split over "fsdp" on its last axis, scalars replicated), then device_put.
+        # 2. shardings for jit: one tree like jax.jit's in_shardings (here FSDP: an array
+        # split over "fsdp" on its last axis when it divides, else replicated), then device_put.
         def fsdp_spec(a: Any) -> NamedSharding:
-            return NamedSharding(mesh, P(*([None] * (a.ndim - 1)), "fsdp") if a.ndim else P())
+            split = a.ndim > 0 and a.shape[-1] % 2 == 0
+            return NamedSharding(mesh, P(*([None] * (a.ndim - 1)), "fsdp") if split else P())
 
         opt_state = tx.init(params)
         in_shardings = (jax.tree_util.tree_map(fsdp_spec, params),
@@ -105,8 +105,12 @@ def main() -> None:
     problem = lstm_problem(a.seq_len, a.batch, a.hidden, a.fsdp)
     for schedule in (autoremat.Schedule.plain(a.seq_len), autoremat.Schedule.nested([10, 20])):
         m = autoremat.measure(problem, schedule, run=False)
-        print(f"{schedule.describe()}: {m.status} {m.reason}")
-        print("\n".join(breakdown_lines(m.to_attrs())))
+        if not m.feasible:
+            raise SystemExit(f"{schedule.describe()}: {m.reason}")
+        how = dict(m.argument_sharding)
+        print(f"{schedule.describe()}: per device ({m.devices} devices, mesh {m.mesh}): "
+              f"total {m.total_bytes} B, temp {m.temp_bytes} B; arguments "
+              + ", ".join(f"{n} {b} B {how[n]}" for n, b in m.argument_parts))
 
 
 if __name__ == "__main__":

@@ -23,14 +23,14 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=4")
 
-import argparse  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+from pathlib import Path
 
-import autoremat  # noqa: E402
-from autoremat import Schedule  # noqa: E402
-from autoremat._atomic import atomic_write_text  # noqa: E402
-from autoremat._device import environment  # noqa: E402
-from autoremat._units import format_bytes  # noqa: E402
+import autoremat
+from autoremat import Schedule
+from autoremat._atomic import atomic_write_text
+from autoremat._device import environment
+from autoremat._units import format_bytes
 
 T, BATCH, MESH = 10_000, 12, "data=4"
 SCHEDULES = {"plain": Schedule.plain(T),

@@ -18,23 +18,23 @@ import sys
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=4")
 
-import json  # noqa: E402
-import re  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+import json
+import re
+from collections.abc import Callable
+from typing import Any
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import autoremat  # noqa: E402
-from autoremat import Schedule  # noqa: E402
-from autoremat._mesh import fsdp_axis, make_mesh  # noqa: E402
+import autoremat
+from autoremat import Schedule
+from autoremat._mesh import fsdp_axis, make_mesh
 
 T, B, D, H = 16, 8, 4, 8
 KINDS = {"plain": Schedule.plain(T), "nested": Schedule.nested([4, 4]),
