@@ -123,3 +123,20 @@ def test_tune_refuses_many_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     problem = autoremat.seed_lstm(seq_len=8, batch=2, hidden=4)
     with pytest.raises(autoremat.TuneError, match=r"tune on one host .* load the schedule"):
         autoremat.tune(problem, 10**9, n_trials=1, storage=f"sqlite:///{tmp_path}/x.db")
+
+
+def test_peak_is_the_largest_over_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoremat._device import peak_bytes_in_use
+
+    class Device:
+        def __init__(self, stats: dict[str, int] | None) -> None:
+            self.stats = stats
+
+        def memory_stats(self) -> dict[str, int] | None:
+            return self.stats
+
+    devices = [Device({"peak_bytes_in_use": 5}), Device(None), Device({"peak_bytes_in_use": 9})]
+    monkeypatch.setattr(jax, "local_devices", lambda: devices)
+    assert peak_bytes_in_use() == 9
+    monkeypatch.setattr(jax, "local_devices", lambda: [Device(None)])
+    assert peak_bytes_in_use() is None
