@@ -120,7 +120,7 @@ def test_bad_mesh_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_tune_refuses_many_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    problem = autoremat.seed_lstm(seq_len=8, batch=2, hidden=4)
+    problem = autoremat.Problem("never built", 8, lambda schedule: (lambda: 0.0, ()))
     with pytest.raises(autoremat.TuneError, match=r"tune on one host .* load the schedule"):
         autoremat.tune(problem, 10**9, n_trials=1, storage=f"sqlite:///{tmp_path}/x.db")
 
