@@ -13,6 +13,7 @@ The pipeline, one module per box::
       -> measure     _measure.py    measure_step: compile -> memory_analysis -> run -> time
                      _breakdown.py  where the memory goes; the floor no schedule removes
                      _problem.py    Problem (a train step built for a schedule), the seed LSTM
+                     _mesh.py       many devices: mesh specs, per-device layout, the seed's sharding
       -> search      _space.py      Optuna trial -> Schedule (each kind's suggest/seed_params)
                      _predict.py    the cost model, from each kind's features()
                      _plan.py       Planner: which schedule to compile and time next

@@ -167,7 +167,10 @@ class _Loop:
         """All ``T`` steps; with ``keep``, also the snapshots of the tables (``s`` slots)."""
         p = self.tables
         carry_leaves = jax.tree_util.tree_leaves(init)
-        slots = [jnp.zeros((p.snapshots, *jnp.shape(c)), jnp.result_type(c)) for c in carry_leaves]
+        # From the carry itself (not jnp.zeros(shape)): inside shard_map the buffer then has
+        # the carry's varying manual axes, as lax.scan's carry types must match.
+        slots = [jnp.broadcast_to(jnp.zeros_like(c), (p.snapshots, *jnp.shape(c)))
+                 for c in carry_leaves]
         positions = jnp.asarray(np.append(p.forward_positions, self.steps))
         targets = jnp.asarray(np.append(p.forward_slots, 0))
 

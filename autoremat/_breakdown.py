@@ -4,7 +4,9 @@
 breakdown splits them further, each part from where it is known exactly:
 
 * arguments: per argument of the step (``Problem.arg_names``: params,
-  optimizer state, inputs, ...), summed from the argument tree's shapes;
+  optimizer state, inputs, ...), summed from the argument tree's shapes --
+  per device: a sharded array counts its shard (``autoremat._mesh``), and
+  each argument is marked replicated or sharded;
 * stacked: the per-step outputs every (outermost) autoremat scan stacks and
   its carry, reported by the scan at trace time (``record_scans``);
 * the rest of temp: what the compiled executable needs beyond the stack --
@@ -26,11 +28,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoremat._mesh import device_note, leaf_bytes
 from autoremat._units import format_bytes
 
 #: The keys a breakdown reads (``Measurement`` fields, and ``Schedule.meta`` keys).
 KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
-        "argument_parts", "stacked_bytes", "carry_bytes")
+        "argument_parts", "stacked_bytes", "carry_bytes", "argument_sharding", "devices",
+        "mesh")
 
 
 @dataclass(frozen=True)
@@ -65,22 +69,34 @@ def record_scans() -> Iterator[list[ScanRecord]]:
         SCAN_RECORDS.reset(token)
 
 
-def argument_parts(args: Sequence[Any], names: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
-    """``(name, bytes)`` of each argument (``names`` when they match ``args``, else ``arg0``...)."""
+def _arg_sizes(args: Sequence[Any], names: Sequence[str] | None) -> list[tuple[str, int, str]]:
+    """``(name, per-device bytes, "replicated" | "sharded" | "partly sharded")`` per argument."""
     import jax
-    import numpy as np
 
     if names is None or len(names) != len(args):
         names = [f"arg{i}" for i in range(len(args))]
-    parts = []
+    out = []
     for name, arg in zip(names, args, strict=True):
-        size = 0
-        for leaf in jax.tree_util.tree_leaves(arg):
-            shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-            if shape is not None and dtype is not None:
-                size += int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        parts.append((str(name), size))
-    return tuple(parts)
+        sizes = [leaf_bytes(leaf) for leaf in jax.tree_util.tree_leaves(arg)]
+        split = {per < whole for per, whole in sizes if whole}
+        how = "partly sharded" if len(split) > 1 else "sharded" if True in split else "replicated"
+        out.append((str(name), sum(per for per, _ in sizes), how))
+    return out
+
+
+def argument_parts(args: Sequence[Any], names: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
+    """``(name, bytes per device)`` of each argument (``names`` when they match ``args``,
+    else ``arg0``...); a sharded array counts its one shard."""
+    return tuple((name, per) for name, per, _ in _arg_sizes(args, names))
+
+
+def argument_sharding(args: Sequence[Any], names: Sequence[str] | None,
+                      devices: int) -> tuple[tuple[str, str], ...]:
+    """``(name, "replicated" | "sharded" | "partly sharded")`` per argument; empty on one
+    device. ``partly``: some of its arrays are split, others whole on every device."""
+    if devices <= 1:
+        return ()
+    return tuple((name, how) for name, _, how in _arg_sizes(args, names))
 
 
 def scan_figures(records: Sequence[Any]) -> dict[str, int | None]:
@@ -96,6 +112,13 @@ def _parts(value: Any) -> list[tuple[str, int]]:
     if isinstance(value, Mapping):
         return [(str(k), int(v)) for k, v in value.items()]
     return [(str(k), int(v)) for k, v in value or ()]
+
+
+def _parts_text(value: Any) -> list[tuple[str, str]]:
+    """``argument_sharding`` as pairs, from pairs (a ``Measurement``) or a mapping (``meta``)."""
+    if isinstance(value, Mapping):
+        return [(str(k), str(v)) for k, v in value.items()]
+    return [(str(k), str(v)) for k, v in value or ()]
 
 
 def floor_bytes(fig: Mapping[str, Any]) -> int | None:
@@ -116,14 +139,17 @@ def breakdown_lines(fig: Mapping[str, Any], indent: str = "  ") -> list[str]:
     if fig.get("total_bytes") is None or fig.get("temp_bytes") is None:
         return []
     alias = int(fig.get("alias_bytes") or 0)
-    lines = [f"{indent}memory: total {format_bytes(fig['total_bytes'])} = arguments "
+    note = device_note(int(fig.get("devices") or 1), str(fig.get("mesh") or ""))
+    lines = [f"{indent}memory ({note}): total {format_bytes(fig['total_bytes'])} = arguments "
              f"{format_bytes(fig.get('argument_bytes'))} + outputs "
              f"{format_bytes(fig.get('output_bytes'))}"
              + (f" - aliased {format_bytes(alias)}" if alias else "")
              + f" + temp {format_bytes(fig['temp_bytes'])}"]
     parts = _parts(fig.get("argument_parts"))
+    how = dict(_parts_text(fig.get("argument_sharding")))
     if parts:
-        lines.append(f"{indent}  arguments: " + ", ".join(f"{n} {format_bytes(b)}" for n, b in parts))
+        lines.append(f"{indent}  arguments: " + ", ".join(
+            f"{n} {format_bytes(b)}" + (f" ({how[n]})" if n in how else "") for n, b in parts))
     stacked = fig.get("stacked_bytes")
     if stacked is not None:
         rest = max(0, int(fig["temp_bytes"]) - int(stacked))

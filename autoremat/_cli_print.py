@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from autoremat._breakdown import breakdown_lines
 from autoremat._measurement import ERROR
+from autoremat._mesh import device_note
 from autoremat._pareto import format_seconds
 from autoremat._storage import redact
 from autoremat._study import MeasuredTrial, TuneResult
@@ -82,6 +83,7 @@ def result_table(result: TuneResult) -> str:
     return "\n".join([
         f"study: {result.study_name!r} in {redact(result.storage)} "
         f"({result.n_trials} trials, {result.measured} measured now)",
+        f"  memory figures: {device_note(result.devices, result.mesh)}",
         f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
         row(f"best (trial {best.number})" if best else "best", best),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),

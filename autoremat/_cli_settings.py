@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from autoremat._duration import parse_duration
 from autoremat._errors import ScheduleError, TuneError
+from autoremat._mesh import SEED_AXES, parse_mesh
 from autoremat._yaml import read_yaml_file
 
 BUILTIN_PROBLEM: Final = "seed_lstm"
@@ -74,6 +75,15 @@ def _any(v: Any) -> str | None:  # the budget: parse_bytes says what it accepts
     return None
 
 
+def _mesh(v: Any) -> str | None:
+    try:
+        ok = all(name in SEED_AXES for name, _ in parse_mesh(v if isinstance(v, str) else ""))
+    except ValueError:
+        ok = False
+    expected = "axis=N[,axis=N] over the axes data and fsdp, such as data=4 or data=2,fsdp=2"
+    return None if ok else expected
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: its study-file key, option, check and ``tune`` default.
@@ -117,6 +127,10 @@ PROBLEM_SETTINGS: Final = (
     Setting("fused_readout", "built-in problem: the readout and loss inside the scanned step "
             "(seq2seq): nothing T-long is stacked, so a schedule removes almost all temp", _boolean,
             default=False, const=True),
+    Setting("mesh", "built-in problem on many devices: data=4 splits the batch over 4 devices; "
+            "data=2,fsdp=2 also splits parameters and optimizer state over fsdp (FSDP); the "
+            "batch defaults to a multiple of the device count. Every figure and --budget are "
+            "then per device", _mesh, str, metavar="AXIS=N[,AXIS=N]"),
 )
 
 PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "
@@ -125,7 +139,8 @@ PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a
 
 #: Every ``tune`` setting, in ``--help`` order; the study-file keys.
 TUNE_SETTINGS: Final = (
-    Setting("budget", "memory budget: 4GB (10^9), 4GiB (2^30), 512MB, 1.5G, or bytes; "
+    Setting("budget", "memory budget per device (on a mesh, 4GB means 4 GB on each device): "
+            "4GB (10^9), 4GiB (2^30), 512MB, 1.5G, or bytes; "
             "default: the device's memory (host RAM on CPU)", _any),
     Setting("problem", PROBLEM_HELP, _text()),
     *PROBLEM_SETTINGS,

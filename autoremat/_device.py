@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autoremat._mesh import sharding_text
+
 
 def environment() -> dict[str, str]:
     """Device kind, platform and jax/flax versions of the default device."""
@@ -38,7 +40,8 @@ def device_memory_bytes() -> int | None:
 
 
 def fingerprint(args: Any) -> str:
-    """A short hash of the argument tree's structure, shapes and dtypes (not values)."""
+    """A short hash of the argument tree's structure, shapes and dtypes (not values), and
+    on many devices of the mesh and each leaf's partition spec (``_mesh.sharding_text``)."""
     import hashlib
 
     import jax
@@ -49,7 +52,24 @@ def fingerprint(args: Any) -> str:
         shape = getattr(leaf, "shape", None)
         dtype = getattr(leaf, "dtype", None)
         parts.append(f"{tuple(shape) if shape is not None else type(leaf).__name__}:{dtype}")
+    sharded = sharding_text(args)  # empty on one device: its fingerprints are unchanged
+    if sharded:
+        parts.append(sharded)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def peak_bytes_in_use() -> int | None:
+    """The largest ``peak_bytes_in_use`` over every local device (GPU/TPU), else ``None``:
+    with a sharded step, the device that needed the most."""
+    import jax
+
+    peaks = []
+    for device in jax.local_devices():
+        stats = memory_stats(device)
+        peak = stats.get("peak_bytes_in_use") if stats else None
+        if isinstance(peak, int) and peak > 0:
+            peaks.append(peak)
+    return max(peaks, default=None)
 
 
 def memory_stats(device: Any) -> dict[str, Any] | None:

@@ -29,6 +29,13 @@ so timing takes ``max(time_budget, min_repeats * step)``;
 ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
 the whole process, so an upper bound for this step.
 
+On many devices (arguments placed with a ``NamedSharding``), JAX's SPMD
+partitioner compiles one program per device and every figure above is one
+device's (``autoremat._mesh``): ``devices`` and ``mesh`` say which, the
+argument parts are per-device shards, and ``peak_bytes`` is the largest
+over the devices. The scans' ``stacked_bytes``/``carry_bytes`` are not
+recorded there: the scan sees whole (traced) arrays, not one device's share.
+
 Known caveat: ``memory_analysis()`` returns ``None`` or zero/-1 sizes on some
 backends and versions (jax issues 18954, 12848); missing parts are recorded
 as ``None`` and ``total_bytes`` falls back to ``peak_bytes`` when that exists.
@@ -42,10 +49,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from autoremat._breakdown import argument_parts, record_scans, scan_figures
-from autoremat._device import environment, memory_stats
+from autoremat._breakdown import argument_parts, argument_sharding, record_scans, scan_figures
+from autoremat._device import environment, peak_bytes_in_use
 from autoremat._errors import one_line
 from autoremat._measurement import ERROR, OK, OVER_BUDGET, Measurement, Status
+from autoremat._mesh import layout
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
 
@@ -149,6 +157,7 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         return step(*a)
 
     env: dict[str, Any] = environment()  # str values, passed to the str fields
+    env["devices"], env["mesh"] = layout(args)
     start = time.perf_counter()
     try:
         with record_scans() as scans:
@@ -158,7 +167,10 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
                                     f"{one_line(e)}", **env))
     parts = _memory_parts(executable)
     figures: dict[str, Any] = {
-        "argument_parts": argument_parts(args, arg_names), **scan_figures(scans),
+        # Traced shapes are whole arrays, not one device's: on many devices no scan figure.
+        "argument_parts": argument_parts(args, arg_names),
+        **scan_figures(scans if env["devices"] == 1 else []),
+        "argument_sharding": argument_sharding(args, arg_names, env["devices"]),
         "compile_seconds": time.perf_counter() - start,
         "temp_bytes": parts["temp"],
         "argument_bytes": parts["argument"],
@@ -267,11 +279,8 @@ class _Timing:
               budget_bytes: int | None) -> Measurement:
         """The timed measurement, with the device's peak (GPU/TPU) -- the total when
         ``memory_analysis()`` gave none, checked against the budget."""
-        import jax
 
-        stats = memory_stats(jax.devices()[0])
-        peak = stats.get("peak_bytes_in_use") if stats else None
-        peak = int(peak) if isinstance(peak, int) and peak > 0 else None
+        peak = peak_bytes_in_use()
         if self.figures["total_bytes"] is None:
             self.figures["total_bytes"] = peak
         total = self.figures["total_bytes"]
@@ -288,8 +297,8 @@ class _Timing:
 
 _FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_bytes",
                    "alias_bytes", "total_bytes", "argument_parts", "stacked_bytes",
-                   "carry_bytes")
-_ENV: Final = ("device_kind", "platform", "jax_version", "flax_version")
+                   "carry_bytes", "argument_sharding")
+_ENV: Final = ("device_kind", "platform", "jax_version", "flax_version", "devices", "mesh")
 
 
 def _memory_parts(compiled: Any) -> dict[str, int | None]:

@@ -46,6 +46,11 @@ class Measurement:
       cut_seconds: a cut trial's one (warm-up) run, in seconds: its timing
         stopped there as it was already clearly slower than the best that
         fits (``step_seconds`` is then ``None``; ``time_compiled``).
+      devices, mesh: how many devices the step's arguments span and their mesh
+        (``data=4``; ``""``: none). Every byte figure is per device
+        (``argument_parts`` too); ``peak_bytes`` is the largest device's.
+      argument_sharding: ``(name, "replicated" | "sharded" | "partly sharded")``
+        per argument on many devices (empty on one).
     """
 
     schedule_key: str
@@ -69,6 +74,9 @@ class Measurement:
     stacked_bytes: int | None = None
     carry_bytes: int | None = None
     cut_seconds: float | None = None
+    devices: int = 1
+    mesh: str = ""
+    argument_sharding: tuple[tuple[str, str], ...] = ()
 
     @property
     def cut(self) -> bool:
@@ -85,6 +93,7 @@ class Measurement:
         data = asdict(self)
         data["step_samples"] = list(self.step_samples)
         data["argument_parts"] = [[name, size] for name, size in self.argument_parts]
+        data["argument_sharding"] = [[name, how] for name, how in self.argument_sharding]
         data["feasible"] = self.feasible
         return data
 
@@ -101,6 +110,8 @@ class Measurement:
         data = {f.name: attrs[f.name] for f in fields(cls) if f.name in attrs}
         data["step_samples"] = tuple(data.get("step_samples") or ())
         data["argument_parts"] = tuple((str(n), int(b)) for n, b in data.get("argument_parts") or ())
+        data["argument_sharding"] = tuple((str(n), str(h))
+                                          for n, h in data.get("argument_sharding") or ())
         return cls(**data)
 
     def fits(self, budget_bytes: int) -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoremat._breakdown import KEYS, breakdown_lines
 from autoremat._errors import TuneError
+from autoremat._mesh import device_note
 from autoremat._schedule import Schedule
 from autoremat._study import MeasuredTrial, StudyInfo, choose, measured_trials, trial_schedule
 from autoremat._units import format_bytes
@@ -96,11 +97,12 @@ def _point(t: MeasuredTrial) -> tuple[float, float]:
     return float(m.total_bytes), float(m.step_seconds)
 
 
-def front_table(points: list[FrontPoint], budget_bytes: int) -> str:
-    """A plain-text table of the front; ``*`` marks the chosen schedule."""
+def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "") -> str:
+    """A plain-text table of the front; ``*`` marks the chosen schedule; ``note``: what the
+    memory figures are (``_mesh.device_note``: per device, on how many, which mesh)."""
     lines = [
         f"Pareto front within budget {format_bytes(budget_bytes)} ({len(points)} points; "
-        "* = chosen: fastest that fits)",
+        "* = chosen: fastest that fits)" + (f"; memory {note}" if note else ""),
         f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  {'recompute':>9}  "
         f"{'vs opt':>6}  schedule",
     ]
@@ -223,6 +225,8 @@ def describe_schedule(schedule: Schedule) -> str:
                  f"fingerprint {meta.get('fingerprint')})")
     lines.append(f"  on {meta.get('device_kind')} ({meta.get('platform')}), jax "
                  f"{meta.get('jax_version')}, flax {meta.get('flax_version')}")
+    if "devices" in meta:
+        lines.append(f"  figures {device_note(int(meta['devices']), str(meta.get('mesh') or ''))}")
     lines.append(f"  budget {format_bytes(meta.get('budget_bytes'))}; study "
                  f"{meta.get('study_name')!r} trial {meta.get('trial')} in {meta.get('storage')}"
                  f"; {meta.get('date')}")

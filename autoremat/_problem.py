@@ -20,12 +20,13 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from autoremat._errors import ProblemError
 from autoremat._fuse import fuse_loss
+from autoremat._mesh import layout, make_mesh, seed_batch, shard_seed_args
 from autoremat._schedule import Schedule
 
 if TYPE_CHECKING:  # imported lazily at run time: importing autoremat must not import jax
@@ -113,6 +114,8 @@ class SeedModel:
         batch = self.args[2].shape[0]
         kind = "seq2seq" if self.seq2seq else "last"
         kind += ",fused" if self.fused_readout else ""
+        _, mesh = layout(self.args)
+        kind += f",mesh {mesh}" if mesh else ""
         name = f"seed_lstm(T={self.seq_len},B={batch},H={self.cell.features},{kind})"
         return Problem(name=name, seq_len=self.seq_len, build=build, arg_names=self.ARG_NAMES)
 
@@ -201,12 +204,13 @@ def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_
 
 def seed_lstm(
     seq_len: int = 10_000,
-    batch: int = 10,
+    batch: int | None = None,
     hidden: int = 128,
     input_dim: int = 32,
     output_dim: int = 4,
     seq2seq: bool = True,
     fused_readout: bool = False,
+    mesh: str | jax.sharding.Mesh | None = None,
 ) -> Problem:
     """The seed's LSTM train step (``OptimizedLSTMCell`` + Dense, L2, Adam 1e-3).
 
@@ -217,9 +221,19 @@ def seed_lstm(
     scanned step and the loss is summed in the carry: the ``(T, B, H)`` stack of
     states, its cotangent and the readout's residual -- memory no schedule can
     remove -- do not exist; loss and gradients are the unfused step's.
+
+    ``mesh`` (``"data=4"``, ``"data=2,fsdp=2"`` or a ``jax.sharding.Mesh``
+    with those axis names): the batch is split over every mesh axis and, with
+    ``fsdp``, parameters and optimizer state along their largest divisible
+    axis (``autoremat._mesh``); every measured figure is then per device.
+    ``batch`` defaults to 10, with a mesh to the next multiple of its size.
     """
-    return seed_model(seq_len, batch, hidden, input_dim, output_dim, seq2seq,
-                      fused_readout).problem()
+    placed = None if mesh is None else make_mesh(mesh)
+    model = seed_model(seq_len, seed_batch(batch, placed), hidden, input_dim, output_dim,
+                       seq2seq, fused_readout)
+    if placed is not None:
+        model = replace(model, args=shard_seed_args(model.args, placed, (2, 3)))
+    return model.problem()
 
 
 def resolve_problem(ref: str) -> Problem:

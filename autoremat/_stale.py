@@ -1,11 +1,12 @@
 """Is a saved schedule still the one for this problem? Stale-schedule warnings.
 
 A tuned schedule is a measurement of one step (argument shapes and dtypes) on
-one device kind. ``load_schedule(path, problem=...)`` loads it and warns with
-a ``StaleScheduleWarning`` when the problem's argument fingerprint, name or
-sequence length, or the current device kind, differ from what ``meta``
-records. The schedule still runs -- any schedule is correct for any ``T`` --
-but its memory and time figures may no longer hold.
+one device kind and mesh. ``load_schedule(path, problem=...)`` loads it and
+warns with a ``StaleScheduleWarning`` when the problem's argument fingerprint,
+name, sequence length or mesh (its per-device figures hold on that mesh only),
+or the current device kind, differ from what ``meta`` records. The schedule
+still runs -- any schedule is correct for any ``T`` -- but its memory and time
+figures may no longer hold.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from autoremat._device import environment, fingerprint
 from autoremat._kinds import load_schedule as _load_schedule
+from autoremat._mesh import layout
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
 
@@ -31,8 +33,8 @@ def schedule_mismatches(
 
     Args:
       schedule: a schedule, usually loaded from a file written by ``tune``.
-      problem: when given, its name, ``seq_len`` and argument fingerprint are
-        compared (``problem.build(schedule)`` is called to get the arguments;
+      problem: when given, its name, ``seq_len``, argument fingerprint and
+        mesh (``mesh_mismatches``) are compared (``problem.build(schedule)`` is called to get the arguments;
         nothing is compiled).
       device_kind: the device to compare with; default: jax's default device.
 
@@ -43,8 +45,11 @@ def schedule_mismatches(
     meta = dict(schedule.meta)
     out: list[str] = []
     if problem is not None:
+        needs_args = "fingerprint" in meta or "devices" in meta
+        args = problem.build(schedule)[1] if needs_args else ()
+        if "devices" in meta:
+            out += mesh_mismatches(schedule, *layout(args), "this problem runs on")
         if "fingerprint" in meta:
-            _, args = problem.build(schedule)
             now = fingerprint(args)
             if now != meta["fingerprint"]:
                 out.append(
@@ -60,6 +65,35 @@ def schedule_mismatches(
         if meta["device_kind"] != kind:
             out.append(f"tuned on device {meta['device_kind']!r}, running on {kind!r}")
     return out
+
+
+def mesh_mismatches(schedule: Schedule, devices: int | None = None, mesh: str = "",
+                    where: str = "this run has") -> list[str]:
+    """The mesh the schedule was tuned on (``meta`` ``devices``/``mesh``), if not this one.
+
+    ``devices``/``mesh``: what it runs on now; default: every device of this
+    process, no mesh -- then only the device count is compared (a problem, not
+    the process, decides the mesh). Empty when ``meta`` records no devices.
+    """
+    meta = dict(schedule.meta)
+    if "devices" not in meta:
+        return []
+    tuned = (int(meta["devices"]), str(meta.get("mesh") or ""))
+    if devices is None:
+        import jax
+
+        now = (jax.device_count(), "")
+        same = now[0] == tuned[0]
+    else:
+        now = (devices, mesh)
+        same = now == tuned
+    if same:
+        return []
+
+    def on(n: int, m: str) -> str:
+        return f"{n} device{'s' if n != 1 else ''}" + (f", mesh {m}" if m else " (no mesh)")
+
+    return [f"tuned per device on {on(*tuned)}, {where} {on(*now)}"]
 
 
 def load_schedule(

@@ -41,6 +41,8 @@ class StudyInfo:
       problem: the problem's name; fingerprint: its argument shapes' hash.
       device_kind, platform: the device it was tuned on.
       storage: the storage URL, password redacted.
+      devices, mesh: how many devices the step spans and their mesh (``data=4``;
+        ``""``: none); the budget and every figure are per device.
     """
 
     budget_bytes: int
@@ -50,6 +52,8 @@ class StudyInfo:
     device_kind: str | None = None
     platform: str | None = None
     storage: str = ""
+    devices: int = 1
+    mesh: str = ""
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudyInfo:
@@ -145,7 +149,9 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial) -> Schedule:
         compile_seconds=m.compile_seconds, argument_bytes=m.argument_bytes,
         output_bytes=m.output_bytes, alias_bytes=m.alias_bytes,
         argument_parts=dict(m.argument_parts), stacked_bytes=m.stacked_bytes,
-        carry_bytes=m.carry_bytes, study_name=study.study_name,
+        carry_bytes=m.carry_bytes, devices=m.devices, mesh=m.mesh or None,
+        **({"argument_sharding": dict(m.argument_sharding)} if m.argument_sharding else {}),
+        study_name=study.study_name,
         storage=redact(info.storage), trial=trial.number,
         date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
@@ -165,6 +171,7 @@ class TuneResult:
       measured: how many schedules this call measured.
       n_trials: how many trials the study holds in all.
       interrupted: ``True`` when Ctrl-C stopped the search.
+      devices, mesh: what the figures are per device of (``StudyInfo``).
     """
 
     study_name: str
@@ -177,6 +184,8 @@ class TuneResult:
     measured: int
     n_trials: int
     interrupted: bool = False
+    devices: int = 1
+    mesh: str = ""
 
 
 def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = None,
@@ -206,6 +215,7 @@ def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = Non
         plain_trial=next((t for t in trials if t.measurement.schedule_key == plain_key), None),
         smallest_trial=min(sized, key=lambda t: t.measurement.total_bytes or 0, default=None),
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
+        devices=info.devices, mesh=info.mesh,
     )
 
 

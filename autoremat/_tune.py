@@ -49,9 +49,10 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from autoremat._device import environment, fingerprint
 from autoremat._duration import parse_duration
-from autoremat._errors import ProblemError, one_line
+from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._measure import time_compiled
 from autoremat._measurement import ERROR
+from autoremat._mesh import layout
 from autoremat._plan import Planner
 from autoremat._problem import Problem
 from autoremat._resume import default_study_name, open_study
@@ -300,7 +301,8 @@ def tune(
 
     Args:
       problem: the training step (see ``autoremat.Problem``).
-      budget_bytes: the memory budget, in bytes, for ``total_bytes``.
+      budget_bytes: the memory budget, in bytes, for ``total_bytes`` -- per device
+        when the problem's arguments are sharded over many (``autoremat._mesh``).
       n_trials: measure exactly this many schedules in this call (duplicates
         do not count); ``None``: until the planner is done or ``time_limit``.
       total_trials: stop when the study holds this many measured schedules,
@@ -327,13 +329,21 @@ def tune(
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
 
     Raises:
-      TuneError: the storage cannot be opened, ``out`` cannot be written, or
-        the named study was made for another problem, argument shapes,
-        device or budget.
+      TuneError: the storage cannot be opened, ``out`` cannot be written, the
+        named study was made for another problem, argument shapes, device or
+        budget, or this is one of many processes (``jax.process_count() > 1``:
+        tune on one host, load the schedule on all).
       ProblemError: the problem's step cannot be built.
     """
+    import jax
     import optuna
 
+    if jax.process_count() > 1:
+        raise TuneError(
+            f"jax.process_count() is {jax.process_count()} (this is process "
+            f"{jax.process_index()}): tuning measures in one process; tune on one host on a "
+            "mesh of the same per-device shape, then load the schedule on every host "
+            "(autoremat.load_schedule)")
     limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
     start = time.monotonic()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -343,9 +353,11 @@ def tune(
     except Exception as e:
         raise ProblemError(f"problem: {problem.name}: build(plain scan) failed: "
                            f"{one_line(e)}") from None
+    devices, mesh = layout(args)
     info = StudyInfo(budget_bytes=budget_bytes, seq_len=problem.seq_len, problem=problem.name,
                      fingerprint=fingerprint(args), device_kind=env["device_kind"],
-                     platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE))
+                     platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
+                     devices=devices, mesh=mesh)
     del args
     storage_obj = open_storage(storage, heartbeat=heartbeat)
     name = study_name or default_study_name(problem, budget_bytes, env["device_kind"])

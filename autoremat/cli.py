@@ -10,7 +10,8 @@ Heavy modules (jax, optuna, matplotlib, tqdm) are imported inside the
 commands, so ``autoremat --help`` is instant; the tune command's printing is
 ``autoremat._cli_print``.
 
-Exit codes: 0 success; 1 ``show --problem`` found the schedule stale;
+Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or
+tuned on another number of devices);
 2 usage error (one line on stderr); 3 ``tune`` found nothing that fits
 (the message gives the smallest total measured and its schedule);
 130 interrupted (finished trials are kept).
@@ -47,6 +48,7 @@ from autoremat._cli_settings import (
 from autoremat._device import device_memory_bytes
 from autoremat._errors import AutorematError, ScheduleError
 from autoremat._kinds import load_schedule, save_schedule
+from autoremat._mesh import device_note
 from autoremat._pareto import (
     describe_schedule,
     export_trial,
@@ -56,7 +58,7 @@ from autoremat._pareto import (
     plot_study,
 )
 from autoremat._problem import Problem, resolve_problem, seed_lstm
-from autoremat._stale import schedule_mismatches
+from autoremat._stale import mesh_mismatches, schedule_mismatches
 from autoremat._storage import DEFAULT_STORAGE
 from autoremat._study import StudyInfo, load_study, nothing_fits_message
 from autoremat._tune import tune
@@ -85,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="autoremat",
         description="Find and run the fastest remat schedule of a JAX scan that fits a "
         "memory budget.",
-        epilog="Exit codes: 0 ok, 1 stale schedule (show --problem), 2 usage error, "
+        epilog="Exit codes: 0 ok, 1 stale schedule (show), 2 usage error, "
         "3 nothing fits, 130 interrupted.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -119,8 +121,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="summarize a schedule file",
                        description="Print a schedule file's levels, policies, what it was "
-                       "tuned for and its measured figures; with --problem, whether it still "
-                       "matches (exit 1 if not).")
+                       "tuned for and its measured figures (per device); exit 1 if it was "
+                       "tuned on another number of devices or, with --problem, if it no longer "
+                       "matches.")
     s.add_argument("path", metavar="PATH", help="a schedule YAML file")
     s.add_argument("--problem", help=f"compare with this problem ({BUILTIN_PROBLEM} or "
                    "module:name / file.py:name)")
@@ -164,17 +167,18 @@ def _with_problem_flags(message: str) -> str:
 
 
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
-                 hidden: int | None, seq2seq: bool, fused_readout: bool = False) -> Problem:
+                 hidden: int | None, seq2seq: bool, fused_readout: bool = False,
+                 mesh: str | None = None) -> Problem:
     """The built-in seed LSTM (resized), or the problem ``ref`` names (sizes checked
     by ``check_settings``)."""
     if ref is None or ref == BUILTIN_PROBLEM:
         if fused_readout and not seq2seq:
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
                              "no outputs, so there is nothing to fuse; drop one of the two")
-        return seed_lstm(seq_len=seq_len or 10_000, batch=batch or 10, hidden=hidden or 128,
-                         seq2seq=seq2seq, fused_readout=fused_readout)
+        return seed_lstm(seq_len=seq_len or 10_000, batch=batch, hidden=hidden or 128,
+                         seq2seq=seq2seq, fused_readout=fused_readout, mesh=mesh)
     sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
-             "fused_readout": fused_readout or None}
+             "fused_readout": fused_readout or None, "mesh": mesh}
     named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]
     if named:
         raise UsageError(f"{named[0]}: only resizes the built-in problem; your --problem "
@@ -185,7 +189,7 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
 def _problem_of(settings: dict[str, Any]) -> Problem:
     return make_problem(settings.get("problem"), settings.get("seq_len"), settings.get("batch"),
                         settings.get("hidden"), bool(settings["seq2seq"]),
-                        bool(settings.get("fused_readout")))
+                        bool(settings.get("fused_readout")), settings.get("mesh"))
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -219,8 +223,8 @@ def _default_budget() -> tuple[int, str]:
 
 def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[str, Any],
               no_progress: bool) -> int:
-    print(f"problem: {problem.name}\nbudget: {format_bytes(budget)} ({budget} bytes)"
-          f"{budget_note}", flush=True)
+    print(f"problem: {problem.name}\nbudget: {format_bytes(budget)} ({budget} bytes) per "
+          f"device{budget_note}", flush=True)
     storage = settings["storage"] or DEFAULT_STORAGE
     remembered: list[str] = []
 
@@ -299,7 +303,8 @@ def _pareto(args: argparse.Namespace) -> int:
             print(front_json(points, budget))
         else:
             print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
-            print(front_table(points, budget))
+            info = StudyInfo.of(study)
+            print(front_table(points, budget, device_note(info.devices, info.mesh)))
             if args.plot:
                 print(f"wrote {args.plot}")
     except AutorematError as e:
@@ -323,6 +328,10 @@ def _show(args: argparse.Namespace) -> int:
         schedule = load_schedule(args.path)
         print(describe_schedule(schedule))
         if args.problem is None:
+            other_mesh = mesh_mismatches(schedule)
+            if other_mesh:
+                print("stale here: " + "; ".join(other_mesh))
+                return EXIT_STALE
             return EXIT_OK
         settings = with_defaults(given(args, PROBLEM_SETTINGS), PROBLEM_SETTINGS)
         check_settings(settings)

@@ -43,7 +43,21 @@ def test_public_surface_imports() -> None:
 def test_library_messages_name_no_cli_flag() -> None:
     """Only the CLI modules name flags (``--seq-len``); the library names its arguments
     and settings, and the CLI adds its own wording. Docstrings may name either."""
-    flag = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
+    import argparse
+
+    from autoremat.cli import _parser
+
+    def options(parser: argparse.ArgumentParser) -> set[str]:
+        found = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    found |= options(sub)
+        return found
+
+    ours = sorted(options(_parser()) - {"--help"}, key=len, reverse=True)
+    assert "--seq-len" in ours
+    flag = re.compile(r"(?<![\w=-])(" + "|".join(map(re.escape, ours)) + r")(?![\w-])")
     cli = {"cli.py", "_cli_settings.py", "_cli_print.py"}
     found = []
     for path in sorted((ROOT / "autoremat").glob("*.py")):

@@ -1,0 +1,194 @@
+"""Many devices: mesh specs, what a step's arguments are laid out on, and the seed's rules.
+
+A step measured with sharded arguments (``jax.device_put(x, NamedSharding)``)
+is compiled by JAX's SPMD partitioner into one program per device; XLA's
+``memory_analysis()`` then sizes *one device's* share -- every figure
+autoremat records is per device. This module says on how many devices and
+which mesh (``layout``), how big each argument is per device and whether it
+is replicated or sharded (``leaf_bytes``), and spells a mesh as ``data=4`` or
+``data=2,fsdp=2`` (``parse_mesh``/``format_mesh``, stdlib only: the CLI
+checks ``--mesh`` without importing jax).
+
+The built-in problem's rule (``shard_seed_args``): the batch is split over
+every mesh axis (``data`` and ``fsdp``); with an ``fsdp`` axis, each
+parameter and optimizer-state array is split along its largest axis divisible
+by the ``fsdp`` size (FSDP / ZeRO-3), anything else is replicated. Sharding
+the batch ``n`` ways divides the scan's activations, residuals and carries by
+``n``; replicated parameters and optimizer state stay whole on every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from autoremat._errors import ProblemError
+
+if TYPE_CHECKING:
+    import jax
+
+#: The mesh axes the built-in problem knows: the batch over both, parameters over ``fsdp``.
+SEED_AXES: Final = ("data", "fsdp")
+MeshAxes = tuple[tuple[str, int], ...]
+
+
+def parse_mesh(spec: str) -> MeshAxes:
+    """``"data=4"`` or ``"data=2,fsdp=2"`` as ``(("data", 4), ...)``.
+
+    Raises:
+      ValueError: not ``name=size[,name=size...]`` with distinct names and sizes >= 1.
+    """
+    axes: list[tuple[str, int]] = []
+    for part in str(spec).split(","):
+        name, sep, size = part.strip().partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier() or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"expected axis=size[,axis=size...] such as data=4 or "
+                             f"data=2,fsdp=2, got {spec!r}")
+        if name in dict(axes):
+            raise ValueError(f"axis {name!r} is named twice in {spec!r}")
+        axes.append((name, int(size)))
+    return tuple(axes)
+
+
+def format_mesh(axes: MeshAxes | Mapping[str, int]) -> str:
+    """``data=2,fsdp=2`` (empty for no mesh)."""
+    items = axes.items() if isinstance(axes, Mapping) else axes
+    return ",".join(f"{n}={s}" for n, s in items)
+
+
+def mesh_devices(mesh: str) -> int:
+    """The number of devices a mesh spec spans (1 for ``""``)."""
+    count = 1
+    for _, size in parse_mesh(mesh) if mesh else ():
+        count *= size
+    return count
+
+
+def device_note(devices: int, mesh: str) -> str:
+    """``per device, 4 devices, mesh data=4``: what every memory figure is."""
+    where = f"{devices} device{'s' if devices != 1 else ''}"
+    return f"per device, {where}" + (f", mesh {mesh}" if mesh else "")
+
+
+def make_mesh(spec: str | jax.sharding.Mesh) -> jax.sharding.Mesh:
+    """A ``jax.sharding.Mesh`` over the first devices, from a spec like ``data=4``.
+
+    Raises:
+      ProblemError: a bad spec, or more devices than this process has.
+    """
+    import jax
+    import numpy as np
+
+    if isinstance(spec, jax.sharding.Mesh):
+        return spec
+    try:
+        axes = parse_mesh(spec)
+    except ValueError as e:
+        raise ProblemError(f"mesh: {e}") from None
+    need = mesh_devices(format_mesh(axes))
+    have = jax.devices()
+    if need > len(have):
+        raise ProblemError(
+            f"mesh: {format_mesh(axes)} needs {need} devices, this process has {len(have)} "
+            f"{have[0].platform} device{'s' if len(have) != 1 else ''} (on CPU, set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={need} before jax starts)")
+    devices = np.array(have[:need]).reshape(tuple(s for _, s in axes))
+    return jax.sharding.Mesh(devices, tuple(n for n, _ in axes))
+
+
+def leaf_bytes(leaf: Any) -> tuple[int, int]:
+    """``(per-device bytes, whole bytes)`` of one array (equal when it is not sharded)."""
+    import numpy as np
+
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        return 0, 0
+    item = np.dtype(dtype).itemsize
+    whole = int(np.prod(shape, dtype=np.int64)) * item
+    sharding = getattr(leaf, "sharding", None)
+    shard_shape = getattr(sharding, "shard_shape", None)
+    if shard_shape is None:
+        return whole, whole
+    return int(np.prod(shard_shape(tuple(shape)), dtype=np.int64)) * item, whole
+
+
+def layout(args: Any) -> tuple[int, str]:
+    """``(devices, mesh)`` the arguments are laid out on: the most devices any leaf
+    spans, and the first ``NamedSharding``'s mesh as ``data=4`` (``""``: none)."""
+    import jax
+
+    devices, mesh = 1, ""
+    for leaf in jax.tree_util.tree_leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is None:
+            continue
+        devices = max(devices, len(sharding.device_set))
+        if not mesh and isinstance(sharding, jax.sharding.NamedSharding) and devices > 1:
+            mesh = format_mesh(dict(sharding.mesh.shape))
+    return devices, mesh
+
+
+def sharding_text(args: Any) -> str:
+    """The mesh and every leaf's partition spec, for the fingerprint (``""``: one device)."""
+    import jax
+
+    devices, mesh = layout(args)
+    if devices == 1:
+        return ""
+    specs = [str(getattr(getattr(leaf, "sharding", None), "spec", "-"))
+             for leaf in jax.tree_util.tree_leaves(args)]
+    return f"mesh={mesh};devices={devices};" + ",".join(specs)
+
+
+def fsdp_axis(shape: tuple[int, ...], size: int) -> int | None:
+    """The axis FSDP splits over ``size`` devices: the largest divisible one (the first
+    of equals); ``None`` (replicate) when none divides or ``size`` is 1."""
+    fits = [i for i, n in enumerate(shape) if size > 1 and n % size == 0]
+    return max(fits, key=lambda i: (shape[i], -i)) if fits else None
+
+
+def shard_seed_args(args: tuple[Any, ...], mesh: jax.sharding.Mesh,
+                    batch_args: tuple[int, ...]) -> tuple[Any, ...]:
+    """The seed's arguments placed on ``mesh`` (module doc): ``args[i]`` for ``i`` in
+    ``batch_args`` split along axis 0 over every mesh axis, the others FSDP or replicated.
+
+    Raises:
+      ProblemError: an axis other than ``data``/``fsdp``, or a batch not divisible
+        by the mesh's device count.
+    """
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    names = tuple(mesh.axis_names)
+    unknown = [n for n in names if n not in SEED_AXES]
+    if unknown:
+        raise ProblemError(f"mesh: the built-in problem splits its batch over 'data' and its "
+                           f"parameters over 'fsdp'; axis {unknown[0]!r} is neither")
+    batch = int(args[batch_args[0]].shape[0])
+    if batch % mesh.size:
+        raise ProblemError(f"batch: {batch} does not split over the mesh's {mesh.size} "
+                           f"devices; use a multiple of {mesh.size}")
+    fsdp = int(dict(mesh.shape).get("fsdp", 1))
+
+    def param_spec(leaf: Any) -> P:
+        axis = fsdp_axis(tuple(getattr(leaf, "shape", ())), fsdp)
+        return P() if axis is None else P(*([None] * axis), "fsdp")
+
+    def place(i: int, arg: Any) -> Any:
+        if i in batch_args:
+            return jax.device_put(arg, NamedSharding(mesh, P(names)))
+        return jax.tree_util.tree_map(
+            lambda leaf: jax.device_put(leaf, NamedSharding(mesh, param_spec(leaf))), arg)
+
+    return tuple(place(i, a) for i, a in enumerate(args))
+
+
+def seed_batch(batch: int | None, mesh: jax.sharding.Mesh | None) -> int:
+    """The built-in problem's batch: ``batch``, else 10 -- with a mesh, the smallest
+    multiple of its device count that is >= 10 (``data=4``: 12)."""
+    if batch is not None:
+        return batch
+    size = 1 if mesh is None else int(mesh.size)
+    return -(-10 // size) * size

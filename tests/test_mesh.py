@@ -1,0 +1,142 @@
+"""Many devices: the scan under sharding, per-device figures, the mesh in the record.
+
+The multi-device checks run on 4 forced CPU devices in subprocesses (this
+process keeps its one device): ``tests/mesh_checks.py`` compiles every
+front-end x way of sharding x schedule kind once, and the command line tunes
+on ``--mesh data=4``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import pytest
+import yaml
+
+import autoremat
+from autoremat.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+FOUR = "--xla_force_host_platform_device_count=4"
+FRONTS = ("scan", "linen", "nnx")
+CONTEXTS = ("jit_data", "jit_fsdp", "shard_map", "pmap")
+CASES = [(f, c, k) for f in FRONTS for c in CONTEXTS
+         for k in (("plain", "nested", "binomial") if f == "scan" else ("nested", "binomial"))]
+
+
+def _env(devices: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    flags = env.get("XLA_FLAGS", "").replace(FOUR, "")
+    env["XLA_FLAGS"] = f"{flags} {FOUR}".strip() if devices == 4 else flags
+    return env
+
+
+@pytest.fixture(scope="module")
+def records() -> dict[Any, dict[str, Any]]:
+    """Every record ``mesh_checks.py`` printed, by ``(front, context, kind)`` or check name."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_checks.py")],
+                         capture_output=True, text=True, timeout=600, env=_env(4), check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found: dict[Any, dict[str, Any]] = {}
+    for line in out.stdout.splitlines():
+        r = json.loads(line)
+        found[r["check"] if "check" in r else (r["front"], r["context"], r["kind"])] = r
+    return found
+
+
+@pytest.mark.parametrize(("front", "context", "kind"), CASES)
+def test_values_gradients_and_collectives_match_the_plain_scan(
+        records: dict[Any, dict[str, Any]], front: str, context: str, kind: str) -> None:
+    r = records[(front, context, kind)]
+    assert r["error"] == "" and r["mismatch"] == "", r
+    got, plain = r["collectives"], r["plain_collectives"]
+    # Nothing new is communicated, and nothing more in any loop (run every time step).
+    assert set(got["shapes"]) <= set(plain["shapes"]), r
+    assert got["in_loop"] == plain["in_loop"], r
+    if context == "jit_fsdp":
+        # A schedule's recomputing forward pass gathers the FSDP parameters it reads
+        # again, outside the loops (as ZeRO-3's backward does): the same gathers, once
+        # more per step; every other collective is the plain scan's.
+        assert got["total"]["all-gather"] <= 2 * plain["total"]["all-gather"], r
+        assert {k: v for k, v in got["total"].items() if k != "all-gather"} == {
+            k: v for k, v in plain["total"].items() if k != "all-gather"}, r
+    else:
+        assert got["total"] == plain["total"], r
+
+
+@pytest.mark.parametrize("check", [
+    "argument_bytes None", "argument_bytes data=4", "argument_bytes data=2,fsdp=2",
+    "sharding data=4", "fingerprints differ by mesh", "stale names both meshes",
+    "StaleScheduleWarning"])
+def test_the_seed_problem_on_a_mesh(records: dict[Any, dict[str, Any]], check: str) -> None:
+    assert records[check]["ok"], records[check]["detail"]
+
+
+def test_tune_on_a_mesh_writes_per_device_figures_and_show_elsewhere_is_stale(
+        tmp_path: Path) -> None:
+    def cli(*args: str, devices: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "autoremat.cli", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=400, env=_env(devices),
+                              check=False)
+
+    tuned = cli("tune", "--mesh", "data=4", "--budget", "50MB", "--seq-len", "24", "--hidden",
+                "8", "--trials", "1", "--time-budget", "0.05", "--no-progress",
+                "--storage", "sqlite:///m.db", devices=4)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    assert "per device, 4 devices, mesh data=4" in tuned.stdout
+    assert "per device" in tuned.stdout.splitlines()[1]  # the budget line
+    meta = yaml.safe_load((tmp_path / "schedule.yaml").read_text())["meta"]
+    assert meta["mesh"] == "data=4" and meta["devices"] == 4
+    assert meta["argument_sharding"] == {"params": "replicated", "opt_state": "replicated",
+                                         "x": "sharded", "y": "sharded"}
+    assert sum(meta["argument_parts"].values()) == meta["argument_bytes"]
+
+    pareto = cli("pareto", "--storage", "sqlite:///m.db", devices=4)
+    assert pareto.returncode == 0 and "per device, 4 devices, mesh data=4" in pareto.stdout
+
+    shown = cli("show", "schedule.yaml", devices=1)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "figures per device, 4 devices, mesh data=4" in shown.stdout
+    assert "stale here: tuned per device on 4 devices, mesh data=4, this run has 1 device" \
+        in shown.stdout
+    against = cli("show", "schedule.yaml", "--problem", "seed_lstm", "--seq-len", "24",
+                  "--hidden", "8", "--batch", "12", devices=1)
+    assert against.returncode == 1 and "mesh data=4" in against.stdout
+
+
+def test_bad_mesh_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--mesh", "model=4", "--trials", "1"]) == 2
+    assert "--mesh: expected axis=N[,axis=N] over the axes data and fsdp" in capsys.readouterr().err
+    with pytest.raises(autoremat.ProblemError, match="needs 4 devices, this process has 1"):
+        autoremat.seed_lstm(seq_len=8, mesh="data=4")
+
+
+def test_tune_refuses_many_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    problem = autoremat.Problem("never built", 8, lambda schedule: (lambda: 0.0, ()))
+    with pytest.raises(autoremat.TuneError, match=r"tune on one host .* load the schedule"):
+        autoremat.tune(problem, 10**9, n_trials=1, storage=f"sqlite:///{tmp_path}/x.db")
+
+
+def test_peak_is_the_largest_over_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoremat._device import peak_bytes_in_use
+
+    class Device:
+        def __init__(self, stats: dict[str, int] | None) -> None:
+            self.stats = stats
+
+        def memory_stats(self) -> dict[str, int] | None:
+            return self.stats
+
+    devices = [Device({"peak_bytes_in_use": 5}), Device(None), Device({"peak_bytes_in_use": 9})]
+    monkeypatch.setattr(jax, "local_devices", lambda: devices)
+    assert peak_bytes_in_use() == 9
+    monkeypatch.setattr(jax, "local_devices", lambda: [Device(None)])
+    assert peak_bytes_in_use() is None
