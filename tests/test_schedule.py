@@ -257,10 +257,10 @@ def test_a_new_kind_needs_only_its_class_and_the_table(
     import jax
     import jax.numpy as jnp
     import optuna
-    from helpers import _assert_close
 
     from autoremat._pareto import describe_schedule
     from autoremat._space import seed_params, suggest
+    from tests.helpers import _assert_close
 
     monkeypatch.setitem(KINDS, "every_step", _EveryStep)
     schedule = _EveryStep(policy=Policy("dots_saveable"), unroll=3)
