@@ -14,12 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import _assert_close, _temp_bytes, brute_advances
 from jax import lax
 
 import autoremat
 from autoremat import Schedule
 from autoremat._problem import seed_lstm
+from tests.helpers import _assert_close, _temp_bytes, brute_advances
 
 
 def _tanh_loss(w: jax.Array, c0: jax.Array, xs: jax.Array, schedule: Schedule | None,

@@ -6,10 +6,10 @@ import functools
 import math
 
 import pytest
-from helpers import brute_advances
 
 from autoremat import Schedule, bounds
 from autoremat._revolve import tables
+from tests.helpers import brute_advances
 
 
 def brute_max_steps(slots: int, reps: int) -> int:

@@ -60,11 +60,11 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
         "problem": TINY, "budget": "2.4KB", "trials": 99, "time_budget": 0.02,
         "study_name": "cli", "out": "best.yaml",
     }))
-    r = run("tune", str(study), "--trials", "5", "--no-progress", cwd=tmp_path)
+    r = run("tune", str(study), "--trials", "3", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "budget: 2.4 KB (2400 bytes)" in r.stdout
     assert "best (trial" in r.stdout and "plain (trial 0)" in r.stdout
-    assert "study: 'cli'" in r.stdout and "(5 trials, 5 measured now)" in r.stdout
+    assert "study: 'cli'" in r.stdout and "(3 trials, 3 measured now)" in r.stdout
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["meta"]["study_name"] == "cli" and best["meta"]["total_bytes"] <= 2400
 
@@ -87,7 +87,7 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "tuned for: tiny(T=32,H=4)" in r.stdout and "matches tiny(T=32,H=4)" in r.stdout
 
-    r = run("tune", "--problem", TINY, "--budget", "10", "--trials", "2", "--time-budget",
+    r = run("tune", "--problem", TINY, "--budget", "10", "--trials", "1", "--time-budget",
             "0.02", "--study-name", "tight", "--no-progress", cwd=tmp_path)
     assert r.returncode == 3, r.stderr
     last = r.stderr.strip().splitlines()[-1]

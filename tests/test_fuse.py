@@ -158,8 +158,8 @@ def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
 ) -> None:
     """The done-when of issue 13 at T=1000 (the 60MB budget at T=10^4, scaled by T/10)."""
     monkeypatch.chdir(tmp_path)  # tune remembers its study in ./runs
-    common = ["tune", "--seq-len", "1000", "--budget", "6MB", "--time-limit", "20s", "--time-budget",
-              "0.1", "--no-progress"]
+    common = ["tune", "--seq-len", "1000", "--budget", "6MB", "--trials", "4", "--time-budget",
+              "0.05", "--no-progress"]
     assert main([*common, "--storage", f"sqlite:///{tmp_path}/a.db",
                  "--out", str(tmp_path / "a.yaml")]) == 3
     captured = capsys.readouterr()

@@ -89,7 +89,7 @@ def real_study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, 
     folder = tmp_path_factory.mktemp("study")
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)
-        tune(tiny(), 2400, n_trials=8, time_budget=0.02, study_name="p")
+        tune(tiny(), 2400, n_trials=5, time_budget=0.02, study_name="p")
         yield load_study("p"), folder
 
 

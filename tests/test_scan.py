@@ -7,7 +7,6 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import CELLS, _assert_close, _inputs, _loss_and_grads, _temp_bytes, kind_matrix, one_per_kind
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -17,6 +16,15 @@ from autoremat import Schedule
 from autoremat._nested import pieces as _pieces
 from autoremat._policy import ZERO_ARG_POLICIES
 from autoremat._problem import seed_lstm
+from tests.helpers import (
+    CELLS,
+    _assert_close,
+    _inputs,
+    _loss_and_grads,
+    _temp_bytes,
+    kind_matrix,
+    one_per_kind,
+)
 
 
 @pytest.mark.parametrize(("cell", "steps", "axis", "reverse", "schedule"), kind_matrix())
@@ -90,13 +98,7 @@ def test_outputs_match_without_grad(schedule: Schedule) -> None:
     _assert_close(got_ys, jax.tree_util.tree_map(lambda y: jnp.swapaxes(y, 0, 1), want_ys))
 
 
-@settings(max_examples=20, deadline=None)
-@given(
-    steps=st.integers(1, 60),
-    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4),
-    reverse=st.booleans(),
-)
-def test_property_any_length_any_levels(steps: int, lengths: list[int], reverse: bool) -> None:
+def _check_any_length_any_levels(steps: int, lengths: list[int], reverse: bool) -> None:
     w = jnp.array([[0.5, -0.4, 0.1], [0.2, 0.6, -0.3], [-0.1, 0.3, 0.7]])
     xs = jnp.cos(jnp.arange(steps * 3, dtype=jnp.float32)).reshape(steps, 3)
 
@@ -111,10 +113,30 @@ def test_property_any_length_any_levels(steps: int, lengths: list[int], reverse:
             c, ys = autoremat.scan(f, jnp.ones(3), xs, schedule=schedule, reverse=reverse)
         return c.sum() + jnp.sum(ys**2)
 
-    grad = jax.value_and_grad(loss, argnums=(0, 1))
+    # jitted: one compile per case (op by op, a nested schedule compiles many small pieces)
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
     _assert_close(grad(w, xs, Schedule.nested(lengths)), grad(w, xs, None))
 
 
+ANY_LENGTH = {"steps": st.integers(1, 60), "reverse": st.booleans(),
+              "lengths": st.lists(st.integers(1, 9), min_size=1, max_size=4)}
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, database=None)
+@given(**ANY_LENGTH)
+def test_property_any_length_any_levels(steps: int, lengths: list[int], reverse: bool) -> None:
+    _check_any_length_any_levels(steps, lengths, reverse)
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None, database=None)
+@given(**ANY_LENGTH)
+def test_property_any_length_any_levels_many(steps: int, lengths: list[int], reverse: bool) -> None:
+    """The same property on 200 fresh random cases per run (``-m slow``)."""
+    _check_any_length_any_levels(steps, lengths, reverse)
+
+
+@settings(derandomize=True, database=None)
 @given(steps=st.integers(1, 10_000), lengths=st.lists(st.integers(1, 50), min_size=1, max_size=4))
 def test_pieces_cover_every_step_once(steps: int, lengths: list[int]) -> None:
     pieces = _pieces(steps, tuple(lengths))

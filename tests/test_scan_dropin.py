@@ -15,12 +15,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import _assert_close, one_per_kind
 from jax import lax
 
 import autoremat
 from autoremat import Schedule, ScheduleError
 from autoremat._schedule import TRANSFORMS
+from tests.helpers import _assert_close, one_per_kind
 
 KINDS = pytest.mark.parametrize("schedule", one_per_kind(), ids=lambda s: s.kind)
 T = 9

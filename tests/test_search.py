@@ -3,16 +3,20 @@ and a problem the tuner has never seen."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import optuna
 import pytest
 
 import autoremat._measure as measure_module
+import autoremat._plan as plan_module
+import autoremat._tune as tune_module
 from autoremat._duration import parse_duration
 from autoremat._errors import TuneError
 from autoremat._measure import compile_schedule
@@ -22,6 +26,8 @@ from autoremat._schedule import Schedule
 from autoremat._space import seed_schedules
 from autoremat._study import MeasuredTrial, load_study, measured_trials
 from autoremat._tune import tune
+from autoremat.cli import main
+from tests import user_problems
 from tests.tiny_problem import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,31 +40,47 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def _spy_where_looked_up(monkeypatch: pytest.MonkeyPatch, user: ModuleType, source: ModuleType,
+                         name: str, wrap: Callable[[Any], Any]) -> None:
+    """Replace ``name`` by ``wrap(real)`` where ``user`` looks it up: in ``user``'s own
+    namespace when it imported the name at module level (patching ``source`` would then
+    go unseen), else in ``source`` (a function-level ``from source import name`` reads
+    the module attribute at each call)."""
+    where = user if hasattr(user, name) else source
+    monkeypatch.setattr(where, name, wrap(getattr(where, name)))
+
+
 def test_screening_never_times_an_over_budget_or_dominated_schedule(
         in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     compiled: list[str] = []
     timed: list[tuple[str, int | None]] = []
-    real_compile, real_time = measure_module.compile_schedule, measure_module.time_compiled
+    calls = {"compile": 0, "time": 0}
 
-    def spy_compile(problem: Problem, schedule: Schedule, **kw: Any) -> Any:
-        compiled.append(schedule.key())
-        return real_compile(problem, schedule, **kw)
+    def spy_compile(real: Any) -> Any:
+        def spy(problem: Problem, schedule: Schedule, **kw: Any) -> Any:
+            calls["compile"] += 1
+            compiled.append(schedule.key())
+            return real(problem, schedule, **kw)
+        return spy
 
-    def spy_time(c: Any, **kw: Any) -> Any:
-        if c.executable is not None:
-            timed.append((c.measurement.schedule_key, c.measurement.total_bytes))
-        return real_time(c, **kw)
+    def spy_time(real: Any) -> Any:
+        def spy(c: Any, **kw: Any) -> Any:
+            calls["time"] += 1
+            if c.executable is not None:
+                timed.append((c.measurement.schedule_key, c.measurement.total_bytes))
+            return real(c, **kw)
+        return spy
 
-    import autoremat._plan as plan_module
-    import autoremat._tune as tune_module
-    monkeypatch.setattr(plan_module, "compile_schedule", spy_compile)
-    monkeypatch.setattr(tune_module, "time_compiled", spy_time)  # where the search calls it
+    _spy_where_looked_up(monkeypatch, plan_module, measure_module, "compile_schedule",
+                         spy_compile)
+    _spy_where_looked_up(monkeypatch, tune_module, measure_module, "time_compiled", spy_time)
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
     # many, and past the planner's stop it then times dominated schedules too)
-    result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit="10s")
+    result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit=None)
     assert result.best is not None
+    # the spies saw the search (a spy patched where nobody looks would see nothing)
+    assert calls["compile"] >= 1 and calls["time"] >= 1 and timed, calls
     # many sized, few timed; each schedule compiled once, timed at most once
-    assert timed  # the spies saw the search (else every check below is vacuous)
     assert len(compiled) == len(set(compiled)) > len(timed)
     assert len({k for k, _ in timed}) == len(timed)
     assert all(b is not None and b <= BUDGET for _, b in timed)  # never over the budget
@@ -115,12 +137,28 @@ def test_a_clearly_slower_schedule_is_cut_and_recorded(in_tmp: Path) -> None:
     assert binomial.number not in {p.number for p in pareto_front(study)}  # front stays true
 
 
-def test_the_time_limit_is_respected(in_tmp: Path) -> None:
-    t0 = time.monotonic()
-    result = tune(tiny(), BUDGET, time_limit="4s", explore_front=True, time_budget=0.02)
-    wall = time.monotonic() - t0
-    assert result.best is not None and result.measured >= 2
-    assert wall < 4 + 3, wall  # one trial may finish after the limit; tiny trials are short
+def test_the_time_limit_is_respected(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No compile or trial starts after the limit; the one under way finishes.
+
+    The clock is the test's: every ``build`` of the problem moves ``time.monotonic``
+    on by a quarter of the limit, so how many trials fit does not depend on the
+    machine's speed (the real seconds that pass are negligible against an hour)."""
+    limit, tick = 3600.0, 900.0
+    offset = [0.0]
+    real_monotonic = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + offset[0])
+    base, starts = tiny(), []
+
+    def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
+        starts.append(offset[0])
+        offset[0] += tick  # this build (and so its trial) takes a quarter of the limit
+        return base.build(schedule)
+
+    problem = Problem(name=base.name, seq_len=base.seq_len, build=build)
+    result = tune(problem, 10**6, time_limit="1h", explore_front=True, time_budget=0.02)
+    assert result.best is not None and result.measured >= 1
+    assert all(s < limit for s in starts), starts  # nothing started past the limit
+    assert offset[0] >= limit  # ... and the limit is what stopped it (the space is far from done)
     assert parse_duration("5m") == 300 and parse_duration("1.5h") == 5400
     assert parse_duration("90s") == parse_duration("90") == parse_duration(90) == 90
     for bad in ("0", "-1m", "5 minutes", "nan", "", True):
@@ -136,44 +174,65 @@ def test_a_budget_under_the_floor_stops_after_the_seeds(in_tmp: Path) -> None:
     assert "that no schedule can remove" in nothing_fits_message(result)
 
 
-@pytest.mark.parametrize("name", ["gru", "lstm2"])
-def test_an_unseen_problem_gets_a_pick_as_fast_as_the_best_seed(name: str, tmp_path: Path) -> None:
-    from tests import user_problems
-
-    problem = getattr(user_problems, name)()
+def test_an_unseen_problem_gets_the_fastest_measured_schedule_that_fits(
+        in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A problem the tuner has never seen (a user's GRU, by file path): every seed is
+    measured, the pick fits, was timed, and is the fastest of the fitting trials --
+    so by the tuner's own figures it is as fast as the best seed. (Whether those figures
+    hold when re-timed is a benchmark: ``test_the_pick_is_as_fast_as_the_best_seed_when_retimed``,
+    ``-m slow``.)"""
+    problem = user_problems.gru()
     plain = compile_schedule(problem, Schedule.plain(problem.seq_len)).measurement
     assert plain.total_bytes is not None
     budget = plain.total_bytes // 2
-    r = subprocess.run(
-        [sys.executable, "-m", "autoremat.cli", "tune", "--problem",
-         f"{ROOT / 'tests' / 'user_problems.py'}:{name}", "--budget", str(budget),
-         "--time-limit", "12s", "--time-budget", "0.05", "--study-name", name, "--no-progress"],
-        cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    trials = measured_trials(load_study(name, f"sqlite:///{tmp_path / 'runs' / 'autoremat.db'}"))
+    assert main(["tune", "--problem", f"{ROOT / 'tests' / 'user_problems.py'}:gru", "--budget",
+                 str(budget), "--trials", "6", "--time-budget", "0.02", "--study-name", "gru",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    trials = measured_trials(load_study("gru"))
+    assert "6 measured now" in out
+    seeds = {s.key() for s in seed_schedules(problem.seq_len)}
+    assert seeds <= {t.schedule.key() for t in trials}  # the seeds are always measured
     fits = [t for t in trials if t.measurement.fits(budget)]
+    assert fits and all(t.measurement.step_seconds is not None for t in fits)
     pick = min(fits, key=lambda t: t.measurement.step_seconds or 0.0)
-    assert f"best (trial {pick.number})" in r.stdout
-    # The tuner's figures are its own (and it always measures the seeds), so the pick
-    # is re-timed here against every enqueued candidate that fits, interleaved, in this
-    # process: the claim checked is "as fast as the best seed", not "its figure is lower".
-    seeds = [s for s in seed_schedules(problem.seq_len) if s.key() != pick.schedule.key()]
+    assert f"best (trial {pick.number})" in out
+    assert pick.measurement.total_bytes is not None and pick.measurement.total_bytes <= budget
+    fitting_seeds = [t for t in fits if t.schedule.key() in seeds]
+    assert fitting_seeds, "no seed fits half of plain's total"
+    assert all(pick.measurement.step_seconds <= t.measurement.step_seconds  # type: ignore[operator]
+               for t in fitting_seeds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gru", "lstm2"])
+def test_the_pick_is_as_fast_as_the_best_seed_when_retimed(name: str, tmp_path: Path) -> None:
+    """A benchmark (``-m slow``): the tuner's figures are its own, so its pick is re-timed
+    here against every seed that fits, interleaved, in this process, at a size where a
+    step takes >= 0.2 s (milliseconds of wall time are noise on a shared machine)."""
+    size = {"seq_len": 4096, "batch": 16, "hidden": 64}
+    problem = getattr(user_problems, name)(**size)
+    plain = compile_schedule(problem, Schedule.plain(problem.seq_len)).measurement
+    assert plain.total_bytes is not None
+    budget = plain.total_bytes // 2
+    with contextlib.chdir(tmp_path):
+        result = tune(problem, budget, n_trials=8, time_budget=1.0, study_name=name)
+    assert result.best_trial is not None
+    pick = result.best_trial.schedule
+    seeds = [s for s in seed_schedules(problem.seq_len) if s.key() != pick.key()]
     runs = {}
-    for schedule in (pick.schedule, *seeds):
+    for schedule in (pick, *seeds):
         c = compile_schedule(problem, schedule, budget_bytes=budget)
         if c.executable is not None:
             runs[schedule.key()] = c
-    assert len(runs) >= 2, "no enqueued candidate fits"
-    seconds = _interleaved(list(runs.values()), rounds=15)
+    assert len(runs) >= 2, "no seed fits"
+    seconds = _interleaved(list(runs.values()), rounds=7)
     assert seconds[0] <= 1.25 * min(seconds[1:]), dict(zip(runs, seconds, strict=True))
 
 
 def _interleaved(compiled: list[Any], rounds: int) -> list[float]:
     """Median seconds of each compiled step, run in turn ``rounds`` times (after one
     warm-up each), so machine noise falls on all of them alike."""
-    import statistics
-
     import jax
 
     times: list[list[float]] = [[] for _ in compiled]

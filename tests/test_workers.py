@@ -142,7 +142,6 @@ def test_worker_killed_mid_trial_is_retried_and_a_restart_finishes(
     assert victim.returncode == -signal.SIGKILL
     assert load(storage, name).get_trials()[killed.number].state == TrialState.RUNNING
 
-    t0 = time.monotonic()
     out, _ = finish(start_worker(tmp_path, *args, AUTOREMAT_TEST_HANG_MARKER=str(marker)))
     after = {t.number: t for t in load(storage, name).get_trials()}
     measured = check_study(load(storage, name), total)
@@ -162,7 +161,6 @@ def test_worker_killed_mid_trial_is_retried_and_a_restart_finishes(
     assert "3 measured now" in out
     best = choose(load(storage, name))
     assert load_schedule(tmp_path / "s.yaml").meta["trial"] == best.number
-    assert time.monotonic() - t0 < 120
 
 
 LOCKER = """

@@ -1,7 +1,8 @@
 """Problems the tuner has never seen, passed as ``--problem tests/user_problems.py:gru``.
 
 A GRU and a 2-layer LSTM (flax cells), loss on the last hidden state, one SGD
-step; small sizes so each compiles in about a second.
+step; small sizes by default so each compiles in about a second (the slow
+benchmark in ``test_search`` passes larger ones).
 """
 
 from __future__ import annotations
@@ -14,23 +15,23 @@ from autoremat._schedule import Schedule
 SEQ_LEN, BATCH, FEAT, HIDDEN = 64, 4, 8, 16
 
 
-def _problem(name: str, layers: int, gru: bool) -> Problem:
+def _problem(name: str, layers: int, gru: bool, seq_len: int, batch: int, hidden: int) -> Problem:
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
     from autoremat._scan import scan
 
-    cells = [nn.GRUCell(HIDDEN) if gru else nn.OptimizedLSTMCell(HIDDEN) for _ in range(layers)]
+    cells = [nn.GRUCell(hidden) if gru else nn.OptimizedLSTMCell(hidden) for _ in range(layers)]
     key = jax.random.PRNGKey(0)
-    x = jax.random.normal(key, (SEQ_LEN, BATCH, FEAT))
+    x = jax.random.normal(key, (seq_len, batch, FEAT))
     carry0, params = [], []
     width = FEAT
     for i, cell in enumerate(cells):
-        c = cell.initialize_carry(jax.random.fold_in(key, i), (BATCH, width))
-        params.append(cell.init(jax.random.fold_in(key, 10 + i), c, jnp.zeros((BATCH, width))))
+        c = cell.initialize_carry(jax.random.fold_in(key, i), (batch, width))
+        params.append(cell.init(jax.random.fold_in(key, 10 + i), c, jnp.zeros((batch, width))))
         carry0.append(c)
-        width = HIDDEN
+        width = hidden
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
         def loss_fn(ps: Any, x: Any) -> jax.Array:
@@ -51,12 +52,12 @@ def _problem(name: str, layers: int, gru: bool) -> Problem:
 
         return train, (params, x)
 
-    return Problem(name=f"{name}(T={SEQ_LEN},H={HIDDEN})", seq_len=SEQ_LEN, build=build)
+    return Problem(name=f"{name}(T={seq_len},B={batch},H={hidden})", seq_len=seq_len, build=build)
 
 
-def gru() -> Problem:
-    return _problem("gru", 1, gru=True)
+def gru(seq_len: int = SEQ_LEN, batch: int = BATCH, hidden: int = HIDDEN) -> Problem:
+    return _problem("gru", 1, True, seq_len, batch, hidden)
 
 
-def lstm2() -> Problem:
-    return _problem("lstm2", 2, gru=False)
+def lstm2(seq_len: int = SEQ_LEN, batch: int = BATCH, hidden: int = HIDDEN) -> Problem:
+    return _problem("lstm2", 2, False, seq_len, batch, hidden)
