@@ -104,7 +104,7 @@ def leaf_bytes(leaf: Any) -> tuple[int, int]:
     shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
     if shape is None or dtype is None:
         return 0, 0
-    item = np.dtype(dtype).itemsize
+    item = int(dtype.itemsize)  # typed PRNG keys too (np.dtype cannot read key<fry>)
     whole = int(np.prod(shape, dtype=np.int64)) * item
     sharding = getattr(leaf, "sharding", None)
     shard_shape = getattr(sharding, "shard_shape", None)

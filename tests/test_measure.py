@@ -186,3 +186,14 @@ def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
 def test_arg_names_must_be_a_tuple_of_strings() -> None:
     with pytest.raises(ProblemError, match="arg_names: expected a tuple of non-empty strings"):
         Problem("p", 4, lambda s: (None, ()), arg_names=["x"])  # type: ignore[arg-type]
+
+
+def test_argument_parts_count_typed_prng_keys() -> None:
+    """A model holding ``nnx.Rngs`` passes typed keys (``key<fry>``, 8 bytes each)."""
+    import jax
+
+    from autoremat._breakdown import argument_parts
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    assert argument_parts([keys, np.zeros(4, np.float32)], ["rngs", "x"]) == (
+        ("rngs", 3 * keys.dtype.itemsize), ("x", 16))
