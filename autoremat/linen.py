@@ -54,11 +54,15 @@ Differences from ``nn.scan``:
   compute), so that rng counters -- and hence dropout masks -- advance exactly
   as in ``nn.scan``, whatever the schedule.
 * ``variable_carry`` collections that are not mutable are passed through.
+
+``autoremat.linen.problem(name, model, params, batch, optimizer)`` tunes a model
+left as written (its ``nn.scan`` untouched): see ``autoremat.remat_scans``.
 """
 
 from __future__ import annotations
 
+from autoremat._from_loss import linen_problem as problem
 from autoremat._linen_rnn import RNN as RNN
 from autoremat._linen_scan import scan as scan
 
-__all__ = ["RNN", "scan"]
+__all__ = ["RNN", "problem", "scan"]
