@@ -40,7 +40,7 @@ class NnxRematScans:
         others = {i: a for i, a in enumerate(args) if i not in nodes}
 
         def pure(state: Any, others: dict[int, Any], kwargs: dict[str, Any]) -> Any:
-            merged = iter(nnx.merge(graphdef, state))
+            merged = iter(nnx.merge(graphdef, state))  # type: ignore[arg-type]
             full = [next(merged) if i in nodes else others[i] for i in range(len(args))]
             out = self.fn(*full, **kwargs)
             return out, nnx.state(tuple(full[i] for i in nodes))

@@ -170,7 +170,7 @@ def _not_array_message(path: str, leaf: Any) -> str:
 
 def _refuse_derivative(fn: Callable[..., Any]) -> None:
     """A function made by ``jax.grad`` (& co.) has its residuals stacked already: refuse it."""
-    seen = fn
+    seen: Any = fn
     for _ in range(16):
         doc = getattr(seen, "__doc__", None) or ""
         if doc.startswith(_DERIVATIVE_DOCS):
