@@ -1,12 +1,13 @@
-"""A ``Problem`` from unmodified code: a loss, its parameters, a batch and an optax optimizer.
+"""A tunable step from unmodified code: a loss, its parameters, a batch and an optax optimizer.
 
-``Problem.from_loss`` builds the train step the tuner measures --
+``Problem.from_loss`` (``loss_problem`` here) builds the train step the tuner measures --
 ``value_and_grad`` of ``remat_scans(loss_fn, schedule)`` and the optax update
 -- so a model nobody edited for autoremat can be tuned: its scans (however
 written) run under each trial's schedule. ``seq_len`` is the longest scan's
 length; the step's arguments are named ``params``, ``opt_state`` and the loss's
-own parameter names, for the memory breakdown. ``linen_problem`` does the same
-for a Flax linen model and a loss on its predictions.
+own parameter names, for the memory breakdown. ``linen_loss`` is the loss of a
+Flax linen model (``autoremat.linen.problem``). This module does not import
+``_problem`` (which imports it lazily): it returns the ``Problem``'s fields.
 """
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ import jax
 import optax
 
 from autoremat._errors import ProblemError
-from autoremat._problem import Problem
 from autoremat._remat_scans import DEFAULT_MIN_LENGTH, RematScans, remat_scans
 from autoremat._rewrite import REWRITTEN, survey
 from autoremat._schedule import Schedule
 
+Build = Callable[[Schedule], tuple[Callable[..., Any], tuple[Any, ...]]]
 
-def problem_from_loss(name: str, loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
-                      optimizer: optax.GradientTransformation, *,
-                      min_length: int = DEFAULT_MIN_LENGTH) -> Problem:
-    """See ``Problem.from_loss``."""
+
+def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
+                 optimizer: optax.GradientTransformation, *,
+                 min_length: int | None = None) -> tuple[int, Build, tuple[str, ...]]:
+    """``(seq_len, build, arg_names)`` of ``Problem.from_loss`` (see there)."""
+    min_length = DEFAULT_MIN_LENGTH if min_length is None else min_length
     if not callable(loss_fn):
         raise ProblemError(f"loss_fn: expected a callable loss_fn(params, *batch), got "
                            f"{type(loss_fn).__name__}")
@@ -60,8 +63,7 @@ def problem_from_loss(name: str, loss_fn: Callable[..., Any], params: Any, batch
 
         return train_step, (params, opt_state, *batch)
 
-    return Problem(name=name, seq_len=max(long), build=build,
-                   arg_names=("params", "opt_state", *_batch_names(loss_fn, len(batch))))
+    return max(long), build, ("params", "opt_state", *_batch_names(loss_fn, len(batch)))
 
 
 def _batch_names(loss_fn: Callable[..., Any], n: int) -> list[str]:
@@ -76,34 +78,12 @@ def _batch_names(loss_fn: Callable[..., Any], n: int) -> list[str]:
     return names
 
 
-def linen_problem(name: str, model: Any, params: Any, batch: Sequence[Any],
-                  optimizer: optax.GradientTransformation,
-                  loss: Callable[..., Any] | None = None, *,
-                  min_length: int = DEFAULT_MIN_LENGTH) -> Problem:
-    """An ``autoremat.Problem`` from a Flax linen model, unmodified.
-
-    Args:
-      name: a short name, recorded in schedules and studies.
-      model: the ``nn.Module``; ``model.apply({"params": params}, batch[0])``
-        gives its predictions.
-      params: its parameters (``model.init(...)["params"]``).
-      batch: ``(inputs, *targets)``, arrays of one training step.
-      optimizer: an optax ``GradientTransformation``.
-      loss: ``loss(predictions, *targets) -> scalar``; default the mean L2 loss
-        (``optax.l2_loss(...).mean()``), as in the seed.
-      min_length: scans shorter than this are left as written.
-
-    The model's scans run under each trial's schedule via ``remat_scans``.
-    """
-    batch = tuple(batch)
-    if not batch:
-        raise ProblemError("batch: expected (inputs, *targets), got an empty tuple")
+def linen_loss(model: Any, loss: Callable[..., Any] | None) -> Callable[..., Any]:
+    """``loss_fn(params, x, *targets)`` of a linen model: ``loss(model.apply(...), *targets)``;
+    the default ``loss`` is the mean L2 loss (``optax.l2_loss(...).mean()``), as in the seed."""
     readout = loss or (lambda preds, y: optax.l2_loss(preds, y).mean())
 
     def loss_fn(params: Any, x: Any, *targets: Any) -> Any:
         return readout(model.apply({"params": params}, x), *targets)
 
-    names = ["x", *("y" if len(batch) == 2 else f"y{i}" for i in range(len(batch) - 1))]
-    problem = problem_from_loss(name, loss_fn, params, batch, optimizer, min_length=min_length)
-    return Problem(problem.name, problem.seq_len, problem.build,
-                   ("params", "opt_state", *names))
+    return loss_fn

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import jax
 import jax.extend.core as jex_core
 import jax.extend.core.primitives as prims
 from jax._src import source_info_util
@@ -79,13 +79,11 @@ def source_context(eqn: JaxprEqn) -> contextlib.AbstractContextManager[Any]:
 
 
 def _library_dirs() -> tuple[str, ...]:
-    import autoremat
-
-    dirs = [os.path.dirname(jax.__file__), os.path.dirname(autoremat.__file__)]
-    for name in ("flax", "optax", "equinox"):
-        module = __import__("sys").modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            dirs.append(os.path.dirname(module.__file__))
+    dirs = []
+    for name in ("jax", "autoremat", "flax", "optax", "equinox"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(path))
     return tuple(d + os.sep for d in dirs)
 
 

@@ -66,7 +66,7 @@ class Problem:
     @classmethod
     def from_loss(cls, name: str, loss_fn: Callable[..., Any], params: Any,
                   batch: tuple[Any, ...], optimizer: optax.GradientTransformation, *,
-                  min_length: int = 64) -> Problem:
+                  min_length: int | None = None) -> Problem:
         """A problem from an unmodified loss: ``loss_fn(params, *batch) -> scalar``.
 
         The step is ``value_and_grad`` of ``autoremat.remat_scans(loss_fn,
@@ -74,10 +74,14 @@ class Problem:
         ``>= min_length`` in the loss, however written, runs under the trial's
         schedule. ``seq_len`` is the longest such scan's length; the step's
         arguments are ``(params, opt_state, *batch)``, named for the breakdown.
+        ``min_length``: shorter scans are left as written (default
+        ``remat_scans``'s, 64).
         """
-        from autoremat._from_loss import problem_from_loss  # imports jax and optax
+        from autoremat._from_loss import loss_problem  # imports jax and optax
 
-        return problem_from_loss(name, loss_fn, params, batch, optimizer, min_length=min_length)
+        seq_len, build, arg_names = loss_problem(loss_fn, params, batch, optimizer,
+                                                 min_length=min_length)
+        return cls(name, seq_len, build, arg_names)
 
 
 #: ``run_scan(params, x) -> (final_carry, hs)``: how a train step runs the LSTM

@@ -190,8 +190,9 @@ def _warn(found: list[FoundScan], min_length: int) -> None:
         if s.action not in (REWRITTEN, TOO_SHORT):
             warnings.warn(
                 f"remat_scans: the scan of length {s.length} at {s.where} is {s.action[6:]} and "
-                "is left as written (a custom derivative rule's own backward pass is not "
-                "rescheduled); move the scan out of the rule to schedule it",
+                "is left as written (remat_scans does not enter custom_jvp/custom_vjp rules, "
+                "whose backward pass is their own, nor while loops or shard_map); move the "
+                "scan out of it to schedule it",
                 RematScansWarning, stacklevel=3)
         elif s.backward:
             warnings.warn(
