@@ -97,7 +97,8 @@ def linen_loss(model: nn.Module, x: jax.Array = X) -> tuple[Callable[..., Any], 
 @pytest.mark.parametrize("make", [
     SeedLSTM,
     lambda: nn.RNN(nn.LSTMCell(16)),
-    lambda: nn.Bidirectional(nn.RNN(nn.GRUCell(8)), nn.RNN(nn.GRUCell(8))),
+    pytest.param(lambda: nn.Bidirectional(nn.RNN(nn.GRUCell(8)), nn.RNN(nn.GRUCell(8))),
+                 marks=pytest.mark.slow),  # two nn.RNNs: the nn.RNN case, twice
 ], ids=["nn.scan", "nn.RNN", "nn.Bidirectional"])
 def test_linen_front_ends(make: Callable[[], nn.Module]) -> None:
     loss, params = linen_loss(make())
