@@ -84,8 +84,8 @@ def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
             length, reverse = int(params[ji.LENGTH]), bool(params[ji.REVERSE])
             start = params[ji.NUM_CONSTS] + params[ji.NUM_CARRY]
             carry = eqn.invars[params[ji.NUM_CONSTS]:start]
-            action = (f"left: inside {blocked}" if blocked
-                      else REWRITTEN if length >= min_length else TOO_SHORT)
+            action = (TOO_SHORT if length < min_length
+                      else f"left: inside {blocked}" if blocked else REWRITTEN)
             backward = length >= min_length and any(
                 stacked.get(v) == (length, not reverse) for v in eqn.invars[start:]
                 if isinstance(v, ji.Var))

@@ -11,7 +11,7 @@ schedule through ``autoremat.remat_scans``::
     autoremat tune --problem examples/seed_unmodified.py:problem --budget 60MB
     python examples/seed_unmodified.py            # the report's own loop (unscheduled)
 
-``SEED_SEQ_LEN`` sets T (default 10,000, the report's).
+``SEED_SEQ_LEN`` sets T (default 10,000, the report's), ``SEED_STEPS`` the loop's steps.
 """
 # ruff: noqa
 # mypy: ignore-errors

@@ -260,6 +260,15 @@ def test_wrapping_a_gradient_is_refused_naming_the_fix() -> None:
             autoremat.remat_scans(derivative(scan_loss), NESTED)
 
 
+def test_a_gradient_inside_fn_is_flagged() -> None:
+    def fn(p: Any, x: jax.Array) -> jax.Array:  # differentiates inside: residuals stacked
+        return jax.grad(scan_loss)(p, x)["w"].sum()
+
+    with pytest.warns(RematScansWarning, match=r"runs backward over another scan's stacked "
+                      r"outputs.*wrap the loss, then differentiate"):
+        autoremat.remat_scans(fn, NESTED)(W, X)
+
+
 def test_a_scan_inside_a_custom_vjp_is_reported() -> None:
     @jax.custom_vjp
     def custom(p: Any, x: jax.Array) -> jax.Array:
