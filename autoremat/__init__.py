@@ -39,6 +39,7 @@ from autoremat import bounds as bounds
 from autoremat._errors import AutorematError as AutorematError
 from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
+from autoremat._errors import RematScansWarning as RematScansWarning
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
 from autoremat._fuse import fuse_head as fuse_head
@@ -64,6 +65,7 @@ from autoremat._units import parse_bytes as parse_bytes
 if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getattr__
     from autoremat import linen as linen
     from autoremat import nnx as nnx
+    from autoremat._remat_scans import remat_scans as remat_scans
     from autoremat._scan import scan as scan
 
 __all__ = [
@@ -76,6 +78,7 @@ __all__ = [
     "Policy",
     "Problem",
     "ProblemError",
+    "RematScansWarning",
     "Schedule",
     "ScheduleError",
     "StaleScheduleWarning",
@@ -91,6 +94,7 @@ __all__ = [
     "nnx",
     "pareto_front",
     "parse_bytes",
+    "remat_scans",
     "save_schedule",
     "scan",
     "seed_lstm",
@@ -104,6 +108,10 @@ def __getattr__(name: str) -> Any:
         from autoremat._scan import scan
 
         return scan
+    if name == "remat_scans":
+        from autoremat._remat_scans import remat_scans
+
+        return remat_scans
     if name == "linen":
         import autoremat.linen as linen
 

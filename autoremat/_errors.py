@@ -46,3 +46,8 @@ def one_line(what: str | BaseException, limit: int = 300) -> str:
     else:
         text = " ".join(what.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class RematScansWarning(UserWarning):
+    """``remat_scans`` left a scan as written, or found nothing to rewrite; the message says
+    which scan (length, source location) and why."""

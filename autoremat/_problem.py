@@ -65,6 +65,26 @@ class Problem:
                                   or not all(isinstance(n, str) and n for n in names)):
             raise ProblemError(f"arg_names: expected a tuple of non-empty strings, got {names!r}")
 
+    @classmethod
+    def from_loss(cls, name: str, loss_fn: Callable[..., Any], params: Any,
+                  batch: tuple[Any, ...], optimizer: optax.GradientTransformation, *,
+                  min_length: int | None = None) -> Problem:
+        """A problem from an unmodified loss: ``loss_fn(params, *batch) -> scalar``.
+
+        The step is ``value_and_grad`` of ``autoremat.remat_scans(loss_fn,
+        schedule)`` and ``optimizer``'s update (optax); every scan of length
+        ``>= min_length`` in the loss, however written, runs under the trial's
+        schedule. ``seq_len`` is the longest such scan's length; the step's
+        arguments are ``(params, opt_state, *batch)``, named for the breakdown.
+        ``min_length``: shorter scans are left as written (default
+        ``remat_scans``'s, 64).
+        """
+        from autoremat._from_loss import loss_problem  # imports jax and optax
+
+        seq_len, build, arg_names = loss_problem(loss_fn, params, batch, optimizer,
+                                                 min_length=min_length)
+        return cls(name, seq_len, build, arg_names)
+
 
 #: ``run_scan(params, x) -> (final_carry, hs)``: how a train step runs the LSTM
 #: over ``x`` (batch-major ``(B, T, D)``); ``hs`` is time-major ``(T, B, H)``,

@@ -54,11 +54,53 @@ Differences from ``nn.scan``:
   compute), so that rng counters -- and hence dropout masks -- advance exactly
   as in ``nn.scan``, whatever the schedule.
 * ``variable_carry`` collections that are not mutable are passed through.
+
+``autoremat.linen.problem(name, model, params, batch, optimizer)`` tunes a model
+left as written (its ``nn.scan`` untouched): see ``autoremat.remat_scans``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optax
+
+from autoremat._errors import ProblemError
+from autoremat._from_loss import linen_loss
 from autoremat._linen_rnn import RNN as RNN
 from autoremat._linen_scan import scan as scan
+from autoremat._problem import Problem
+from autoremat._remat_scans import DEFAULT_MIN_LENGTH
 
-__all__ = ["RNN", "scan"]
+__all__ = ["RNN", "problem", "scan"]
+
+
+def problem(name: str, model: Any, params: Any, batch: Sequence[Any],
+            optimizer: optax.GradientTransformation,
+            loss: Callable[..., Any] | None = None, *,
+            min_length: int = DEFAULT_MIN_LENGTH) -> Problem:
+    """An ``autoremat.Problem`` from a Flax linen model left as written.
+
+    Args:
+      name: a short name, recorded in schedules and studies.
+      model: the ``nn.Module``; ``model.apply({"params": params}, batch[0])``
+        gives its predictions.
+      params: its parameters (``model.init(...)["params"]``).
+      batch: ``(inputs, *targets)``, arrays of one training step.
+      optimizer: an optax ``GradientTransformation``.
+      loss: ``loss(predictions, *targets) -> scalar``; default the mean L2
+        loss (``optax.l2_loss(...).mean()``), as in the original report.
+      min_length: scans shorter than this are left as written.
+
+    The model's scans (``nn.scan``, ``nn.RNN``, ...) run under each trial's
+    schedule through ``autoremat.remat_scans`` (``Problem.from_loss``).
+    """
+    batch = tuple(batch)
+    if not batch:
+        raise ProblemError("batch: expected (inputs, *targets), got an empty tuple")
+    found = Problem.from_loss(name, linen_loss(model, loss), params, batch, optimizer,
+                              min_length=min_length)
+    targets = ["y"] if len(batch) == 2 else [f"y{i}" for i in range(len(batch) - 1)]
+    return Problem(found.name, found.seq_len, found.build,
+                   ("params", "opt_state", "x", *targets))

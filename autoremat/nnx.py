@@ -36,6 +36,8 @@ supported, each with an error naming it: ``unroll=True`` (full unroll),
 ``_split_transpose``, ``transform_metadata``, ``graph=False`` /
 ``graph_updates=False`` (tree mode), ``None`` in ``out_axes``, returning a
 module from the step, and changing a module's structure inside the step.
+``autoremat.nnx.remat_scans(fn, schedule)`` schedules the scans of unmodified
+NNX code (a function of modules), keeping the modules' state updates.
 Needs flax >= 0.11 (``nnx.Optimizer(model, tx, wrt=...)``, ``update(model,
 grads)``).
 """
@@ -49,13 +51,14 @@ from typing import Any
 import jax
 from flax import nnx
 
+from autoremat._nnx_remat_scans import remat_scans as remat_scans
 from autoremat._nnx_scan import scan
 from autoremat._problem import Problem
 from autoremat._rnn import finish, prepare, scan_body
 from autoremat._scan import as_schedule
 from autoremat._schedule import Schedule
 
-__all__ = ["RNN", "problem", "scan"]
+__all__ = ["RNN", "problem", "remat_scans", "scan"]
 
 PyTree = Any
 

@@ -186,3 +186,25 @@ def kind_matrix() -> list[Any]:
 def one_per_kind() -> list[Schedule]:
     """The first example of every kind."""
     return [kind.examples()[0] for kind in KINDS.values()]
+
+
+# -- remat_scans (test_rewrite*.py): a pure lax.scan RNN over batch-major x ------------------
+
+REWRITE_T = 200
+REWRITE_X = jax.random.normal(jax.random.PRNGKey(1), (2, REWRITE_T, 3))
+REWRITE_W = {"w": jax.random.normal(jax.random.PRNGKey(2), (8, 8)) * 0.3,
+             "u": jax.random.normal(jax.random.PRNGKey(3), (3, 8)) * 0.3}
+
+
+def rnn_step(p: Any, h: jax.Array, x: jax.Array) -> jax.Array:
+    return jnp.tanh(h @ p["w"] + x @ p["u"])
+
+
+def scan_loss(p: Any, x: jax.Array) -> jax.Array:
+    """A ``lax.scan`` RNN over batch-major ``x`` (moved to time-major first)."""
+    def step(h: jax.Array, xt: jax.Array) -> tuple[jax.Array, jax.Array]:
+        h = rnn_step(p, h, xt)
+        return h, h
+
+    _, hs = lax.scan(step, jnp.zeros((x.shape[0], 8)), jnp.moveaxis(x, 1, 0))
+    return jnp.mean(hs ** 2)

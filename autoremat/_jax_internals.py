@@ -1,0 +1,108 @@
+"""Every JAX internal autoremat relies on, in one place.
+
+``remat_scans`` re-evaluates a traced function's jaxpr and so must know a few
+primitives (``scan``, ``jit``, ``checkpoint``, ``cond``, the custom-derivative
+calls, ``transpose``) and the names of their parameters. Public
+``jax.extend`` API is used where it exists; the rest (``remat_p``, source
+locations, re-binding an equation with its own source information) is
+imported here and nowhere else, and ``tests/test_rewrite.py`` runs on the
+oldest jax in ``pyproject.toml`` (0.7.1) as well as the newest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax.extend.core as jex_core
+import jax.extend.core.primitives as prims
+from jax._src import source_info_util
+from jax._src.ad_checkpoint import remat_p
+
+ClosedJaxpr = jex_core.ClosedJaxpr
+Jaxpr = jex_core.Jaxpr
+JaxprEqn = jex_core.JaxprEqn
+Literal = jex_core.Literal
+Var = jex_core.Var
+
+SCAN = prims.scan_p
+JIT = prims.jit_p
+COND = prims.cond_p
+REMAT = remat_p
+TRANSPOSE = prims.transpose_p
+CUSTOM_RULES = (prims.custom_jvp_call_p, prims.custom_vjp_call_p)
+
+# scan's parameters
+SCAN_BODY = "jaxpr"  # a ClosedJaxpr: (consts, carry, x) -> (carry, y)
+NUM_CONSTS = "num_consts"
+NUM_CARRY = "num_carry"
+LENGTH = "length"
+REVERSE = "reverse"
+UNROLL = "unroll"
+# jit's / checkpoint's body, cond's branches, transpose's permutation, checkpoint's options
+JIT_BODY = "jaxpr"  # ClosedJaxpr
+REMAT_BODY = "jaxpr"  # an open Jaxpr (no consts)
+REMAT_POLICY = "policy"
+REMAT_PREVENT_CSE = "prevent_cse"
+COND_BRANCHES = "branches"  # tuple of ClosedJaxpr; operand 0 is the branch index
+PERMUTATION = "permutation"
+
+
+def sub_jaxprs(params: dict[str, Any]) -> Iterator[Jaxpr]:
+    """Every jaxpr held in an equation's parameters (open or closed, alone or in a tuple)."""
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, Jaxpr):
+                yield item
+
+
+def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
+    """Evaluate ``eqn`` on ``invals`` as ``jax.core.eval_jaxpr`` does (its outputs, a list)."""
+    bind_params = eqn.primitive.get_bind_params(eqn.params)
+    # jax < 0.8 returns (subfuns, params), newer jax the params alone
+    subfuns, params = bind_params if isinstance(bind_params, tuple) else ([], bind_params)
+    with source_context(eqn), eqn.ctx.manager:
+        out = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def source_context(eqn: JaxprEqn) -> contextlib.AbstractContextManager[Any]:
+    """Equations emitted inside keep ``eqn``'s traceback and name stack (for errors, profiles)."""
+    info = eqn.source_info
+    return source_info_util.user_context(
+        info.traceback, name_stack=source_info_util.current_name_stack() + info.name_stack)
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = []
+    for name in ("jax", "autoremat", "flax", "optax", "equinox"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(path))
+    return tuple(d + os.sep for d in dirs)
+
+
+def user_location(eqn: JaxprEqn) -> str:
+    """``file:line (function)`` of the user code that emitted ``eqn`` (libraries skipped)."""
+    skip = _library_dirs()
+    frames = list(source_info_util.user_frames(eqn.source_info.traceback))
+    for frame in frames:
+        if not frame.file_name.startswith(skip):
+            return f"{_short(frame.file_name)}:{frame.start_line} ({frame.function_name})"
+    if frames:
+        frame = frames[0]
+        return f"{_short(frame.file_name)}:{frame.start_line} ({frame.function_name})"
+    return "unknown location"
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if rel.startswith("..") else rel
