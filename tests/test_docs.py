@@ -136,11 +136,16 @@ def test_the_commands_of_a_page_run(page: Path, tmp_path: Path, monkeypatch: pyt
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     namespace = {"__name__": "__docs__", **_names()}
-    for block in runnable:
-        if block.lang == "bash":
-            _run_bash(block, tmp_path, env)
-        else:
-            _run_python(block, namespace)
+    saved = dict(os.environ)  # a snippet may set XLA_FLAGS: not for the next page's commands
+    try:
+        for block in runnable:
+            if block.lang == "bash":
+                _run_bash(block, tmp_path, env)
+            else:
+                _run_python(block, namespace)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def test_every_not_run_marker_gives_a_reason_and_sits_on_a_fence() -> None:
