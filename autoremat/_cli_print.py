@@ -24,19 +24,24 @@ if TYPE_CHECKING:
 
 
 class Progress:
-    """A tqdm bar over the trials: the fastest that fits so far (of this worker's
-    trials) and the last one; a failed trial is reported on stderr, and the search
-    goes on. ``on_study`` is called with the study's name after each trial."""
+    """A tqdm bar over the trials on a terminal -- one plain line per trial when stderr
+    is redirected -- with the fastest that fits so far (of this worker's trials) and
+    the last one; a failed trial is reported on stderr, and the search goes on.
+    ``on_study`` is called with the study's name after each trial."""
 
     def __init__(self, total: int | None, budget: int, disable: bool,
                  on_study: Callable[[str], None]) -> None:
         from tqdm import tqdm
 
         self.tqdm = tqdm
-        self.bar = tqdm(total=total, desc="tune", unit="schedule", disable=disable,
-                        file=sys.stderr, dynamic_ncols=True)
+        # A bar redraws itself with carriage returns: on a terminal only. Redirected
+        # (a file, a CI log) each trial is one plain line instead.
+        self.lines = not disable and not sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc="tune", unit="schedule",
+                        disable=disable or self.lines, file=sys.stderr, dynamic_ncols=True)
         self.budget, self.on_study = budget, on_study
         self.best: MeasuredTrial | None = None
+        self.done = 0
 
     def on_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """``tune``'s ``on_trial``."""
@@ -53,10 +58,17 @@ class Progress:
                                     < (best.measurement.step_seconds or 0)):
             best = self.best = done
         self.bar.update(1)
+        self.done += 1
         shown = (f"best #{best.number} {best.schedule.describe()} "
                  f"{best.measurement.step_seconds:.3g} s/step" if best else "none fits yet")
         state = "cut" if m.cut else ("fits" if m.feasible else m.status)
-        self.bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
+        if self.lines:
+            total = f"/{self.bar.total}" if self.bar.total else ""
+            print(f"tune: trial {trial.number} ({self.done}{total}) {describe}: {state}, "
+                  f"total {format_bytes(m.total_bytes)}, step {format_seconds(m.step_seconds)}"
+                  f" | {shown}", file=sys.stderr, flush=True)
+        else:
+            self.bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
 
     def close(self) -> None:
         self.bar.close()

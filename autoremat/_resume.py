@@ -10,7 +10,8 @@ devices or budgets. The search itself is ``autoremat._tune``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import warnings
+from typing import TYPE_CHECKING, Final
 
 from autoremat._errors import TuneError
 from autoremat._problem import Problem
@@ -21,6 +22,10 @@ from autoremat._study import MATCHED_STUDY_ATTRS, StudyInfo
 if TYPE_CHECKING:
     import optuna
     from optuna.storages import RDBStorage
+
+
+#: The study's two objectives, as ``tune`` reports them: compiled total bytes, step seconds.
+METRIC_NAMES: Final = ("total_bytes", "step_seconds")
 
 
 def default_study_name(problem: Problem, budget_bytes: int, device_kind: str) -> str:
@@ -54,6 +59,10 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,
                     f"this run has {attrs[k]!r}; use another study name"
                 )
         if "budget_bytes" not in recorded:
+            # Optuna's own tools (optuna-dashboard, plot_pareto_front) name the axes by these.
+            with warnings.catch_warnings():  # experimental since Optuna 3.2; stable in use
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(list(METRIC_NAMES))
             for k, v in attrs.items():
                 study.set_user_attr(k, v)
             if not study.trials:

@@ -221,3 +221,19 @@ def test_time_limit_takes_seconds_minutes_hours(capsys: pytest.CaptureFixture[st
         assert main(["tune", "--budget", "4GB", f"--time-limit={bad}"]) == 2
         err = capsys.readouterr().err
         assert "--time-limit: expected a duration > 0 such as 90, 90s, 5m or 1.5h" in err, err
+
+
+def test_redirected_tune_prints_one_plain_line_per_trial_and_names_the_objectives(
+        tmp_path: Path) -> None:
+    """A log (stderr not a terminal) gets no carriage-return bar frames; Optuna's own
+    tools read the objectives' names from the study."""
+    r = run("tune", "--problem", TINY, "--budget", "2.4KB", "--trials", "2",
+            "--time-budget", "0.02", "--study-name", "log", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("tune: trial ")]
+    assert len(lines) == 2 and "\r" not in r.stderr, r.stderr
+    assert all("total " in line and "step " in line for line in lines)
+    import optuna
+
+    study = optuna.load_study(study_name="log", storage=f"sqlite:///{tmp_path}/runs/autoremat.db")
+    assert study.metric_names == ["total_bytes", "step_seconds"]
