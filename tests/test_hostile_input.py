@@ -27,22 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoremat._duration import parse_duration
-from autoremat._errors import TuneError
-from autoremat._kinds import top_keys
+from autoremat._errors import ScheduleError, TuneError
+from autoremat._kinds import load_schedule, parse_schedule, top_keys
 from autoremat._nested import LEVEL_KEYS as _LEVEL_KEYS
 from autoremat._nested import MAX_LEVELS
-from autoremat._schedule import (
-    _MAX_FILE_BYTES,
-    ALL_POLICY_NAMES,
-    FACTORY_POLICIES,
-    MAX_LENGTH,
-    ZERO_ARG_POLICIES,
-    ScheduleError,
-    load_schedule,
-    load_yaml_text,
-    parse_schedule,
-)
+from autoremat._policy import ALL_POLICY_NAMES, FACTORY_POLICIES, MAX_LENGTH, ZERO_ARG_POLICIES
 from autoremat._units import BudgetError, parse_bytes
+from autoremat._yaml import _MAX_FILE_BYTES, load_yaml_text
 from autoremat.cli import STUDY_FILE_KEYS, main
 
 ROOT = Path(__file__).resolve().parents[1]

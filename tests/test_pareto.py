@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 from autoremat._errors import TuneError
+from autoremat._kinds import save_schedule
 from autoremat._pareto import (
     describe_schedule,
     dominates,
@@ -21,7 +22,7 @@ from autoremat._pareto import (
     pareto_front,
     plot_study,
 )
-from autoremat._schedule import Schedule, save_schedule
+from autoremat._schedule import Schedule
 from autoremat._stale import load_schedule
 from autoremat._study import choose, load_study
 from autoremat._tune import tune
