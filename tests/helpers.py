@@ -1,7 +1,8 @@
 """Shared test helpers: cells, inputs, the plain-``lax.scan`` reference, tolerances,
 the brute-force Revolve DP and the matrix of every schedule kind's examples.
 
-Test files import from here, never from each other.
+Test files import from here (``from tests.helpers import ...``, the one style for
+every helper module), never from each other.
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def test_fused_readout_rows_match_plain_and_are_checked(tmp_path: Path) -> None:
     fused = [report.FUSED_PLAIN, f"{report.FUSED} sqrt(T) nested", report.FUSED_MIN_MEMORY,
              report.FUSED_TUNED]
     rows = compare.main([
-        "--seq-lens", "256", "--batch", "2", "--hidden", "16", "--trials", "3", "--repeats", "1",
+        "--seq-lens", "256", "--batch", "2", "--hidden", "16", "--trials", "1", "--repeats", "1",
         "--seq2seq", "all", "--max-depth", "2", "--fused-readout", "--out", str(tmp_path),
         "--only", ",".join(["autoremat min-memory", *fused]),
     ])

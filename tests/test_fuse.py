@@ -158,9 +158,8 @@ def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
 ) -> None:
     """The done-when of issue 13 at T=1000 (the 60MB budget at T=10^4, scaled by T/10)."""
     monkeypatch.chdir(tmp_path)  # tune remembers its study in ./runs
-    common = ["tune", "--seq-len", "1000", "--budget", "6MB", "--trials", "4", "--time-budget",
-              "0.05", "--no-progress"]
-    assert main([*common, "--storage", f"sqlite:///{tmp_path}/a.db",
+    common = ["tune", "--seq-len", "1000", "--budget", "6MB", "--time-budget", "0.05", "--no-progress"]
+    assert main([*common, "--trials", "2", "--storage", f"sqlite:///{tmp_path}/a.db",
                  "--out", str(tmp_path / "a.yaml")]) == 3
     captured = capsys.readouterr()
     err = " ".join(captured.err.split())
@@ -169,7 +168,7 @@ def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
     for fix in ("--fused-readout", "autoremat.fuse_loss", "--seq-len", "--batch"):
         assert fix in err, fix
     assert "floor no schedule removes" in captured.out  # the summary's breakdown
-    assert main([*common, "--fused-readout", "--storage", f"sqlite:///{tmp_path}/b.db",
+    assert main([*common, "--trials", "4", "--fused-readout", "--storage", f"sqlite:///{tmp_path}/b.db",
                  "--out", str(tmp_path / "b.yaml")]) == 0
     capsys.readouterr()
     assert main(["show", str(tmp_path / "b.yaml")]) == 0

@@ -331,23 +331,27 @@ def test_module_docstring_examples_run() -> None:
     assert result.attempted >= 4 and result.failed == 0
 
 
-def test_problem_tunes_end_to_end_with_the_cli(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SEED_LSTM_NNX_SEQ_LEN": "24",
-           "SEED_LSTM_NNX_HIDDEN": "8"}
-    cmd = [sys.executable, "-m", "autoremat.cli", "tune", "--problem",
-           f"{ROOT / 'examples' / 'seed_lstm_nnx.py'}:problem", "--budget", "1GB",
-           "--trials", "2", "--time-budget", "0.02", "--no-progress", "--out", "best.yaml"]
-    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       check=False, env=env)
-    assert r.returncode == 0, r.stderr
-    assert "2 measured now)" in r.stdout
+def test_problem_tunes_end_to_end_with_the_cli(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from autoremat.cli import main
+
+    env = {"SEED_LSTM_NNX_SEQ_LEN": "24", "SEED_LSTM_NNX_HIDDEN": "8"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
+    assert main(["tune", "--problem", f"{ROOT / 'examples' / 'seed_lstm_nnx.py'}:problem",
+                 "--budget", "1GB", "--trials", "2", "--time-budget", "0.02", "--no-progress",
+                 "--out", "best.yaml"]) == 0
+    assert "2 measured now)" in capsys.readouterr().out
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["meta"]["problem"].startswith("seed_lstm_nnx(T=24")
     assert 0 < best["meta"]["total_bytes"] <= 10**9
 
+    # the example script itself, as a user runs it, with the tuned schedule
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "seed_lstm_nnx.py"), "--schedule",
                         "best.yaml", "--steps", "2", "--seq-len", "24", "--hidden", "8"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-                       env=env)
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
     assert "step 1: loss" in r.stdout
