@@ -63,14 +63,8 @@ class FoundScan:
 
 
 def _nbytes(avals: Sequence[Any]) -> int:
-    total = 0
-    for aval in avals:
-        try:
-            itemsize = np.dtype(aval.dtype).itemsize
-        except TypeError:  # an extended dtype (typed PRNG key): count its key data
-            itemsize = 8
-        total += int(np.prod(aval.shape, dtype=np.int64)) * itemsize
-    return total
+    # dtype.itemsize, not np.dtype(...): typed PRNG keys (key<fry>) have one too
+    return sum(int(np.prod(a.shape, dtype=np.int64)) * int(a.dtype.itemsize) for a in avals)
 
 
 def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
