@@ -140,14 +140,33 @@ def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: Py
     def step(carry: Carry, x_leaves: Sequence[jax.Array]) -> tuple[Carry, PyTree]:
         return f(carry, jax.tree_util.tree_unflatten(treedef, list(x_leaves)))
 
-    init = _checked_init(step, init, leaves, axes, schedule)
+    init, forwarded = _checked_init(step, init, leaves, axes, schedule)
     if steps == 0:
         moved = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes, strict=True)]
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
         return carry, _move_out(ys, out_axes)
+    if not any(forwarded):
+        carry, ys = schedule.run(step, init, leaves, axes, steps, reverse)
+        return carry, _move_out(ys, out_axes)
+    # Carry leaves the step returns unchanged are forwarded, as lax.scan does:
+    # closed over (held once, never in a checkpoint, never stacked or batched).
+    init_leaves, init_def = jax.tree_util.tree_flatten(init)
 
-    carry, ys = schedule.run(step, init, leaves, axes, steps, reverse)
-    return carry, _move_out(ys, out_axes)
+    def full(kept: Sequence[Any]) -> Carry:
+        it = iter(kept)
+        return jax.tree_util.tree_unflatten(
+            init_def, [v if f else next(it) for v, f in zip(init_leaves, forwarded, strict=True)])
+
+    def moving(carry: Carry) -> list[Any]:
+        return [v for v, f in zip(jax.tree_util.tree_leaves(carry), forwarded, strict=True)
+                if not f]
+
+    def inner(kept: list[Any], x_leaves: Sequence[jax.Array]) -> tuple[list[Any], PyTree]:
+        carry, y = step(full(kept), x_leaves)
+        return moving(carry), y
+
+    kept, ys = schedule.run(inner, moving(init), leaves, axes, steps, reverse)
+    return full(kept), _move_out(ys, out_axes)
 
 
 def _prefix_leaves(axes: PyTree, tree: PyTree) -> list[Any]:
@@ -232,8 +251,9 @@ def _unroll(unroll: Any, steps: int) -> int:
 
 
 def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], axes: list[int],
-                  schedule: Schedule) -> Any:
-    """``init``, checked against one abstract trace of the step, as ``lax.scan`` does.
+                  schedule: Schedule) -> tuple[Any, list[bool]]:
+    """``init``, checked against one abstract trace of the step, as ``lax.scan`` does,
+    and which carry leaves the step returns unchanged (``lax.scan`` forwards those).
 
     The step must return a pair whose carry has ``init``'s structure, shapes
     and dtypes; a weakly typed ``init`` leaf (a Python scalar) takes the dtype
@@ -241,7 +261,7 @@ def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], 
     """
     x_avals = [jax.ShapeDtypeStruct(x.shape[:a] + x.shape[a + 1:], x.dtype)
                for x, a in zip(leaves, axes, strict=True)]
-    out = jax.eval_shape(step, init, x_avals)
+    jaxpr, out = jax.make_jaxpr(step, return_shape=True)(init, x_avals)
     where = f"(autoremat.scan with schedule {schedule.describe()})"
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"scan body output must be a pair (carry, y), got {_summary(out)} {where}")
@@ -265,7 +285,10 @@ def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], 
                 f"{jax.typeof(new).str_short()}, so the {what} do not match {where}. Revise "
                 "the function so that all output types match the corresponding input types.")
         promoted.append(leaf)
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(init), promoted)
+    n = len(promoted)
+    invars, outvars = jaxpr.jaxpr.invars[:n], jaxpr.jaxpr.outvars[:n]
+    forwarded = [o is i for i, o in zip(invars, outvars, strict=True)]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(init), promoted), forwarded
 
 
 def _structure_difference(a: Any, b: Any, path: str) -> str:
