@@ -173,10 +173,7 @@ class _Plugin:
         if report.when != "call" and report.passed:
             return
         name = report.nodeid.split("::", 1)[-1]
-        if report.skipped:
-            outcome = "skipped"
-        else:
-            outcome = "passed" if report.passed else "failed"
+        outcome = "skipped" if report.skipped else "passed" if report.passed else "failed"
         if name in self.results and self.results[name]["outcome"] == "failed":
             return
         crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
