@@ -21,6 +21,7 @@ The pipeline, one module per box::
       -> schedule    (YAML again, with what was measured in ``meta``)
 
     errors: _errors.py (AutorematError and its kinds); the command: cli.py, _cli_settings.py
+    JAX and Flax private APIs, in one place: _jax_internals.py
 
 Importing ``autoremat`` does not import jax: ``scan``, ``linen`` and ``nnx`` load it
 when first used, so ``autoremat --help`` is instant.

@@ -188,7 +188,7 @@ def _raise_lax_scans_error(f: Callable[..., Any], init: Any, xs: PyTree, leaves:
            for x, a in zip(leaves, axes, strict=True)]
     xs1 = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(xs), one)
     try:
-        jax.eval_shape(lambda c, x: lax.scan(f, c, x), init, xs1)
+        jax.eval_shape(lambda c, x: lax.scan(f, c, x, length=1), init, xs1)
     except TypeError as e:
         raise TypeError(f"{e}\n(autoremat.scan with schedule {schedule.describe()})") from None
 
