@@ -56,3 +56,15 @@ def nnx_scan_with(loop: Callable[..., Any]) -> Callable[..., Any]:
             namespace[name] = copy
     scan: Callable[..., Any] = namespace["scan"]
     return scan
+
+
+# -- JAX: running a traced step from its jaxpr (trace once, as lax.scan) ---------------
+
+def jaxpr_function(closed_jaxpr: Any) -> Callable[..., list[Any]]:
+    """The flat function a ``ClosedJaxpr`` computes (``jax._src.core.jaxpr_as_fun``,
+    present from jax 0.4 to at least 0.10): evaluating it binds the jaxpr's equations
+    again, without calling the Python function that was traced."""
+    from jax._src import core
+
+    run: Callable[..., list[Any]] = core.jaxpr_as_fun(closed_jaxpr)  # curried
+    return run

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from autoremat._breakdown import SCAN_RECORDS, ScanRecord
+from autoremat._jax_internals import jaxpr_function
 from autoremat._kinds import load_schedule
 from autoremat._schedule import Schedule, ScheduleError
 
@@ -142,7 +143,7 @@ def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: Py
         return f(carry, jax.tree_util.tree_unflatten(treedef, list(x_leaves)))
 
     try:
-        init, forwarded = _checked_init(step, init, leaves, axes, schedule)
+        init, forwarded, step = _checked_init(step, init, leaves, axes, schedule)
     except TypeError:
         _raise_lax_scans_error(f, init, xs, leaves, axes, schedule)
         raise
@@ -279,9 +280,11 @@ def _unroll(unroll: Any, steps: int) -> int:
 
 
 def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], axes: list[int],
-                  schedule: Schedule) -> tuple[Any, list[bool]]:
-    """``init``, checked against one abstract trace of the step, as ``lax.scan`` does,
-    and which carry leaves the step returns unchanged (``lax.scan`` forwards those).
+                  schedule: Schedule) -> tuple[Any, list[bool], Callable[..., Any]]:
+    """``init``, checked against one abstract trace of the step, as ``lax.scan`` does;
+    which carry leaves the step returns unchanged (``lax.scan`` forwards those); and
+    the step run from that trace's jaxpr, so that the step's Python runs once per
+    call however many loops the schedule has (as under ``lax.scan``).
 
     The step must return a pair whose carry has ``init``'s structure, shapes
     and dtypes; a weakly typed ``init`` leaf (a Python scalar) takes the dtype
@@ -316,7 +319,16 @@ def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], 
     n = len(promoted)
     invars, outvars = jaxpr.jaxpr.invars[:n], jaxpr.jaxpr.outvars[:n]
     forwarded = [o is i for i, o in zip(invars, outvars, strict=True)]
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(init), promoted), forwarded
+    checked = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(init), promoted)
+    if any(p is not v for p, v in zip(promoted, jax.tree_util.tree_leaves(init), strict=True)):
+        return checked, forwarded, step  # a promoted carry: the trace's types differ
+    run, out_tree = jaxpr_function(jaxpr), jax.tree_util.tree_structure(out)
+
+    def traced(carry: Any, x_leaves: Sequence[jax.Array]) -> Any:
+        flat = jax.tree_util.tree_leaves((carry, list(x_leaves)))
+        return jax.tree_util.tree_unflatten(out_tree, run(*flat))
+
+    return checked, forwarded, traced
 
 
 def _structure_difference(a: Any, b: Any, path: str) -> str:
