@@ -26,6 +26,7 @@ The pipeline, one module per box::
 
     errors: _errors.py (AutorematError and its kinds); the command: cli.py, _cli_settings.py,
     _cli_print.py
+    JAX and Flax private APIs, in one place: _jax_internals.py
 
 Importing ``autoremat`` does not import jax: ``scan``, ``linen`` and ``nnx`` load it
 when first used, so ``autoremat --help`` is instant.

@@ -36,13 +36,23 @@ class BinomialSchedule(Schedule):
     ``snapshots >= T`` stores every carry (per-step remat). ``unroll`` is the
     ``lax.scan`` unroll of the forward sweep.
 
-    Transformations: ``jax.grad``/``vjp``, ``jvp``/``jacfwd`` (forward mode
-    runs the plain forward sweep, which stores nothing either),
-    forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``), ``vmap``,
-    ``jit``. Not: reverse-over-reverse (grad of grad: the backward's
-    re-advances are loops of dynamic length) and ``jax.linearize`` (a
-    ``custom_vjp`` has no forward-mode linear map): each a ``ScheduleError``
-    at trace time naming the fix. Use a nested schedule for those.
+    Transformations: ``jax.grad``/``vjp`` (also of ``jit``, ``checkpoint``,
+    ``vmap``), forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``, also of
+    a jitted function), ``vmap``, ``jit``, and forward mode (``jvp``,
+    ``jacfwd``) when the JVP reaches the scan as it is traced -- ``jvp(f)``,
+    ``jit(jvp(f))``, ``vmap(jvp(f))``: it runs the plain forward sweep, which
+    stores nothing either. Not: reverse-over-reverse (grad of grad: the
+    backward's re-advances are loops of dynamic length) and ``jax.linearize``
+    (a ``custom_vjp`` has no forward-mode linear map); traced directly, each
+    is a ``ScheduleError`` naming the fix. Forward mode applied *after* the
+    scan was traced (``jvp(jit(f))``, ``jvp(checkpoint(f))``,
+    ``jvp(vmap(f))``, ``linearize(jit(f))``) and grad of grad through ``jit``
+    or ``checkpoint`` cannot be told apart at trace time (the scan sees
+    plain jaxpr tracers): JAX's own errors appear then, "can't apply
+    forward-mode autodiff (jvp) to a custom_vjp function" and
+    "Reverse-mode differentiation does not work for lax.while_loop or
+    lax.fori_loop with dynamic start/stop values". Use a nested schedule for
+    those (or move ``jvp`` inside the ``jit``).
 
     Attributes:
       snapshots: how many carries are stored at once (>= 1).

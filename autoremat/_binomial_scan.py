@@ -196,100 +196,130 @@ class _Loop:
         return (carry, ys), slots
 
     def backward(self, res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
-        init, xs, consts, slots, (init_m, xs_m, consts_m) = res
+        """The reversals, last step first: restore, re-advance, the step's VJP."""
+        return _Backward(self, res).run(cts)
+
+
+class _Backward:
+    """One backward pass of a ``_Loop``: which inputs are differentiated, the
+    residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the tables as
+    arrays. ``run`` scans the reversals; each ``reversal`` ``restore``s a carry,
+    ``readvance``s it to the step it reverses and runs ``vjp_step``."""
+
+    def __init__(self, loop: _Loop, res: Any) -> None:
+        init, self.xs, self.consts, self.slots, (init_m, xs_m, consts_m) = res
+        self.loop, self.init_marks = loop, init_m
+        self.carry_leaves, self.carry_tree = jax.tree_util.tree_flatten(init)
+        self.diff = [_inexact(c) for c in self.carry_leaves]  # carry leaves with a cotangent
+        self.x_diff = [m is not None for m in xs_m]
+        self.k_diff = [m is not None for m in consts_m]
+        p = loop.tables
+        self.restore_slot = jnp.asarray(p.restore_slot)
+        self.restore_pos = jnp.asarray(p.restore_position)
+        self.pair_start = jnp.asarray(p.pair_start)
+        self.pair_adv = jnp.asarray(np.append(p.pair_advance, 0))  # padded: never empty
+        self.pair_slot = jnp.asarray(np.append(p.pair_slot, -1))
+        self.initial = p.snapshots
+
+    def run(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
         ct_carry, ct_ys = cts
-        p = self.tables
-        carry_leaves, carry_tree = jax.tree_util.tree_flatten(init)
-        diff = [_inexact(c) for c in carry_leaves]  # carry leaves with a cotangent
-        x_diff = [m is not None for m in xs_m]
-        k_diff = [m is not None for m in consts_m]
         ct_c = [
             jnp.zeros_like(c) if _zero(t) else t
-            for c, t, d in zip(carry_leaves, jax.tree_util.tree_leaves(
-                ct_carry, is_leaf=_zero), diff, strict=True) if d
+            for c, t, d in zip(self.carry_leaves, jax.tree_util.tree_leaves(
+                ct_carry, is_leaf=_zero), self.diff, strict=True) if d
         ]
         ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
 
-        restore_slot = jnp.asarray(p.restore_slot)
-        restore_pos = jnp.asarray(p.restore_position)
-        pair_start = jnp.asarray(p.pair_start)
-        pair_adv = jnp.asarray(np.append(p.pair_advance, 0))  # padded: never empty
-        pair_slot = jnp.asarray(np.append(p.pair_slot, -1))
-        initial = p.snapshots
-
-        def vjp_step(carry: list[jax.Array], x: list[jax.Array], ct_c: list[jax.Array],
-                     ct_y: list[Any]) -> tuple[list[jax.Array], list[jax.Array], list[Any]]:
-            def f(c_d: list[jax.Array], x_d: list[jax.Array], k_d: list[Any]) -> Any:
-                it_c, it_x, it_k = iter(c_d), iter(x_d), iter(k_d)
-                c = [next(it_c) if d else v for v, d in zip(carry, diff, strict=True)]
-                xx = [next(it_x) if d else v for v, d in zip(x, x_diff, strict=True)]
-                kk = [next(it_k) if d else v for v, d in zip(consts, k_diff, strict=True)]
-                new_c, y = self.call(jax.tree_util.tree_unflatten(carry_tree, c), xx, kk)
-                new_leaves = jax.tree_util.tree_leaves(new_c)
-                y_leaves = jax.tree_util.tree_leaves(y)
-                return ([v for v, d in zip(new_leaves, diff, strict=True) if d],
-                        [v for v in y_leaves if _inexact(v)])
-
-            primals = (
-                [v for v, d in zip(carry, diff, strict=True) if d],
-                [v for v, d in zip(x, x_diff, strict=True) if d],
-                [v for v, d in zip(consts, k_diff, strict=True) if d],
-            )
-            (_, y_out), pullback = jax.vjp(f, *primals)
-            ct_y_full = [jnp.zeros_like(v) if _zero(t) else t.astype(v.dtype)
-                         for v, t in zip(y_out, ct_y, strict=True)]
-            return pullback((ct_c, ct_y_full))
-
         def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
-            ct_c, slots, acc = state
-            k = self.steps - 1 - self.index(index)  # reversal number
-            slot = restore_slot[k]
-            use_init = slot == initial
-            safe = jnp.minimum(slot, initial - 1)
-            carry = [jnp.where(use_init, c0, lax.dynamic_index_in_dim(buf, safe, 0, False))
-                     for c0, buf in zip(carry_leaves, slots, strict=True)]
-            position = restore_pos[k]
+            return self.reversal(state, index, ct_y_leaves)
 
-            def pair(j: jax.Array, st: tuple[Any, ...]) -> tuple[Any, ...]:
-                carry, position, slots = st
-                c, position = self.advance(jax.tree_util.tree_unflatten(carry_tree, carry),
-                                           position, pair_adv[j], xs, consts)
-                carry = jax.tree_util.tree_leaves(c)
-                target = pair_slot[j]
-                take = target >= 0
-                t = jnp.maximum(target, 0)
-                slots = [
-                    lax.dynamic_update_index_in_dim(
-                        buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
-                    for buf, c in zip(slots, carry, strict=True)
-                ]
-                return carry, position, slots
-
-            carry, position, slots = lax.fori_loop(pair_start[k], pair_start[k + 1], pair,
-                                                   (carry, position, slots))
-            x = self.x_at(xs, index)
-            ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
-                    for t in ct_y_leaves]
-            ct_y = [t for t in ct_y if _keep_y(t)]
-            ct_c, dx, dk = vjp_step(carry, x, ct_c, ct_y)
-            acc = [a + g for a, g in zip(acc, dk, strict=True)]
-            return (ct_c, slots, acc), dx
-
-        acc = [jnp.zeros_like(k) for k, d in zip(consts, k_diff, strict=True) if d]
+        acc = [jnp.zeros_like(k) for k, d in zip(self.consts, self.k_diff, strict=True) if d]
         (ct_c, _, acc), dxs = lax.scan(
-            body, (ct_c, slots, acc), jnp.arange(self.steps, dtype=jnp.int32),
-            reverse=not self.reverse,
+            body, (ct_c, self.slots, acc), jnp.arange(self.loop.steps, dtype=jnp.int32),
+            reverse=not self.loop.reverse,
         )
-        # Cotangents, None where nobody asked for one.
+        return self.cotangents(ct_c, dxs, acc)
+
+    def reversal(self, state: tuple[Any, ...], index: jax.Array,
+                 ct_y_leaves: list[Any]) -> tuple[tuple[Any, ...], Any]:
+        """Reverse the step at data index ``index``: ``(ct_c, slots, acc) -> (..., dx)``."""
+        ct_c, slots, acc = state
+        k = self.loop.steps - 1 - self.loop.index(index)  # reversal number
+        carry = self.restore(slots, k)
+        carry, _, slots = lax.fori_loop(self.pair_start[k], self.pair_start[k + 1],
+                                        self.readvance, (carry, self.restore_pos[k], slots))
+        x = self.loop.x_at(self.xs, index)
+        ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
+                for t in ct_y_leaves]
+        ct_y = [t for t in ct_y if _keep_y(t)]
+        ct_c, dx, dk = self.vjp_step(carry, x, ct_c, ct_y)
+        acc = [a + g for a, g in zip(acc, dk, strict=True)]
+        return (ct_c, slots, acc), dx
+
+    def restore(self, slots: list[jax.Array], k: jax.Array) -> list[jax.Array]:
+        """The carry leaves reversal ``k`` starts from: a snapshot slot, or ``init``."""
+        slot = self.restore_slot[k]
+        use_init = slot == self.initial
+        safe = jnp.minimum(slot, self.initial - 1)
+        return [jnp.where(use_init, c0, lax.dynamic_index_in_dim(buf, safe, 0, False))
+                for c0, buf in zip(self.carry_leaves, slots, strict=True)]
+
+    def readvance(self, j: jax.Array, state: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Pair ``j`` of the tables: advance ``pair_adv[j]`` steps, then store the carry
+        in slot ``pair_slot[j]`` (none if ``-1``)."""
+        carry, position, slots = state
+        c, position = self.loop.advance(jax.tree_util.tree_unflatten(self.carry_tree, carry),
+                                        position, self.pair_adv[j], self.xs, self.consts)
+        carry = jax.tree_util.tree_leaves(c)
+        target = self.pair_slot[j]
+        take = target >= 0
+        t = jnp.maximum(target, 0)
+        slots = [
+            lax.dynamic_update_index_in_dim(
+                buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
+            for buf, c in zip(slots, carry, strict=True)
+        ]
+        return carry, position, slots
+
+    def vjp_step(self, carry: list[jax.Array], x: list[jax.Array], ct_c: list[jax.Array],
+                 ct_y: list[Any]) -> tuple[list[jax.Array], list[jax.Array], list[Any]]:
+        """The step's VJP w.r.t. the differentiated carry, ``x`` and consts leaves."""
+        diff, x_diff, k_diff, consts = self.diff, self.x_diff, self.k_diff, self.consts
+
+        def f(c_d: list[jax.Array], x_d: list[jax.Array], k_d: list[Any]) -> Any:
+            it_c, it_x, it_k = iter(c_d), iter(x_d), iter(k_d)
+            c = [next(it_c) if d else v for v, d in zip(carry, diff, strict=True)]
+            xx = [next(it_x) if d else v for v, d in zip(x, x_diff, strict=True)]
+            kk = [next(it_k) if d else v for v, d in zip(consts, k_diff, strict=True)]
+            new_c, y = self.loop.call(jax.tree_util.tree_unflatten(self.carry_tree, c), xx, kk)
+            new_leaves = jax.tree_util.tree_leaves(new_c)
+            y_leaves = jax.tree_util.tree_leaves(y)
+            return ([v for v, d in zip(new_leaves, diff, strict=True) if d],
+                    [v for v in y_leaves if _inexact(v)])
+
+        primals = (
+            [v for v, d in zip(carry, diff, strict=True) if d],
+            [v for v, d in zip(x, x_diff, strict=True) if d],
+            [v for v, d in zip(consts, k_diff, strict=True) if d],
+        )
+        (_, y_out), pullback = jax.vjp(f, *primals)
+        ct_y_full = [jnp.zeros_like(v) if _zero(t) else t.astype(v.dtype)
+                     for v, t in zip(y_out, ct_y, strict=True)]
+        return pullback((ct_c, ct_y_full))
+
+    def cotangents(self, ct_c: list[jax.Array], dxs: list[jax.Array],
+                   acc: list[Any]) -> tuple[Any, Any, Any]:
+        """The cotangents of ``(init, xs, consts)``, ``None`` where nobody asked for one."""
         it = iter(ct_c)
-        ct_init = [next(it) if d else None for d in diff]
-        ct_init = [c if m is not None else None for c, m in zip(ct_init, init_m, strict=True)]
+        ct_init = [next(it) if d else None for d in self.diff]
+        ct_init = [c if m is not None else None
+                   for c, m in zip(ct_init, self.init_marks, strict=True)]
         it_x = iter(dxs)
         ct_xs = [jnp.moveaxis(next(it_x), 0, a) if d else None
-                 for d, a in zip(x_diff, self.axes, strict=True)]
+                 for d, a in zip(self.x_diff, self.loop.axes, strict=True)]
         it_k = iter(acc)
-        ct_k = [next(it_k) if d else None for d in k_diff]
-        return (jax.tree_util.tree_unflatten(carry_tree, ct_init), ct_xs, ct_k)
+        ct_k = [next(it_k) if d else None for d in self.k_diff]
+        return (jax.tree_util.tree_unflatten(self.carry_tree, ct_init), ct_xs, ct_k)
 
 
 def _keep_y(t: Any) -> bool:

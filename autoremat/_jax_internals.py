@@ -1,4 +1,4 @@
-"""Every JAX internal autoremat relies on, in one place.
+"""Every JAX and Flax internal autoremat relies on, in one place.
 
 ``remat_scans`` re-evaluates a traced function's jaxpr and so must know a few
 primitives (``scan``, ``jit``, ``checkpoint``, ``cond``, the custom-derivative
@@ -7,6 +7,10 @@ calls, ``transpose``) and the names of their parameters. Public
 locations, re-binding an equation with its own source information) is
 imported here and nowhere else, and ``tests/test_rewrite.py`` runs on the
 oldest jax in ``pyproject.toml`` (0.7.1) as well as the newest.
+
+``autoremat.nnx.scan`` is Flax's own ``nnx.scan`` with its loop replaced
+(``nnx_scan_with``, the last section): Flax's checks, errors, graph and tree
+modes and state handling, with the schedule's loop.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax.extend.core as jex_core
@@ -106,3 +111,51 @@ def _short(path: str) -> str:
     except ValueError:  # another drive (Windows)
         return path
     return path if rel.startswith("..") else rel
+
+
+# -- Flax: nnx.scan with another loop (drop-in, issue 23) ----------------------------
+# ``flax.nnx.transforms.iteration`` runs its loop through the module global
+# ``jax`` (``jax.lax.scan(...)``) in ``scan`` (flax 0.12.0-0.12.5) or in
+# ``_simple_scan`` / ``_graph_updates_scan`` (0.12.6+, tree and graph modes).
+
+_FLAX_SCAN_FUNCTIONS = ("scan", "_simple_scan", "_graph_updates_scan")
+
+
+class _Swapped:
+    """A module with some attributes replaced; every other attribute is the module's."""
+
+    def __init__(self, module: Any, **swapped: Any) -> None:
+        self._module, self._swapped = module, swapped
+
+    def __getattr__(self, name: str) -> Any:
+        swapped = self.__dict__["_swapped"]
+        return swapped[name] if name in swapped else getattr(self._module, name)
+
+
+def nnx_scan_with(loop: Callable[..., Any]) -> Callable[..., Any]:
+    """``flax.nnx.scan`` itself -- its argument checks, errors, graph and tree
+    modes, state handling -- with ``loop`` (``jax.lax.scan``'s signature) in place
+    of ``jax.lax.scan``.
+
+    A copy of Flax's scan functions over a copy of their module's globals in
+    which ``jax.lax.scan`` is ``loop``; Flax's module is left untouched. With a
+    Flax whose scan no longer reaches the loop through its ``jax`` global the
+    copy would run ``jax.lax.scan``: ``tests/test_nnx.py`` checks that the loop
+    is reached.
+    """
+    import jax
+    from flax.nnx.transforms import iteration
+
+    namespace = dict(vars(iteration))
+    namespace["jax"] = _Swapped(jax, lax=_Swapped(jax.lax, scan=loop))
+    for name in _FLAX_SCAN_FUNCTIONS:
+        fn = namespace.get(name)
+        if isinstance(fn, types.FunctionType):
+            copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__,
+                                      fn.__closure__)
+            copy.__kwdefaults__ = fn.__kwdefaults__
+            copy.__dict__.update(fn.__dict__)
+            copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
+            namespace[name] = copy
+    scan: Callable[..., Any] = namespace["scan"]
+    return scan

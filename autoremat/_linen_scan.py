@@ -57,6 +57,7 @@ def scan(
     data_transform: Callable[..., Any] | None = None,
     metadata_params: Mapping[Any, Any] = FrozenDict(),
     methods: Sequence[str] | Mapping[str, Any] | None = None,
+    check_constancy_invariants: bool = True,
 ) -> Target:
     """``flax.linen.scan`` run with a remat schedule (see the module docstring).
 
@@ -88,6 +89,10 @@ def scan(
       methods: with a Module class, the methods to scan (default ``__call__``):
         a list, or ``{name: {argument: value}}`` to override any of the
         arguments above for one method.
+      check_constancy_invariants: accepted as in ``nn.scan`` (a bool). There it
+        costs an extra trace to verify that broadcast values are loop
+        invariants; here broadcast collections are closed over by the loop, so
+        they are invariant by construction and either value runs the same.
 
     Returns:
       The scanned Module class or method, like ``nn.scan``.
@@ -103,6 +108,7 @@ def scan(
         "split_rngs": split_rngs, "in_axes": in_axes, "out_axes": out_axes,
         "length": length, "reverse": reverse, "data_transform": data_transform,
         "metadata_params": metadata_params,
+        "check_constancy_invariants": check_constancy_invariants,
     })
     if isinstance(methods, Mapping):
         # Per-method overrides of the arguments above (nn.scan takes each
@@ -127,6 +133,9 @@ def _core_options(options: dict[str, Any]) -> dict[str, Any]:
     if unroll is not None:
         schedule = dataclasses.replace(schedule, unroll=unroll)
     options["schedule"] = schedule
+    check = options.pop("check_constancy_invariants", True)
+    if not isinstance(check, bool):
+        raise TypeError(f"check_constancy_invariants: expected a bool, got {check!r}")
     _variable_axes(options.get("variable_axes", FrozenDict()))
     if any(ax is broadcast for ax in jax.tree_util.tree_leaves(options.get("out_axes", 0))):
         raise ValueError(
@@ -139,7 +148,7 @@ def _core_options(options: dict[str, Any]) -> dict[str, Any]:
 _OPTIONS = frozenset({
     "schedule", "unroll", "variable_axes", "variable_broadcast", "variable_carry",
     "split_rngs", "in_axes", "out_axes", "length", "reverse", "data_transform",
-    "metadata_params",
+    "metadata_params", "check_constancy_invariants",
 })
 
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 from jax import lax
 
@@ -123,6 +124,9 @@ def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: Py
             f"schedule: expected an autoremat.Schedule (see autoremat.load_schedule), "
             f"got {type(schedule).__name__}"
         )
+    if not callable(f):  # lax.scan's checks, in lax.scan's order
+        raise TypeError(f"lax.scan: f argument should be a callable. (autoremat.scan with "
+                        f"schedule {schedule.describe()}, got {type(f).__name__})")
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(xs)
     paths = ["xs" + jax.tree_util.keystr(p) for p, _ in with_paths]
     leaves = [jnp.asarray(x) for _, x in with_paths]
@@ -135,20 +139,60 @@ def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: Py
     axes = [_normalize_axis(a, x.ndim, "axis", path)
             for a, x, path in zip(prefix, leaves, paths, strict=True)]
     steps = _sequence_length(leaves, axes, length)
-    if unroll is not None:
-        schedule = replace(schedule, unroll=_unroll(unroll, steps))
 
     def step(carry: Carry, x_leaves: Sequence[jax.Array]) -> tuple[Carry, PyTree]:
         return f(carry, jax.tree_util.tree_unflatten(treedef, list(x_leaves)))
 
-    init = _checked_init(step, init, leaves, axes, schedule)
+    try:
+        init, forwarded, step = _checked_init(step, init, leaves, axes, schedule)
+    except TypeError:
+        _raise_lax_scans_error(f, init, xs, leaves, axes, schedule)
+        raise
+    if unroll is not None:
+        schedule = replace(schedule, unroll=_unroll(unroll, steps))
     if steps == 0:
         moved = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes, strict=True)]
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
         return carry, _move_out(ys, out_axes)
+    if not any(forwarded):
+        carry, ys = schedule.run(step, init, leaves, axes, steps, reverse)
+        return carry, _move_out(ys, out_axes)
+    # Carry leaves the step returns unchanged are forwarded, as lax.scan does:
+    # closed over (held once, never in a checkpoint, never stacked or batched).
+    init_leaves, init_def = jax.tree_util.tree_flatten(init)
 
-    carry, ys = schedule.run(step, init, leaves, axes, steps, reverse)
-    return carry, _move_out(ys, out_axes)
+    def full(kept: Sequence[Any]) -> Carry:
+        it = iter(kept)
+        return jax.tree_util.tree_unflatten(
+            init_def, [v if f else next(it) for v, f in zip(init_leaves, forwarded, strict=True)])
+
+    def moving(carry: Carry) -> list[Any]:
+        return [v for v, f in zip(jax.tree_util.tree_leaves(carry), forwarded, strict=True)
+                if not f]
+
+    def inner(kept: list[Any], x_leaves: Sequence[jax.Array]) -> tuple[list[Any], PyTree]:
+        carry, y = step(full(kept), x_leaves)
+        return moving(carry), y
+
+    kept, ys = schedule.run(inner, moving(init), leaves, axes, steps, reverse)
+    return full(kept), _move_out(ys, out_axes)
+
+
+def _raise_lax_scans_error(f: Callable[..., Any], init: Any, xs: PyTree, leaves: list[jax.Array],
+                           axes: list[int], schedule: Schedule) -> None:
+    """Raise ``lax.scan``'s own error for a step whose output does not fit ``init``
+    (not a pair, another carry structure or type), with the schedule after it.
+
+    One abstract ``lax.scan`` of a single step (nothing runs); returns if that
+    raises nothing, so the caller's own error stands.
+    """
+    one = [jax.ShapeDtypeStruct((1, *x.shape[:a], *x.shape[a + 1:]), x.dtype)
+           for x, a in zip(leaves, axes, strict=True)]
+    xs1 = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(xs), one)
+    try:
+        jax.eval_shape(lambda c, x: lax.scan(f, c, x, length=1), init, xs1)
+    except TypeError as e:
+        raise TypeError(f"{e}\n(autoremat.scan with schedule {schedule.describe()})") from None
 
 
 def _prefix_leaves(axes: PyTree, tree: PyTree) -> list[Any]:
@@ -177,19 +221,22 @@ def _sequence_length(leaves: list[jax.Array], axes: list[int], length: int | Non
     sizes = {jnp.shape(x)[a] for x, a in zip(leaves, axes, strict=True)}
     if len(sizes) > 1:
         raise ValueError(
-            f"xs: every input must have the same size along the scanned axis, got "
-            f"{sorted(sizes)}"
-        )
+            "scan got values with different leading axis sizes: "
+            f"{', '.join(str(jnp.shape(x)[a]) for x, a in zip(leaves, axes, strict=True))}. "
+            "(xs: every input must have the same size along the scanned axis)")
     if length is not None:
         given = length
-        length = _concrete_int(length, "length", "a non-negative int", ValueError)
+        length = _concrete_int(length, "length", "`int`", ValueError)
         if isinstance(given, bool) or length < 0:
             raise ValueError(f"length: expected a non-negative int, got {length!r}")
         if sizes and sizes != {length}:
-            raise ValueError(f"length: {length} does not match the inputs' length {sizes.pop()}")
+            raise ValueError(
+                f"scan got `length` argument of {length} which disagrees with leading axis "
+                f"sizes {[jnp.shape(x)[a] for x, a in zip(leaves, axes, strict=True)]}.")
         return length
     if not sizes:
-        raise ValueError("length: must be given when xs is None or has no leaves")
+        raise ValueError("scan got no values to scan over and `length` not provided. "
+                         "(length: give it when xs is None or has no leaves)")
     return sizes.pop()
 
 
@@ -214,8 +261,9 @@ def _concrete_int(value: Any, name: str, expected: str,
     """``value`` as a Python int; a traced value is a ``ConcretizationTypeError`` (as in lax.scan)."""
     if isinstance(value, jax.core.Tracer):
         raise jax.errors.ConcretizationTypeError(
-            value, f"The `{name}` argument to autoremat.scan expects a concrete {expected} value "
-            "(a schedule is planned for a static T). For a dynamic length use lax.while_loop.")
+            value, f"The `{name}` argument to `scan` expects a concrete {expected} value. "
+            "(autoremat plans a schedule for a static T; for a dynamic length use "
+            "lax.while_loop.)")
     try:
         return operator.index(value)
     except TypeError:
@@ -224,7 +272,7 @@ def _concrete_int(value: Any, name: str, expected: str,
 
 def _unroll(unroll: Any, steps: int) -> int:
     """``lax.scan``'s ``unroll`` (``True``: all ``steps``) as the schedule's ``unroll``."""
-    value = _concrete_int(unroll, "unroll", "`bool` or non-negative `int`")
+    value = _concrete_int(unroll, "unroll", "`int` or `bool`")
     if isinstance(unroll, bool):
         value = steps if unroll else 1
     if value < 0:
@@ -233,8 +281,11 @@ def _unroll(unroll: Any, steps: int) -> int:
 
 
 def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], axes: list[int],
-                  schedule: Schedule) -> Any:
-    """``init``, checked against one abstract trace of the step, as ``lax.scan`` does.
+                  schedule: Schedule) -> tuple[Any, list[bool], Callable[..., Any]]:
+    """``init``, checked against one abstract trace of the step, as ``lax.scan`` does;
+    which carry leaves the step returns unchanged (``lax.scan`` forwards those); and
+    the step run from that trace's jaxpr, so that the step's Python runs once per
+    call however many loops the schedule has (as under ``lax.scan``).
 
     The step must return a pair whose carry has ``init``'s structure, shapes
     and dtypes; a weakly typed ``init`` leaf (a Python scalar) takes the dtype
@@ -242,7 +293,7 @@ def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], 
     """
     x_avals = [jax.ShapeDtypeStruct(x.shape[:a] + x.shape[a + 1:], x.dtype)
                for x, a in zip(leaves, axes, strict=True)]
-    out = jax.eval_shape(step, init, x_avals)
+    jaxpr, out = jax.make_jaxpr(step, return_shape=True)(init, x_avals)
     where = f"(autoremat.scan with schedule {schedule.describe()})"
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"scan body output must be a pair (carry, y), got {_summary(out)} {where}")
@@ -266,7 +317,19 @@ def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], 
                 f"{jax.typeof(new).str_short()}, so the {what} do not match {where}. Revise "
                 "the function so that all output types match the corresponding input types.")
         promoted.append(leaf)
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(init), promoted)
+    n = len(promoted)
+    invars, outvars = jaxpr.jaxpr.invars[:n], jaxpr.jaxpr.outvars[:n]
+    forwarded = [o is i for i, o in zip(invars, outvars, strict=True)]
+    checked = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(init), promoted)
+    if any(p is not v for p, v in zip(promoted, jax.tree_util.tree_leaves(init), strict=True)):
+        return checked, forwarded, step  # a promoted carry: the trace's types differ
+    run, out_tree = jax.extend.core.jaxpr_as_fun(jaxpr), jax.tree_util.tree_structure(out)
+
+    def traced(carry: Any, x_leaves: Sequence[jax.Array]) -> Any:
+        flat = jax.tree_util.tree_leaves((carry, list(x_leaves)))
+        return jax.tree_util.tree_unflatten(out_tree, run(*flat))
+
+    return checked, forwarded, traced
 
 
 def _structure_difference(a: Any, b: Any, path: str) -> str:

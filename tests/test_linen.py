@@ -364,7 +364,7 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="variable_axes"):
         autoremat.linen.scan(Block, schedule=Schedule.nested([2]),
                              variable_axes={"params": nn.broadcast})
-    with pytest.raises(ValueError, match="length: must be given"):
+    with pytest.raises(ValueError, match="no values to scan over and `length` not provided"):
         broadcast_only = autoremat.linen.scan(Block, schedule=Schedule.nested([2]),
                                               in_axes=nn.broadcast)
         broadcast_only().init(jax.random.PRNGKey(0), jnp.ones((3, FEAT)), None)

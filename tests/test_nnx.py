@@ -296,32 +296,10 @@ def test_bidirectional_on_autoremat_rnns(schedule: Schedule) -> None:
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"unroll": True}, "unroll: .*unroll=True"),
     ({"_split_transpose": True}, "_split_transpose: not supported"),
-    ({"transform_metadata": {"partition": "x"}}, "transform_metadata: not supported"),
-    ({"graph": False}, "graph=False"),
-    ({"graph_updates": False}, "graph_updates=False"),
-    ({"out_axes": (nnx.Carry, None)}, "out_axes: None"),
-    ({"in_axes": (nnx.Carry, 0), "out_axes": 0}, "both or neither must contain nnx.Carry"),
 ])
 def test_unsupported_arguments_say_so(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         autoremat.nnx.scan(lambda c, x: (c, x), schedule=SCHEDULES["binomial"], **kwargs)
-
-
-def test_returning_a_module_or_changing_structure_is_an_error() -> None:
-    m = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
-    step = autoremat.nnx.scan(lambda c, m: (c, m), schedule=SCHEDULES["binomial"],
-                              in_axes=(nnx.Carry, None), length=3)
-    with pytest.raises(ValueError, match="out_axes: the scanned function returns a Module"):
-        step(jnp.zeros(2), m)
-
-    def grow(c: jax.Array, m: nnx.Linear) -> tuple[jax.Array, jax.Array]:
-        m.extra = nnx.Variable(c)
-        return c, c
-
-    step = autoremat.nnx.scan(grow, schedule=SCHEDULES["binomial"], length=3,
-                              in_axes=(nnx.Carry, nnx.StateAxes({...: nnx.Carry})))
-    with pytest.raises(ValueError, match="changed the structure of a module"):
-        step(jnp.zeros(2), m)
     with pytest.raises(autoremat.ScheduleError, match="schedule: expected"):
         autoremat.nnx.scan(lambda c, x: (c, x), schedule=3)  # type: ignore[arg-type]
 

@@ -150,11 +150,11 @@ def test_pieces_cover_every_step_once(steps: int, lengths: list[int]) -> None:
 
 def test_bad_arguments_name_the_argument() -> None:
     f = lambda c, x: (c, x)  # noqa: E731
-    with pytest.raises(ValueError, match="length: must be given"):
+    with pytest.raises(ValueError, match="no values to scan over and `length` not provided"):
         autoremat.scan(f, 0.0, None, schedule=Schedule.nested([2]))
     with pytest.raises(ValueError, match="same size along the scanned axis"):
         autoremat.scan(f, 0.0, (jnp.ones(3), jnp.ones(4)), schedule=Schedule.nested([2]))
-    with pytest.raises(ValueError, match="length: 5 does not match"):
+    with pytest.raises(ValueError, match="scan got `length` argument of 5 which disagrees"):
         autoremat.scan(f, 0.0, jnp.ones(3), length=5, schedule=Schedule.nested([2]))
     with pytest.raises(autoremat.ScheduleError, match=r"schedule: expected an autoremat\.Schedule"):
         autoremat.scan(f, 0.0, jnp.ones(3), schedule={"levels": [2]})  # type: ignore[arg-type]

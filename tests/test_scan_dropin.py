@@ -84,15 +84,15 @@ def _scan_unrolls(jaxpr: Any) -> list[Any]:
 
 @KINDS
 def test_bad_unroll_and_length_are_rejected_as_lax_scan_does(schedule: Schedule) -> None:
-    f = lambda c, x: (c + x, c)  # noqa: E731
+    f = lambda c, x: (c + jnp.sum(x), c)  # noqa: E731
     scan = _scanner(schedule)
     with pytest.raises(ValueError, match="`unroll` must be a `bool` or a non-negative `int`"):
         autoremat.scan(f, 0.0, XS, schedule=schedule, unroll=-1)
     with pytest.raises(TypeError, match=r"unroll: expected .*, got 2\.5 \(float\)"):
         autoremat.scan(f, 0.0, XS, schedule=schedule, unroll=2.5)  # type: ignore[arg-type]
-    with pytest.raises(jax.errors.ConcretizationTypeError, match="`unroll` argument to autoremat"):
+    with pytest.raises(jax.errors.ConcretizationTypeError, match="`unroll` argument to `scan`"):
         jax.jit(lambda u: autoremat.scan(f, 0.0, XS, schedule=schedule, unroll=u))(2)
-    with pytest.raises(jax.errors.ConcretizationTypeError, match="`length` argument to autoremat"):
+    with pytest.raises(jax.errors.ConcretizationTypeError, match="`length` argument to `scan`"):
         jax.jit(lambda n: scan(f, 0.0, None, n))(3)
     assert int(scan(lambda c, _: (c + 1, c), 0, None, jnp.int32(4))[0]) == 4  # a concrete int
 
@@ -168,22 +168,52 @@ def test_errors_name_the_leaf_both_types_and_the_schedule(schedule: Schedule) ->
     scan = _scanner(schedule)
     with pytest.raises(ValueError, match=r"no leading axis to scan over: xs\['b'\] is a scalar"):
         scan(lambda c, x: (c, x), 0.0, {"a": XS, "b": 1.0})
-    with pytest.raises(TypeError, match=r"same pytree structure.*the input carry\['h'\] is an "
-                       r"array float32\[2\] but the output carry\['h'\] is a tuple of 2") as info:
+    with pytest.raises(TypeError, match=r"(?s)^scan body function carry input and carry "
+                       r"output must have the same pytree structure.*The input carry component c\['h'\] is "
+                       r"a .*ShapedArray.* but the corresponding component of the carry output "
+                       r"is a <class 'tuple'>") as info:
         scan(lambda c, x: ({"h": (c["h"], x)}, x), {"h": jnp.ones(2)}, XS)
     assert name in str(info.value)
-    with pytest.raises(TypeError, match=r"equal types.*input carry\[1\] has type float32\[2\] "
-                       r"but the output carry has type int32\[2\], so the dtypes") as info:
+    with pytest.raises(TypeError, match=r"(?s)^scan body function carry input and carry "
+                       r"output must have equal types.*input carry component c\[1\] has type float32\[2\] "
+                       r"but the corresponding output carry component has type int32\[2\], so "
+                       r"the dtypes") as info:
         scan(lambda c, x: ((c[0], x.astype(jnp.int32)), x), (0.0, jnp.ones(2)), XS)
     assert name in str(info.value)
-    with pytest.raises(TypeError, match=r"input carry has type float32\[2\] but the output carry "
-                       r"has type float32\[3\], so the shapes"):
+    with pytest.raises(TypeError, match=r"input carry c has type float32\[2\] but the "
+                       r"corresponding output carry component has type float32\[3\], so the shapes"):
         scan(lambda c, x: (jnp.ones(3), x), jnp.ones(2), XS)
-    with pytest.raises(TypeError, match="scan body output must be a pair") as info:
+    with pytest.raises(TypeError, match=r"^scan body output must be a pair, got float32\[2\]\.") as info:
         scan(lambda c, x: c, jnp.ones(2), XS)
     assert name in str(info.value)
     with pytest.raises(TypeError, match="scan body output must be a pair"):
         scan(lambda c, x: (c, x, x), jnp.ones(2), XS)
+
+
+@KINDS
+def test_errors_begin_with_lax_scans_text_in_its_order(schedule: Schedule) -> None:
+    with pytest.raises(TypeError, match=r"^lax\.scan: f argument should be a callable"):
+        autoremat.scan(42, 0, 1, schedule=schedule)  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as info:
+        autoremat.scan(lambda c, x: (c, x), 0, jnp.arange(10), length=5, schedule=schedule)
+    assert str(info.value) == ("scan got `length` argument of 5 which disagrees with leading "
+                               "axis sizes [10].")
+    with pytest.raises(ValueError, match=r"^scan got values with different leading axis sizes"):
+        autoremat.scan(lambda c, x: (c, x), 0, (jnp.ones(3), jnp.ones(4)), schedule=schedule)
+
+
+@KINDS
+def test_read_only_carry_under_cond_with_a_batched_predicate(schedule: Schedule) -> None:
+    """JAX's test_scan_readonly_carry_optimization: the carry the body returns unchanged
+    is forwarded, so vmap(out_axes=None) over cond(batched x, ...) works."""
+    def f(x: jax.Array, y: float, s: Schedule | None) -> Any:
+        def g(_: Any, y: Any) -> Any:
+            return _scanner(s)(lambda y, _: (y, None), y, None, 1)[0]
+
+        return jax.lax.cond(x < 0, g, g, x, y)
+
+    got = jax.vmap(lambda x, y: f(x, y, schedule), (0, None), None)(jnp.arange(3.0), 3.0)
+    assert float(got) == 3.0
 
 
 # -- transformations ---------------------------------------------------------------------

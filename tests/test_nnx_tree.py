@@ -1,0 +1,169 @@
+"""autoremat.nnx.scan is nnx.scan: tree mode, scan over layers, its errors, its metadata.
+
+Each case runs the same code through ``nnx.scan`` and through
+``autoremat.nnx.scan`` under a nested and a binomial schedule and compares the
+loss, the gradients w.r.t. the ``nnx.Param`` state (float32, rtol 1e-5) and
+the final state of the modules; errors must be nnx.scan's own (type and text).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import autoremat
+import autoremat.nnx
+from autoremat import Schedule
+from autoremat._breakdown import record_scans
+
+RTOL, ATOL = 1e-5, 1e-6
+T, H = 7, 3  # 7 = 2*2 + 3: the nested schedule has a remainder
+SCHEDULES = {"nested": Schedule.nested([2, 2]), "binomial": Schedule.binomial(2)}
+KINDS = pytest.mark.parametrize("schedule", list(SCHEDULES.values()), ids=list(SCHEDULES))
+MODES = pytest.mark.parametrize("mode", [{"graph": False}, {"graph_updates": False}, {}],
+                                ids=["graph=False", "graph_updates=False", "graph"])
+Scan = Callable[..., Any]
+
+
+def ours(schedule: Schedule) -> Scan:
+    return functools.partial(autoremat.nnx.scan, schedule=schedule)
+
+
+def assert_close(a: Any, b: Any) -> None:
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb, strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL)
+
+
+class Cell(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.linear = nnx.Linear(H, H, rngs=rngs)
+        self.steps = nnx.BatchStat(jnp.array(0))
+
+
+def xs() -> jax.Array:
+    return jax.random.normal(jax.random.key(1), (T, H), jnp.float32)
+
+
+def cell_run(scan: Scan, mode: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """A carried module (written each step), a broadcast scale, a scanned input."""
+    def loss(cell: Cell, scale: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        @scan(in_axes=(nnx.Carry, None, 0), out_axes=(nnx.Carry, 0), **mode)
+        def step(carry: tuple[Cell, jax.Array], scale: jax.Array,
+                 x: jax.Array) -> tuple[tuple[Cell, jax.Array], jax.Array]:
+            cell, h = carry
+            cell.steps[...] += 1
+            h = jnp.tanh(cell.linear(h) * scale + x)
+            return (cell, h), h
+
+        (_, h), ys = step((cell, jnp.zeros(H)), scale, x)
+        return jnp.sum(ys * jnp.cos(ys)) + jnp.sum(h), ys
+
+    cell = Cell(nnx.Rngs(0))
+    (value, ys), grads = nnx.value_and_grad(loss, has_aux=True)(cell, jnp.float32(0.9), xs())
+    return (value, ys), grads, nnx.state(cell)
+
+
+@KINDS
+@MODES
+def test_tree_and_graph_modes_match_nnx_scan(schedule: Schedule, mode: dict[str, Any]) -> None:
+    ref = cell_run(nnx.scan, mode)
+    got = cell_run(ours(schedule), mode)
+    assert_close(got, ref)
+    assert int(got[2]["steps"][...]) == T
+
+
+def layers_run(scan: Scan, mode: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """Scan over layers: the step creates a module, stacked along axis 0; a second
+    scan applies the stacked layers to a carried activation."""
+    @nnx.split_rngs(splits=T)
+    @scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0), length=T, **mode)
+    def create(_: None, rngs: nnx.Rngs) -> tuple[None, nnx.Linear]:
+        return None, nnx.Linear(H, H, rngs=rngs)
+
+    _, stack = create(None, nnx.Rngs(0))
+    assert stack.kernel.shape == (T, H, H)
+
+    def loss(stack: nnx.Linear, x: jax.Array) -> jax.Array:
+        @scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, **mode)
+        def apply(h: jax.Array, layer: nnx.Linear) -> jax.Array:
+            return jnp.tanh(layer(h))
+
+        return jnp.sum(jnp.sin(apply(x, stack)))
+
+    value, grads = nnx.value_and_grad(loss)(stack, xs()[0])
+    return value, grads, nnx.state(stack)
+
+
+@KINDS
+@MODES
+def test_scan_over_layers_matches_nnx_scan(schedule: Schedule, mode: dict[str, Any]) -> None:
+    assert_close(layers_run(ours(schedule), mode), layers_run(nnx.scan, mode))
+
+
+def test_the_schedule_runs_the_loop() -> None:
+    """Flax's scan reaches autoremat's loop (not jax.lax.scan) in every mode."""
+    for mode in ({"graph": False}, {"graph_updates": False}, {}):
+        f = autoremat.nnx.scan(lambda c, x: (c + x, c), schedule=SCHEDULES["nested"], **mode)
+        with record_scans() as records:
+            c, ys = f(jnp.float32(0), jnp.arange(5.0))
+        assert len(records) == 1 and float(c) == 10.0 and ys.shape == (5,)
+
+
+def test_transform_metadata_is_passed_through() -> None:
+    """The scanned axis is annotated (PARTITION_NAME) as nnx.scan does."""
+    def run(scan: Scan) -> tuple[Any, ...]:
+        @nnx.split_rngs(splits=T)
+        @scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0), length=T,
+              transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def create(_: None, rngs: nnx.Rngs) -> tuple[None, nnx.Linear]:
+            init = nnx.with_metadata(nnx.initializers.lecun_normal(),
+                                     out_sharding=("din", "dout"))
+            return None, nnx.Linear(H, H, kernel_init=init, rngs=rngs)
+
+        names = ("layers", "din", "dout")
+        mesh = jax.make_mesh((1, 1, 1), names, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+        with jax.set_mesh(mesh):
+            _, stack = create(None, nnx.Rngs(0))
+        return stack.kernel.shape, stack.kernel.get_metadata().get("out_sharding")
+
+    got = run(ours(SCHEDULES["binomial"]))
+    assert got == run(nnx.scan) and got == ((T, H, H), ("layers", "din", "dout"))
+
+
+def _error(make: Callable[[Scan], Any], scan: Scan) -> tuple[type[BaseException], str]:
+    with pytest.raises(Exception) as info:
+        make(scan)
+    return type(info.value), str(info.value)
+
+
+MISUSES: dict[str, Callable[[Scan], Any]] = {
+    "carry in in_axes only": lambda s: s(lambda c, x: (c, x), in_axes=(nnx.Carry, 0),
+                                         out_axes=0)(0.0, jnp.ones(3)),
+    "two carries": lambda s: s(lambda c, d: (c, d), in_axes=(nnx.Carry, nnx.Carry),
+                               out_axes=(nnx.Carry, 0))(0.0, 0.0),
+    "Carry with two arguments": lambda s: s(lambda c, x: c, in_axes=nnx.Carry,
+                                            out_axes=nnx.Carry, length=3)(0.0, 1.0),
+    "broadcast output": lambda s: s(lambda c, x: (c, x), in_axes=(nnx.Carry, 0),
+                                    out_axes=(nnx.Carry, None))(0.0, jnp.ones(3)),
+    "new carry Variable": lambda s: s(lambda c, x: (nnx.Variable(c[...] + 1), x),
+                                      graph_updates=False)(
+        nnx.Variable(jnp.array(0)), jnp.ones(3)),
+}
+
+
+@pytest.mark.parametrize("misuse", list(MISUSES))
+def test_misuse_raises_nnx_scans_own_error(misuse: str) -> None:
+    make = MISUSES[misuse]
+    expected = _error(make, nnx.scan)
+    got = _error(make, ours(SCHEDULES["binomial"]))
+    assert got == expected
