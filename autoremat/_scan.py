@@ -324,9 +324,14 @@ def _checked_init(step: Callable[..., Any], init: Any, leaves: list[jax.Array], 
     if any(p is not v for p, v in zip(promoted, jax.tree_util.tree_leaves(init), strict=True)):
         return checked, forwarded, step  # a promoted carry: the trace's types differ
     run, out_tree = jax.extend.core.jaxpr_as_fun(jaxpr), jax.tree_util.tree_structure(out)
+    traced_avals = [v.aval for v in jaxpr.jaxpr.invars]
 
     def traced(carry: Any, x_leaves: Sequence[jax.Array]) -> Any:
         flat = jax.tree_util.tree_leaves((carry, list(x_leaves)))
+        if [jax.typeof(v) for v in flat] != traced_avals:
+            # Other types than the trace's -- inside shard_map, values vary over manual
+            # axes the abstract inputs did not: the jaxpr's own casts would not fit.
+            return step(carry, x_leaves)
         return jax.tree_util.tree_unflatten(out_tree, run(*flat))
 
     return checked, forwarded, traced
