@@ -114,6 +114,17 @@ def _compute_loss_and_grads(
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(params, carry, xs)
 
 
+def assert_close(a: Any, b: Any) -> None:
+    """Same tree structure, every leaf within rtol 1e-5, atol 1e-6 (typed keys by their data)."""
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb, strict=True):
+        if jax.dtypes.issubdtype(jnp.asarray(x).dtype, jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL)
+
+
 def _assert_close(got: Any, want: Any) -> None:
     """Elementwise rtol 1e-5, with atol 1e-5 of the array's largest magnitude.
 

@@ -13,25 +13,18 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import autoremat
 import autoremat.linen
 from autoremat import Schedule
+from tests.helpers import assert_close
 
-RTOL, ATOL = 1e-5, 1e-6
 B, T, FEAT, HID = 2, 23, 3, 8
 KINDS = pytest.mark.parametrize(
     "schedule", [Schedule.nested([4, 5]), Schedule.binomial(3)], ids=["nested", "binomial"])
 
 
-def assert_close(a: Any, b: Any) -> None:
-    la, ta = jax.tree_util.tree_flatten(a)
-    lb, tb = jax.tree_util.tree_flatten(b)
-    assert ta == tb
-    for x, y in zip(la, lb, strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL)
 
 
 def outputs_and_grads(model: nn.Module, x: jax.Array, **call: Any) -> tuple[Any, Any, Any]:

@@ -27,8 +27,8 @@ from flax import nnx
 import autoremat
 import autoremat.nnx
 from autoremat import Schedule
+from tests.helpers import assert_close
 
-RTOL, ATOL = 1e-5, 1e-6
 B, T, FEAT, HID, OUT = 2, 23, 3, 8, 2
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = {
@@ -46,14 +46,6 @@ def ours(schedule: Schedule) -> Scan:
     return functools.partial(autoremat.nnx.scan, schedule=schedule)
 
 
-def assert_close(a: Any, b: Any) -> None:
-    la, ta = jax.tree_util.tree_flatten(a)
-    lb, tb = jax.tree_util.tree_flatten(b)
-    assert ta == tb
-    for x, y in zip(la, lb, strict=True):
-        if jax.dtypes.issubdtype(jnp.asarray(x).dtype, jax.dtypes.prng_key):
-            x, y = jax.random.key_data(x), jax.random.key_data(y)
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL)
 
 
 _REFERENCES: dict[str, Any] = {}

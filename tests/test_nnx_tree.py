@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import nnx
 
@@ -23,8 +22,8 @@ import autoremat
 import autoremat.nnx
 from autoremat import Schedule
 from autoremat._breakdown import record_scans
+from tests.helpers import assert_close
 
-RTOL, ATOL = 1e-5, 1e-6
 T, H = 7, 3  # 7 = 2*2 + 3: the nested schedule has a remainder
 SCHEDULES = {"nested": Schedule.nested([2, 2]), "binomial": Schedule.binomial(2)}
 KINDS = pytest.mark.parametrize("schedule", list(SCHEDULES.values()), ids=list(SCHEDULES))
@@ -44,12 +43,6 @@ def ours(schedule: Schedule) -> Scan:
     return functools.partial(autoremat.nnx.scan, schedule=schedule)
 
 
-def assert_close(a: Any, b: Any) -> None:
-    la, ta = jax.tree_util.tree_flatten(a)
-    lb, tb = jax.tree_util.tree_flatten(b)
-    assert ta == tb
-    for x, y in zip(la, lb, strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL)
 
 
 class Cell(nnx.Module):
