@@ -9,13 +9,17 @@ tests are skipped with the reason, never passed.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 OPT_FLAG = "--xla_backend_optimization_level"
+CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 POSTGRES_ENV = "AUTOREMAT_TEST_POSTGRES_URL"
 NO_POSTGRES = f"no PostgreSQL server: set {POSTGRES_ENV} (.ci/run starts one)"
 
@@ -35,6 +39,14 @@ def pytest_configure(config: pytest.Config) -> None:
     selects_slow = "slow" in config.option.markexpr.replace("not slow", "")
     if not selects_slow and OPT_FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {OPT_FLAG}=0".strip()
+    if CACHE_ENV not in os.environ:  # the first process (xdist's workers inherit it)
+        # Many tests compile the same small steps (the tiny and seed problems, the CLI's
+        # subprocesses): JAX's persistent compilation cache, for this session only,
+        # compiles each once. Compiled memory is read from the cached executable alike.
+        cache = tempfile.mkdtemp(prefix="autoremat-tests-xla-")
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        os.environ[CACHE_ENV] = cache
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
 @pytest.fixture(scope="session")
