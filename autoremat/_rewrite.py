@@ -29,11 +29,10 @@ from functools import partial
 from typing import Any
 
 import jax
-import numpy as np
 from jax import lax
 
 from autoremat import _jax_internals as ji
-from autoremat._scan import scan_axes
+from autoremat._scan import nbytes, scan_axes
 from autoremat._schedule import Schedule
 
 REWRITTEN = "rewritten"
@@ -62,11 +61,6 @@ class FoundScan:
     backward: bool = False
 
 
-def _nbytes(avals: Sequence[Any]) -> int:
-    # dtype.itemsize, not np.dtype(...): typed PRNG keys (key<fry>) have one too
-    return sum(int(np.prod(a.shape, dtype=np.int64)) * int(a.dtype.itemsize) for a in avals)
-
-
 def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
            blocked: str = "") -> list[FoundScan]:
     """Every scan in ``jaxpr`` (and its sub-jaxprs), in program order, with what happens to it."""
@@ -83,7 +77,7 @@ def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
             backward = length >= min_length and any(
                 stacked.get(v) == (length, not reverse) for v in eqn.invars[start:]
                 if isinstance(v, ji.Var))
-            found.append(FoundScan(length, _nbytes([v.aval for v in carry]),
+            found.append(FoundScan(length, nbytes([v.aval for v in carry]),
                                    ji.user_location(eqn), inside, action, backward))
             if length >= min_length:
                 stacked.update({v: (length, reverse) for v in eqn.outvars[params[ji.NUM_CARRY]:]})

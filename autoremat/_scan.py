@@ -83,8 +83,9 @@ def scan(
                      in_axes=axis, out_axes=axis if out_axis is None else out_axis)
 
 
-def _nbytes(tree: PyTree) -> int:
-    return sum(int(x.size) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree))
+def nbytes(tree: PyTree) -> int:
+    """Bytes of a tree of arrays, tracers or avals (typed PRNG keys too: ``dtype.itemsize``)."""
+    return sum(int(x.size) * int(x.dtype.itemsize) for x in jax.tree_util.tree_leaves(tree))
 
 
 def scan_axes(
@@ -112,7 +113,7 @@ def scan_axes(
         carry, ys = _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
     finally:
         SCAN_RECORDS.reset(token)
-    records.append(ScanRecord(_nbytes(ys), _nbytes(carry)))
+    records.append(ScanRecord(nbytes(ys), nbytes(carry)))
     return carry, ys
 
 

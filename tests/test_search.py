@@ -6,15 +6,12 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import optuna
 import pytest
 
-import autoremat._measure as measure_module
 import autoremat._plan as plan_module
 import autoremat._tune as tune_module
 from autoremat._duration import parse_duration
@@ -40,16 +37,6 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _spy_where_looked_up(monkeypatch: pytest.MonkeyPatch, user: ModuleType, source: ModuleType,
-                         name: str, wrap: Callable[[Any], Any]) -> None:
-    """Replace ``name`` by ``wrap(real)`` where ``user`` looks it up: in ``user``'s own
-    namespace when it imported the name at module level (patching ``source`` would then
-    go unseen), else in ``source`` (a function-level ``from source import name`` reads
-    the module attribute at each call)."""
-    where = user if hasattr(user, name) else source
-    monkeypatch.setattr(where, name, wrap(getattr(where, name)))
-
-
 def test_screening_never_times_an_over_budget_or_dominated_schedule(
         in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     compiled: list[str] = []
@@ -71,9 +58,9 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
             return real(c, **kw)
         return spy
 
-    _spy_where_looked_up(monkeypatch, plan_module, measure_module, "compile_schedule",
-                         spy_compile)
-    _spy_where_looked_up(monkeypatch, tune_module, measure_module, "time_compiled", spy_time)
+    # patched where the search looks them up (both import them at module level)
+    monkeypatch.setattr(plan_module, "compile_schedule", spy_compile(plan_module.compile_schedule))
+    monkeypatch.setattr(tune_module, "time_compiled", spy_time(tune_module.time_compiled))
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
     # many, and past the planner's stop it then times dominated schedules too)
     result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit=None)
