@@ -100,6 +100,12 @@ class BinomialSchedule(Schedule):
         return Features(evaluations=float(cost.evaluations), bookkeeping=float(seq_len),
                         terms=(float(cost.stored_carries), 1.0, 0.0))
 
+    def timing_length(self, seq_len: int, short: int) -> int:
+        """At least ``short`` and ``8 * snapshots`` steps, so the short run recomputes
+        too (with ``snapshots >= T`` nothing is); the step evaluations at any
+        ``T`` are exact (``cost``), so the time scales with their count."""
+        return min(seq_len, max(short, 8 * self.snapshots))
+
     def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],
             steps: int, reverse: bool) -> tuple[Any, Any]:
         from autoremat._binomial_scan import binomial_scan

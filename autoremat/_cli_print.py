@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from autoremat._breakdown import breakdown_lines
-from autoremat._measurement import ERROR
+from autoremat._measurement import ERROR, Measurement
 from autoremat._mesh import device_note
 from autoremat._pareto import format_seconds
 from autoremat._storage import redact
@@ -66,12 +66,23 @@ class Progress:
             total = f"/{self.bar.total}" if self.bar.total else ""
             print(f"tune: trial {trial.number} ({self.done}{total}) {describe}: {state}, "
                   f"total {format_bytes(m.total_bytes)}, step {format_seconds(m.step_seconds)}"
+                  f"{_predicted(m)}"
                   f" | {shown}", file=sys.stderr, flush=True)
         else:
             self.bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
 
+    def note(self, line: str) -> None:
+        """A line on stderr, above the bar (``tune``'s ``on_confirm``)."""
+        self.tqdm.write(f"tune: {line}", file=sys.stderr)
+
     def close(self) -> None:
         self.bar.close()
+
+
+def _predicted(m: Measurement) -> str:
+    """`` (predicted from T'=...)`` for a step time timed on a short run."""
+    return f" (predicted from T'={m.short_seq_len})" if m.timed_seq_len == m.short_seq_len \
+        and m.short_seq_len is not None else ""
 
 
 def result_table(result: TuneResult) -> str:
@@ -92,6 +103,11 @@ def result_table(result: TuneResult) -> str:
 
     best = result.best_trial
     shown = best or result.smallest_trial
+    confirmed = [
+        f"  trial {t.number} timed at T'={t.measurement.short_seq_len}: "
+        f"predicted {format_seconds(t.measurement.extrapolated_seconds)}, measured at full "
+        f"length {format_seconds(t.measurement.step_seconds)}  {t.schedule.describe()}"
+        for t in result.confirmed]
     return "\n".join([
         f"study: {result.study_name!r} in {redact(result.storage)} "
         f"({result.n_trials} trials, {result.measured} measured now)",
@@ -99,6 +115,9 @@ def result_table(result: TuneResult) -> str:
         f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
         row(f"best (trial {best.number})" if best else "best", best),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
+        *(["short runs predicted the step times; confirmed at full length:", *confirmed]
+          if confirmed else []),
+        *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement.to_attrs())] if shown else []),
     ])

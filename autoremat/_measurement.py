@@ -51,6 +51,16 @@ class Measurement:
         (``argument_parts`` too); ``peak_bytes`` is the largest device's.
       argument_sharding: ``(name, "replicated" | "sharded" | "partly sharded")``
         per argument on many devices (empty on one).
+      timed_seq_len: the ``T`` the step was timed at (``None``: not timed).
+        Below the problem's ``seq_len`` the run was short
+        (``autoremat._fidelity``): ``step_samples`` are that run's, and
+        ``step_seconds`` (or ``cut_seconds``) is the full-length time predicted
+        from it -- bytes are always the full-length compile's.
+      short_seq_len, short_seconds: the short run's ``T'`` and median (or cut)
+        seconds, when there was one (kept once confirmed at full length).
+      extrapolated_seconds: what the short run predicted, once the schedule was
+        also timed at full length (``autoremat._confirm``; ``step_seconds`` is then
+        measured at ``seq_len``).
     """
 
     schedule_key: str
@@ -77,6 +87,10 @@ class Measurement:
     devices: int = 1
     mesh: str = ""
     argument_sharding: tuple[tuple[str, str], ...] = ()
+    timed_seq_len: int | None = None
+    short_seq_len: int | None = None
+    short_seconds: float | None = None
+    extrapolated_seconds: float | None = None
 
     @property
     def cut(self) -> bool:
@@ -113,6 +127,10 @@ class Measurement:
         data["argument_sharding"] = tuple((str(n), str(h))
                                           for n, h in data.get("argument_sharding") or ())
         return cls(**data)
+
+    def predicted(self, seq_len: int) -> bool:
+        """The step time is predicted from a run shorter than ``seq_len``, not measured."""
+        return self.timed_seq_len is not None and self.timed_seq_len < seq_len
 
     def fits(self, budget_bytes: int) -> bool:
         """Ran (timed) and ``total_bytes <= budget_bytes``: the one test of "fits the budget"."""

@@ -188,6 +188,13 @@ class NestedSchedule(Schedule):
                         partial=self._partial(seq_len), boundaries=boundaries,
                         terms=_terms(self.levels, seq_len)[1])
 
+    def timing_length(self, seq_len: int, short: int) -> int:
+        """Whole chunks of the outermost level (the inner levels as they are), at
+        least two: every cost but the outer loop's trips is per chunk, so the
+        step time scales with the chunk count (``features`` is linear in it)."""
+        chunk = math.prod(self.lengths[1:])
+        return min(seq_len, chunk * max(2, -(-short // chunk)))
+
     def _partial(self, seq_len: int) -> float:
         """Step evaluations re-run under ``dots`` policies (their matmuls saved)."""
         levels, total = self.levels, 0

@@ -45,6 +45,9 @@ class FrontPoint:
       recompute: step evaluations per step of one forward + backward pass.
       vs_optimum: evaluations over the optimum at the same stored carries.
       breakdown: where its memory goes (``autoremat._breakdown.KEYS``).
+      timed_seq_len: the ``T`` its step time was measured at; below the study's
+        ``seq_len``, ``step_seconds`` is predicted from that short run
+        (``autoremat._fidelity``).
     """
 
     number: int
@@ -56,6 +59,7 @@ class FrontPoint:
     recompute: float
     vs_optimum: float
     breakdown: dict[str, Any] = field(default_factory=dict)
+    timed_seq_len: int | None = None
 
 
 def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
@@ -85,6 +89,7 @@ def pareto_front(study: optuna.Study) -> list[FrontPoint]:
             recompute=cost(t.schedule, info.seq_len).recompute_factor,
             vs_optimum=distance_to_optimum(t.schedule, info.seq_len),
             breakdown={k: v for k, v in t.measurement.to_attrs().items() if k in KEYS},
+            timed_seq_len=t.measurement.timed_seq_len,
         )
         for t in front
     ]
@@ -97,21 +102,24 @@ def _point(t: MeasuredTrial) -> tuple[float, float]:
     return float(m.total_bytes), float(m.step_seconds)
 
 
-def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "") -> str:
+def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "",
+                seq_len: int | None = None) -> str:
     """A plain-text table of the front; ``*`` marks the chosen schedule; ``note``: what the
-    memory figures are (``_mesh.device_note``: per device, on how many, which mesh)."""
+    memory figures are (``_mesh.device_note``: per device, on how many, which mesh);
+    ``seq_len``: the study's ``T`` (the ``timed`` column says where a step time is
+    predicted from a shorter run)."""
     lines = [
         f"Pareto front within budget {format_bytes(budget_bytes)} ({len(points)} points; "
         "* = chosen: fastest that fits)" + (f"; memory {note}" if note else ""),
         f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  {'recompute':>9}  "
-        f"{'vs opt':>6}  schedule",
+        f"{'vs opt':>6}  {'timed':>16}  schedule",
     ]
     for p in points:
         mark = "*" if p.chosen else " "
         lines.append(
             f"{mark} {p.number:>5}  {format_bytes(p.total_bytes):>10}  "
             f"{format_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
-            f"{p.vs_optimum:>6.2f}  {p.schedule}"
+            f"{p.vs_optimum:>6.2f}  {_timed(p.timed_seq_len, seq_len):>16}  {p.schedule}"
         )
     lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
                  "fewest any schedule storing as many carries needs (autoremat.bounds)")
@@ -120,6 +128,15 @@ def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "") -> 
         if memory:
             lines += [f"chosen (trial {p.number}):", *memory]
     return "\n".join(lines)
+
+
+def _timed(timed_seq_len: int | None, seq_len: int | None) -> str:
+    """``measured at T`` or ``predicted, T'=N`` (``-``: not recorded, an older study)."""
+    if timed_seq_len is None:
+        return "-"
+    if seq_len is not None and timed_seq_len < seq_len:
+        return f"predicted T'={timed_seq_len}"
+    return "measured at T"
 
 
 def front_json(points: list[FrontPoint], budget_bytes: int) -> str:
@@ -143,7 +160,7 @@ def export_trial(study: optuna.Study, number: int) -> Schedule:
             f"trial: no trial {number} in study {study.study_name!r} "
             f"(trials 0..{max(trials, default=-1)})"
         )
-    measured = MeasuredTrial.of(trial)
+    measured = MeasuredTrial.of(trial, study.user_attrs)
     if trial.state != TrialState.COMPLETE or measured is None:
         why = (measured.measurement.reason if measured is not None else "") or (
             f"duplicate of trial {trial.user_attrs['duplicate_of']}"

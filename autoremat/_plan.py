@@ -39,6 +39,7 @@ from typing import Any, Final, Literal
 
 from autoremat._breakdown import floor_bytes
 from autoremat._device import fingerprint
+from autoremat._fidelity import ShortRuns
 from autoremat._measure import Compiled, compile_schedule
 from autoremat._measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._predict import MemoryModel, Structure, TimeModel
@@ -110,6 +111,7 @@ class Planner:
     _best_key: str | None = None
 
     def __post_init__(self) -> None:
+        self.short = ShortRuns(self.problem)  # times long problems on short runs
         self.rng = random.Random(self.seed)
         seq_len = self.problem.seq_len
         for p in seed_params(seq_len):
@@ -296,9 +298,10 @@ class Planner:
             if not dominated and self._dominated(cand, self.predict(cand)):
                 cand.done = Done.DOMINATED
                 continue
-            # a warm-up, then 3 runs -- or the warm-up alone, when longer than the time budget
-            timing = (predicted if predicted > self.time_budget
-                      else predicted + max(3 * predicted, self.time_budget))
+            # a warm-up, then 3 runs -- or the warm-up alone, when longer than the time
+            # budget -- of the timing run (a short one: ``_fidelity``)
+            run = predicted / self.short.scale(cand.schedule)
+            timing = run if run > self.time_budget else run + max(3 * run, self.time_budget)
             if time_left is not None and self.time_model.points and time_left < timing:
                 return None
             return cand

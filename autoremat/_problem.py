@@ -48,18 +48,25 @@ class Problem:
         un-jitted training step using that schedule.
       arg_names: optional names of ``args`` (e.g. ``("params", "opt_state",
         "x", "y")``), used by the memory breakdown; default ``arg0, arg1, ...``.
+      at_length: optional ``at_length(n) -> Problem``: the same step on the
+        first ``n < seq_len`` steps of the data. With it the tuner times long
+        problems on short runs and predicts the full step time from them
+        (``autoremat._fidelity``); without it every timing runs at ``seq_len``.
     """
 
     name: str
     seq_len: int
     build: Callable[[Schedule], tuple[Step, tuple[Any, ...]]]
     arg_names: tuple[str, ...] | None = None
+    at_length: Callable[[int], Problem] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise ProblemError(f"seq_len: expected a positive int, got {self.seq_len!r}")
         if not callable(self.build):
             raise ProblemError("build: expected a callable build(schedule) -> (step, args)")
+        if self.at_length is not None and not callable(self.at_length):
+            raise ProblemError("at_length: expected None or a callable at_length(n) -> Problem")
         names = self.arg_names
         if names is not None and (not isinstance(names, tuple)
                                   or not all(isinstance(n, str) and n for n in names)):
@@ -137,7 +144,14 @@ class SeedModel:
         _, mesh = layout(self.args)
         kind += f",mesh {mesh}" if mesh else ""
         name = f"seed_lstm(T={self.seq_len},B={batch},H={self.cell.features},{kind})"
-        return Problem(name=name, seq_len=self.seq_len, build=build, arg_names=self.ARG_NAMES)
+        return Problem(name=name, seq_len=self.seq_len, build=build, arg_names=self.ARG_NAMES,
+                       at_length=lambda n: self.first_steps(n).problem())
+
+    def first_steps(self, n: int) -> SeedModel:
+        """The same model and parameters on the first ``n`` steps of ``x`` (and ``y``)."""
+        params, opt_state, x, y = self.args
+        return replace(self, args=(params, opt_state, _first(x, n),
+                                   _first(y, n) if self.seq2seq else y))
 
     def scan_init(self) -> Any:
         """The scan's initial carry: the LSTM's, and with a fused readout a zero loss sum."""
@@ -189,6 +203,13 @@ class SeedModel:
     def _apply(self, variables: Any, h: jax.Array) -> jax.Array:
         # Dense.apply is typed as maybe returning (output, state); without mutable it does not.
         return cast("jax.Array", self.readout.apply(variables, h))
+
+
+def _first(a: jax.Array, n: int) -> jax.Array:
+    """``a[:, :n]`` (batch-major time), placed as ``a`` is (its sharding kept)."""
+    import jax
+
+    return jax.device_put(a[:, :n], a.sharding)
 
 
 def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_dim: int = 32,

@@ -174,6 +174,14 @@ class Schedule(ABC):
     def examples(cls) -> Sequence[Schedule]:
         """Schedules exercising each option of the kind (the tests' matrix runs them)."""
 
+    def timing_length(self, seq_len: int, short: int) -> int:
+        """The length to time this schedule at so that its step time at ``seq_len``
+        can be predicted from it (``autoremat._fidelity``): at least ``short``,
+        and long enough to hold every part of the schedule's structure (whole
+        inner chunks, enough steps per snapshot). This default keeps ``seq_len``:
+        a kind that does not override it is timed at full length."""
+        return seq_len
+
     # -- shared ----------------------------------------------------------------
     @classmethod
     def nested(

@@ -11,7 +11,8 @@ the search (``autoremat._tune``) or measures anything.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,13 +90,27 @@ class MeasuredTrial:
     measurement: Measurement
 
     @classmethod
-    def of(cls, trial: FrozenTrial) -> MeasuredTrial | None:
-        """The trial's measurement, or ``None`` when it measured nothing (pruned, lost)."""
+    def of(cls, trial: FrozenTrial,
+           study_attrs: Mapping[str, Any] | None = None) -> MeasuredTrial | None:
+        """The trial's measurement, or ``None`` when it measured nothing (pruned, lost).
+        ``study_attrs``: the study's, so a full-length confirmation of a time predicted
+        from a short run (``confirmed_key``, ``autoremat._confirm``) replaces it."""
         attrs = trial.user_attrs
         if not attrs.get("measured"):
             return None
-        return cls(trial.number, from_data(attrs["schedule"]),
-                   Measurement.from_attrs(attrs))
+        m = Measurement.from_attrs(attrs)
+        confirmed = (study_attrs or {}).get(confirmed_key(trial.number))
+        if confirmed is not None:
+            m = replace(Measurement.from_attrs({**attrs, **confirmed}),
+                        extrapolated_seconds=m.step_seconds)
+        return cls(trial.number, from_data(attrs["schedule"]), m)
+
+
+def confirmed_key(number: int) -> str:
+    """The study attr holding trial ``number``'s full-length timing (``Measurement``
+    attrs: ``status``, ``reason``, ``step_seconds``, ``step_samples``, ``peak_bytes``,
+    ``loss``, ``timed_seq_len``); a finished trial's own attrs cannot change."""
+    return f"confirmed:{number}"
 
 
 def load_study(study_name: str, storage: str | None = None) -> optuna.Study:
@@ -121,7 +136,8 @@ def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
     """Finished trials that hold a measurement (COMPLETE, or FAIL with a reason)."""
     from optuna.trial import TrialState
 
-    found = (MeasuredTrial.of(t) for t in study.get_trials(
+    attrs = study.user_attrs
+    found = (MeasuredTrial.of(t, attrs) for t in study.get_trials(
         deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
     return [t for t in found if t is not None]
 
@@ -146,6 +162,7 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial) -> Schedule:
         device_kind=m.device_kind, platform=m.platform, jax_version=m.jax_version,
         flax_version=m.flax_version, budget_bytes=info.budget_bytes,
         total_bytes=m.total_bytes, temp_bytes=m.temp_bytes, step_seconds=m.step_seconds,
+        timed_seq_len=m.timed_seq_len, extrapolated_seconds=m.extrapolated_seconds,
         compile_seconds=m.compile_seconds, argument_bytes=m.argument_bytes,
         output_bytes=m.output_bytes, alias_bytes=m.alias_bytes,
         argument_parts=dict(m.argument_parts), stacked_bytes=m.stacked_bytes,
@@ -172,6 +189,9 @@ class TuneResult:
       n_trials: how many trials the study holds in all.
       interrupted: ``True`` when Ctrl-C stopped the search.
       devices, mesh: what the figures are per device of (``StudyInfo``).
+      confirmed: trials timed on a short run and then at full length
+        (``measurement.extrapolated_seconds``: the prediction; ``autoremat._confirm``).
+      unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
     """
 
     study_name: str
@@ -186,10 +206,13 @@ class TuneResult:
     interrupted: bool = False
     devices: int = 1
     mesh: str = ""
+    confirmed: tuple[MeasuredTrial, ...] = ()
+    unconfirmed: str = ""
 
 
 def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = None,
-              measured: int = 0, interrupted: bool = False) -> TuneResult:
+              measured: int = 0, interrupted: bool = False,
+              unconfirmed: str = "") -> TuneResult:
     """The ``TuneResult`` of a study (nothing is measured); ``out``: write ``best`` there.
 
     Raises:
@@ -216,6 +239,8 @@ def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = Non
         smallest_trial=min(sized, key=lambda t: t.measurement.total_bytes or 0, default=None),
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
         devices=info.devices, mesh=info.mesh,
+        confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
+        unconfirmed=unconfirmed,
     )
 
 

@@ -18,6 +18,12 @@ ends when nothing left is predicted to beat the best, after ``n_trials``
 (exactly that many: past the planner's stop, dominated ones too), or at
 ``time_limit``.
 
+Long problems (``T >= 2 * _fidelity.SHORT_SEQ_LEN`` with
+``Problem.at_length``) are sized at full length but timed on short runs,
+their full-length times predicted (``autoremat._fidelity``; the trial attr
+``timed_seq_len`` says which); before answering, the pick is timed at full
+length (``autoremat._confirm``) and the answer is the fastest measured.
+
 * A schedule is measured at most once per study: a trial whose schedule key
   was already measured (or is being measured by another worker) is pruned
   with ``user_attrs["duplicate_of"]``; it does not count towards ``n_trials``.
@@ -47,10 +53,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
+from autoremat._confirm import confirm
 from autoremat._device import environment, fingerprint
 from autoremat._duration import parse_duration
 from autoremat._errors import ProblemError, TuneError, one_line
-from autoremat._measure import time_compiled
 from autoremat._measurement import ERROR
 from autoremat._mesh import layout
 from autoremat._plan import Planner
@@ -170,8 +176,9 @@ class _Search:
         self.claim(trial, key)
         compiled = self.planner.compiled(schedule)
         trial.set_user_attr("predicted_seconds", self.planner.prediction(key))
-        m = time_compiled(compiled, budget_bytes=budget, time_budget=self.time_budget,
-                          cut_after=self.planner.cut_after())
+        m = self.planner.short.time(schedule, compiled, budget_bytes=budget,
+                                    time_budget=self.time_budget,
+                                    cut_after=self.planner.cut_after())
         compiled.release()
         self.planner.record(schedule, m)
         for k, v in m.to_attrs().items():
@@ -292,6 +299,7 @@ def tune(
     time_budget: float = 5.0,
     heartbeat: int = DEFAULT_HEARTBEAT,
     on_trial: OnTrial | None = None,
+    on_confirm: Callable[[str], None] | None = None,
 ) -> TuneResult:
     """Find the fastest schedule of ``problem``'s step whose total memory fits.
 
@@ -324,6 +332,8 @@ def tune(
         and retried.
       on_trial: called as ``on_trial(study, frozen_trial)`` after each trial
         (``autoremat._study.MeasuredTrial.of(frozen_trial)`` reads it).
+      on_confirm: called with one line before each full-length timing of a
+        schedule timed on short runs (``autoremat._confirm``).
 
     Returns:
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
@@ -368,5 +378,7 @@ def tune(
                      explore_front=explore_front, seed=seed)
     interrupted = search.run(n_trials, None if limit is None else
                              limit - (time.monotonic() - start))
+    unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
+                                                 time_budget=time_budget, on_confirm=on_confirm)
     return summarize(study, storage or DEFAULT_STORAGE, out=out, measured=search.measured,
-                     interrupted=interrupted)
+                     interrupted=interrupted, unconfirmed=unconfirmed)

@@ -243,6 +243,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
             storage=storage, study_name=settings["study_name"], seed=settings["seed"],
             out=settings["out"], time_budget=settings["time_budget"],
             heartbeat=settings["heartbeat"], on_trial=progress.on_trial,
+            on_confirm=progress.note,
         )
     finally:
         progress.close()
@@ -304,7 +305,8 @@ def _pareto(args: argparse.Namespace) -> int:
         else:
             print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
             info = StudyInfo.of(study)
-            print(front_table(points, budget, device_note(info.devices, info.mesh)))
+            print(front_table(points, budget, device_note(info.devices, info.mesh),
+                              info.seq_len))
             if args.plot:
                 print(f"wrote {args.plot}")
     except AutorematError as e:

@@ -1,0 +1,97 @@
+"""Timing a long problem on short runs, and predicting its full-length step time.
+
+A training step at ``T = 10^6`` takes minutes, so a search that times every
+candidate at full length can afford one or two. Memory is not the problem:
+compiling at full length is cheap (seconds) and sizes a schedule exactly.
+Time is: it has to be measured. So the tuner compiles each candidate at full
+``T`` for its bytes, and times it on the first ``T'`` steps of the data
+(``Problem.at_length``), where ``T' = Schedule.timing_length(T, SHORT_SEQ_LEN)``
+keeps the schedule's structure -- the same inner levels with fewer outer
+chunks (nested), at least eight steps per snapshot (binomial). The full-length
+time is the short run's scaled by the step evaluations of ``bounds.cost``
+(exact for every kind)::
+
+    predicted(T) = measured(T') * evaluations(T) / evaluations(T')
+
+What a short run cannot see -- work that does not grow with ``T`` (the
+optimizer update, launching the step), a longer outer stack, cache effects of
+a larger input -- is the prediction's error. The tuner therefore times its
+pick at full length before answering (``autoremat._confirm``) and records
+both figures, and ``studies/bench_tune.py`` reports the error.
+
+A problem below ``2 * SHORT_SEQ_LEN`` steps, one without ``at_length``, or a
+schedule whose structure needs more than half of ``T`` is timed at full length
+(``Measurement.timed_seq_len == T``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from autoremat._measure import Compiled, compile_schedule, time_compiled
+from autoremat._measurement import ERROR, OK, Measurement
+from autoremat._problem import Problem
+from autoremat._schedule import Schedule
+
+#: The length a short run aims at: about a second a step for the seed's LSTM on a CPU.
+SHORT_SEQ_LEN: Final = 10_000
+#: A short run must be at most this fraction of ``T`` to be worth predicting from.
+MAX_FRACTION: Final = 0.5
+
+
+def timed_length(problem: Problem, schedule: Schedule) -> int:
+    """The ``T'`` to time ``schedule`` at: ``problem.seq_len`` or a shorter run."""
+    seq_len = problem.seq_len
+    if problem.at_length is None or seq_len < SHORT_SEQ_LEN / MAX_FRACTION:
+        return seq_len
+    short = schedule.timing_length(seq_len, SHORT_SEQ_LEN)
+    return short if short <= MAX_FRACTION * seq_len else seq_len
+
+
+def scale(schedule: Schedule, seq_len: int, timed_len: int) -> float:
+    """``evaluations(T) / evaluations(T')``: full-length seconds per short-run second."""
+    return schedule.cost(seq_len).evaluations / schedule.cost(timed_len).evaluations
+
+
+@dataclass
+class ShortRuns:
+    """Times schedules of ``problem`` (module doc); the short problems are built once."""
+
+    problem: Problem
+    _at: dict[int, Problem] = field(default_factory=dict)
+
+    def scale(self, schedule: Schedule) -> float:
+        """Full-length seconds per second of ``schedule``'s timing run (1.0: full length)."""
+        n = timed_length(self.problem, schedule)
+        return scale(schedule, self.problem.seq_len, n) if n < self.problem.seq_len else 1.0
+
+    def time(self, schedule: Schedule, sized: Compiled, *, budget_bytes: int | None,
+             time_budget: float, cut_after: float | None) -> Measurement:
+        """Time ``sized`` (``schedule`` compiled at full length: its bytes) -- at full
+        length, or on a short run whose times are scaled to full length. ``cut_after``
+        is in full-length seconds."""
+        seq_len = self.problem.seq_len
+        n = timed_length(self.problem, schedule)
+        if n >= seq_len or sized.executable is None:
+            m = time_compiled(sized, budget_bytes=budget_bytes, time_budget=time_budget,
+                              cut_after=cut_after)
+            ran = m.step_seconds is not None or m.cut_seconds is not None
+            return replace(m, timed_seq_len=seq_len) if ran else m
+        full = sized.measurement
+        sized.release()  # the bytes are known; the full-length executable is not run
+        k = scale(schedule, seq_len, n)
+        if n not in self._at:
+            self._at[n] = self.problem.at_length(n)  # type: ignore[misc]  # checked above
+        short = compile_schedule(self._at[n], schedule)
+        m = time_compiled(short, time_budget=time_budget,
+                          cut_after=None if cut_after is None else cut_after / k)
+        short.release()
+        if m.status != OK:
+            return replace(full, status=ERROR, reason=f"at T'={n}: {m.reason}", loss=m.loss)
+        measured = m.step_seconds if m.step_seconds is not None else m.cut_seconds
+        return replace(
+            full, loss=m.loss, step_samples=m.step_samples, timed_seq_len=n,
+            short_seq_len=n, short_seconds=measured,
+            step_seconds=None if m.step_seconds is None else m.step_seconds * k,
+            cut_seconds=None if m.cut_seconds is None else m.cut_seconds * k)
