@@ -12,8 +12,8 @@ from typing import Any
 import optuna
 import pytest
 
+import autoremat._fidelity as fidelity_module
 import autoremat._plan as plan_module
-import autoremat._tune as tune_module
 from autoremat._duration import parse_duration
 from autoremat._errors import TuneError
 from autoremat._measure import compile_schedule
@@ -60,7 +60,8 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
 
     # patched where the search looks them up (both import them at module level)
     monkeypatch.setattr(plan_module, "compile_schedule", spy_compile(plan_module.compile_schedule))
-    monkeypatch.setattr(tune_module, "time_compiled", spy_time(tune_module.time_compiled))
+    monkeypatch.setattr(fidelity_module, "time_compiled",
+                        spy_time(fidelity_module.time_compiled))
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
     # many, and past the planner's stop it then times dominated schedules too)
     result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit=None)

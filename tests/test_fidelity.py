@@ -1,0 +1,125 @@
+"""Short-run timing (_fidelity) and the full-length confirmation of the pick (_confirm)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+
+import autoremat._fidelity as fidelity
+from autoremat._cli_print import result_table
+from autoremat._kinds import load_schedule
+from autoremat._measure import compile_schedule
+from autoremat._problem import seed_lstm
+from autoremat._schedule import Schedule
+from autoremat._study import load_study, measured_trials
+from autoremat._tune import tune
+
+T = 400
+SHORT = 100
+BUDGET = 50_000_000
+
+
+@pytest.fixture()
+def short(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Short runs of about ``SHORT`` steps for problems of ``2 * SHORT`` or more."""
+    monkeypatch.setattr(fidelity, "SHORT_SEQ_LEN", SHORT)
+    return SHORT
+
+
+def small(seq_len: int = T):
+    return seed_lstm(seq_len=seq_len, batch=2, hidden=8, input_dim=4, seq2seq=False)
+
+
+def test_each_kind_keeps_its_structure_in_the_short_run() -> None:
+    nested = Schedule.nested([40, 10])
+    assert nested.timing_length(T, SHORT) == 100  # whole chunks of 10
+    assert Schedule.nested([4, 100]).timing_length(T, SHORT) == 200  # at least two chunks
+    assert Schedule.nested([2, 7]).timing_length(T, SHORT) == 105  # whole chunks, >= short
+    assert Schedule.plain(T).timing_length(T, SHORT) == SHORT
+    assert Schedule.binomial(4).timing_length(T, SHORT) == SHORT
+    assert Schedule.binomial(30).timing_length(T, SHORT) == 240  # 8 steps per snapshot
+    assert Schedule.binomial(80).timing_length(T, SHORT) == T  # never past T
+    # nested work is linear in whole chunks; binomial's is its exact evaluation count
+    assert fidelity.scale(nested, T, 100) == pytest.approx(4.0)
+    b = Schedule.binomial(4)
+    assert fidelity.scale(b, T, 100) == b.cost(T).evaluations / b.cost(100).evaluations
+
+
+def test_short_runs_only_when_the_problem_can_and_is_long_enough(short: int) -> None:
+    problem = small()
+    assert fidelity.timed_length(problem, Schedule.nested([40, 10])) == 100
+    assert fidelity.timed_length(problem, Schedule.nested([2, 200])) == T  # > half of T
+    assert fidelity.timed_length(small(150), Schedule.nested([15, 10])) == 150  # T < 2 short
+    assert fidelity.timed_length(replace(problem, at_length=None),
+                                 Schedule.nested([40, 10])) == T
+
+
+def test_a_short_run_keeps_the_full_length_bytes_and_scales_its_time(short: int) -> None:
+    problem, schedule = small(), Schedule.nested([40, 10])
+    sized = compile_schedule(problem, schedule, budget_bytes=BUDGET)
+    full_total = sized.measurement.total_bytes
+    short_total = compile_schedule(problem.at_length(100), schedule).measurement.total_bytes
+    assert full_total is not None and short_total is not None and short_total < full_total
+    m = fidelity.ShortRuns(problem).time(schedule, sized, budget_bytes=BUDGET,
+                                         time_budget=0.05, cut_after=None)
+    assert m.status == "ok" and m.total_bytes == full_total
+    assert (m.timed_seq_len, m.short_seq_len) == (100, 100)
+    assert m.short_seconds is not None and m.step_seconds is not None
+    assert m.step_seconds == pytest.approx(4.0 * m.short_seconds)
+    assert m.predicted(T) and not m.predicted(100)
+
+
+def test_full_length_problems_record_their_length(short: int) -> None:
+    problem = small(150)
+    sized = compile_schedule(problem, Schedule.nested([15, 10]), budget_bytes=BUDGET)
+    m = fidelity.ShortRuns(problem).time(Schedule.nested([15, 10]), sized,
+                                         budget_bytes=BUDGET, time_budget=0.05, cut_after=None)
+    assert m.timed_seq_len == 150 and m.short_seq_len is None and m.short_seconds is None
+
+
+def test_tune_times_short_then_confirms_the_pick_at_full_length(
+        short: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    lines: list[str] = []
+    result = tune(small(), BUDGET, n_trials=5, time_budget=0.05, out="s.yaml",
+                  on_confirm=lines.append)
+    study = load_study(result.study_name)
+    raw = [t.user_attrs for t in study.trials if t.user_attrs.get("measured")
+           and t.user_attrs.get("step_seconds") is not None]
+    assert raw and all(a["timed_seq_len"] < T for a in raw)  # every trial timed short
+    best = result.best_trial
+    assert best is not None and result.best is not None
+    m = best.measurement
+    assert m.timed_seq_len == T and not m.predicted(T)  # the answer is measured at T
+    assert m.extrapolated_seconds is not None and m.short_seq_len is not None
+    assert best in result.confirmed and lines and "predicted" in lines[0]
+    # the trial's own attrs keep the prediction; the study attr holds the confirmation
+    own = study.trials[best.number].user_attrs
+    assert own["step_seconds"] == m.extrapolated_seconds != m.step_seconds
+    assert study.user_attrs[f"confirmed:{best.number}"]["step_seconds"] == m.step_seconds
+    assert load_schedule("s.yaml").meta["timed_seq_len"] == T
+    table = result_table(result)
+    assert "confirmed at full length" in table and f"T'={m.short_seq_len}" in table
+    # Optuna's own tools read the study: named objectives, fidelity per trial
+    assert optuna.load_study(study_name=result.study_name,
+                             storage=result.storage).metric_names == ["total_bytes",
+                                                                      "step_seconds"]
+
+
+def test_a_pick_too_slow_for_the_limit_is_written_as_predicted(
+        short: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoremat._tune as tune_module
+    from autoremat._confirm import confirm
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tune_module, "confirm", lambda *a, **k: "")  # the search alone
+    result = tune(small(), BUDGET, n_trials=3, time_budget=0.05, out="s.yaml")
+    assert result.best is not None and result.best.meta["timed_seq_len"] < T
+    study = load_study(result.study_name)
+    note = confirm(study, small(), BUDGET, time_limit=1e-9, time_budget=0.05)
+    assert f"trial {result.best_trial.number}" in note and "time limit" in note
+    assert "would time it" in note
+    assert not any(t.measurement.extrapolated_seconds for t in measured_trials(study))
