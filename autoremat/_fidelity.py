@@ -8,10 +8,14 @@ Time is: it has to be measured. So the tuner compiles each candidate at full
 (``Problem.at_length``), where ``T' = Schedule.timing_length(T, SHORT_SEQ_LEN)``
 keeps the schedule's structure -- the same inner levels with fewer outer
 chunks (nested), at least eight steps per snapshot (binomial). The full-length
-time is the short run's scaled by the step evaluations of ``bounds.cost``
-(exact for every kind)::
+time is the short run's scaled by the work of a step -- the step evaluations
+of ``bounds.cost`` (exact for every kind), a backward one weighted more
+(``work``)::
 
-    predicted(T) = measured(T') * evaluations(T) / evaluations(T')
+    predicted(T) = measured(T') * work(T) / work(T')
+
+For a nested schedule of whole chunks the work is linear in ``T`` (the ratio
+is ``T / T'``); for binomial the re-runs grow faster than ``T``.
 
 What a short run cannot see -- work that does not grow with ``T`` (the
 optimizer update, launching the step), a longer outer stack, cache effects of
@@ -38,6 +42,10 @@ from autoremat._schedule import Schedule
 SHORT_SEQ_LEN: Final = 10_000
 #: A short run must be at most this fraction of ``T`` to be worth predicting from.
 MAX_FRACTION: Final = 0.5
+#: A backward step's cost beyond one forward evaluation, in forward evaluations: the
+#: seed LSTM's at T=10^5 on a CPU (binomial, where it matters: the forward re-runs
+#: grow faster than ``T``) is 2 to 3.
+BACKWARD_EXTRA: Final = 2.0
 
 
 def timed_length(problem: Problem, schedule: Schedule) -> int:
@@ -49,9 +57,18 @@ def timed_length(problem: Problem, schedule: Schedule) -> int:
     return short if short <= MAX_FRACTION * seq_len else seq_len
 
 
+def work(schedule: Schedule, seq_len: int) -> float:
+    """A step's work in forward-step units: every evaluation of ``bounds.cost`` (the
+    forward sweep, re-runs, and the ``T`` backward steps) plus ``BACKWARD_EXTRA``
+    per backward step, which costs more than a forward one (its VJP and the
+    restores' bookkeeping)."""
+    return schedule.cost(seq_len).evaluations + BACKWARD_EXTRA * seq_len
+
+
 def scale(schedule: Schedule, seq_len: int, timed_len: int) -> float:
-    """``evaluations(T) / evaluations(T')``: full-length seconds per short-run second."""
-    return schedule.cost(seq_len).evaluations / schedule.cost(timed_len).evaluations
+    """``work(T) / work(T')``: full-length seconds per short-run second (``T / T'``
+    for a nested schedule of whole chunks, whose work is linear in ``T``)."""
+    return work(schedule, seq_len) / work(schedule, timed_len)
 
 
 @dataclass
