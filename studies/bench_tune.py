@@ -17,7 +17,8 @@ Every figure is measured in this run; the table goes to
 ``studies/results/bench_tune.md`` (rewritten after each case)::
 
     python studies/bench_tune.py --quick          # the T=10^4 cases
-    python studies/bench_tune.py --cases c --tune-limit 8m --grid-repeats 0 --rounds 3
+    python studies/bench_tune.py --cases c --grid-repeats 0 --rounds 3
+    python studies/bench_tune.py --cases d,e --grid-repeats 0 --rounds 1   # ~1.5 h
 """
 
 from __future__ import annotations
@@ -31,23 +32,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoremat._binomial import snapshot_range
+from autoremat._fidelity import ShortRuns
 from autoremat._measure import compile_schedule, time_compiled
 from autoremat._measurement import Measurement
+from autoremat._pareto import format_seconds
 from autoremat._predict import Structure, TimeModel
 from autoremat._problem import Problem, seed_lstm
 from autoremat._schedule import Schedule
 from autoremat._study import load_study, measured_trials
-from autoremat._tune import tune
+from autoremat._tune import DEFAULT_TIME_LIMIT, tune
 
 RESULTS = Path(__file__).parent / "results" / "bench_tune.md"
-CASES = {  # name: (T, seq2seq, budget fraction of plain's total)
-    "a": (10_000, True, 0.25),
-    "b": (10_000, False, 0.05),
+CASES = {  # name: (T, loss, budget: a fraction of plain's total, or bytes)
+    "a": (10_000, "seq2seq", 0.25),
+    "b": (10_000, "last", 0.05),
     # The issue asked for 2% here, but at T=10^5 the arguments alone (the input x,
     # 129.0 MB) are 2.01% of plain's 6.40 GB total, so nothing fits 2% (the tuner rightly
     # found nothing); 2.5% (160 MB) leaves 31 MB for the schedule's own temp.
-    "c": (100_000, False, 0.025),
+    "c": (100_000, "last", 0.025),
+    # The top of the range (issue 21): the grid is ``top_grid``, timed once each.
+    "d": (1_000_000, "last", 2e9),
+    "e": (1_000_000, "fused", 2e9),
 }
+#: Cases whose full-length grid is ``top_grid`` (one step takes minutes).
+TOP = ("d", "e")
 PAIRS = [(o, i) for o in ("nothing_saveable", "dots_saveable")
          for i in ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
                    "everything_saveable")]
@@ -55,6 +63,27 @@ DEEP = [("nothing_saveable", "nothing_saveable", "everything_saveable"),
         ("nothing_saveable", "dots_saveable", "everything_saveable"),
         ("dots_saveable", "dots_saveable", "everything_saveable"),
         ("nothing_saveable", "nothing_saveable", "nothing_saveable")]
+
+
+def top_grid(seq_len: int) -> list[Schedule]:
+    """Ten schedules at ``T = 10^6``: depths 2-4 with the tuner's policy families, and
+    binomial -- what the full-length grid of a top-of-range case times once each."""
+    ne, nde = ("nothing_saveable", "everything_saveable"), ("nothing_saveable", "dots_saveable")
+    three = ("nothing_saveable", "nothing_saveable", "everything_saveable")
+    three_dots = ("nothing_saveable", "dots_saveable", "everything_saveable")
+    return [
+        Schedule.nested([seq_len // 1000, 1000], list(ne)),
+        Schedule.nested([seq_len // 1000, 1000], list(nde)),
+        Schedule.nested([seq_len // 100, 10, 10], list(three)),
+        Schedule.nested([seq_len // 100, 10, 10], list(three_dots)),
+        Schedule.nested([seq_len // 1000, 100, 10], list(three)),
+        Schedule.nested([100, 100, 100], list(three)),
+        Schedule.nested([seq_len // 1000, 10, 10, 10], ["nothing_saveable"] * 3
+                        + ["everything_saveable"]),
+        Schedule.binomial(16),
+        Schedule.binomial(64),
+        Schedule.binomial(256),
+    ]
 
 
 def grid(seq_len: int) -> list[Schedule]:
@@ -102,6 +131,8 @@ class Outcome:
     model_median_err: float
     model_max_err: float
     model_rank: float
+    short: str  # short-run prediction errors over the grid (autoremat._fidelity)
+    confirmed: str  # the tuner's full-length confirmations: predicted / measured
 
     def row(self) -> str:
         return (f"| {self.case} | {self.label} | {self.budget / 1e6:.0f} MB | "
@@ -110,7 +141,7 @@ class Outcome:
                 f"{self.grid_wall:.0f} = **{self.tune_wall / self.grid_wall:.2f}** | "
                 f"{self.tune_timed} (+{self.tune_cut} cut) | {self.grid_timed} of "
                 f"{self.grid_size} | {self.model_median_err:.0%} / {self.model_max_err:.0%} / "
-                f"{self.model_rank:.2f} |")
+                f"{self.model_rank:.2f} | {self.short} | {self.confirmed} |")
 
 
 def interleaved(problem: Problem, a: Schedule, b: Schedule, rounds: int) -> tuple[float, float]:
@@ -146,43 +177,80 @@ def _rank_corr(xs: list[float], ys: list[float]) -> float:
     return cov / var if var else 0.0
 
 
+def _problem(case: str) -> tuple[Problem, int, str]:
+    """The case's problem, budget in bytes and label."""
+    seq_len, loss, budget = CASES[case]
+    problem = seed_lstm(seq_len=seq_len, seq2seq=loss != "last", fused_readout=loss == "fused")
+    if budget < 1:
+        plain = compile_schedule(problem, Schedule.plain(seq_len)).measurement
+        assert plain.total_bytes is not None, plain.reason
+        return (problem, int(budget * plain.total_bytes),
+                f"T={seq_len}, {loss}, {budget * 100:g}% of plain")
+    return problem, int(budget), f"T={seq_len}, {loss}, {budget / 1e9:g} GB"
+
+
+def _short_errors(pairs: list[tuple[float, float]]) -> str:
+    """Median / max |predicted / measured - 1|, and whether the prediction orders the
+    five fastest as measured (Spearman's rank correlation over them)."""
+    if not pairs:
+        return "-"
+    errs = sorted(abs(p / r - 1.0) for p, r in pairs)
+    top = sorted(pairs, key=lambda pr: pr[1])[:5]
+    rank = _rank_corr([p for p, _ in top], [r for _, r in top]) if len(top) > 1 else 1.0
+    return (f"{statistics.median(errs):.1%} / {errs[-1]:.1%} ({len(pairs)}), "
+            f"top-5 rank {rank:.2f}")
+
+
 def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
              log: list[str], grid_repeats: int = 3) -> Outcome:
-    seq_len, seq2seq, fraction = CASES[case]
-    problem = seed_lstm(seq_len=seq_len, seq2seq=seq2seq)
-    plain = compile_schedule(problem, Schedule.plain(seq_len)).measurement
-    assert plain.total_bytes is not None, plain.reason
-    budget = int(fraction * plain.total_bytes)
-    label = f"T={seq_len}, {'seq2seq' if seq2seq else 'last state'}, {fraction * 100:g}% of plain"
+    seq_len = CASES[case][0]
+    problem, budget, label = _problem(case)
     print(f"case {case}: {label}: budget {budget} bytes", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{tmp}/bench.db"
         t0 = time.perf_counter()
         result = tune(problem, budget, storage=storage, study_name=case, time_budget=time_budget,
-                      **({"time_limit": tune_limit} if tune_limit else {}))
+                      on_confirm=lambda line: print(f"  {line}", flush=True),
+                      time_limit=tune_limit if tune_limit else DEFAULT_TIME_LIMIT)
         tune_wall = time.perf_counter() - t0
         trials = measured_trials(load_study(case, storage))
     tuned = [t for t in trials if t.measurement.step_seconds is not None]
     cut = [t for t in trials if t.measurement.cut]
     assert result.best_trial is not None, "the tuner found nothing that fits"
+    confirmed = "; ".join(f"{format_seconds(t.measurement.extrapolated_seconds)} / "
+                          f"{format_seconds(t.measurement.step_seconds)}"
+                          for t in result.confirmed) or (result.unconfirmed or "-")
     print(f"  tuner: {tune_wall:.0f} s, {len(tuned)} timed + {len(cut)} cut, pick "
-          f"{result.best_trial.schedule.describe()} {result.best_trial.measurement.step_seconds}",
-          flush=True)
+          f"{result.best_trial.schedule.describe()} {result.best_trial.measurement.step_seconds}"
+          f"; confirmed (predicted / measured): {confirmed}", flush=True)
 
-    schedules = grid(seq_len)
+    schedules = top_grid(seq_len) if case in TOP else grid(seq_len)
+    short_runs = ShortRuns(problem)
     t0 = time.perf_counter()
     timed: list[tuple[Schedule, Measurement]] = []
+    predicted: list[tuple[float, float]] = []  # (short-run prediction, full-length time)
+    short_wall = 0.0
     for s in schedules:
         compiled = compile_schedule(problem, s, budget_bytes=budget)
         if compiled.executable is not None:
             m = time_compiled(compiled, budget_bytes=budget, time_budget=time_budget,
                               min_repeats=grid_repeats or None)
-            compiled.release()
             if m.step_seconds is not None:
                 timed.append((s, m))
-                print(f"  grid {len(timed)}: {s.describe()} {m.step_seconds:.3f}", flush=True)
-    grid_wall = time.perf_counter() - t0
+                print(f"  grid {len(timed)}: {s.describe()} {m.step_seconds:.3f}", end="",
+                      flush=True)
+                t1 = time.perf_counter()
+                p = short_runs.time(s, compiled, budget_bytes=budget, time_budget=time_budget,
+                                    cut_after=None)
+                short_wall += time.perf_counter() - t1
+                if p.step_seconds is not None and p.predicted(seq_len):
+                    predicted.append((p.step_seconds, m.step_seconds))
+                    print(f"  predicted from T'={p.timed_seq_len}: {p.step_seconds:.3f}",
+                          end="")
+                print(flush=True)
+            compiled.release()
+    grid_wall = time.perf_counter() - t0 - short_wall
     best_s, _ = min(timed, key=lambda sm: sm[1].step_seconds or math.inf)
 
     model = TimeModel()
@@ -198,7 +266,8 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
     pick_step, best_step = interleaved(problem, pick, best_s, rounds)
     out = Outcome(case, label, budget, len(schedules), len(timed), grid_wall, len(tuned), len(cut),
                   tune_wall, pick.describe(), best_s.describe(), pick_step, best_step,
-                  statistics.median(errs), max(errs), _rank_corr(pred, real))
+                  statistics.median(errs), max(errs), _rank_corr(pred, real),
+                  _short_errors(predicted), confirmed)
     log[:] = [line for line in log if not line.startswith(f"| {case} |")]
     log.append(out.row())
     log.sort()
@@ -220,15 +289,22 @@ def write(rows: list[str]) -> None:
         "schedule the grid timed: median / max relative error of step time, Spearman rank "
         "correlation.",
         "",
+        "*short runs*: every grid schedule also timed on a short run (`autoremat._fidelity`, "
+        "T' about 10^4) and its full-length time predicted from it: median / max relative "
+        "error (how many), and the rank correlation of prediction and measurement over the "
+        "grid's five fastest (`-`: T too short for short runs). *confirmed*: the tuner's "
+        "pick (and a close runner-up) predicted / measured at full length.",
+        "",
         "| case | problem | budget | tuner's pick | grid's best | pick / grid best (s) | "
-        "tuner wall / grid wall (s) | tuner timed | grid timed | model err med / max / rank |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "tuner wall / grid wall (s) | tuner timed | grid timed | model err med / max / rank | "
+        "short runs | confirmed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows, ""]))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default="a,b,c", help="comma-separated: a, b, c (see CASES)")
+    p.add_argument("--cases", default="a,b,c", help="comma-separated: a to e (see CASES)")
     p.add_argument("--quick", action="store_true", help="the T=10^4 cases only (a, b)")
     p.add_argument("--time-budget", type=float, default=2.0, help="timing seconds per schedule")
     p.add_argument("--tune-limit", help="the tuner's --time-limit (default: its own)")
