@@ -150,7 +150,9 @@ TUNE_SETTINGS: Final = (
     Setting("total_trials", "stop when the study holds N measured schedules, counting every "
             "worker's; a worker then waits for trials still running elsewhere, so all of them "
             "end on the same final answer", _integer(1, _MAX_SIZE), int, metavar="N"),
-    Setting("time_limit", "stop starting trials after this long: 90, 90s, 5m, 1.5h ({default})",
+    Setting("time_limit", "stop starting trials after this long: 90, 90s, 5m, 1.5h "
+            "({default}); at T >= 20000 trials are timed on short runs and the pick is then "
+            "timed at full length, unless one step is predicted to take longer than this",
             _duration, str, "2m", "DURATION"),
     Setting("explore_front", "measure the whole memory/time front, not just the fastest "
             "schedule that fits (no early stop or cut trials; see 'autoremat pareto')",

@@ -172,7 +172,8 @@ def export_trial(study: optuna.Study, number: int) -> Schedule:
 def plot_study(study: optuna.Study, path: str | Path) -> Path:
     """Draw every measured trial: memory (log axis) vs step time.
 
-    Within budget: filled circles; the front joined by a line; the chosen
+    Within budget: filled circles (hollow: the step time is predicted from a
+    short run, ``autoremat._fidelity``); the front joined by a line; the chosen
     point labelled. Over budget (compiled and sized, not timed): red crosses
     along the top edge at their memory. The budget is a vertical dashed line.
     The file type follows the suffix (``.png``, ``.svg``, ``.pdf``).
@@ -186,7 +187,9 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
     info = StudyInfo.of(study)
     budget = info.budget_bytes
     trials = measured_trials(study)
-    timed = [_point(t) for t in trials if t.measurement.fits(budget)]
+    fits = [t for t in trials if t.measurement.fits(budget)]
+    timed = [_point(t) for t in fits if not t.measurement.predicted(info.seq_len)]
+    predicted = [_point(t) for t in fits if t.measurement.predicted(info.seq_len)]
     over = [t.measurement.total_bytes for t in trials
             if not t.measurement.fits(budget) and t.measurement.total_bytes is not None]
     failed = [t for t in trials if t.measurement.total_bytes is None]
@@ -197,10 +200,14 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
     if timed:
         ax.scatter([p[0] for p in timed], [p[1] for p in timed],
                    s=28, color="tab:blue", alpha=0.6, label=f"within budget ({len(timed)})")
+    if predicted:
+        ax.scatter([p[0] for p in predicted], [p[1] for p in predicted], s=28,
+                   facecolors="none", edgecolors="tab:blue", alpha=0.8,
+                   label=f"within budget, time predicted from a short run ({len(predicted)})")
     if front:
         ax.plot([p.total_bytes for p in front], [p.step_seconds for p in front],
                 "-o", color="tab:green", ms=5, lw=1.5, label=f"Pareto front ({len(front)})")
-    ymax = max([p[1] for p in timed], default=1.0) * 1.15
+    ymax = max([p[1] for p in timed + predicted], default=1.0) * 1.15
     if over:
         ax.scatter(over, [ymax] * len(over),
                    marker="x", color="tab:red", s=36,
@@ -251,10 +258,18 @@ def describe_schedule(schedule: Schedule) -> str:
                  f"{format_bytes(meta.get('temp_bytes'))}, step "
                  f"{format_seconds(meta.get('step_seconds'))}, compile "
                  f"{format_seconds(meta.get('compile_seconds'))}")
+    timed, seq_len = meta.get("timed_seq_len"), meta.get("seq_len")
+    if isinstance(timed, int) and isinstance(seq_len, int) and timed < seq_len:
+        lines.append(f"  step time predicted from a run of T'={timed} steps, not measured "
+                     f"at T={seq_len}")
+    elif meta.get("extrapolated_seconds") is not None:
+        lines.append(f"  step time measured at T={seq_len}; short runs had predicted "
+                     f"{format_seconds(meta['extrapolated_seconds'])}")
     lines += breakdown_lines(meta)
     known = {"problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
              "flax_version", "budget_bytes", "study_name", "trial", "storage", "date",
-             "step_seconds", "compile_seconds", *KEYS}
+             "step_seconds", "compile_seconds", "timed_seq_len", "extrapolated_seconds",
+             *KEYS}
     extra = {k: v for k, v in meta.items() if k not in known}
     if extra:
         lines.append(f"other meta: {extra}")

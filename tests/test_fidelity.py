@@ -12,6 +12,7 @@ import autoremat._fidelity as fidelity
 from autoremat._cli_print import result_table
 from autoremat._kinds import load_schedule
 from autoremat._measure import compile_schedule
+from autoremat._pareto import describe_schedule, front_table, pareto_front, plot_study
 from autoremat._problem import seed_lstm
 from autoremat._schedule import Schedule
 from autoremat._study import load_study, measured_trials
@@ -102,6 +103,7 @@ def test_tune_times_short_then_confirms_the_pick_at_full_length(
     assert own["step_seconds"] == m.extrapolated_seconds != m.step_seconds
     assert study.user_attrs[f"confirmed:{best.number}"]["step_seconds"] == m.step_seconds
     assert load_schedule("s.yaml").meta["timed_seq_len"] == T
+    assert "short runs had predicted" in describe_schedule(load_schedule("s.yaml"))
     table = result_table(result)
     assert "confirmed at full length" in table and f"T'={m.short_seq_len}" in table
     # Optuna's own tools read the study: named objectives, fidelity per trial
@@ -119,7 +121,10 @@ def test_a_pick_too_slow_for_the_limit_is_written_as_predicted(
     monkeypatch.setattr(tune_module, "confirm", lambda *a, **k: "")  # the search alone
     result = tune(small(), BUDGET, n_trials=3, time_budget=0.05, out="s.yaml")
     assert result.best is not None and result.best.meta["timed_seq_len"] < T
+    assert "predicted from a run of T'=" in describe_schedule(result.best)
     study = load_study(result.study_name)
+    assert plot_study(study, tmp_path / "front.png").stat().st_size > 0  # hollow: predicted
+    assert "predicted T'=" in front_table(pareto_front(study), BUDGET, seq_len=T)
     note = confirm(study, small(), BUDGET, time_limit=1e-9, time_budget=0.05)
     assert f"trial {result.best_trial.number}" in note and "time limit" in note
     assert "would time it" in note
