@@ -319,3 +319,16 @@ def test_a_trace_closing_over_another_traces_values_is_not_reused(schedule: Sche
 
     assert float(total(jnp.float32(1.0), jnp.ones(4))) == 4.0
     assert float(total(jnp.float32(2.0), jnp.ones(5))) == 10.0  # a new jit trace
+
+
+@KINDS
+def test_a_kept_trace_depends_on_the_axis_environment(schedule: Schedule) -> None:
+    """JAX's test_caches_depend_on_axis_env: the same step under two vmap axis sizes."""
+    def step(c: Any, _: None) -> tuple[jax.Array, None]:
+        return lax.axis_size("i"), None
+
+    def f() -> jax.Array:
+        return autoremat.scan(step, 0, None, length=1, schedule=schedule)[0]
+
+    for size in (2, 3):
+        assert int(jax.vmap(f, axis_name="i", axis_size=size, out_axes=None)()) == size
