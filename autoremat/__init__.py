@@ -6,6 +6,7 @@ The pipeline, one module per box::
                      _kinds.py      the table of kinds -> _nested.py, _binomial.py (one type each)
                      _policy.py     checkpoint policies by name, Level; _yaml.py: safe YAML
       -> builder     _scan.py       scan(): lax.scan semantics, dispatches to the kind's run()
+                     _step_trace.py the step's one (cached) trace: lax.scan's carry checks
                      _nested_scan.py / _binomial_scan.py (+ _revolve.py's plan): the builders
                      linen.py, nnx.py (_nnx_scan.py, _rnn.py): nn.scan / nnx.scan / RNN drop-ins
                      _fuse.py       fuse_head/fuse_loss: the readout inside the step

@@ -26,6 +26,7 @@ import jax.extend.core as jex_core
 import jax.extend.core.primitives as prims
 from jax._src import source_info_util
 from jax._src.ad_checkpoint import remat_p
+from jax._src.util import weakref_lru_cache
 
 ClosedJaxpr = jex_core.ClosedJaxpr
 Jaxpr = jex_core.Jaxpr
@@ -54,6 +55,14 @@ REMAT_POLICY = "policy"
 REMAT_PREVENT_CSE = "prevent_cse"
 COND_BRANCHES = "branches"  # tuple of ClosedJaxpr; operand 0 is the branch index
 PERMUTATION = "permutation"
+
+
+def trace_cache(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` cached as JAX caches a traced function (``lax.scan``'s body, ``jit``'s):
+    weakly on its first argument (the entry goes with it), strongly on the others,
+    with JAX's trace context (x64 and the other flags a trace depends on) in the key."""
+    cached: Callable[..., Any] = weakref_lru_cache(fn)
+    return cached
 
 
 def sub_jaxprs(params: dict[str, Any]) -> Iterator[Jaxpr]:

@@ -89,10 +89,13 @@ def scan(
       methods: with a Module class, the methods to scan (default ``__call__``):
         a list, or ``{name: {argument: value}}`` to override any of the
         arguments above for one method.
-      check_constancy_invariants: accepted as in ``nn.scan`` (a bool). There it
-        costs an extra trace to verify that broadcast values are loop
-        invariants; here broadcast collections are closed over by the loop, so
-        they are invariant by construction and either value runs the same.
+      check_constancy_invariants: as in ``nn.scan`` (a bool): ``True`` traces the
+        step once outside the loop before the loop's trace (as ``nn.scan`` does
+        to check broadcast values; here broadcast collections are closed over
+        by the loop, invariant by construction); ``False`` skips that trace --
+        one trace of the step, rng counters as under ``nn.scan(...,
+        check_constancy_invariants=False)`` -- except at ``init`` with
+        broadcast variables to create (``nn.scan`` then creates none).
 
     Returns:
       The scanned Module class or method, like ``nn.scan``.
@@ -133,7 +136,7 @@ def _core_options(options: dict[str, Any]) -> dict[str, Any]:
     if unroll is not None:
         schedule = dataclasses.replace(schedule, unroll=unroll)
     options["schedule"] = schedule
-    check = options.pop("check_constancy_invariants", True)
+    check = options.get("check_constancy_invariants", True)
     if not isinstance(check, bool):
         raise TypeError(f"check_constancy_invariants: expected a bool, got {check!r}")
     _variable_axes(options.get("variable_axes", FrozenDict()))
@@ -166,6 +169,7 @@ def _scan_core(
     reverse: bool = False,
     data_transform: Callable[..., Any] | None = None,
     metadata_params: Mapping[Any, Any] = FrozenDict(),
+    check_constancy_invariants: bool = True,
 ) -> Callable[..., Any]:
     """The core-level lifted scan: ``(scope_tree, carry, *xs) -> (carry, ys)``.
 
@@ -177,7 +181,8 @@ def _scan_core(
     spec = _Spec(fn=fn, schedule=schedule, in_axes=in_axes, out_axes=out_axes, length=length,
                  reverse=reverse, data_transform=data_transform, params=dict(metadata_params),
                  in_group_axes=tuple(var_in.values()), out_group_axes=tuple(var_out.values()),
-                 rng_split=tuple(bool(split_rngs[k]) for k in split_rngs))
+                 rng_split=tuple(bool(split_rngs[k]) for k in split_rngs),
+                 check_constancy=check_constancy_invariants)
     groups_in = (variable_broadcast, variable_carry, *var_in)
     groups_out = (variable_broadcast, variable_carry, *var_out)
 
@@ -210,6 +215,7 @@ class _Spec:
     in_group_axes: tuple[int, ...]
     out_group_axes: tuple[int, ...]
     rng_split: tuple[bool, ...]
+    check_constancy: bool
 
 
 class _Call:
@@ -299,7 +305,7 @@ class _Call:
         xs = (scan_in, split_groups, scanned)
         xs_axes = (spec.in_group_axes, (0,) * len(split_groups), arg_axes)
         self.bvars = broadcast_vars
-        if steps > 0:
+        if steps > 0 and (spec.check_constancy or init_broadcast):
             self.bvars = self.first_pass(init_broadcast, broadcast_vars, carry_vars, init,
                                          first_step(xs, xs_axes))
         self.loop_counters = _snapshot(self.counters)

@@ -44,7 +44,7 @@ a method decorator and on a Module class, like ``nn.scan``::
 Differences from ``nn.scan``:
 
 * ``unroll`` defaults to the schedule's ``unroll`` (given, it overrides it);
-  ``_split_transpose`` and ``check_constancy_invariants`` are not accepted.
+  ``_split_transpose`` is not accepted.
 * ``nn.broadcast`` in ``out_axes`` (loop-invariant outputs) is not supported.
 * Broadcast variables (``variable_broadcast``) are created, at ``init``, by
   running the body once on the first step's inputs outside the loop (under
@@ -52,7 +52,10 @@ Differences from ``nn.scan``:
   constants. They must not depend on the data (``nn.scan`` checks this; this
   scan does not). Outside ``init`` that pass is only traced abstractly (no
   compute), so that rng counters -- and hence dropout masks -- advance exactly
-  as in ``nn.scan``, whatever the schedule.
+  as in ``nn.scan``, whatever the schedule. With
+  ``check_constancy_invariants=False`` there is no such pass (one trace of the
+  step, as ``nn.scan`` then makes) except at ``init`` with broadcast variables
+  to create, which ``nn.scan`` then leaves uncreated.
 * ``variable_carry`` collections that are not mutable are passed through.
 
 ``autoremat.linen.problem(name, model, params, batch, optimizer)`` tunes a model

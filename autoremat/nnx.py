@@ -31,11 +31,13 @@ Supported as in ``nnx.scan``: ``in_axes`` / ``out_axes`` with ``nnx.Carry``,
 ``None`` (broadcast inputs), ints, ``nnx.StateAxes`` for modules; module state
 carried (mutations -- a counter, batch statistics, rng counts -- written
 back), broadcast (mutations dropped, as ``nnx.scan`` drops them) or scanned;
-rng streams are module state and advance exactly as in ``nnx.scan``. Not
-supported, each with an error naming it: ``unroll=True`` (full unroll),
-``_split_transpose``, ``transform_metadata``, ``graph=False`` /
-``graph_updates=False`` (tree mode), ``None`` in ``out_axes``, returning a
-module from the step, and changing a module's structure inside the step.
+rng streams are module state and advance exactly as in ``nnx.scan``; tree
+mode (``graph=False``, ``graph_updates=False``; flax >= 0.12.6), Modules
+and Variables returned from the step (scan over layers) and
+``transform_metadata`` too: it is ``nnx.scan`` itself with the loop
+replaced, so misuse gets ``nnx.scan``'s own errors, and the step is traced
+no more often. Not supported, each with an error naming it: ``unroll=True``
+(full unroll) and ``_split_transpose``.
 ``autoremat.nnx.remat_scans(fn, schedule)`` schedules the scans of unmodified
 NNX code (a function of modules), keeping the modules' state updates.
 Needs flax >= 0.11 (``nnx.Optimizer(model, tx, wrt=...)``, ``update(model,

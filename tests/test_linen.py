@@ -390,3 +390,54 @@ def test_binomial_layer_stack_gradients_through_scanned_params() -> None:
         return jax.jit(jax.value_and_grad(loss))(params)
 
     assert_trees_close(grads(ours), grads(ref))
+
+
+def counted_stack(scan_fn: ScanFn, check: bool) -> tuple[list[int], Any]:
+    """A dropout layer stack scanned with ``check_constancy_invariants=check``: how
+    often the layer was traced after ``init`` and after a gradient of ``apply``
+    (both jitted), and the parameters, values and gradients."""
+    traces = 0
+
+    class Layer(nn.Module):
+        @nn.compact
+        def __call__(self, h: jax.Array, _: None) -> tuple[jax.Array, jax.Array]:
+            nonlocal traces
+            traces += 1
+            h = jnp.tanh(nn.Dense(FEAT)(h))
+            return nn.Dropout(0.5, deterministic=False)(h), h.sum()
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, h: jax.Array) -> Any:
+            layers = scan_fn(Layer, variable_axes={"params": 0}, length=5,
+                             split_rngs={"params": True, "dropout": True},
+                             check_constancy_invariants=check)
+            return layers()(h, None)
+
+    model, h = Stack(), jnp.ones((3, FEAT))
+    rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+    variables = jax.jit(model.init)(rngs, h)
+    counts = [traces]
+
+    def loss(v: Any) -> tuple[jax.Array, Any]:
+        out, ys = model.apply(v, h, rngs={"dropout": jax.random.PRNGKey(2)})
+        return jnp.sum(out**2) + jnp.sum(ys * jnp.arange(1.0, 6.0)), (out, ys)
+
+    grads, outputs = jax.jit(jax.grad(loss, has_aux=True))(variables)
+    counts.append(traces)
+    return counts, (variables, outputs, grads)
+
+
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("schedule", [Schedule.nested([2, 2]), Schedule.binomial(2)],
+                         ids=["nested", "binomial"])
+def test_check_constancy_invariants_traces_and_rngs_as_nn_scan(
+        schedule: Schedule, check: bool) -> None:
+    """Flax's test_jit_scan_retracing_*: False traces the layer once per call (no
+    pass outside the loop), True twice, as nn.scan; params, dropout masks and
+    gradients are nn.scan's with the same argument."""
+    ref_counts, reference = counted_stack(nn.scan, check)
+    counts, values = counted_stack(autoremat_scan(schedule), check)
+    assert ref_counts == ([1, 2] if not check else [2, 4])
+    assert counts == ref_counts
+    assert_trees_close(values, reference)

@@ -111,6 +111,46 @@ def test_scan_over_layers_matches_nnx_scan(schedule: Schedule, mode: dict[str, A
     assert_close(layers_run(ours(schedule), mode), layers_run(nnx.scan, mode))
 
 
+def counted_run(scan: Scan, mode: dict[str, Any]) -> tuple[list[int], Any]:
+    """One scanned function (a module broadcast, an input scanned) called twice,
+    then differentiated: how often its step was traced after the calls and after
+    the gradient, and the values and gradients."""
+    traces = 0
+
+    @scan(in_axes=(nnx.Carry, None, 0), out_axes=(nnx.Carry, 0), **mode)
+    def step(h: jax.Array, cell: Cell, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        nonlocal traces
+        traces += 1
+        h = jnp.tanh(cell.linear(h) + x)
+        return h, h * x
+
+    cell = Cell(nnx.Rngs(0))
+    h1, _ = step(jnp.zeros(H), cell, xs())
+    h2, ys = step(h1, cell, xs())
+    counts = [traces]
+
+    def loss(cell: Cell) -> jax.Array:
+        h, ys = step(h1, cell, xs())
+        return jnp.sum(ys * jnp.cos(ys)) + jnp.sum(h)
+
+    value, grads = nnx.value_and_grad(loss)(cell)
+    counts.append(traces)
+    return counts, (h1, h2, ys, value, grads)
+
+
+@KINDS
+@MODES
+def test_the_step_is_traced_no_more_often_than_under_nnx_scan(
+        schedule: Schedule, mode: dict[str, Any]) -> None:
+    """Flax's test_cache_tracing_*: calling the scanned function again does not
+    retrace the step (its trace is cached as lax.scan caches it)."""
+    ref_counts, reference = counted_run(nnx.scan, mode)
+    counts, values = counted_run(ours(schedule), mode)
+    assert ref_counts[0] == 1
+    assert counts == ref_counts
+    assert_close(values, reference)
+
+
 def test_the_schedule_runs_the_loop() -> None:
     """Flax's scan reaches autoremat's loop (not jax.lax.scan) in every mode."""
     for mode in HERE_MODES:

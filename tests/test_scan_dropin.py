@@ -262,3 +262,73 @@ def test_grad_of_grad_through_the_cotangent_only_works(schedule: Schedule) -> No
         return jax.grad(lambda w: a * _scalar_loss(w, s))(1.2)
 
     _assert_close(jax.grad(outer)(2.0, schedule), jax.grad(outer)(2.0, None))
+
+
+# -- tracing: no more often than lax.scan ------------------------------------------------
+
+def _counted(scanner: Callable[..., Any]) -> tuple[list[int], Any]:
+    """How often one step function is traced, cumulatively, after each of: two eager
+    calls, a call inside ``jit``, ``value_and_grad``; and the values and gradient."""
+    counts, traces = [], 0
+
+    def f(c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        nonlocal traces
+        traces += 1
+        c = jnp.tanh(c @ W + x)
+        return c, c * x
+
+    def loss(init: jax.Array) -> jax.Array:
+        c, ys = scanner(f, init, XS)
+        return c.sum() + jnp.sum(ys**2)
+
+    first = loss(jnp.ones(2))
+    second = loss(jnp.ones(2) * 0.5)
+    counts.append(traces)
+    jitted = jax.jit(loss)(jnp.ones(2))
+    counts.append(traces)
+    value, grad = jax.value_and_grad(loss)(jnp.ones(2))
+    counts.append(traces)
+    return counts, (first, second, jitted, value, grad)
+
+
+@KINDS
+def test_the_step_is_traced_no_more_often_than_under_lax_scan(schedule: Schedule) -> None:
+    """The step's trace is cached as lax.scan caches its body's (by the function and
+    the inputs' types): calling the same step again does not retrace it."""
+    ref_counts, reference = _counted(_scanner(None))
+    counts, values = _counted(_scanner(schedule))
+    assert ref_counts[0] == 1  # lax.scan traces the body once for two calls
+    assert counts == ref_counts
+    _assert_close(values, reference)
+
+
+@KINDS
+def test_a_trace_closing_over_another_traces_values_is_not_reused(schedule: Schedule) -> None:
+    """A step reading a value of the enclosing jit trace (here through a dict) is
+    traced again in the next jit trace: a kept trace would hold the old tracer
+    (lax.scan's cache does: it raises UnexpectedTracerError here)."""
+    box: dict[str, jax.Array] = {}
+
+    def f(c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return c + box["a"] * x, c
+
+    @jax.jit
+    def total(a: jax.Array, xs: jax.Array) -> jax.Array:
+        box["a"] = a
+        return autoremat.scan(f, jnp.zeros(()), xs, schedule=schedule)[0]
+
+    assert float(total(jnp.float32(1.0), jnp.ones(4))) == 4.0
+    assert float(total(jnp.float32(2.0), jnp.ones(5))) == 10.0  # a new jit trace
+
+
+@KINDS
+def test_a_kept_trace_depends_on_the_axis_environment(schedule: Schedule) -> None:
+    """JAX's test_caches_depend_on_axis_env: the same step under two vmap axis sizes."""
+    def step(c: Any, _: None) -> tuple[jax.Array, None]:
+        return lax.axis_size("i"), None
+
+    def f() -> jax.Array:
+        return autoremat.scan(step, 0, None, length=1, schedule=schedule)[0]
+
+    for size in (2, 3):
+        assert int(jax.vmap(f, axis_name="i", axis_size=size, out_axes=None)()) == size
