@@ -152,7 +152,8 @@ TUNE_SETTINGS: Final = (
             "end on the same final answer", _integer(1, _MAX_SIZE), int, metavar="N"),
     Setting("time_limit", "stop starting trials after this long: 90, 90s, 5m, 1.5h "
             "({default}); at T >= 20000 trials are timed on short runs and the pick is then "
-            "timed at full length, unless one step is predicted to take longer than this",
+            "timed at full length after the search (a step predicted longer than this and than 15 "
+            "minutes is not)",
             _duration, str, "2m", "DURATION"),
     Setting("explore_front", "measure the whole memory/time front, not just the fastest "
             "schedule that fits (no early stop or cut trials; see 'autoremat pareto')",

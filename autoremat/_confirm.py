@@ -10,9 +10,11 @@ slower than predicted hands the answer to the next, which is confirmed in
 turn -- and confirms the runner-up too when its prediction is within
 ``BAND`` of the measured pick's time, up to ``MAX_CONFIRMED`` timings.
 
-A full-length step predicted to take longer than the time limit is not
-run: the pick is written as predicted (its ``meta`` has ``timed_seq_len <
-seq_len``), and ``confirm`` says what limit would time it.
+The time limit bounds the search; the confirmation comes after it. A
+full-length step predicted to take longer than the limit and than
+``ALWAYS_SECONDS`` (15 minutes) is not run: the pick is written as
+predicted (its ``meta`` has ``timed_seq_len < seq_len``), and ``confirm``
+says what limit would time it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
 MAX_CONFIRMED: Final = 2
 #: A runner-up predicted within this fraction of the measured pick is timed too.
 BAND: Final = 0.10
+#: A full-length step predicted to take up to this long is timed whatever the time
+#: limit (which bounds the search); a longer one only within the limit.
+ALWAYS_SECONDS: Final = 900.0
 
 
 #: The figures a full-length timing replaces (the bytes are the same compile's).
@@ -65,11 +70,11 @@ def confirm(study: optuna.Study, problem: Problem, budget_bytes: int, *,
         if trial is None:
             break
         predicted = float(trial.measurement.step_seconds or 0.0)
-        if time_limit is not None and predicted > time_limit:
+        if time_limit is not None and predicted > max(time_limit, ALWAYS_SECONDS):
             return (f"trial {trial.number}'s step time is predicted from "
                     f"T'={trial.measurement.timed_seq_len}, not measured: one step at "
                     f"T={problem.seq_len} is predicted to take {predicted:.0f} s, over the "
-                    f"time limit of {time_limit:.0f} s (a limit of {2 * predicted:.0f} s "
+                    f"time limit of {time_limit:.0f} s (a limit of {predicted * 1.2:.0f} s "
                     "would time it)")
         if on_confirm is not None:
             on_confirm(f"timing trial {trial.number} ({trial.schedule.describe()}) at "

@@ -318,7 +318,8 @@ def tune(
         elsewhere (or for them to go stale and be retried) before it returns.
       time_limit: stop starting new compiles or trials after this long, from
         the call's start: seconds, or text such as ``"90s"``, ``"5m"``,
-        ``"1.5h"`` (``None``: no limit). A trial under way finishes.
+        ``"1.5h"`` (``None``: no limit). A trial under way finishes. A pick
+        timed on short runs is then timed at full length (``autoremat._confirm``).
       explore_front: measure the whole front, not just near the fastest
         schedule that fits (no stop on predictions, no cut trials).
       storage: an Optuna storage URL; default ``sqlite:///runs/autoremat.db``.

@@ -315,7 +315,8 @@ def main() -> None:
                    "longer than --time-budget: its one run)")
     a = p.parse_args()
     cases = ["a", "b"] if a.quick else a.cases.split(",")
-    print(f"grid sizes: {[len(grid(CASES[c][0])) for c in cases]}", flush=True)
+    sizes = [len((top_grid if c in TOP else grid)(CASES[c][0])) for c in cases]
+    print(f"grid sizes: {sizes}", flush=True)
     log = [line for line in (RESULTS.read_text().splitlines() if RESULTS.exists() else [])
            if line.startswith("| ") and not line.startswith("| case")]
     for case in cases:
