@@ -4,7 +4,8 @@ Every trial that measured a schedule holds, in its Optuna user attrs, the
 ``Measurement`` (``Measurement.to_attrs``, read back with ``from_attrs``),
 the schedule (``"schedule"``, ``Schedule.to_data``) and ``"measured": True``;
 the study holds ``StudyInfo``. The answer is the fastest measured trial that
-fits the budget (``Measurement.fits``; ties: less memory). Nothing here runs
+fits the budget (``Measurement.fits``; ties: less memory), among those timed
+at full length when any was (``choose``). Nothing here runs
 the search (``autoremat._tune``) or measures anything.
 """
 
@@ -143,14 +144,19 @@ def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
 
 
 def choose(study: optuna.Study) -> MeasuredTrial | None:
-    """The fastest trial that fits the study's budget (ties: less memory), or ``None``."""
-    return _choose(measured_trials(study), StudyInfo.of(study).budget_bytes)
+    """The fastest trial that fits the study's budget (ties: less memory), or ``None``;
+    among those timed at full length when there are any (a time predicted from a short
+    run is the answer only while none was: ``autoremat._confirm``)."""
+    info = StudyInfo.of(study)
+    return _choose(measured_trials(study), info.budget_bytes, info.seq_len)
 
 
-def _choose(trials: list[MeasuredTrial], budget_bytes: int) -> MeasuredTrial | None:
+def _choose(trials: list[MeasuredTrial], budget_bytes: int,
+            seq_len: int) -> MeasuredTrial | None:
     fits = [t for t in trials if t.measurement.fits(budget_bytes)]
-    return min(fits, key=lambda t: (t.measurement.step_seconds, t.measurement.total_bytes,
-                                    t.number), default=None)
+    full = [t for t in fits if not t.measurement.predicted(seq_len)]
+    return min(full or fits, key=lambda t: (t.measurement.step_seconds,
+                                            t.measurement.total_bytes, t.number), default=None)
 
 
 def trial_schedule(study: optuna.Study, trial: MeasuredTrial) -> Schedule:
@@ -220,7 +226,7 @@ def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = Non
     """
     info = StudyInfo.of(study)
     trials = measured_trials(study)
-    best_trial = _choose(trials, info.budget_bytes)
+    best_trial = _choose(trials, info.budget_bytes, info.seq_len)
     best = trial_schedule(study, best_trial) if best_trial is not None else None
     if best_trial is not None and best is not None and out is not None:
         try:

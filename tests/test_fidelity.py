@@ -86,8 +86,8 @@ def test_tune_times_short_then_confirms_the_pick_at_full_length(
         short: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     lines: list[str] = []
-    result = tune(small(), BUDGET, n_trials=5, time_budget=0.05, out="s.yaml",
-                  on_confirm=lines.append)
+    result = tune(small(), BUDGET, n_trials=3, time_budget=0.05, out="s.yaml",
+                  on_confirm=lines.append)  # the seeds: all timed on short runs
     study = load_study(result.study_name)
     raw = [t.user_attrs for t in study.trials if t.user_attrs.get("measured")
            and t.user_attrs.get("step_seconds") is not None]
@@ -130,3 +130,17 @@ def test_a_pick_too_slow_for_the_limit_is_written_as_predicted(
     assert f"trial {result.best_trial.number}" in note and "time limit" in note
     assert "would time it" in note
     assert not any(t.measurement.extrapolated_seconds for t in measured_trials(study))
+
+
+def test_the_answer_is_timed_at_full_length_when_any_was() -> None:
+    from autoremat._measurement import Measurement
+    from autoremat._study import MeasuredTrial, _choose
+
+    def trial(number: int, seconds: float, timed: int) -> MeasuredTrial:
+        return MeasuredTrial(number, Schedule.nested([40, 10]), Measurement(
+            "k", "ok", total_bytes=10, step_seconds=seconds, timed_seq_len=timed))
+
+    predicted, confirmed = trial(0, 1.0, 100), trial(1, 2.0, T)
+    assert _choose([predicted, confirmed], BUDGET, T) is confirmed  # not the faster guess
+    assert _choose([predicted], BUDGET, T) is predicted  # nothing timed at T yet
+    assert _choose([predicted, confirmed], BUDGET, 100) is predicted  # all full length
