@@ -18,7 +18,9 @@ The pipeline, one module per box::
       -> search      _space.py      Optuna trial -> Schedule (each kind's suggest/seed_params)
                      _predict.py    the cost model, from each kind's features()
                      _plan.py       Planner: which schedule to compile and time next
+                     _fidelity.py   long T: time on a short run, predict the full-length time
                      _tune.py       the search loop: budget constraint, dedupe, workers
+                     _confirm.py    time the pick at full length before answering (long T)
                      _resume.py     open a study, or resume one made for the same run
                      _storage.py    Optuna storages, stale-trial retry, the workers' lock
       -> study       _study.py      reading a study: measured trials, the answer, TuneResult
