@@ -23,7 +23,7 @@ a larger input -- is the prediction's error. The tuner therefore times its
 pick at full length before answering (``autoremat._confirm``) and records
 both figures, and ``studies/bench_tune.py`` reports the error.
 
-A problem below ``2 * SHORT_SEQ_LEN`` steps, one without ``at_length``, or a
+A problem below ``MIN_SEQ_LEN`` steps, one without ``at_length``, or a
 schedule whose structure needs more than half of ``T`` is timed at full length
 (``Measurement.timed_seq_len == T``).
 """
@@ -38,8 +38,16 @@ from autoremat._measurement import ERROR, OK, Measurement
 from autoremat._problem import Problem
 from autoremat._schedule import Schedule
 
-#: The length a short run aims at: about a second a step for the seed's LSTM on a CPU.
-SHORT_SEQ_LEN: Final = 10_000
+#: The length a short run aims at: about half a second a step for the seed's LSTM on
+#: a CPU. Its step time per step is the full run's (measured at T'=1000-20000 for
+#: T=10^6: 131-169 us a step, no trend, no fixed part above the noise).
+SHORT_SEQ_LEN: Final = 4_000
+#: Problems from this length on are timed on short runs; shorter ones at full length.
+MIN_SEQ_LEN: Final = 20_000
+#: A short run's timed runs after its warm-up: the median of three (more would cost
+#: as much as another candidate; the run-to-run noise is small against the
+#: machine's drift, which the confirmation at full length sees).
+SHORT_REPEATS: Final = 3
 #: A short run must be at most this fraction of ``T`` to be worth predicting from.
 MAX_FRACTION: Final = 0.5
 #: A backward step's cost beyond one forward evaluation, in forward evaluations: the
@@ -51,7 +59,7 @@ BACKWARD_EXTRA: Final = 2.0
 def timed_length(problem: Problem, schedule: Schedule) -> int:
     """The ``T'`` to time ``schedule`` at: ``problem.seq_len`` or a shorter run."""
     seq_len = problem.seq_len
-    if problem.at_length is None or seq_len < SHORT_SEQ_LEN / MAX_FRACTION:
+    if problem.at_length is None or seq_len < MIN_SEQ_LEN:
         return seq_len
     short = schedule.timing_length(seq_len, SHORT_SEQ_LEN)
     return short if short <= MAX_FRACTION * seq_len else seq_len
@@ -101,7 +109,7 @@ class ShortRuns:
         if n not in self._at:
             self._at[n] = self.problem.at_length(n)  # type: ignore[misc]  # checked above
         short = compile_schedule(self._at[n], schedule)
-        m = time_compiled(short, time_budget=time_budget,
+        m = time_compiled(short, time_budget=time_budget, max_repeats=SHORT_REPEATS,
                           cut_after=None if cut_after is None else cut_after / k)
         short.release()
         if m.status != OK:

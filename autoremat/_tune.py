@@ -18,7 +18,7 @@ ends when nothing left is predicted to beat the best, after ``n_trials``
 (exactly that many: past the planner's stop, dominated ones too), or at
 ``time_limit``.
 
-Long problems (``T >= 2 * _fidelity.SHORT_SEQ_LEN`` with
+Long problems (``T >= _fidelity.MIN_SEQ_LEN`` with
 ``Problem.at_length``) are sized at full length but timed on short runs,
 their full-length times predicted (``autoremat._fidelity``; the trial attr
 ``timed_seq_len`` says which); before answering, the pick is timed at full

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoremat._binomial import snapshot_range
-from autoremat._fidelity import ShortRuns
+from autoremat._fidelity import SHORT_SEQ_LEN, ShortRuns
 from autoremat._measure import compile_schedule, time_compiled
 from autoremat._measurement import Measurement
 from autoremat._pareto import format_seconds
@@ -276,8 +276,16 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
     return out
 
 
+def _prose() -> list[str]:
+    """The notes below the table in the results file (kept when it is rewritten)."""
+    lines = RESULTS.read_text().splitlines() if RESULTS.exists() else []
+    last_row = max((i for i, line in enumerate(lines) if line.startswith("| ")), default=-1)
+    return lines[last_row + 1:] if last_row >= 0 else []
+
+
 def write(rows: list[str]) -> None:
     RESULTS.parent.mkdir(exist_ok=True)
+    prose = _prose()
     RESULTS.write_text("\n".join([
         "# `autoremat tune` against an exhaustive grid (`studies/bench_tune.py`)",
         "",
@@ -290,8 +298,9 @@ def write(rows: list[str]) -> None:
         "correlation.",
         "",
         "*short runs*: every grid schedule also timed on a short run (`autoremat._fidelity`, "
-        "T' about 10^4) and its full-length time predicted from it: median / max relative "
-        "error (how many), and the rank correlation of prediction and measurement over the "
+        f"T' about {SHORT_SEQ_LEN}, whole chunks) and its full-length time predicted "
+        "from it: median / max relative error (how many), and the rank correlation of "
+        "prediction and measurement over the "
         "grid's five fastest (`-`: T too short for short runs). *confirmed*: the tuner's "
         "pick (and a close runner-up) predicted / measured at full length.",
         "",
@@ -299,7 +308,7 @@ def write(rows: list[str]) -> None:
         "tuner wall / grid wall (s) | tuner timed | grid timed | model err med / max / rank | "
         "short runs | confirmed |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *rows, ""]))
+        *rows, *(prose or [""])]))
 
 
 def main() -> None:

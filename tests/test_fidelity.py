@@ -27,6 +27,7 @@ BUDGET = 50_000_000
 def short(monkeypatch: pytest.MonkeyPatch) -> int:
     """Short runs of about ``SHORT`` steps for problems of ``2 * SHORT`` or more."""
     monkeypatch.setattr(fidelity, "SHORT_SEQ_LEN", SHORT)
+    monkeypatch.setattr(fidelity, "MIN_SEQ_LEN", 2 * SHORT)
     return SHORT
 
 
