@@ -30,9 +30,11 @@ schedule whose structure needs more than half of ``T`` is timed at full length
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from autoremat._errors import ProblemError
 from autoremat._measure import Compiled, compile_schedule, time_compiled
 from autoremat._measurement import ERROR, OK, Measurement
 from autoremat._problem import Problem
@@ -81,15 +83,34 @@ def scale(schedule: Schedule, seq_len: int, timed_len: int) -> float:
 
 @dataclass
 class ShortRuns:
-    """Times schedules of ``problem`` (module doc); the short problems are built once."""
+    """Times schedules of ``problem`` (module doc); the short problems are built once.
+    When ``problem.at_length`` refuses (``ProblemError``: a ``Problem.from_loss``
+    whose scan length does not follow its batch) every schedule is timed at full
+    length, with one warning."""
 
     problem: Problem
     _at: dict[int, Problem] = field(default_factory=dict)
+    _refused: bool = False
+
+    def length(self, schedule: Schedule) -> int:
+        """The ``T'`` ``schedule`` is timed at (``problem.seq_len``: full length)."""
+        return self.problem.seq_len if self._refused else timed_length(self.problem, schedule)
 
     def scale(self, schedule: Schedule) -> float:
         """Full-length seconds per second of ``schedule``'s timing run (1.0: full length)."""
-        n = timed_length(self.problem, schedule)
+        n = self.length(schedule)
         return scale(schedule, self.problem.seq_len, n) if n < self.problem.seq_len else 1.0
+
+    def _short(self, n: int) -> Problem | None:
+        """The problem on the first ``n`` steps; ``None`` once ``at_length`` refused."""
+        if n not in self._at and not self._refused:
+            try:
+                self._at[n] = self.problem.at_length(n)  # type: ignore[misc]  # timed_length
+            except ProblemError as e:
+                self._refused = True
+                warnings.warn(f"{e}; every schedule is timed at full length",
+                              RuntimeWarning, stacklevel=3)
+        return self._at.get(n)
 
     def time(self, schedule: Schedule, sized: Compiled, *, budget_bytes: int | None,
              time_budget: float, cut_after: float | None) -> Measurement:
@@ -97,8 +118,9 @@ class ShortRuns:
         length, or on a short run whose times are scaled to full length. ``cut_after``
         is in full-length seconds."""
         seq_len = self.problem.seq_len
-        n = timed_length(self.problem, schedule)
-        if n >= seq_len or sized.executable is None:
+        n = self.length(schedule)
+        problem = self._short(n) if n < seq_len and sized.executable is not None else None
+        if problem is None:
             m = time_compiled(sized, budget_bytes=budget_bytes, time_budget=time_budget,
                               cut_after=cut_after)
             ran = m.step_seconds is not None or m.cut_seconds is not None
@@ -106,9 +128,7 @@ class ShortRuns:
         full = sized.measurement
         sized.release()  # the bytes are known; the full-length executable is not run
         k = scale(schedule, seq_len, n)
-        if n not in self._at:
-            self._at[n] = self.problem.at_length(n)  # type: ignore[misc]  # checked above
-        short = compile_schedule(self._at[n], schedule)
+        short = compile_schedule(problem, schedule)
         m = time_compiled(short, time_budget=time_budget, max_repeats=SHORT_REPEATS,
                           cut_after=None if cut_after is None else cut_after / k)
         short.release()

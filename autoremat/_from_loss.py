@@ -5,9 +5,11 @@
 -- so a model nobody edited for autoremat can be tuned: its scans (however
 written) run under each trial's schedule. ``seq_len`` is the longest scan's
 length; the step's arguments are named ``params``, ``opt_state`` and the loss's
-own parameter names, for the memory breakdown. ``linen_loss`` is the loss of a
-Flax linen model (``autoremat.linen.problem``). This module does not import
-``_problem`` (which imports it lazily): it returns the ``Problem``'s fields.
+own parameter names, for the memory breakdown. ``first_steps`` cuts the batch
+to its first ``n`` time steps (the problem's ``at_length``, for short timing
+runs). ``linen_loss`` is the loss of a Flax linen model
+(``autoremat.linen.problem``). This module does not import ``_problem``
+(which imports it lazily): it returns the ``Problem``'s fields.
 """
 
 from __future__ import annotations
@@ -64,6 +66,35 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
         return train_step, (params, opt_state, *batch)
 
     return max(long), build, ("params", "opt_state", *_batch_names(loss_fn, len(batch)))
+
+
+def time_axes(batch: Sequence[Any], seq_len: int) -> list[int | None] | None:
+    """Per leaf of ``batch``, its one axis of length ``seq_len`` (``None``: no such
+    axis); ``None`` when some leaf has two (``B == T``: which is time is not known)
+    or no leaf has one (the scan's length does not come from the batch)."""
+    axes: list[int | None] = []
+    for leaf in jax.tree_util.tree_leaves(tuple(batch)):
+        found = [i for i, n in enumerate(getattr(leaf, "shape", ())) if n == seq_len]
+        if len(found) > 1:
+            return None
+        axes.append(found[0] if found else None)
+    return axes if any(a is not None for a in axes) else None
+
+
+def first_steps(batch: Sequence[Any], axes: list[int | None], n: int) -> tuple[Any, ...]:
+    """``batch`` with every leaf cut to its first ``n`` steps along its time axis
+    (``time_axes``); a leaf placed on devices keeps its sharding."""
+    leaves, tree = jax.tree_util.tree_flatten(tuple(batch))
+
+    def cut(leaf: Any, axis: int | None) -> Any:
+        if axis is None:
+            return leaf
+        part = leaf[(slice(None),) * axis + (slice(0, n),)]
+        sharding = getattr(leaf, "sharding", None)
+        return part if sharding is None else jax.device_put(part, sharding)
+
+    return tuple(jax.tree_util.tree_unflatten(
+        tree, [cut(leaf, a) for leaf, a in zip(leaves, axes, strict=True)]))
 
 
 def _batch_names(loss_fn: Callable[..., Any], n: int) -> list[str]:

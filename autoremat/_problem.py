@@ -85,12 +85,30 @@ class Problem:
         arguments are ``(params, opt_state, *batch)``, named for the breakdown.
         ``min_length``: shorter scans are left as written (default
         ``remat_scans``'s, 64).
+
+        ``at_length(n)`` cuts every batch array with an axis of length ``seq_len``
+        to its first ``n`` steps along it (none when an array has two such axes);
+        it raises ``ProblemError`` when the loss's longest scan does not then
+        have ``n`` steps, and the tuner times that problem at full length.
         """
-        from autoremat._from_loss import loss_problem  # imports jax and optax
+        from autoremat._from_loss import first_steps, loss_problem, time_axes  # imports jax
 
         seq_len, build, arg_names = loss_problem(loss_fn, params, batch, optimizer,
                                                  min_length=min_length)
-        return cls(name, seq_len, build, arg_names)
+        axes = time_axes(batch, seq_len)
+
+        def at_length(n: int) -> Problem:
+            assert axes is not None
+            got, short_build, _ = loss_problem(loss_fn, params, first_steps(batch, axes, n),
+                                               optimizer, min_length=min_length)
+            if got != n:
+                raise ProblemError(
+                    f"at_length: on the first {n} of the batch's {seq_len} steps the loss's "
+                    f"longest scan has {got} steps, not {n}: its length does not follow the "
+                    "batch's time axis, so it cannot be timed on a short run")
+            return cls(name, n, short_build, arg_names)
+
+        return cls(name, seq_len, build, arg_names, None if axes is None else at_length)
 
 
 #: ``run_scan(params, x) -> (final_carry, hs)``: how a train step runs the LSTM

@@ -65,6 +65,7 @@ left as written (its ``nn.scan`` untouched): see ``autoremat.remat_scans``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import optax
@@ -105,5 +106,4 @@ def problem(name: str, model: Any, params: Any, batch: Sequence[Any],
     found = Problem.from_loss(name, linen_loss(model, loss), params, batch, optimizer,
                               min_length=min_length)
     targets = ["y"] if len(batch) == 2 else [f"y{i}" for i in range(len(batch) - 1)]
-    return Problem(found.name, found.seq_len, found.build,
-                   ("params", "opt_state", "x", *targets))
+    return replace(found, arg_names=("params", "opt_state", "x", *targets))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -145,3 +146,46 @@ def test_the_answer_is_timed_at_full_length_when_any_was() -> None:
     assert _choose([predicted, confirmed], BUDGET, T) is confirmed  # not the faster guess
     assert _choose([predicted], BUDGET, T) is predicted  # nothing timed at T yet
     assert _choose([predicted, confirmed], BUDGET, 100) is predicted  # all full length
+
+
+def test_a_loss_problem_is_timed_on_the_first_steps_of_its_batch(short: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from helpers import REWRITE_W as W
+    from helpers import scan_loss
+
+    from autoremat import Problem, ProblemError
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (2, T, 3))  # batch-major: time is axis 1
+    y = jnp.ones((2,))
+
+    def loss(p: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return scan_loss(p, x) + jnp.mean(y)
+
+    problem = Problem.from_loss("rnn", loss, W, (x, y), optax.sgd(0.1))
+    assert problem.at_length is not None
+    cut = problem.at_length(100)
+    assert (cut.seq_len, cut.arg_names) == (100, problem.arg_names)
+    step, args = cut.build(Schedule.nested([10, 10]))
+    np.testing.assert_allclose(jax.jit(step)(*args)[2], loss(W, x[:, :100], y), rtol=1e-5)
+    assert fidelity.ShortRuns(problem).length(Schedule.nested([20, 10])) == 100
+
+    # B == T: which axis is time is not known, so no short runs
+    square = jax.random.normal(jax.random.PRNGKey(0), (T, T, 3))
+    assert Problem.from_loss("rnn", scan_loss, W, (square,), optax.sgd(0.1)).at_length is None
+
+    # a scan whose length does not follow the batch: refused, timed at full length
+    def fixed(p: Any, x: jax.Array) -> jax.Array:
+        return scan_loss(p, jnp.zeros((2, T, 3)) + x[:, :1])
+
+    stuck = Problem.from_loss("rnn", fixed, W, (x,), optax.sgd(0.1))
+    with pytest.raises(ProblemError, match=r"at_length: .* longest scan has 400 steps, not 100"):
+        stuck.at_length(100)  # type: ignore[misc]
+    schedule = Schedule.nested([20, 10])
+    runs = fidelity.ShortRuns(stuck)
+    with pytest.warns(RuntimeWarning, match="timed at full length"):
+        m = runs.time(schedule, compile_schedule(stuck, schedule), budget_bytes=BUDGET,
+                      time_budget=0.05, cut_after=None)
+    assert m.status == "ok" and m.timed_seq_len == T and runs.scale(schedule) == 1.0

@@ -166,4 +166,11 @@ def test_linen_problem_matches_the_seed_step() -> None:
     _, _, value = jax.jit(step)(*args)
     np.testing.assert_allclose(value, optax.l2_loss(model.apply({"params": params}, X), y).mean(),
                                rtol=RTOL)
+    # short timing runs: x and y cut to their first steps (time is axis 1 of both)
+    assert problem.at_length is not None
+    short = problem.at_length(100)
+    assert short.seq_len == 100
+    _, _, value = jax.jit(short.build(Schedule.nested([10, 10]))[0])(*short.build(NESTED)[1])
+    np.testing.assert_allclose(value, optax.l2_loss(
+        model.apply({"params": params}, X[:, :100]), y[:, :100]).mean(), rtol=RTOL)
 
