@@ -308,7 +308,7 @@ def write(rows: list[str]) -> None:
         "tuner wall / grid wall (s) | tuner timed | grid timed | model err med / max / rank | "
         "short runs | confirmed |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *rows, *(prose or [""])]))
+        *rows, *(prose or [""])]).rstrip("\n") + "\n")
 
 
 def main() -> None:
