@@ -168,8 +168,10 @@ class SeedModel:
     def first_steps(self, n: int) -> SeedModel:
         """The same model and parameters on the first ``n`` steps of ``x`` (and ``y``)."""
         params, opt_state, x, y = self.args
-        return replace(self, args=(params, opt_state, _first(x, n),
-                                   _first(y, n) if self.seq2seq else y))
+        from autoremat._from_loss import first_steps
+
+        return replace(self, args=(params, opt_state,
+                                   *first_steps((x, y), [1, 1 if self.seq2seq else None], n)))
 
     def scan_init(self) -> Any:
         """The scan's initial carry: the LSTM's, and with a fused readout a zero loss sum."""
@@ -221,13 +223,6 @@ class SeedModel:
     def _apply(self, variables: Any, h: jax.Array) -> jax.Array:
         # Dense.apply is typed as maybe returning (output, state); without mutable it does not.
         return cast("jax.Array", self.readout.apply(variables, h))
-
-
-def _first(a: jax.Array, n: int) -> jax.Array:
-    """``a[:, :n]`` (batch-major time), placed as ``a`` is (its sharding kept)."""
-    import jax
-
-    return jax.device_put(a[:, :n], a.sharding)
 
 
 def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_dim: int = 32,
