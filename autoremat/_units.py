@@ -1,4 +1,6 @@
-"""Byte counts as people write them: ``4GB``, ``4GiB``, ``512MB``, ``1.5G``.
+"""Byte counts and durations as people write them, and their formatting.
+
+Bytes: ``4GB``, ``4GiB``, ``512MB``, ``1.5G``.
 
 Units (case-insensitive, an optional space before the unit):
 
@@ -10,6 +12,8 @@ Units (case-insensitive, an optional space before the unit):
 * no unit or ``B``: bytes, e.g. ``4000000000``.
 
 The result is rounded to whole bytes and must be at least one byte.
+
+Durations: ``90``, ``90s``, ``5m``, ``1.5h`` (seconds, minutes, hours).
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import math
 import re
 from typing import Final
 
-from autoremat._errors import BudgetError
+from autoremat._errors import BudgetError, TuneError
 
-_UNITS: Final[dict[str, int]] = {
+_BYTE_UNITS: Final[dict[str, int]] = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
     "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
@@ -52,9 +56,9 @@ def parse_bytes(text: str | int, name: str = "budget") -> int:
         raise BudgetError(f"{name}: cannot read {text!r}; {ACCEPTED_FORMS}")
     match = _PATTERN.fullmatch(text.strip())
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
+    if match is None or unit not in _BYTE_UNITS:
         raise BudgetError(f"{name}: cannot read {text!r}; {ACCEPTED_FORMS}")
-    value = float(match.group(1)) * _UNITS[unit]
+    value = float(match.group(1)) * _BYTE_UNITS[unit]
     if not math.isfinite(value) or round(value) < 1:
         raise BudgetError(f"{name}: {text!r} is less than one byte; {ACCEPTED_FORMS}")
     return round(value)
@@ -68,3 +72,24 @@ def format_bytes(n: float | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
+
+_DURATION_UNITS: Final = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: float | int | str, name: str = "time_limit") -> float:
+    """Seconds in ``value``: a number of seconds, or text ``<number>[s|m|h]``.
+
+    Raises:
+      TuneError: ``name: expected ...`` when it is not a positive duration.
+    """
+    seconds: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh]?)\s*", value.lower())
+        if match:
+            seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise TuneError(f"{name}: expected a duration > 0 such as 90, 90s, 5m or 1.5h, "
+                        f"got {value!r}")
+    return seconds

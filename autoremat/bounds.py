@@ -31,7 +31,7 @@ carries in the same units (each kind defines its own, ``Schedule.cost``), so
 the tuner's front can show a *recompute factor*
 (evaluations / ``T``: 1 for the plain scan, 2 for per-step remat) and the
 distance to the optimum at the same memory. For nested schedules it is a
-model (``autoremat._nested``): a level whose policy keeps everything (``none``,
+model (``autoremat._schedules.nested``): a level whose policy keeps everything (``none``,
 ``everything_saveable``) stores its steps' residuals, counted as one carry per
 step, and a partial policy (``dots_saveable``, ...) is counted as recomputing
 its body in full. Such a schedule can beat the carry-only optimum on
@@ -44,10 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from autoremat._schedule import Schedule
+from typing import Protocol
 
 __all__ = [
     "Cost",
@@ -139,6 +136,12 @@ class Cost:
         return self.evaluations / self.seq_len
 
 
+class Costed(Protocol):
+    """Anything with a cost model: every ``autoremat.Schedule`` (each kind defines it)."""
+
+    def cost(self, seq_len: int) -> Cost: ...
+
+
 def optimal_cost(seq_len: int, stored_carries: int) -> Cost:
     """The least evaluations any schedule needs with ``stored_carries`` carries."""
     _check("seq_len", seq_len, 1)
@@ -147,7 +150,7 @@ def optimal_cost(seq_len: int, stored_carries: int) -> Cost:
     return Cost(seq_len, min_evaluations(seq_len, s), s)
 
 
-def cost(schedule: Schedule, seq_len: int) -> Cost:
+def cost(schedule: Costed, seq_len: int) -> Cost:
     """The evaluations and peak stored carries of ``schedule`` at ``T = seq_len``.
 
     Exact for the binomial kind (what it executes); a model for nested
@@ -158,7 +161,7 @@ def cost(schedule: Schedule, seq_len: int) -> Cost:
     return schedule.cost(seq_len)
 
 
-def distance_to_optimum(schedule: Schedule, seq_len: int) -> float:
+def distance_to_optimum(schedule: Costed, seq_len: int) -> float:
     """``cost(schedule).evaluations`` over the optimum at the same stored carries.
 
     1.0 for the binomial kind; above 1 the schedule recomputes more than it

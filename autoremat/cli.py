@@ -1,14 +1,14 @@
 """The ``autoremat`` command: ``tune``, ``pareto``, ``export``, ``show``.
 
-Parsing and printing only; every action is a library call (``autoremat._tune``,
-``autoremat._study``, ``autoremat._pareto``). The options and study-file keys
-come from one table (``autoremat._cli_settings``), which also turns a library
+Parsing and printing only; every action is a library call (``autoremat._search.tune``,
+``autoremat._search.study``, ``autoremat._search.pareto``). The options and study-file keys
+come from one table (``autoremat._cli.settings``), which also turns a library
 error naming an argument (``storage: ...``) into one naming its flag
 (``--storage: ...``). ``tune`` records the study it ran in
 ``runs/last_study.json``, the default study of ``pareto`` and ``export``.
 Heavy modules (jax, optuna, matplotlib, tqdm) are imported inside the
 commands, so ``autoremat --help`` is instant; the tune command's printing is
-``autoremat._cli_print``.
+``autoremat._cli.printing``.
 
 Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or
 tuned on another number of devices);
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat._atomic import atomic_write_text
-from autoremat._cli_print import Progress, result_table
-from autoremat._cli_settings import (
+from autoremat._cli.printing import Progress, result_table
+from autoremat._cli.settings import (
     BUILTIN_PROBLEM,
     PROBLEM_SETTINGS,
     STORAGE_ENV,
@@ -45,11 +45,13 @@ from autoremat._cli_settings import (
     with_defaults,
     with_flag,
 )
-from autoremat._device import device_memory_bytes
 from autoremat._errors import AutorematError, ScheduleError
-from autoremat._kinds import load_schedule, save_schedule
-from autoremat._mesh import device_note
-from autoremat._pareto import (
+from autoremat._measure.device import device_memory_bytes
+from autoremat._measure.mesh import device_note
+from autoremat._measure.problem import Problem, resolve_problem, seed_lstm
+from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
+from autoremat._schedules import load_schedule, save_schedule
+from autoremat._search.pareto import (
     describe_schedule,
     export_trial,
     front_json,
@@ -57,11 +59,9 @@ from autoremat._pareto import (
     pareto_front,
     plot_study,
 )
-from autoremat._problem import Problem, resolve_problem, seed_lstm
-from autoremat._stale import mesh_mismatches, schedule_mismatches
-from autoremat._storage import DEFAULT_STORAGE
-from autoremat._study import StudyInfo, load_study, nothing_fits_message
-from autoremat._tune import tune
+from autoremat._search.storage import DEFAULT_STORAGE
+from autoremat._search.study import StudyInfo, load_study, nothing_fits_message
+from autoremat._search.tune import tune
 from autoremat._units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:

@@ -71,11 +71,11 @@ from typing import Any
 import optax
 
 from autoremat._errors import ProblemError
-from autoremat._from_loss import linen_loss
-from autoremat._linen_rnn import RNN as RNN
-from autoremat._linen_scan import scan as scan
-from autoremat._problem import Problem
-from autoremat._remat_scans import DEFAULT_MIN_LENGTH
+from autoremat._flax.linen_rnn import RNN as RNN
+from autoremat._flax.linen_scan import scan as scan
+from autoremat._measure.from_loss import linen_loss
+from autoremat._measure.problem import Problem
+from autoremat._scan.remat_scans import DEFAULT_MIN_LENGTH
 
 __all__ = ["RNN", "problem", "scan"]
 

@@ -53,12 +53,12 @@ from typing import Any
 import jax
 from flax import nnx
 
-from autoremat._nnx_remat_scans import remat_scans as remat_scans
-from autoremat._nnx_scan import scan
-from autoremat._problem import Problem
-from autoremat._rnn import finish, prepare, scan_body
-from autoremat._scan import as_schedule
-from autoremat._schedule import Schedule
+from autoremat._flax.nnx_remat_scans import remat_scans as remat_scans
+from autoremat._flax.nnx_scan import scan
+from autoremat._flax.rnn import finish, prepare, scan_body
+from autoremat._measure.problem import Problem
+from autoremat._scan.scan import as_schedule
+from autoremat._schedules.base import Schedule
 
 __all__ = ["RNN", "problem", "remat_scans", "scan"]
 

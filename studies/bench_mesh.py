@@ -29,7 +29,7 @@ from pathlib import Path
 import autoremat
 from autoremat import Schedule
 from autoremat._atomic import atomic_write_text
-from autoremat._device import environment
+from autoremat._measure.device import environment
 from autoremat._units import format_bytes
 
 T, BATCH, MESH = 10_000, 12, "data=4"

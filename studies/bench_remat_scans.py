@@ -35,7 +35,7 @@ import optax
 import autoremat
 import autoremat.linen
 from autoremat._atomic import atomic_write_text
-from autoremat._device import environment
+from autoremat._measure.device import environment
 from autoremat._units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

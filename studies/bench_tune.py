@@ -10,7 +10,7 @@ Per case, on the seed LSTM (``autoremat.seed_lstm``, hidden 128, batch 10):
    screened by compiled memory first and timed only where it fits;
 4. the tuner's pick and the grid's best timed back to back, interleaved,
    in this process, so machine noise cancels;
-5. the cost model (``autoremat._predict.TimeModel``) calibrated on the
+5. the cost model (``autoremat._search.predict.TimeModel``) calibrated on the
    tuner's timed trials, scored on every schedule the grid timed.
 
 Every figure is measured in this run; the table goes to
@@ -31,16 +31,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoremat._binomial import snapshot_range
-from autoremat._fidelity import SHORT_SEQ_LEN, ShortRuns
-from autoremat._measure import compile_schedule, time_compiled
-from autoremat._measurement import Measurement
-from autoremat._pareto import format_seconds
-from autoremat._predict import Structure, TimeModel
-from autoremat._problem import Problem, seed_lstm
-from autoremat._schedule import Schedule
-from autoremat._study import load_study, measured_trials
-from autoremat._tune import DEFAULT_TIME_LIMIT, tune
+from autoremat._measure.measure import compile_schedule, time_compiled
+from autoremat._measure.measurement import Measurement
+from autoremat._measure.problem import Problem, seed_lstm
+from autoremat._schedules.base import Schedule
+from autoremat._schedules.binomial import snapshot_range
+from autoremat._search.pareto import format_seconds
+from autoremat._search.predict import Structure, TimeModel
+from autoremat._search.short_runs import SHORT_SEQ_LEN, ShortRuns
+from autoremat._search.study import load_study, measured_trials
+from autoremat._search.tune import DEFAULT_TIME_LIMIT, tune
 
 RESULTS = Path(__file__).parent / "results" / "bench_tune.md"
 CASES = {  # name: (T, loss, budget: a fraction of plain's total, or bytes)
@@ -131,7 +131,7 @@ class Outcome:
     model_median_err: float
     model_max_err: float
     model_rank: float
-    short: str  # short-run prediction errors over the grid (autoremat._fidelity)
+    short: str  # short-run prediction errors over the grid (autoremat._search.short_runs)
     confirmed: str  # the tuner's full-length confirmations: predicted / measured
 
     def row(self) -> str:
@@ -297,7 +297,7 @@ def write(rows: list[str]) -> None:
         "schedule the grid timed: median / max relative error of step time, Spearman rank "
         "correlation.",
         "",
-        "*short runs*: every grid schedule also timed on a short run (`autoremat._fidelity`, "
+        "*short runs*: every grid schedule also timed on a short run (`autoremat._search.short_runs`, "
         f"T' about {SHORT_SEQ_LEN}, whole chunks) and its full-length time predicted "
         "from it: median / max relative error (how many), and the rank correlation of "
         "prediction and measurement over the "

@@ -27,8 +27,8 @@ from pathlib import Path
 import autoremat
 from autoremat import Schedule, bounds
 from autoremat._atomic import atomic_write_text
-from autoremat._device import environment
-from autoremat._pareto import dominates
+from autoremat._measure.device import environment
+from autoremat._search.pareto import dominates
 from autoremat._units import format_bytes
 
 

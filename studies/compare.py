@@ -63,11 +63,11 @@ from typing import Any
 import compare_report as report  # studies/compare_report.py: tables, slopes, plot, docs page
 
 from autoremat import Measurement, Schedule, load_schedule, measure, measure_step, tune
-from autoremat._binomial import snapshot_range
-from autoremat._device import environment
-from autoremat._kinds import from_data
-from autoremat._problem import SeedModel, Step, seed_model
-from autoremat._schedule import root_lengths
+from autoremat._measure.device import environment
+from autoremat._measure.problem import SeedModel, Step, seed_model
+from autoremat._schedules import from_data
+from autoremat._schedules.base import root_lengths
+from autoremat._schedules.binomial import snapshot_range
 
 EQUINOX = "equinox checkpointed"
 TUNED = "autoremat tuned <=25%"

@@ -38,9 +38,9 @@ from typing import Any
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from autoremat import Schedule, measure
-from autoremat._device import environment
-from autoremat._measurement import Measurement
-from autoremat._problem import seed_model
+from autoremat._measure.device import environment
+from autoremat._measure.measurement import Measurement
+from autoremat._measure.problem import seed_model
 from autoremat._units import format_bytes, parse_bytes
 from autoremat.bounds import cost
 
@@ -71,7 +71,7 @@ def run_once(loss: str, schedule: Schedule, seq_len: int, batch: int) -> dict[st
     import jax
     import numpy as np
 
-    from autoremat._measure import _memory_parts, _total
+    from autoremat._measure.measure import _memory_parts, _total
 
     step, args = seed_model(seq_len=seq_len, batch=batch, **LOSSES[loss]).problem().build(schedule)
     t0 = time.perf_counter()

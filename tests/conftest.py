@@ -63,7 +63,7 @@ def postgres_server() -> str:
             conn.execute(sqlalchemy.text("SELECT 1"))
         engine.dispose()
     except Exception as e:
-        from autoremat._storage import redact
+        from autoremat._search.storage import redact
 
         pytest.skip(f"no PostgreSQL server at {redact(url)} ({type(e).__name__}: "
                     f"{' '.join(str(e).split())[:200]}); {NO_POSTGRES}")

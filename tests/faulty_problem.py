@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoremat._problem import Problem
-from autoremat._schedule import Schedule
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import Schedule
 from tests.tiny_problem import tiny
 
 FAIL_RUN, FAIL_BUILD, FAIL_COMPILE, FAIL_NAN = range(4)
@@ -30,7 +30,7 @@ def faulty(seq_len: int = 32) -> Problem:
     import jax
     import jax.numpy as jnp
 
-    from autoremat._space import seed_schedules
+    from autoremat._search.space import seed_schedules
 
     base = tiny(seq_len)
     keys = [s.key() for s in seed_schedules(seq_len)]

@@ -20,7 +20,7 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule
-from autoremat._kinds import KINDS
+from autoremat._schedules import KINDS
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -162,7 +162,7 @@ def brute_advances(length: int, slots: int) -> int:
 
 #: (cell, T, axis, reverse): every cell, T in {1, 7, 97, 1000, 1009}, both axes,
 #: both directions. A kind's i-th example (``Schedule.examples``) runs on
-#: setting ``i`` (cyclically), so a new kind in ``autoremat._kinds.KINDS`` is
+#: setting ``i`` (cyclically), so a new kind in ``autoremat._schedules.KINDS`` is
 #: in the matrix without a test edit.
 SETTINGS = [
     ("lstm", 1, 0, False),

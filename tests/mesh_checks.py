@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoremat
 from autoremat import Schedule
-from autoremat._mesh import fsdp_axis, make_mesh
+from autoremat._measure.mesh import fsdp_axis, make_mesh
 
 T, B, D, H = 16, 8, 4, 8
 KINDS = {"plain": Schedule.plain(T), "nested": Schedule.nested([4, 4]),
@@ -226,8 +226,8 @@ def problem_checks() -> None:
     import warnings
 
     from autoremat import measure, seed_lstm
-    from autoremat._device import fingerprint
-    from autoremat._stale import schedule_mismatches
+    from autoremat._measure.device import fingerprint
+    from autoremat._measure.stale import schedule_mismatches
 
     def emit(check: str, ok: bool, detail: str) -> None:
         print(json.dumps({"check": check, "ok": bool(ok), "detail": detail}), flush=True)

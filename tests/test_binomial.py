@@ -18,7 +18,7 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule
-from autoremat._problem import seed_lstm
+from autoremat._measure.problem import seed_lstm
 from tests.helpers import _assert_close, _temp_bytes, brute_advances
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from autoremat import Schedule, bounds
-from autoremat._revolve import tables
+from autoremat._schedules.revolve import tables
 from tests.helpers import brute_advances
 
 

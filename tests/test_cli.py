@@ -140,7 +140,7 @@ def test_show_malformed_file_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_shipped_study_files_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
-    from autoremat._cli_settings import read_study_file
+    from autoremat._cli.settings import read_study_file
     from autoremat._units import parse_bytes
     from autoremat.cli import STUDY_FILE_KEYS
 
@@ -195,7 +195,7 @@ def test_export_names_the_trial_argument(tmp_path: Path, monkeypatch: pytest.Mon
 def test_one_settings_table_makes_the_options_and_the_study_file_keys(
     capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from autoremat._cli_settings import PROBLEM_SETTINGS, TUNE_SETTINGS
+    from autoremat._cli.settings import PROBLEM_SETTINGS, TUNE_SETTINGS
     from autoremat.cli import STUDY_FILE_KEYS
 
     assert tuple(s.name for s in TUNE_SETTINGS) == STUDY_FILE_KEYS
@@ -213,7 +213,7 @@ def test_one_settings_table_makes_the_options_and_the_study_file_keys(
 
 
 def test_time_limit_takes_seconds_minutes_hours(capsys: pytest.CaptureFixture[str]) -> None:
-    from autoremat._cli_settings import check_settings
+    from autoremat._cli.settings import check_settings
 
     for good in ("90", "90s", "5m", "1.5h", 30, 2.5):
         check_settings({"time_limit": good})

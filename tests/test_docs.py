@@ -161,7 +161,7 @@ def test_every_not_run_marker_gives_a_reason_and_sits_on_a_fence() -> None:
 
 
 def test_schedules_shown_in_the_docs_load() -> None:
-    from autoremat._kinds import parse_schedule
+    from autoremat._schedules import parse_schedule
 
     shown = [b for page in PAGES for b in blocks(page) if b.lang == "yaml" and "version:" in b.text]
     assert shown, "the docs show no schedule file"

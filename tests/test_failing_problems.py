@@ -11,8 +11,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autoremat._kinds import load_schedule
-from autoremat._space import seed_schedules
+from autoremat._schedules import load_schedule
+from autoremat._search.space import seed_schedules
 from tests.faulty_problem import FAIL_BUILD, FAIL_COMPILE, FAIL_NAN, FAIL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]

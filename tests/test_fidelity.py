@@ -9,15 +9,15 @@ from typing import Any
 import optuna
 import pytest
 
-import autoremat._fidelity as fidelity
-from autoremat._cli_print import result_table
-from autoremat._kinds import load_schedule
-from autoremat._measure import compile_schedule
-from autoremat._pareto import describe_schedule, front_table, pareto_front, plot_study
-from autoremat._problem import seed_lstm
-from autoremat._schedule import Schedule
-from autoremat._study import load_study, measured_trials
-from autoremat._tune import tune
+import autoremat._search.short_runs as fidelity
+from autoremat._cli.printing import result_table
+from autoremat._measure.measure import compile_schedule
+from autoremat._measure.problem import seed_lstm
+from autoremat._schedules import load_schedule
+from autoremat._schedules.base import Schedule
+from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_study
+from autoremat._search.study import load_study, measured_trials
+from autoremat._search.tune import tune
 
 T = 400
 SHORT = 100
@@ -116,8 +116,8 @@ def test_tune_times_short_then_confirms_the_pick_at_full_length(
 
 def test_a_pick_too_slow_for_the_limit_is_written_as_predicted(
         short: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import autoremat._confirm as confirm_module
-    import autoremat._tune as tune_module
+    import autoremat._search.confirm as confirm_module
+    import autoremat._search.tune as tune_module
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tune_module, "confirm", lambda *a, **k: "")  # the search alone
@@ -135,8 +135,8 @@ def test_a_pick_too_slow_for_the_limit_is_written_as_predicted(
 
 
 def test_the_answer_is_timed_at_full_length_when_any_was() -> None:
-    from autoremat._measurement import Measurement
-    from autoremat._study import MeasuredTrial, _choose
+    from autoremat._measure.measurement import Measurement
+    from autoremat._search.study import MeasuredTrial, _choose
 
     def trial(number: int, seconds: float, timed: int) -> MeasuredTrial:
         return MeasuredTrial(number, Schedule.nested([40, 10]), Measurement(

@@ -16,10 +16,10 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule
-from autoremat._breakdown import record_scans
 from autoremat._errors import ProblemError
-from autoremat._measure import measure
-from autoremat._problem import seed_model
+from autoremat._measure.measure import measure
+from autoremat._measure.problem import seed_model
+from autoremat._scan.records import record_scans
 from autoremat.cli import main
 from tests.helpers import _assert_close, one_per_kind
 
@@ -184,7 +184,7 @@ def test_fused_readout_with_last_only_is_a_usage_error(capsys: pytest.CaptureFix
 
 
 def test_fused_readout_is_a_study_file_key(tmp_path: Path) -> None:
-    from autoremat._cli_settings import UsageError, check_settings, read_study_file
+    from autoremat._cli.settings import UsageError, check_settings, read_study_file
 
     path = tmp_path / "study.yaml"
     path.write_text("fused-readout: true\nseq_len: 100\n")

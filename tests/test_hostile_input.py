@@ -26,14 +26,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoremat._duration import parse_duration
 from autoremat._errors import BudgetError, ScheduleError, TuneError
-from autoremat._kinds import load_schedule, parse_schedule, top_keys
-from autoremat._nested import LEVEL_KEYS as _LEVEL_KEYS
-from autoremat._nested import MAX_LEVELS
-from autoremat._policy import ALL_POLICY_NAMES, FACTORY_POLICIES, MAX_LENGTH, ZERO_ARG_POLICIES
-from autoremat._units import parse_bytes
-from autoremat._yaml import _MAX_FILE_BYTES, _SafeLoaderNoAliases, load_yaml_text
+from autoremat._schedules import load_schedule, parse_schedule, top_keys
+from autoremat._schedules.nested import LEVEL_KEYS as _LEVEL_KEYS
+from autoremat._schedules.nested import MAX_LEVELS
+from autoremat._schedules.policy import ALL_POLICY_NAMES, FACTORY_POLICIES, MAX_LENGTH, ZERO_ARG_POLICIES
+from autoremat._schedules.safe_yaml import _MAX_FILE_BYTES, _SafeLoaderNoAliases, load_yaml_text
+from autoremat._units import parse_bytes, parse_duration
 from autoremat.cli import STUDY_FILE_KEYS, main
 
 ROOT = Path(__file__).resolve().parents[1]

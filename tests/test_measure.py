@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autoremat._device import fingerprint
 from autoremat._errors import ProblemError
-from autoremat._measure import _memory_parts, _total, measure, measure_step
-from autoremat._measurement import ERROR, OK, OVER_BUDGET
-from autoremat._problem import Problem, seed_lstm, seed_model
-from autoremat._schedule import Schedule
+from autoremat._measure.device import fingerprint
+from autoremat._measure.measure import _memory_parts, _total, measure, measure_step
+from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET
+from autoremat._measure.problem import Problem, seed_lstm, seed_model
+from autoremat._schedules.base import Schedule
 from tests.tiny_problem import tiny
 
 
@@ -161,8 +161,8 @@ def test_fingerprint_tracks_shapes_not_values() -> None:
 
 
 def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
-    from autoremat._breakdown import breakdown_lines, floor_bytes
-    from autoremat._measurement import Measurement
+    from autoremat._measure.breakdown import breakdown_lines, floor_bytes
+    from autoremat._measure.measurement import Measurement
 
     step, args = seed.build(Schedule.plain(64))
     first = measure_step(step, args, run=False, arg_names=seed.arg_names)
@@ -192,7 +192,7 @@ def test_argument_parts_count_typed_prng_keys() -> None:
     """A model holding ``nnx.Rngs`` passes typed keys (``key<fry>``, 8 bytes each)."""
     import jax
 
-    from autoremat._breakdown import argument_parts
+    from autoremat._measure.breakdown import argument_parts
 
     keys = jax.random.split(jax.random.key(0), 3)
     assert argument_parts([keys, np.zeros(4, np.float32)], ["rngs", "x"]) == (

@@ -130,7 +130,7 @@ def test_tune_refuses_many_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def test_peak_is_the_largest_over_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autoremat._device import peak_bytes_in_use
+    from autoremat._measure.device import peak_bytes_in_use
 
     class Device:
         def __init__(self, stats: dict[str, int] | None) -> None:

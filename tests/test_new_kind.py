@@ -20,10 +20,10 @@ import pytest
 
 import autoremat
 from autoremat import Schedule, ScheduleError, bounds
-from autoremat._kinds import KINDS, parse_schedule, register, unregister
-from autoremat._policy import check_int
-from autoremat._schedule import Features
-from autoremat._tune import tune
+from autoremat._schedules import KINDS, parse_schedule, register, unregister
+from autoremat._schedules.base import Features
+from autoremat._schedules.policy import check_int
+from autoremat._search.tune import tune
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +117,7 @@ def every_k() -> Iterator[type[_EveryK]]:
 
 
 def test_yaml_errors_show_and_bounds(every_k: type[_EveryK], tmp_path: Path) -> None:
-    from autoremat._pareto import describe_schedule
+    from autoremat._search.pareto import describe_schedule
 
     schedule = every_k(every=7, unroll=3, meta={"seq_len": 100})
     path = autoremat.save_schedule(schedule, tmp_path / "s.yaml")
@@ -160,7 +160,7 @@ def test_gradients_match_lax_scan(every_k: type[_EveryK], every: int, reverse: b
 
 
 def test_the_cost_model_reads_its_features(every_k: type[_EveryK]) -> None:
-    from autoremat._predict import MemoryModel, Structure, TimeModel
+    from autoremat._search.predict import MemoryModel, Structure, TimeModel
 
     seq_len = 100
     structures = {k: Structure.of(every_k(every=k), seq_len) for k in (2, 5, 10, 25)}
@@ -194,7 +194,7 @@ def test_the_cost_model_reads_its_features(every_k: type[_EveryK]) -> None:
 def test_the_space_samples_and_seeds_it(every_k: type[_EveryK]) -> None:
     import optuna
 
-    from autoremat._space import neighbours, seed_params, suggest
+    from autoremat._search.space import neighbours, seed_params, suggest
 
     assert {"kind": "every_k", "every": 10} in seed_params(100)
     trial = optuna.trial.FixedTrial({"kind": "every_k", "every": 7})
@@ -206,7 +206,7 @@ def test_the_space_samples_and_seeds_it(every_k: type[_EveryK]) -> None:
 def test_tune_measures_it(every_k: type[_EveryK], tmp_path: Path) -> None:
     import optuna
 
-    from autoremat._space import seed_params
+    from autoremat._search.space import seed_params
     from tests.tiny_problem import tiny
 
     problem = tiny()

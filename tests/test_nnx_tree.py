@@ -21,7 +21,7 @@ from flax import nnx
 import autoremat
 import autoremat.nnx
 from autoremat import Schedule
-from autoremat._breakdown import record_scans
+from autoremat._scan.records import record_scans
 from tests.helpers import assert_close
 
 T, H = 7, 3  # 7 = 2*2 + 3: the nested schedule has a remainder

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from autoremat._kinds import dump_schedule, load_schedule, save_schedule
-from autoremat._schedule import Schedule
-from autoremat._tune import tune
+from autoremat._schedules import dump_schedule, load_schedule, save_schedule
+from autoremat._schedules.base import Schedule
+from autoremat._search.tune import tune
 from tests.tiny_problem import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,8 +110,8 @@ def test_killed_while_writing_out_leaves_the_previous_file(
 
 WRITER = """
 import sys
-from autoremat._kinds import save_schedule
-from autoremat._schedule import Schedule
+from autoremat._schedules import save_schedule
+from autoremat._schedules.base import Schedule
 path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 big = {"pad": ["x" * 100] * 80}  # ~8 KB per file
 schedules = [Schedule.nested([4, 8], unroll=1 + i % 4, meta={"writer": tag, "i": i, **big})

@@ -12,8 +12,10 @@ import optuna
 import pytest
 
 from autoremat._errors import TuneError
-from autoremat._kinds import save_schedule
-from autoremat._pareto import (
+from autoremat._measure.stale import load_schedule
+from autoremat._schedules import save_schedule
+from autoremat._schedules.base import Schedule
+from autoremat._search.pareto import (
     describe_schedule,
     dominates,
     export_trial,
@@ -22,10 +24,8 @@ from autoremat._pareto import (
     pareto_front,
     plot_study,
 )
-from autoremat._schedule import Schedule
-from autoremat._stale import load_schedule
-from autoremat._study import choose, load_study
-from autoremat._tune import tune
+from autoremat._search.study import choose, load_study
+from autoremat._search.tune import tune
 from tests.tiny_problem import tiny
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -13,9 +13,9 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule
-from autoremat._nested import pieces as _pieces
-from autoremat._policy import ZERO_ARG_POLICIES
-from autoremat._problem import seed_lstm
+from autoremat._measure.problem import seed_lstm
+from autoremat._schedules.nested import pieces as _pieces
+from autoremat._schedules.policy import ZERO_ARG_POLICIES
 from tests.helpers import (
     CELLS,
     _assert_close,

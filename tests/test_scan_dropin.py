@@ -19,7 +19,7 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule, ScheduleError
-from autoremat._schedule import TRANSFORMS
+from autoremat._schedules.base import TRANSFORMS
 from tests.helpers import _assert_close, one_per_kind
 
 KINDS = pytest.mark.parametrize("schedule", one_per_kind(), ids=lambda s: s.kind)

@@ -10,9 +10,9 @@ import yaml
 
 import autoremat
 from autoremat import Level, Policy, Schedule, ScheduleError
-from autoremat._kinds import KINDS, dump_schedule, parse_schedule
-from autoremat._nested import NestedSchedule
-from autoremat._policy import ALL_POLICY_NAMES
+from autoremat._schedules import KINDS, dump_schedule, parse_schedule
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.policy import ALL_POLICY_NAMES
 
 SEED_YAML = """\
 version: 1

@@ -12,17 +12,17 @@ from typing import Any
 import optuna
 import pytest
 
-import autoremat._fidelity as fidelity_module
-import autoremat._plan as plan_module
-from autoremat._duration import parse_duration
+import autoremat._search.planner as plan_module
+import autoremat._search.short_runs as fidelity_module
 from autoremat._errors import TuneError
-from autoremat._measure import compile_schedule
-from autoremat._pareto import pareto_front
-from autoremat._problem import Problem
-from autoremat._schedule import Schedule
-from autoremat._space import seed_schedules
-from autoremat._study import MeasuredTrial, load_study, measured_trials
-from autoremat._tune import tune
+from autoremat._measure.measure import compile_schedule
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import Schedule
+from autoremat._search.pareto import pareto_front
+from autoremat._search.space import seed_schedules
+from autoremat._search.study import MeasuredTrial, load_study, measured_trials
+from autoremat._search.tune import tune
+from autoremat._units import parse_duration
 from autoremat.cli import main
 from tests import user_problems
 from tests.tiny_problem import tiny
@@ -155,7 +155,7 @@ def test_the_time_limit_is_respected(in_tmp: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_budget_under_the_floor_stops_after_the_seeds(in_tmp: Path) -> None:
-    from autoremat._study import nothing_fits_message
+    from autoremat._search.study import nothing_fits_message
 
     result = tune(tiny(), 10, time_limit="60s", time_budget=0.02)
     assert result.best is None and 1 <= result.measured <= len(seed_schedules(tiny().seq_len))
@@ -235,7 +235,7 @@ def _interleaved(compiled: list[Any], rounds: int) -> list[float]:
 
 
 def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> None:
-    from autoremat._predict import MemoryModel, Structure, TimeModel
+    from autoremat._search.predict import MemoryModel, Structure, TimeModel
 
     seq_len = 10_000
     schedules = [Schedule.plain(seq_len), Schedule.nested([seq_len], "nothing_saveable"),

@@ -9,11 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoremat._binomial import BinomialSchedule, snapshot_range
-from autoremat._nested import OFFLOAD_POLICIES, POLICIES, UNROLLS, NestedSchedule, depths, policy_choices
-from autoremat._policy import NO_REMAT
-from autoremat._schedule import Schedule, snap
-from autoremat._space import seed_params, seed_schedules, suggest
+from autoremat._schedules.base import Schedule, snap
+from autoremat._schedules.binomial import BinomialSchedule, snapshot_range
+from autoremat._schedules.nested import (
+    OFFLOAD_POLICIES,
+    POLICIES,
+    UNROLLS,
+    NestedSchedule,
+    depths,
+    policy_choices,
+)
+from autoremat._schedules.policy import NO_REMAT
+from autoremat._search.space import seed_params, seed_schedules, suggest
 from autoremat.bounds import repetitions
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -9,19 +9,19 @@ import optuna
 import pytest
 
 from autoremat._errors import TuneError
-from autoremat._measure import measure
-from autoremat._measurement import Measurement
-from autoremat._schedule import Schedule
-from autoremat._stale import StaleScheduleWarning, load_schedule, schedule_mismatches
-from autoremat._storage import redact
-from autoremat._study import (
+from autoremat._measure.measure import measure
+from autoremat._measure.measurement import Measurement
+from autoremat._measure.stale import StaleScheduleWarning, load_schedule, schedule_mismatches
+from autoremat._schedules.base import Schedule
+from autoremat._search.storage import redact
+from autoremat._search.study import (
     MeasuredTrial,
     choose,
     load_study,
     measured_trials,
     nothing_fits_message,
 )
-from autoremat._tune import tune
+from autoremat._search.tune import tune
 from tests.tiny_problem import tiny
 
 BUDGET = 2400  # the tiny plain scan needs ~2.6 KB, nested schedules ~1.9 KB

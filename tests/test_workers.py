@@ -21,8 +21,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autoremat._kinds import load_schedule
-from autoremat._study import choose
+from autoremat._schedules import load_schedule
+from autoremat._search.study import choose
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = f"{ROOT / 'tests' / 'tiny_problem.py'}:tiny"
@@ -166,7 +166,7 @@ def test_worker_killed_mid_trial_is_retried_and_a_restart_finishes(
 LOCKER = """
 import sys, time
 from pathlib import Path
-from autoremat._storage import StudyLock, open_storage
+from autoremat._search.storage import StudyLock, open_storage
 storage = open_storage(sys.argv[1])
 lock, counter = StudyLock(storage, "locked"), Path(sys.argv[2])
 for _ in range(25):
@@ -183,7 +183,7 @@ def test_study_lock_excludes_other_processes(
 ) -> None:
     storage = (request.getfixturevalue("postgres_url") if backend == "postgres"
                else f"sqlite:///{tmp_path / 'lock.db'}")
-    from autoremat._storage import open_storage
+    from autoremat._search.storage import open_storage
 
     open_storage(storage)  # create the tables once, before the race
     counter = tmp_path / "counter"

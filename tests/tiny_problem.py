@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoremat._problem import Problem
-from autoremat._schedule import Schedule
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import Schedule
 
 
 def tiny(seq_len: int = 32, hidden: int = 4, nan_for_plain: bool = False) -> Problem:
@@ -20,7 +20,7 @@ def tiny(seq_len: int = 32, hidden: int = 4, nan_for_plain: bool = False) -> Pro
     import jax
     import jax.numpy as jnp
 
-    from autoremat._scan import scan
+    from autoremat._scan.scan import scan
 
     key = jax.random.PRNGKey(0)
     w = jax.random.normal(key, (hidden, hidden)) * 0.3

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoremat._problem import Problem
-from autoremat._schedule import Schedule
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import Schedule
 
 SEQ_LEN, BATCH, FEAT, HIDDEN = 64, 4, 8, 16
 
@@ -20,7 +20,7 @@ def _problem(name: str, layers: int, gru: bool, seq_len: int, batch: int, hidden
     import jax
     import jax.numpy as jnp
 
-    from autoremat._scan import scan
+    from autoremat._scan.scan import scan
 
     cells = [nn.GRUCell(hidden) if gru else nn.OptimizedLSTMCell(hidden) for _ in range(layers)]
     key = jax.random.PRNGKey(0)

@@ -1,0 +1,1 @@
+"""The command's own parts: settings (flags and ``autoremat.yaml``) and printing."""

@@ -1,0 +1,123 @@
+"""What ``autoremat tune`` prints: the progress bar while it measures, the result table.
+
+Printing only; the figures come from the study (``autoremat._search.study``). tqdm is
+imported when a bar is made, so ``autoremat --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from autoremat._measure.breakdown import breakdown_lines
+from autoremat._measure.measurement import ERROR, Measurement
+from autoremat._measure.mesh import device_note
+from autoremat._search.pareto import format_seconds
+from autoremat._search.storage import redact
+from autoremat._search.study import MeasuredTrial, TuneResult
+from autoremat._units import format_bytes
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+
+class Progress:
+    """A tqdm bar over the trials on a terminal -- one plain line per trial when stderr
+    is redirected -- with the fastest that fits so far (of this worker's trials) and
+    the last one; a failed trial is reported on stderr, and the search goes on.
+    ``on_study`` is called with the study's name after each trial."""
+
+    def __init__(self, total: int | None, budget: int, disable: bool,
+                 on_study: Callable[[str], None]) -> None:
+        from tqdm import tqdm
+
+        self.tqdm = tqdm
+        # A bar redraws itself with carriage returns: on a terminal only. Redirected
+        # (a file, a CI log) each trial is one plain line instead.
+        self.lines = not disable and not sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc="tune", unit="schedule",
+                        disable=disable or self.lines, file=sys.stderr, dynamic_ncols=True)
+        self.budget, self.on_study = budget, on_study
+        self.best: MeasuredTrial | None = None
+        self.done = 0
+
+    def on_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        """``tune``'s ``on_trial``."""
+        self.on_study(study.study_name)
+        done = MeasuredTrial.of(trial)
+        if done is None:
+            return
+        m, describe = done.measurement, done.schedule.describe()
+        if m.status == ERROR:
+            self.tqdm.write(f"autoremat: trial {trial.number} failed ({describe}): {m.reason}; "
+                            "going on", file=sys.stderr)
+        best = self.best
+        if m.fits(self.budget) and (best is None or (m.step_seconds or 0)
+                                    < (best.measurement.step_seconds or 0)):
+            best = self.best = done
+        self.bar.update(1)
+        self.done += 1
+        shown = (f"best #{best.number} {best.schedule.describe()} "
+                 f"{best.measurement.step_seconds:.3g} s/step" if best else "none fits yet")
+        state = "cut" if m.cut else ("fits" if m.feasible else m.status)
+        if self.lines:
+            total = f"/{self.bar.total}" if self.bar.total else ""
+            print(f"tune: trial {trial.number} ({self.done}{total}) {describe}: {state}, "
+                  f"total {format_bytes(m.total_bytes)}, step {format_seconds(m.step_seconds)}"
+                  f"{_predicted(m)}"
+                  f" | {shown}", file=sys.stderr, flush=True)
+        else:
+            self.bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
+
+    def note(self, line: str) -> None:
+        """A line on stderr, above the bar (``tune``'s ``on_confirm``)."""
+        self.tqdm.write(f"tune: {line}", file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _predicted(m: Measurement) -> str:
+    """`` (predicted from T'=...)`` for a step time timed on a short run."""
+    return f" (predicted from T'={m.short_seq_len})" if m.timed_seq_len == m.short_seq_len \
+        and m.short_seq_len is not None else ""
+
+
+def result_table(result: TuneResult) -> str:
+    """The study, the best trial and the plain scan (memory, time, vs plain), and where
+    the best's (else the smallest's) memory goes."""
+    plain = result.plain_trial
+    plain_step = plain.measurement.step_seconds if plain else None
+
+    def row(label: str, t: MeasuredTrial | None) -> str:
+        if t is None:
+            return f"  {label:<18} (not measured)"
+        m = t.measurement
+        ratio = f"{m.step_seconds / plain_step:.2f}x" if m.step_seconds and plain_step else "-"
+        note = "" if m.feasible else f"  [{m.reason}]"
+        return (f"  {label:<18} {format_bytes(m.total_bytes):>10} "
+                f"{format_bytes(m.temp_bytes):>10} {format_seconds(m.step_seconds):>10} "
+                f"{ratio:>9}  {t.schedule.describe()}{note}")
+
+    best = result.best_trial
+    shown = best or result.smallest_trial
+    confirmed = [
+        f"  trial {t.number} timed at T'={t.measurement.short_seq_len}: "
+        f"predicted {format_seconds(t.measurement.extrapolated_seconds)}, measured at full "
+        f"length {format_seconds(t.measurement.step_seconds)}  {t.schedule.describe()}"
+        for t in result.confirmed]
+    return "\n".join([
+        f"study: {result.study_name!r} in {redact(result.storage)} "
+        f"({result.n_trials} trials, {result.measured} measured now)",
+        f"  memory figures: {device_note(result.devices, result.mesh)}",
+        f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
+        row(f"best (trial {best.number})" if best else "best", best),
+        row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
+        *(["short runs predicted the step times; confirmed at full length:", *confirmed]
+          if confirmed else []),
+        *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
+        *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
+           *breakdown_lines(shown.measurement.to_attrs())] if shown else []),
+    ])

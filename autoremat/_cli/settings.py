@@ -1,0 +1,246 @@
+"""The ``autoremat`` command's settings, in one table.
+
+Each ``Setting`` makes one command-line option (``--name-with-dashes``, or
+its own ``flag``) and, for ``tune``, one study-file key (``name``); its
+``check`` validates the value whichever way it came (study files can hold
+anything), and library errors that name an argument get its flag
+(``with_flag``). Stdlib only: ``autoremat --help`` must stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from autoremat._errors import ScheduleError, TuneError
+from autoremat._measure.mesh import SEED_AXES, parse_mesh
+from autoremat._schedules.safe_yaml import read_yaml_file
+from autoremat._units import parse_duration
+
+BUILTIN_PROBLEM: Final = "seed_lstm"
+STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
+_MAX_SIZE: Final = 2**31 - 1  # lax.scan lengths and array dimensions are int32
+
+#: ``check(value)``: ``None`` when the value is good, else what was expected.
+Check = Callable[[Any], "str | None"]
+
+
+class UsageError(Exception):
+    """Bad command-line input; printed as one line, exit 2."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _integer(low: int, high: int, expected: str | None = None) -> Check:
+    def check(v: Any) -> str | None:
+        ok = _is_int(v) and low <= v <= high
+        return None if ok else expected or f"an integer from {low} to {high}"
+
+    return check
+
+
+def _seconds(v: Any) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return None if ok else "seconds > 0"
+
+
+def _duration(v: Any) -> str | None:
+    try:
+        parse_duration(v)
+    except TuneError:
+        return "a duration > 0 such as 90, 90s, 5m or 1.5h"
+    return None
+
+
+def _text(max_len: int | None = None) -> Check:
+    def check(v: Any) -> str | None:
+        if not isinstance(v, str) or not v.strip() or "\0" in v:
+            return "a non-empty string"
+        return None if max_len is None or len(v) <= max_len else f"at most {max_len} characters"
+
+    return check
+
+
+def _boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def _any(v: Any) -> str | None:  # the budget: parse_bytes says what it accepts
+    return None
+
+
+def _mesh(v: Any) -> str | None:
+    try:
+        ok = all(name in SEED_AXES for name, _ in parse_mesh(v if isinstance(v, str) else ""))
+    except ValueError:
+        ok = False
+    expected = "axis=N[,axis=N] over the axes data and fsdp, such as data=4 or data=2,fsdp=2"
+    return None if ok else expected
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its study-file key, option, check and ``tune`` default.
+
+    ``help`` may name ``{default}``; ``const`` makes a flag storing that value.
+    """
+
+    name: str
+    help: str
+    check: Check
+    type: Callable[[str], Any] = str
+    default: Any = None
+    metavar: str | None = None
+    const: Any = None
+    flag_name: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return self.flag_name or f"--{self.name.replace('_', '-')}"
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """The option; its default is ``None`` (not given), so study files can fill it."""
+        text = self.help.format(default=self.default)
+        if self.const is not None:
+            parser.add_argument(self.flag, dest=self.name, action="store_const",
+                                const=self.const, default=None, help=text)
+        else:
+            parser.add_argument(self.flag, dest=self.name, type=self.type,
+                                metavar=self.metavar, default=None, help=text)
+
+
+_SIZE = _integer(1, _MAX_SIZE, f"a positive integer up to {_MAX_SIZE}")
+
+#: The built-in problem's sizes (``tune`` and ``show``).
+PROBLEM_SETTINGS: Final = (
+    Setting("seq_len", "built-in problem: sequence length (10000)", _SIZE, int),
+    Setting("batch", "built-in problem: batch size (10)", _SIZE, int),
+    Setting("hidden", "built-in problem: LSTM width (128)", _SIZE, int),
+    Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
+            default=True, const=False, flag_name="--last-only"),
+    Setting("fused_readout", "built-in problem: the readout and loss inside the scanned step "
+            "(seq2seq): nothing T-long is stacked, so a schedule removes almost all temp", _boolean,
+            default=False, const=True),
+    Setting("mesh", "built-in problem on many devices: data=4 splits the batch over 4 devices; "
+            "data=2,fsdp=2 also splits parameters and optimizer state over fsdp (FSDP); the "
+            "batch defaults to a multiple of the device count. Every figure and --budget are "
+            "then per device", _mesh, str, metavar="AXIS=N[,AXIS=N]"),
+)
+
+PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "
+                       f"callable returning one); default: {BUILTIN_PROBLEM}, the seed LSTM "
+                       "(hidden 128, batch 10, T=10,000, seq2seq, Adam)")
+
+#: Every ``tune`` setting, in ``--help`` order; the study-file keys.
+TUNE_SETTINGS: Final = (
+    Setting("budget", "memory budget per device (on a mesh, 4GB means 4 GB on each device): "
+            "4GB (10^9), 4GiB (2^30), 512MB, 1.5G, or bytes; "
+            "default: the device's memory (host RAM on CPU)", _any),
+    Setting("problem", PROBLEM_HELP, _text()),
+    *PROBLEM_SETTINGS,
+    Setting("trials", "measure exactly N schedules (default: until nothing left is predicted "
+            "to beat the best, or --time-limit; with --total-trials, that total); duplicates "
+            "are skipped and do not count", _integer(0, _MAX_SIZE), int, metavar="N"),
+    Setting("total_trials", "stop when the study holds N measured schedules, counting every "
+            "worker's; a worker then waits for trials still running elsewhere, so all of them "
+            "end on the same final answer", _integer(1, _MAX_SIZE), int, metavar="N"),
+    Setting("time_limit", "stop starting trials after this long: 90, 90s, 5m, 1.5h "
+            "({default}); at T >= 20000 trials are timed on short runs and the pick is then "
+            "timed at full length after the search (a step predicted longer than this and than 15 "
+            "minutes is not)",
+            _duration, str, "2m", "DURATION"),
+    Setting("explore_front", "measure the whole memory/time front, not just the fastest "
+            "schedule that fits (no early stop or cut trials; see 'autoremat pareto')",
+            _boolean, default=False, const=True),
+    Setting("storage", f"Optuna storage URL (env {STORAGE_ENV}; default "
+            "sqlite:///runs/autoremat.db); any RDB URL, e.g. postgresql://..., lets several "
+            "workers share one study", _text()),
+    Setting("study_name", "resume or create this study (default: from the problem, device "
+            "and budget, so the same command resumes)", _text(512)),  # Optuna: VARCHAR(512)
+    Setting("out", "where to write the chosen schedule ({default})", _text(), str,
+            "schedule.yaml"),
+    Setting("seed", "sampler seed ({default})", _integer(0, 2**32 - 1), int, 0),
+    Setting("time_budget", "seconds of timed runs per schedule ({default})", _seconds, float, 5.0),
+    Setting("heartbeat", "a running trial records a heartbeat every SECONDS ({default}); one "
+            "silent for 3x that (its worker was killed or lost) is marked failed and re-queued "
+            "for another worker, at most twice", _integer(1, _MAX_SIZE), int, 60, "SECONDS"),
+)
+STUDY_FILE_KEYS: Final = tuple(s.name for s in TUNE_SETTINGS)
+_BY_NAME: Final = {s.name: s for s in TUNE_SETTINGS}
+#: Library argument -> the flag that sets it (library errors start with ``argument:``).
+#: Not the problem sizes: ``seq_len:`` from a user's ``Problem`` is not ``--seq-len``.
+_FLAGS: Final = {"trial": "TRIAL", **{s.name: s.flag for s in TUNE_SETTINGS
+                                      if s not in PROBLEM_SETTINGS}}
+
+
+def flag(name: str) -> str:
+    """The option that sets ``name``."""
+    return _BY_NAME[name].flag
+
+
+def with_flag(message: str) -> str:
+    """A library message ``argument: ...`` as ``--flag: ...`` (others unchanged)."""
+    name, sep, rest = message.partition(": ")
+    return f"{_FLAGS[name]}: {rest}" if sep and name in _FLAGS else message
+
+
+def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -> None:
+    for s in settings:
+        s.add_to(parser)
+
+
+def given(args: argparse.Namespace, settings: Iterable[Setting]) -> dict[str, Any]:
+    """The settings given on the command line (``None``: not given)."""
+    return {s.name: getattr(args, s.name) for s in settings
+            if getattr(args, s.name, None) is not None}
+
+
+def with_defaults(settings: Mapping[str, Any], table: Iterable[Setting]) -> dict[str, Any]:
+    """``settings`` with each unset one at its default."""
+    out = dict(settings)
+    for s in table:
+        if out.get(s.name) is None:
+            out[s.name] = s.default
+    return out
+
+
+def check_settings(settings: Mapping[str, Any]) -> None:
+    """Every setting has the right type and range.
+
+    Raises:
+      UsageError: naming the option, what it expects and the bad value.
+    """
+    for s in TUNE_SETTINGS:
+        value = settings.get(s.name)
+        expected = None if value is None else s.check(value)
+        if expected is not None:
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise UsageError(f"{s.flag}: expected {expected}, got {shown}")
+    out = settings.get("out")
+    if isinstance(out, str) and Path(out).is_dir():
+        raise UsageError(f"--out: {out!r} is a directory; give a file name such as schedule.yaml")
+
+
+def read_study_file(path: str) -> dict[str, Any]:
+    """A study file's settings (keys may use dashes); unknown keys are usage errors."""
+    try:
+        data = read_yaml_file(path, what="study file")
+    except ScheduleError as e:
+        raise UsageError(str(e)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of settings ({', '.join(STUDY_FILE_KEYS)})")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    bad = [k for k in data if k not in STUDY_FILE_KEYS]
+    if bad:
+        raise UsageError(f"{path}: unknown setting {bad[0][:60]!r}; valid: "
+                         f"{', '.join(STUDY_FILE_KEYS)}")
+    return data

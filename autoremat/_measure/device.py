@@ -1,0 +1,81 @@
+"""Facts about the device a step is measured on: what it is, its memory, and a
+fingerprint of the arguments a schedule was tuned with (the stale check).
+
+Each function imports jax when called (``import autoremat`` stays jax-free).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoremat._measure.mesh import sharding_text
+
+
+def environment() -> dict[str, str]:
+    """Device kind, platform and jax/flax versions of the default device."""
+    import jax
+
+    try:
+        import flax
+
+        flax_version = flax.__version__
+    except ImportError:  # pragma: no cover - flax is a dependency
+        flax_version = ""
+    device = jax.devices()[0]
+    return {
+        "device_kind": str(device.device_kind),
+        "platform": str(device.platform),
+        "jax_version": jax.__version__,
+        "flax_version": flax_version,
+    }
+
+
+def device_memory_bytes() -> int | None:
+    """The default device's memory limit (GPU/TPU ``bytes_limit``), else ``None``."""
+    import jax
+
+    stats = memory_stats(jax.devices()[0])
+    limit = stats.get("bytes_limit") if stats else None
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def fingerprint(args: Any) -> str:
+    """A short hash of the argument tree's structure, shapes and dtypes (not values), and
+    on many devices of the mesh and each leaf's partition spec (``_mesh.sharding_text``)."""
+    import hashlib
+
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(args)
+    parts = [str(treedef)]
+    for leaf in leaves:
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        parts.append(f"{tuple(shape) if shape is not None else type(leaf).__name__}:{dtype}")
+    sharded = sharding_text(args)  # empty on one device: its fingerprints are unchanged
+    if sharded:
+        parts.append(sharded)
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def peak_bytes_in_use() -> int | None:
+    """The largest ``peak_bytes_in_use`` over every local device (GPU/TPU), else ``None``:
+    with a sharded step, the device that needed the most."""
+    import jax
+
+    peaks = []
+    for device in jax.local_devices():
+        stats = memory_stats(device)
+        peak = stats.get("peak_bytes_in_use") if stats else None
+        if isinstance(peak, int) and peak > 0:
+            peaks.append(peak)
+    return max(peaks, default=None)
+
+
+def memory_stats(device: Any) -> dict[str, Any] | None:
+    """``device.memory_stats()`` (GPU/TPU), or ``None`` where the backend has none."""
+    try:
+        stats = device.memory_stats()
+    except Exception:
+        return None
+    return stats if isinstance(stats, dict) else None

@@ -1,0 +1,208 @@
+"""``autoremat.remat_scans``: any JAX function's long scans, run under a schedule.
+
+Wrap the *loss* (or any function whose scans should be checkpointed), then
+differentiate the wrapper::
+
+    loss = autoremat.remat_scans(loss_fn, autoremat.Schedule.nested([100, 100]))
+    grads = jax.grad(loss)(params, x, y)
+
+Every ``scan`` of length ``>= min_length`` the function reaches -- written
+with ``lax.scan``, ``fori_loop`` (static bounds), ``nn.scan``, ``nn.RNN``,
+``nnx.scan``, ``nnx.RNN`` or a library that lowers to ``lax.scan``, also
+inside ``jit``, ``checkpoint``, ``cond``/``switch`` and short outer scans --
+runs as ``autoremat.scan`` would run it: same values and gradients (remat
+recomputes, it never approximates), the schedule's memory and time (``d``
+nested levels keep ``O(d * T^(1/d))`` carries for ``d - 1`` extra forward
+passes). The function is traced to a jaxpr at each call (once per
+compilation under ``jax.jit``) and re-evaluated by ``_rewrite.evaluate``.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from autoremat._errors import AutorematError, RematScansWarning
+from autoremat._scan.rewrite import REWRITTEN, TOO_SHORT, Context, FoundScan, evaluate, survey
+from autoremat._scan.scan import as_schedule
+from autoremat._schedules.base import Schedule
+from autoremat._units import format_bytes
+
+#: Scans shorter than this are left alone by default (layer stacks, short loops).
+DEFAULT_MIN_LENGTH = 64
+
+_DERIVATIVE_DOCS = ("Gradient of ", "Value and gradient of ", "Jacobian of ", "Hessian of ")
+
+
+@dataclass(frozen=True)
+class RewriteReport:
+    """What ``remat_scans`` does to a function at given arguments (``describe``)."""
+
+    schedule: str
+    min_length: int
+    scans: tuple[FoundScan, ...]
+
+    @property
+    def rewritten(self) -> tuple[FoundScan, ...]:
+        return tuple(s for s in self.scans if s.action == REWRITTEN)
+
+    @property
+    def left(self) -> tuple[FoundScan, ...]:
+        """Long scans left as written (inside a custom derivative rule or another primitive)."""
+        return tuple(s for s in self.scans if s.action not in (REWRITTEN, TOO_SHORT))
+
+    def __str__(self) -> str:
+        lines = [f"remat_scans: schedule {self.schedule}, min_length {self.min_length}: "
+                 f"{len(self.rewritten)} of {len(self.scans)} scan(s) rewritten"]
+        for s in self.scans:
+            inside = f"  inside {' > '.join(s.inside)}" if s.inside else ""
+            lines.append(f"  {s.action:<10} length {s.length:>8}  carry "
+                         f"{format_bytes(s.carry_bytes):>9}  {s.where}{inside}")
+        return "\n".join(lines)
+
+
+def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
+                min_length: int = DEFAULT_MIN_LENGTH,
+                static_argnums: int | Sequence[int] = ()) -> RematScans:
+    """``fn`` with every scan of length ``>= min_length`` run under ``schedule``.
+
+    Args:
+      fn: any JAX-traceable function (a loss: wrap it, then differentiate).
+      schedule: an ``autoremat.Schedule`` or a schedule file's path; one schedule
+        serves every long scan (it adapts to each length).
+      min_length: scans shorter than this are left as written.
+      static_argnums: positional arguments that are not arrays (a model object,
+        a flag); they are passed to ``fn`` as they are.
+
+    Returns:
+      A callable with ``fn``'s signature; ``.describe(*args)`` reports which
+      scans it rewrites without running anything.
+    """
+    return RematScans(fn, schedule, min_length=min_length, static_argnums=static_argnums)
+
+
+class RematScans:
+    """The wrapper ``remat_scans`` returns (see there)."""
+
+    def __init__(self, fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
+                 min_length: int = DEFAULT_MIN_LENGTH,
+                 static_argnums: int | Sequence[int] = ()) -> None:
+        if not callable(fn):
+            raise AutorematError(f"fn: expected a callable, got {type(fn).__name__}")
+        _refuse_derivative(fn)
+        if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 1:
+            raise AutorematError(f"min_length: expected a positive int, got {min_length!r}")
+        statics = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in statics):
+            raise AutorematError(f"static_argnums: expected ints, got {static_argnums!r}")
+        self.fn = fn
+        self.schedule = as_schedule(schedule)
+        self.min_length = min_length
+        self.static_argnums = statics
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        closed, out_tree, leaves = self._trace(args, kwargs)
+        found = survey(closed.jaxpr, self.min_length)
+        _warn(found, self.min_length)
+        ctx = Context(self.schedule, self.min_length)
+        outs = evaluate(closed.jaxpr, closed.consts, leaves, ctx)
+        return jax.tree_util.tree_unflatten(out_tree, outs)
+
+    def describe(self, *args: Any, **kwargs: Any) -> RewriteReport:
+        """Which scans ``self(*args, **kwargs)`` rewrites and which it leaves; runs nothing.
+
+        Arguments may be arrays or ``jax.ShapeDtypeStruct``s.
+        """
+        closed, _, _ = self._trace(args, kwargs)
+        return RewriteReport(self.schedule.describe(), self.min_length,
+                             tuple(survey(closed.jaxpr, self.min_length)))
+
+    def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
+        n = len(args)
+        statics = set()
+        for i in self.static_argnums:
+            if not -n <= i < n:
+                raise AutorematError(f"static_argnums: {i} is out of range for {n} positional "
+                                     "argument(s)")
+            statics.add(i % n)
+        dynamic = {i: a for i, a in enumerate(args) if i not in statics}
+        leaves, treedef = jax.tree_util.tree_flatten((dynamic, kwargs))
+        paths = [jax.tree_util.keystr(p)
+                 for p, _ in jax.tree_util.tree_flatten_with_path((dynamic, kwargs))[0]]
+        for path, leaf in zip(paths, leaves, strict=True):
+            if not _array_like(leaf):
+                raise AutorematError(_not_array_message(path, leaf))
+
+        def flat(*flat_leaves: Any) -> Any:
+            dyn, kw = jax.tree_util.tree_unflatten(treedef, flat_leaves)
+            full = [dyn[i] if i in dyn else args[i] for i in range(n)]
+            return self.fn(*full, **kw)
+
+        closed, shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+        return closed, jax.tree_util.tree_structure(shape), leaves
+
+
+def _array_like(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, numbers.Number,
+                          jax.ShapeDtypeStruct)) or hasattr(x, "__jax_array__")
+
+
+def _not_array_message(path: str, leaf: Any) -> str:
+    _, index, rest = path.partition("[0][")
+    if index:
+        i = rest.split("]", 1)[0]
+        return (f"fn's argument {i} holds a {type(leaf).__name__} (at args[{i}]"
+                f"{rest.split(']', 1)[1]}), not an array: pass static_argnums=({i},) for "
+                "arguments that are not arrays, or close over it (functools.partial)")
+    name = path.split("'")[1] if "'" in path else path
+    return (f"fn's keyword argument {name!r} holds a {type(leaf).__name__}, not an array: "
+            "close over it (functools.partial) or pass it positionally with static_argnums")
+
+
+def _refuse_derivative(fn: Callable[..., Any]) -> None:
+    """A function made by ``jax.grad`` (& co.) has its residuals stacked already: refuse it."""
+    seen: Any = fn
+    for _ in range(16):
+        doc = getattr(seen, "__doc__", None) or ""
+        if doc.startswith(_DERIVATIVE_DOCS):
+            name = getattr(getattr(fn, "__wrapped__", fn), "__name__", "the loss")
+            raise AutorematError(
+                f"fn: {doc.split(' with respect', 1)[0]!r} already differentiates, so its "
+                "scans' residuals are stacked before remat_scans sees them and nothing would be "
+                f"saved; wrap the loss, then differentiate: jax.grad(autoremat.remat_scans("
+                f"{name}, schedule))")
+        seen = getattr(seen, "__wrapped__", None)
+        if seen is None:
+            return
+
+
+def _warn(found: list[FoundScan], min_length: int) -> None:
+    for s in found:
+        if s.action not in (REWRITTEN, TOO_SHORT):
+            warnings.warn(
+                f"remat_scans: the scan of length {s.length} at {s.where} is {s.action[6:]} and "
+                "is left as written (remat_scans does not enter custom_jvp/custom_vjp rules, "
+                "whose backward pass is their own, nor while loops or shard_map); move the "
+                "scan out of it to schedule it",
+                RematScansWarning, stacklevel=3)
+        elif s.backward:
+            warnings.warn(
+                f"remat_scans: the scan of length {s.length} at {s.where} runs backward over "
+                "another scan's stacked outputs -- does fn already differentiate (jax.grad "
+                "inside)? Then nothing is saved: wrap the loss, then differentiate.",
+                RematScansWarning, stacklevel=3)
+    if not any(s.action == REWRITTEN for s in found):
+        lengths = sorted({s.length for s in found})
+        seen = f"(its scans have lengths {lengths})" if lengths else "(it has no scan)"
+        warnings.warn(
+            f"remat_scans: fn has no scan of length >= min_length={min_length} {seen}; "
+            "nothing is rewritten", RematScansWarning, stacklevel=3)

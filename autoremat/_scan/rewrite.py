@@ -1,0 +1,206 @@
+"""Re-evaluate a traced function with its long scans run under a schedule.
+
+``remat_scans`` traces the user's function to a jaxpr and evaluates it again
+with ``evaluate``: every equation is bound as written, except a ``scan`` of
+length ``>= min_length``, which runs through ``autoremat.scan_axes`` (the
+schedule's builder) over the same body, and the ``jit`` / ``checkpoint`` /
+``cond`` / short ``scan`` equations that hold such a scan, whose bodies are
+evaluated the same way. The result is the function's own computation -- same
+values, same gradients -- with the memory of the schedule: ``O(d * T^(1/d))``
+saved carries for a nested schedule of depth ``d`` instead of ``T`` steps of
+residuals, for ``d - 1`` extra forward passes.
+
+A time-major copy made for the scan (``transpose`` moving axis ``k`` to 0,
+which is how ``nn.scan(in_axes=1)`` and ``nn.RNN`` hand batch-major data to
+``lax.scan``) is not made: the rewritten scan reads chunks straight from the
+original array along axis ``k``, as ``autoremat.scan(axis=k)`` does.
+
+``survey`` lists every scan without evaluating anything: what ``describe``
+reports and what decides which equations are entered. Scans inside
+``custom_jvp`` / ``custom_vjp`` rules and other primitives (``while``,
+``shard_map``) are left as written and reported as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import jax
+from jax import lax
+
+from autoremat._scan import jax_internals as ji
+from autoremat._scan.scan import nbytes, scan_axes
+from autoremat._schedules.base import Schedule
+
+REWRITTEN = "rewritten"
+TOO_SHORT = "too short"
+
+
+@dataclass(frozen=True)
+class FoundScan:
+    """One ``scan`` in the traced function.
+
+    Attributes:
+      length: its number of steps.
+      carry_bytes: the bytes of its carry (what a schedule saves per checkpoint).
+      where: ``file:line (function)`` of the user code that wrote it.
+      inside: the primitives it is nested in, outermost first (``jit > checkpoint``).
+      action: ``rewritten``, ``too short``, or ``left: inside <primitive>``.
+      backward: it scans the stacked outputs of an opposite-direction scan of the
+        same length -- what ``jax.grad`` emits (or an RTS-style backward pass).
+    """
+
+    length: int
+    carry_bytes: int
+    where: str
+    inside: tuple[str, ...]
+    action: str
+    backward: bool = False
+
+
+def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
+           blocked: str = "") -> list[FoundScan]:
+    """Every scan in ``jaxpr`` (and its sub-jaxprs), in program order, with what happens to it."""
+    found: list[FoundScan] = []
+    stacked: dict[Any, tuple[int, bool]] = {}  # ys of long scans at this level: (length, reverse)
+    for eqn in jaxpr.eqns:
+        prim, params = eqn.primitive, eqn.params
+        if prim is ji.SCAN:
+            length, reverse = int(params[ji.LENGTH]), bool(params[ji.REVERSE])
+            start = params[ji.NUM_CONSTS] + params[ji.NUM_CARRY]
+            carry = eqn.invars[params[ji.NUM_CONSTS]:start]
+            action = (TOO_SHORT if length < min_length
+                      else f"left: inside {blocked}" if blocked else REWRITTEN)
+            backward = length >= min_length and any(
+                stacked.get(v) == (length, not reverse) for v in eqn.invars[start:]
+                if isinstance(v, ji.Var))
+            found.append(FoundScan(length, nbytes([v.aval for v in carry]),
+                                   ji.user_location(eqn), inside, action, backward))
+            if length >= min_length:
+                stacked.update({v: (length, reverse) for v in eqn.outvars[params[ji.NUM_CARRY]:]})
+            found += survey(params[ji.SCAN_BODY].jaxpr, min_length, (*inside, "scan"), blocked)
+        else:
+            entered = prim in (ji.JIT, ji.REMAT, ji.COND)
+            inner = blocked or ("" if entered else prim.name)
+            for sub in ji.sub_jaxprs(params):
+                found += survey(sub, min_length, (*inside, prim.name), inner)
+    return found
+
+
+@dataclass
+class Context:
+    """What one evaluation needs: the schedule, the threshold, which jaxprs hold a long scan."""
+
+    schedule: Schedule
+    min_length: int
+    _holds: dict[int, bool] = field(default_factory=dict)
+
+    def holds_long(self, jaxpr: ji.Jaxpr) -> bool:
+        key = id(jaxpr)
+        if key not in self._holds:
+            self._holds[key] = any(f.action == REWRITTEN for f in survey(jaxpr, self.min_length))
+        return self._holds[key]
+
+    def enters(self, eqn: ji.JaxprEqn) -> bool:
+        if eqn.primitive is ji.SCAN and eqn.params[ji.LENGTH] >= self.min_length:
+            return True
+        if eqn.primitive in (ji.SCAN, ji.JIT, ji.REMAT, ji.COND):
+            return any(self.holds_long(sub) for sub in ji.sub_jaxprs(eqn.params))
+        return False
+
+
+def _moved_axis(eqn: ji.JaxprEqn) -> int | None:
+    """``k`` when ``eqn`` is ``transpose`` = ``moveaxis(x, k, 0)`` with ``k > 0``, else ``None``."""
+    perm = tuple(eqn.params[ji.PERMUTATION])
+    k = perm[0]
+    if k == 0 or perm[1:] != tuple(i for i in range(len(perm)) if i != k):
+        return None
+    return int(k)
+
+
+def evaluate(jaxpr: ji.Jaxpr, consts: Sequence[Any], args: Sequence[Any],
+             ctx: Context) -> list[Any]:
+    """``jaxpr``'s outputs on ``args``, its long scans run under ``ctx.schedule``."""
+    env: dict[Any, Any] = {}
+    deferred: dict[Any, ji.JaxprEqn] = {}  # moveaxis(x, k, 0) results, made only if read
+    moved: dict[Any, tuple[Any, int]] = {}  # their var -> (x's var, k)
+
+    def read(v: Any) -> Any:
+        if isinstance(v, ji.Literal):
+            return v.val
+        if v in deferred:
+            eqn = deferred.pop(v)
+            env[v] = ji.bind(eqn, [read(eqn.invars[0])])[0]
+        return env[v]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is ji.TRANSPOSE and isinstance(eqn.invars[0], ji.Var):
+            axis = _moved_axis(eqn)
+            if axis is not None:
+                deferred[eqn.outvars[0]] = eqn
+                moved[eqn.outvars[0]] = (eqn.invars[0], axis)
+                continue
+        if ctx.enters(eqn):
+            outs = _entered(eqn, read, moved, ctx)
+        else:
+            outs = ji.bind(eqn, [read(v) for v in eqn.invars])
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _closed(closed: ji.ClosedJaxpr, ctx: Context, *args: Any) -> list[Any]:
+    return evaluate(closed.jaxpr, closed.consts, args, ctx)
+
+
+def _entered(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[Any, int]],
+             ctx: Context) -> list[Any]:
+    prim, params = eqn.primitive, eqn.params
+    if prim is ji.SCAN:
+        return _scan(eqn, read, moved, ctx)
+    invals = [read(v) for v in eqn.invars]
+    with ji.source_context(eqn):
+        if prim is ji.JIT:
+            return _closed(params[ji.JIT_BODY], ctx, *invals)
+        if prim is ji.REMAT:
+            body = params[ji.REMAT_BODY]
+            run = jax.checkpoint(lambda *a: evaluate(body, (), a, ctx),
+                                 policy=params[ji.REMAT_POLICY],
+                                 prevent_cse=params[ji.REMAT_PREVENT_CSE])
+            return list(run(*invals))
+        branches = [partial(_closed, b, ctx) for b in params[ji.COND_BRANCHES]]
+        return list(lax.switch(invals[0], branches, *invals[1:]))
+
+
+def _scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[Any, int]],
+          ctx: Context) -> list[Any]:
+    params = eqn.params
+    n_consts, n_carry = params[ji.NUM_CONSTS], params[ji.NUM_CARRY]
+    body: ji.ClosedJaxpr = params[ji.SCAN_BODY]
+    length, reverse, unroll = int(params[ji.LENGTH]), bool(params[ji.REVERSE]), params[ji.UNROLL]
+    consts = [read(v) for v in eqn.invars[:n_consts]]
+    init = [read(v) for v in eqn.invars[n_consts:n_consts + n_carry]]
+
+    def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        out = _closed(body, ctx, *consts, *carry, *x)
+        return out[:n_carry], out[n_carry:]
+
+    x_vars = eqn.invars[n_consts + n_carry:]
+    with ji.source_context(eqn):
+        if length < ctx.min_length:  # a short scan holding a long one: lax.scan over the new body
+            xs = [read(v) for v in x_vars]
+            carry, ys = lax.scan(step, init, xs, length=length, reverse=reverse, unroll=unroll)
+            return [*carry, *ys]
+        xs, axes = [], []
+        for v in x_vars:
+            source, axis = moved.get(v, (v, 0)) if isinstance(v, ji.Var) else (v, 0)
+            xs.append(read(source))
+            axes.append(axis)
+        carry, ys = scan_axes(step, init, xs, length, schedule=ctx.schedule, reverse=reverse,
+                              in_axes=axes, out_axes=0,
+                              unroll=None if unroll in (1, False) else unroll)
+    return [*carry, *ys]

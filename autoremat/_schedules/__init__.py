@@ -1,0 +1,128 @@
+"""The registry of schedule kinds, and the YAML form of any schedule.
+
+The base ``Schedule`` (``autoremat._schedules.base``) knows no kind. This module
+imports every kind module, registers each class in ``KINDS`` (``kind:`` name
+-> class), and dispatches on it: ``from_data`` (a YAML mapping -> the kind's
+object), ``parse_schedule`` / ``load_schedule`` / ``dump_schedule`` /
+``save_schedule``. Adding a kind is one module (a frozen ``Schedule``
+subclass, see ``CONTRIBUTING.md``) and one ``register`` line here;
+everything that differs by kind -- parsing and validation, ``describe`` /
+``explain``, the cost (``bounds.cost``) and the tuner's cost-model features,
+the search space, the builder and the tests' gradient matrix -- is a method
+of that class.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from autoremat._atomic import atomic_write_text
+from autoremat._errors import ScheduleError, one_line
+from autoremat._schedules.base import COMMON_KEYS, KINDS, KNOWN_VERSIONS, SCHEDULE_VERSION, Schedule
+from autoremat._schedules.binomial import BinomialSchedule
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.policy import _show
+from autoremat._schedules.safe_yaml import load_yaml_text, read_bytes
+
+#: A mapping without ``kind:`` is of this kind (files written before kinds existed).
+DEFAULT_KIND: Final = "nested"
+
+
+def register(kind: type[Schedule]) -> type[Schedule]:
+    """Add a kind to ``KINDS`` (the tuner samples kinds in registration order)."""
+    if kind.kind in KINDS and KINDS[kind.kind] is not kind:
+        raise ValueError(f"kind: {kind.kind!r} is already registered ({KINDS[kind.kind].__name__})")
+    KINDS[kind.kind] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    """Remove a kind from ``KINDS`` (tests that define a kind of their own)."""
+    KINDS.pop(name, None)
+
+
+register(NestedSchedule)
+register(BinomialSchedule)
+
+
+def top_keys() -> tuple[str, ...]:
+    """Every top-level key of a schedule file, of any kind."""
+    return (*COMMON_KEYS[:2], *(f for k in KINDS.values() for f in k.FIELDS), *COMMON_KEYS[2:])
+
+
+def from_data(data: Any) -> Schedule:
+    """Check a mapping's shape (as loaded from YAML) and build its kind.
+
+    The keys, ``version`` and ``kind`` are checked here; every value is
+    validated by the kind's constructor (``parse_fields`` adds the path).
+    """
+    keys = top_keys()
+    if not isinstance(data, Mapping):
+        raise ScheduleError(f"schedule: expected a mapping with keys {', '.join(keys)}, "
+                            f"got {_show(data)}")
+    unknown = [k for k in data if k not in keys]
+    if unknown:
+        raise ScheduleError(
+            f"{_show(unknown[0])}: unknown key; valid keys: {', '.join(keys)}")
+    if "version" not in data:
+        raise ScheduleError(f"version: missing; add 'version: {SCHEDULE_VERSION}'")
+    version = data["version"]
+    if isinstance(version, bool) or version not in KNOWN_VERSIONS:
+        raise ScheduleError(f"version: unknown version {_show(version)}; known versions: "
+                            f"{', '.join(map(str, KNOWN_VERSIONS))}")
+    name = data.get("kind", DEFAULT_KIND)
+    kind = KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ScheduleError(f"kind: unknown kind {_show(name)}; valid: {', '.join(KINDS)}")
+    for key in data:
+        if key not in COMMON_KEYS and key not in kind.FIELDS:
+            owner = next(k.kind for k in KINDS.values() if key in k.FIELDS)
+            raise ScheduleError(
+                f"{key}: a {kind.kind} schedule has no {key} (a {owner} schedule has); "
+                f"remove it or set kind: {owner}")
+    for key, example in kind.FIELDS.items():
+        if key not in data:
+            raise ScheduleError(f"{key}: missing; a {kind.kind} schedule needs e.g. {example}")
+    meta = data.get("meta")
+    return kind(**kind.parse_fields(data), unroll=data.get("unroll", 1),
+                meta={} if meta is None else meta)
+
+
+
+
+def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
+    """Parse the YAML text of a schedule; every failure is a ``ScheduleError``."""
+    data = load_yaml_text(text, source)
+    try:
+        return from_data(data)
+    except RecursionError:
+        raise ScheduleError(f"{source}: nested too deeply") from None
+    except ScheduleError as e:
+        raise ScheduleError(f"{source}: {one_line(str(e))}") from None
+
+
+def load_schedule(path: str | os.PathLike[str]) -> Schedule:
+    """Load a schedule from a YAML file (safe loader, no aliases).
+
+    Raises:
+      ScheduleError: the file is missing, unreadable, not YAML, or not a valid
+        schedule; the message names the file, the field and the fix.
+    """
+    return parse_schedule(read_bytes(path, "schedule file"), str(path))
+
+
+def dump_schedule(schedule: Schedule) -> str:
+    """The YAML text of a schedule."""
+    return yaml.safe_dump(schedule.to_data(), sort_keys=False, default_flow_style=None)
+
+
+def save_schedule(schedule: Schedule, path: str | os.PathLike[str]) -> Path:
+    """Write a schedule as YAML atomically (temp file in the same folder + rename)."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule: expected an autoremat.Schedule, got {type(schedule).__name__}")
+    return atomic_write_text(path, dump_schedule(schedule))

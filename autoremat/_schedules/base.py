@@ -1,0 +1,308 @@
+"""The remat schedule: a frozen description of how to checkpoint a scan.
+
+A schedule is data, not code. Each *kind* is one frozen dataclass under the
+common base ``Schedule`` and owns its fields, parsing, validation, summary,
+cost model, search space and builder; the table of kinds is
+``autoremat._schedules.KINDS``. YAML is the file form, for example::
+
+    version: 1
+    kind: nested                  # autoremat._schedules.nested.NestedSchedule
+    levels:                       # outermost first
+      - {length: 100, policy: nothing_saveable}
+      - {length: 100, policy: dots_saveable}
+    unroll: 1                     # lax.scan unroll of the innermost loop
+    meta: {}                      # free-form; the tuner records what it measured
+
+or, for binomial (Revolve) checkpointing (``autoremat._schedules.binomial``)::
+
+    version: 1
+    kind: binomial
+    snapshots: 16                 # carries stored at once (>= 1)
+    unroll: 1                     # lax.scan unroll of the forward sweep
+
+Memory/time trade-off (Chen et al. 2016, arXiv 1604.06174): with ``d`` levels
+of lengths ``n_1 .. n_d`` (``T = n_1 * ... * n_d``) and ``nothing_saveable``
+on the outer levels, the backward pass stores about ``n_1 + ... + n_d``
+carries plus one innermost chunk of residuals -- ``O(d * T^(1/d))`` memory --
+for ``d - 1`` extra forward passes. The binomial kind (Griewank & Walther
+2000, "Algorithm 799: Revolve") stores ``s`` carries and runs the fewest
+forward steps any schedule can with ``s`` carries: ``O(log T)`` memory for
+``O(T log T)`` work (``autoremat.bounds``).
+
+This module imports no jax at import time, so the CLI's ``--help`` stays
+instant; ``Policy.resolve`` imports it when a policy is actually built. It
+imports no kind either: ``autoremat._schedules`` imports the kind modules, fills
+``KINDS`` and reads and writes the YAML.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Final
+
+import yaml
+
+from autoremat._errors import ScheduleError
+from autoremat._schedules.policy import NO_REMAT, Policy, _show, check_int
+from autoremat.bounds import Cost
+
+SCHEDULE_VERSION: Final = 1
+KNOWN_VERSIONS: Final = (1,)
+#: The transformations of ``autoremat.scan`` the tests check for every kind.
+TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
+#: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
+COMMON_KEYS: Final = ("version", "kind", "unroll", "meta")
+#: ``kind:`` name -> its ``Schedule`` subclass, in the order the tuner samples them.
+#: Filled by ``autoremat._schedules`` (which imports every kind module); this module
+#: imports none of them.
+KINDS: Final[dict[str, type[Schedule]]] = {}
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the tuner's cost model (``autoremat._search.predict``) reads of one schedule at one
+    ``T``; each kind computes its own (``Schedule.features``).
+
+    Attributes:
+      evaluations: step evaluations of one forward + backward pass
+        (``Schedule.cost``), counting ``partial`` ones.
+      partial: of those, re-runs that skip the matmuls (their outputs are
+        saved, e.g. under a ``dots`` policy): only the elementwise part re-runs.
+      boundaries: checkpoint boundaries crossed, forward and backward (each
+        stacks a carry and enters a remat region).
+      bookkeeping: steps with dynamic restores or indexing (per-step overhead
+        a plain scan does not have).
+      terms: the peak stored, as (carries, steps of full residuals, steps of
+        partial residuals): ``MemoryModel`` fits bytes on these.
+    """
+
+    evaluations: float
+    partial: float = 0.0
+    boundaries: float = 0.0
+    bookkeeping: float = 0.0
+    terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule(ABC):
+    """How to rematerialize a scan; one subclass per kind (``autoremat._schedules``).
+
+    Build one with ``Schedule.nested`` / ``.binomial`` / ``.root`` /
+    ``.plain``, or from its YAML mapping with ``autoremat._schedules.from_data``. Each
+    kind's docstring defines its semantics (the one place they are defined;
+    ``autoremat.scan`` follows it); every kind gives the loss and gradients
+    of a plain ``lax.scan`` and differs only in memory and time.
+
+    Attributes:
+      kind: the kind's name, the ``kind:`` of its YAML (a class attribute).
+      unroll: ``lax.scan`` unroll of the innermost loop, >= 1.
+      meta: free-form YAML-safe data: what the schedule was tuned for and what
+        was measured. Not used to run the scan.
+    """
+
+    kind: ClassVar[str]
+    #: The kind's own top-level keys (all required), each with an example.
+    FIELDS: ClassVar[Mapping[str, str]]
+    #: JAX transformations of ``autoremat.scan`` this kind cannot do, out of
+    #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
+    #: Categorical parameters of ``suggest`` whose choices are ordered: a neighbour
+    #: (``_space.neighbours``) takes the choice before or after, not any other.
+    ORDERED: ClassVar[frozenset[str]] = frozenset()
+
+    unroll: int = 1
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        check_int("unroll", self.unroll)
+        if not isinstance(self.meta, Mapping):
+            raise ScheduleError(f"meta: expected a mapping, got {_show(self.meta)}")
+
+    # -- what each kind defines --------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor's keyword arguments from the kind's own YAML keys."""
+
+    @abstractmethod
+    def fields_data(self) -> dict[str, Any]:
+        """The kind's own YAML keys (the inverse of ``parse_fields``)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line, e.g. ``40x50x50 nothing/nothing/dots unroll=2``."""
+
+    @abstractmethod
+    def explain(self) -> list[str]:
+        """Indented lines for ``autoremat show``: what the schedule does."""
+
+    @abstractmethod
+    def cost(self, seq_len: int) -> Cost:
+        """Step evaluations and peak stored carries at ``T = seq_len`` (``bounds.cost``)."""
+
+    @abstractmethod
+    def features(self, seq_len: int) -> Features:
+        """What the tuner's cost model reads of this schedule at ``T = seq_len``."""
+
+    @abstractmethod
+    def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],
+            steps: int, reverse: bool) -> tuple[Any, Any]:
+        """Scan ``steps >= 1`` steps of ``step(carry, x_leaves)``, outputs on axis 0.
+
+        ``leaves[i]`` is scanned along ``axes[i]``. Imports jax (the builder).
+        """
+
+    @classmethod
+    @abstractmethod
+    def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
+        """A schedule of this kind sampled from an Optuna trial (``_space``)."""
+
+    @classmethod
+    @abstractmethod
+    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
+        """Trial parameters of this kind's obvious candidates (without ``kind``)."""
+
+    @classmethod
+    @abstractmethod
+    def examples(cls) -> Sequence[Schedule]:
+        """Schedules exercising each option of the kind (the tests' matrix runs them)."""
+
+    def timing_length(self, seq_len: int, short: int) -> int:
+        """The length to time this schedule at so that its step time at ``seq_len``
+        can be predicted from it (``autoremat._search.short_runs``): at least ``short``,
+        and long enough to hold every part of the schedule's structure (whole
+        inner chunks, enough steps per snapshot). This default keeps ``seq_len``:
+        a kind that does not override it is timed at full length."""
+        return seq_len
+
+    # -- shared ----------------------------------------------------------------
+    @classmethod
+    def nested(
+        cls,
+        lengths: Sequence[int],
+        policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
+        *,
+        unroll: int = 1,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Schedule:
+        """Nested levels of the given lengths, with one policy or one per level.
+
+        >>> Schedule.nested([100, 100]).describe()
+        '100x100 nothing/nothing unroll=1'
+        """
+        return KINDS["nested"].build(lengths, policies, unroll=unroll, meta=meta)  # type: ignore[attr-defined]
+
+    @classmethod
+    def binomial(
+        cls, snapshots: int, *, unroll: int = 1, meta: Mapping[str, Any] | None = None
+    ) -> Schedule:
+        """Binomial (Revolve) checkpointing with ``snapshots`` stored carries.
+
+        >>> Schedule.binomial(16).describe()
+        'binomial s=16 unroll=1'
+        """
+        return KINDS["binomial"](snapshots=snapshots, unroll=unroll,  # type: ignore[call-arg]
+                                 meta=dict(meta or {}))
+
+    @classmethod
+    def root(
+        cls,
+        seq_len: int,
+        depth: int,
+        policies: str | Policy | Sequence[str | Policy] = "nothing_saveable",
+        *,
+        unroll: int = 1,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Schedule:
+        """``depth`` levels, each about ``seq_len ** (1 / depth)`` long (``root_lengths``).
+
+        The classic sqrt(T) (``depth=2``) and cube-root (``depth=3``) schedules
+        of Chen et al. 2016: ``O(depth * T^(1/depth))`` stored carries.
+
+        >>> Schedule.root(10_000, 2).describe()
+        '100x100 nothing/nothing unroll=1'
+        """
+        return cls.nested(root_lengths(seq_len, depth), policies, unroll=unroll, meta=meta)
+
+    @classmethod
+    def plain(cls, length: int) -> Schedule:
+        """The reference: one plain ``lax.scan`` with no remat (linear memory)."""
+        return cls.nested([length], NO_REMAT)
+
+    def with_meta(self, **meta: Any) -> Schedule:
+        """A copy with ``meta`` updated by the given keys."""
+        return replace(self, meta={**self.meta, **meta})
+
+    def key(self) -> str:
+        """A canonical string of what affects execution (not ``meta``)."""
+        data = self.to_data()
+        data.pop("meta", None)
+        return yaml.safe_dump(data, sort_keys=True, default_flow_style=True).strip()
+
+    def to_data(self) -> dict[str, Any]:
+        """The YAML-safe mapping form (see the module docstring)."""
+        data = {"version": SCHEDULE_VERSION, "kind": self.kind, **self.fields_data(),
+                "unroll": self.unroll}
+        if self.meta:
+            data["meta"] = _plain(self.meta)
+        return data
+
+
+@contextlib.contextmanager
+def at(path: str) -> Iterator[None]:
+    """Prefix ``path.`` to the field of a ``ScheduleError`` raised inside."""
+    try:
+        yield
+    except ScheduleError as e:
+        raise ScheduleError(f"{path}.{e}") from None
+
+
+def divisors(n: int) -> list[int]:
+    """All divisors of ``n``, ascending."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+#: A length is snapped to a divisor of what it must tile when one is this close.
+SNAP_TOLERANCE: Final = 0.25
+
+
+def snap(length: int, remaining: int) -> int:
+    """The divisor of ``remaining`` nearest ``length`` if within 25%, else ``length``."""
+    best = min(divisors(remaining), key=lambda k: (abs(k - length), k))
+    return best if abs(best - length) <= SNAP_TOLERANCE * length else length
+
+
+def root_lengths(seq_len: int, depth: int) -> tuple[int, ...]:
+    """``depth`` level lengths, outermost first, each near ``seq_len ** (1 / depth)``.
+
+    Inner lengths are snapped to divisors (``snap``) so most ``T`` are tiled
+    exactly; the outermost is ``ceil(T / prod(inner))`` (the builder runs any
+    remainder). Every level is at least 2 long when ``2 ** depth <= T``.
+
+    >>> root_lengths(10_000, 2), root_lengths(1_000, 3)
+    ((100, 100), (10, 10, 10))
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ScheduleError(f"depth: expected an integer >= 1, got {_show(depth)}")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ScheduleError(f"seq_len: expected an integer >= 1, got {_show(seq_len)}")
+    remaining, inner = seq_len, []  # innermost first
+    for i in range(depth - 1):
+        target = round(remaining ** (1 / (depth - i)))
+        length = max(2, snap(target, remaining))
+        inner.append(length)
+        remaining = math.ceil(remaining / length)
+    return (remaining, *reversed(inner))
+
+
+def _plain(value: Any) -> Any:
+    """Convert tuples and mappings to plain lists/dicts for YAML."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

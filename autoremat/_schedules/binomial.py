@@ -1,0 +1,153 @@
+"""The binomial kind: Revolve checkpointing, ``O(log T)`` carries, the fewest re-runs.
+
+Griewank & Walther 2000 ("Algorithm 799: Revolve", ACM TOMS 26(1)): with
+``s`` carries stored at once, reversing ``T`` steps takes at least
+``bounds.min_evaluations(T, s)`` step evaluations, and this kind runs exactly
+that many -- ``O(log T)`` memory for ``O(T log T)`` work. The plan is
+``autoremat._schedules.revolve``, the builder (a ``jax.custom_vjp``)
+``autoremat._schedules.binomial_scan``; this module (pure Python) owns the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from autoremat._schedules.base import Features, Schedule
+from autoremat._schedules.policy import check_int
+from autoremat.bounds import Cost, max_steps, optimal_cost
+
+#: Binomial schedules re-run a step at most this often (about ``r + 1`` times
+#: the forward work); fewer snapshots than that are never faster than nested.
+MAX_REPETITIONS: Final = 6
+
+
+@dataclass(frozen=True, kw_only=True)
+class BinomialSchedule(Schedule):
+    """``kind: binomial`` -- ``snapshots`` carries at Revolve's positions.
+
+    The forward pass is one scan that keeps ``snapshots`` carries at the
+    positions of Griewank & Walther's binomial schedule; the backward pass (a
+    ``jax.custom_vjp``) restores, re-advances and reverses step by step from
+    them, with the fewest step evaluations any schedule storing ``snapshots``
+    carries can do (``autoremat.bounds.min_evaluations``). Any ``T`` runs;
+    ``snapshots >= T`` stores every carry (per-step remat). ``unroll`` is the
+    ``lax.scan`` unroll of the forward sweep.
+
+    Transformations: ``jax.grad``/``vjp`` (also of ``jit``, ``checkpoint``,
+    ``vmap``), forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``, also of
+    a jitted function), ``vmap``, ``jit``, and forward mode (``jvp``,
+    ``jacfwd``) when the JVP reaches the scan as it is traced -- ``jvp(f)``,
+    ``jit(jvp(f))``, ``vmap(jvp(f))``: it runs the plain forward sweep, which
+    stores nothing either. Not: reverse-over-reverse (grad of grad: the
+    backward's re-advances are loops of dynamic length) and ``jax.linearize``
+    (a ``custom_vjp`` has no forward-mode linear map); traced directly, each
+    is a ``ScheduleError`` naming the fix. Forward mode applied *after* the
+    scan was traced (``jvp(jit(f))``, ``jvp(checkpoint(f))``,
+    ``jvp(vmap(f))``, ``linearize(jit(f))``) and grad of grad through ``jit``
+    or ``checkpoint`` cannot be told apart at trace time (the scan sees
+    plain jaxpr tracers): JAX's own errors appear then, "can't apply
+    forward-mode autodiff (jvp) to a custom_vjp function" and
+    "Reverse-mode differentiation does not work for lax.while_loop or
+    lax.fori_loop with dynamic start/stop values". Use a nested schedule for
+    those (or move ``jvp`` inside the ``jit``).
+
+    Attributes:
+      snapshots: how many carries are stored at once (>= 1).
+    """
+
+    kind: ClassVar[str] = "binomial"
+    FIELDS: ClassVar[Mapping[str, str]] = {"snapshots": "'snapshots: 16'"}
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset({"grad_of_grad", "linearize"})
+
+    snapshots: int
+
+    def __post_init__(self) -> None:
+        check_int("snapshots", self.snapshots)
+        super().__post_init__()
+
+    @classmethod
+    def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        return {"snapshots": data["snapshots"]}
+
+    def fields_data(self) -> dict[str, Any]:
+        return {"snapshots": self.snapshots}
+
+    def describe(self) -> str:
+        return f"binomial s={self.snapshots} unroll={self.unroll}"
+
+    def explain(self) -> list[str]:
+        lines = [f"  binomial (Revolve) checkpointing: {self.snapshots} carries stored at "
+                 "once, the fewest step re-runs for that memory (any T runs)"]
+        seq_len = self.meta.get("seq_len")
+        if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len >= 1:
+            c = self.cost(seq_len)
+            lines.append(f"  at T = {seq_len}: {c.evaluations} step evaluations per training "
+                         f"step ({c.recompute_factor:.2f}x the forward)")
+        lines.append(f"  unroll (forward sweep): {self.unroll}")
+        return lines
+
+    def cost(self, seq_len: int) -> Cost:
+        """Exact: what the builder executes (the optimum, ``bounds.optimal_cost``)."""
+        return optimal_cost(seq_len, self.snapshots)
+
+    def features(self, seq_len: int) -> Features:
+        """``bookkeeping``: every step (the backward's dynamic restores and indexing);
+        ``terms``: the stored carries and one step's residuals."""
+        cost = self.cost(seq_len)
+        return Features(evaluations=float(cost.evaluations), bookkeeping=float(seq_len),
+                        terms=(float(cost.stored_carries), 1.0, 0.0))
+
+    def timing_length(self, seq_len: int, short: int) -> int:
+        """At least ``short`` and ``8 * snapshots`` steps, so the short run recomputes
+        too (with ``snapshots >= T`` nothing is); the step evaluations at any
+        ``T`` are exact (``cost``), so the time scales with their count."""
+        return min(seq_len, max(short, 8 * self.snapshots))
+
+    def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],
+            steps: int, reverse: bool) -> tuple[Any, Any]:
+        from autoremat._schedules.binomial_scan import binomial_scan
+
+        return binomial_scan(step, init, leaves, axes, steps, self.snapshots, reverse,
+                             self.unroll, self.describe())
+
+    @classmethod
+    def suggest(cls, trial: Any, seq_len: int, platform: str) -> BinomialSchedule:
+        """``snapshots`` log-uniform in ``snapshot_range(T)``."""
+        low, high = snapshot_range(seq_len)
+        return cls(snapshots=trial.suggest_int("snapshots", low, high, log=True))
+
+    @classmethod
+    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
+        """Three repetitions: ``C(s + 3, 3) >= T`` snapshots (none at ``T = 1``)."""
+        if seq_len < 2:
+            return []
+        low, high = snapshot_range(seq_len)
+        return [{"snapshots": min(max(_fewest_snapshots(seq_len, 3), low), high)}]
+
+    @classmethod
+    def examples(cls) -> Sequence[Schedule]:
+        """One snapshot (quadratic work) up to ``s >= T`` (every carry), unrolled."""
+        return [cls(snapshots=s) for s in (1, 2, 3, 8, 5)] + [cls(snapshots=9, unroll=4)] + [
+            cls(snapshots=s) for s in (4, 7, 96, 16, 1, 1, 6, 32, 3)]
+
+
+def snapshot_range(seq_len: int) -> tuple[int, int]:
+    """The ``snapshots`` worth trying at this ``T`` (low, high).
+
+    From the fewest that keep every step within ``MAX_REPETITIONS`` re-runs
+    up to ``4 sqrt(T)`` (past that it is per-step remat with extra bookkeeping).
+    """
+    high = max(1, min(seq_len, 4 * math.isqrt(seq_len)))
+    return min(_fewest_snapshots(seq_len, MAX_REPETITIONS), high), high
+
+
+def _fewest_snapshots(seq_len: int, reps: int) -> int:
+    """The fewest snapshots reversing ``seq_len`` steps with ``reps`` repetitions."""
+    s = 1
+    while max_steps(s, reps) < seq_len:
+        s += 1
+    return s
+

@@ -1,0 +1,363 @@
+"""The nested kind: chunked scans, each level's body under ``jax.checkpoint``.
+
+Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost", arXiv
+1604.06174): an outer scan over chunks whose body -- the inner scan of one
+chunk -- is checkpointed keeps only the carries at chunk boundaries and
+recomputes one chunk at a time in the backward pass. With ``d`` levels memory
+is ``O(d * T^(1/d))`` for ``d - 1`` extra forward passes. The builder is
+``autoremat._schedules.nested_scan``; this module (pure Python) owns the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from autoremat._errors import ScheduleError
+from autoremat._schedules.base import Features, Schedule, at, root_lengths, snap
+from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _show
+from autoremat.bounds import Cost
+
+#: More than 64 levels of length >= 2 tile more than 2^64 steps.
+MAX_LEVELS: Final = 64
+LEVEL_KEYS: Final = ("length", "policy")
+#: Policies under which a level stores its body's residuals instead of
+#: recomputing them in the backward pass (the cost model).
+_KEEPS_EVERYTHING: Final = ("none", "everything_saveable")
+#: Policies whose re-run skips the matmuls (their outputs are saved): a partial re-run.
+_PARTIAL: Final = ("dots", "offload_dot")
+
+# -- the search space ------------------------------------------------------------------
+POLICIES: Final[dict[str, Policy]] = {
+    "nothing": Policy("nothing_saveable"),
+    "dots": Policy("dots_saveable"),
+    "dots_no_batch": Policy("dots_with_no_batch_dims_saveable"),
+    "everything": Policy("everything_saveable"),
+}
+OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
+    "offload_dots": Policy(
+        "offload_dot_with_no_batch_dims",
+        kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")),
+    ),
+}
+UNROLLS: Final = (1, 2, 4, 8)
+MAX_DEPTH: Final = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class NestedSchedule(Schedule):
+    """``kind: nested`` -- levels of chunked scans, outermost first.
+
+    * Level ``i`` is a ``lax.scan`` whose body -- the whole scan of level
+      ``i + 1``, or the user's step at the innermost level -- is wrapped in
+      ``jax.checkpoint(policy=levels[i].policy)``. ``policy: none`` leaves the
+      body unwrapped. A one-level schedule is a plain scan, optionally with
+      per-step remat.
+    * ``unroll`` is the ``lax.scan`` unroll of the innermost level.
+    * Any sequence length ``T`` runs. The inner lengths are fixed chunk sizes;
+      the outermost count is derived from ``T``. When ``T`` is not a multiple
+      of the chunk, the rest is run as a mixed-radix remainder: with chunk
+      sizes ``c_i = n_{i+1} * ... * n_d``, ``T`` is split into
+      ``q_1 c_1 + q_2 c_2 + ... + q_d`` (``q_i < n_i`` for ``i > 1``); each
+      part is a scan of ``q_i`` chunks at level ``i`` with the same inner
+      levels (``pieces``). Memory stays that of the schedule plus at most
+      ``d`` short scans. ``T`` smaller than a chunk skips the outer levels.
+    * Every JAX transformation works (grad of any order, jvp, vmap, jit):
+      the builder is plain ``lax.scan`` and ``jax.checkpoint``.
+
+    Attributes:
+      levels: the levels, outermost first (1 to ``MAX_LEVELS``).
+    """
+
+    kind: ClassVar[str] = "nested"
+    FIELDS: ClassVar[Mapping[str, str]] = {
+        "levels": "levels: [{length: 100, policy: nothing_saveable}]"}
+    ORDERED: ClassVar[frozenset[str]] = frozenset({"depth"})
+
+    levels: tuple[Level, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.levels, (list, tuple)) or not self.levels:
+            raise ScheduleError(f"levels: expected a non-empty list of {{length, policy}} "
+                                f"mappings, got {_show(self.levels)}")
+        if len(self.levels) > MAX_LEVELS:
+            raise ScheduleError(f"levels: at most {MAX_LEVELS} levels, got {len(self.levels)}")
+        if not all(isinstance(lv, Level) for lv in self.levels):
+            raise ScheduleError("levels: every entry must be an autoremat.Level")
+        object.__setattr__(self, "levels", tuple(self.levels))
+        super().__post_init__()
+
+    @classmethod
+    def build(cls, lengths: Sequence[int],
+              policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
+              *, unroll: int = 1, meta: Mapping[str, Any] | None = None) -> NestedSchedule:
+        """``Schedule.nested``: one policy for every level, or one per level."""
+        lengths = tuple(lengths)
+        if isinstance(policies, (str, Policy)):
+            policies = (policies,) * len(lengths)
+        policies = tuple(policies)
+        if len(policies) != len(lengths):
+            raise ScheduleError(
+                f"policies: got {len(policies)} policies for {len(lengths)} levels")
+        levels = []
+        for i, (n, p) in enumerate(zip(lengths, policies, strict=True)):
+            with at(f"levels[{i}]"):
+                levels.append(Level(n, Policy.from_data(p)))
+        return cls(levels=tuple(levels), unroll=unroll, meta=dict(meta or {}))
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(lv.length for lv in self.levels)
+
+    @property
+    def depth(self) -> int:
+        return len(self.levels)
+
+    @property
+    def tuned_length(self) -> int:
+        """The sequence length the levels tile exactly (their product)."""
+        return math.prod(self.lengths)
+
+    # -- the file form -------------------------------------------------------------
+    @classmethod
+    def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        raw = data["levels"]
+        if not isinstance(raw, list):
+            return {"levels": raw}  # the constructor says what it must be
+        levels = []
+        for i, item in enumerate(raw):
+            where = f"levels[{i}]"
+            if not isinstance(item, Mapping):
+                raise ScheduleError(f"{where}: expected a mapping like {{length: 100, policy: "
+                                    f"nothing_saveable}}, got {_show(item)}")
+            bad = [k for k in item if k not in LEVEL_KEYS]
+            if bad:
+                raise ScheduleError(
+                    f"{where}.{bad[0]}: unknown key; valid keys: {', '.join(LEVEL_KEYS)}")
+            if "length" not in item:
+                raise ScheduleError(f"{where}.length: missing; give a positive integer")
+            with at(where):
+                levels.append(Level(item["length"],
+                                    Policy.from_data(item.get("policy", "nothing_saveable"))))
+        return {"levels": tuple(levels)}
+
+    def fields_data(self) -> dict[str, Any]:
+        return {"levels": [{"length": lv.length, "policy": lv.policy.to_data()}
+                           for lv in self.levels]}
+
+    # -- summaries -----------------------------------------------------------------
+    def describe(self) -> str:
+        lengths = "x".join(str(n) for n in self.lengths)
+        policies = "/".join(_policy_label(lv.policy) for lv in self.levels)
+        return f"{lengths} {policies} unroll={self.unroll}"
+
+    def explain(self) -> list[str]:
+        lines = [f"  depth {self.depth}, tiles T = {self.tuned_length} exactly (any T runs)"]
+        for i, lv in enumerate(self.levels):
+            where = "outermost" if i == 0 else ("innermost" if i == self.depth - 1 else "")
+            lines.append(f"  level {i}: length {lv.length:>7}, policy {lv.policy.to_data()}"
+                         + (f"  ({where})" if where and self.depth > 1 else ""))
+        lines.append(f"  unroll (innermost): {self.unroll}")
+        return lines
+
+    def cost(self, seq_len: int) -> Cost:
+        """A model (``autoremat.bounds``): a level keeping everything stores its
+        steps' residuals, counted as one carry per step; a partial policy is
+        counted as recomputing its body in full."""
+        levels = self.levels
+        evaluations, stored, extra = 0, 0, 0
+        for _, count, level in pieces(seq_len, self.lengths):
+            piece = (Level(count, levels[level].policy), *levels[level + 1:])
+            chunk = math.prod(lv.length for lv in levels[level + 1:])
+            recomputes = sum(lv.policy.name not in _KEEPS_EVERYTHING for lv in piece)
+            evaluations += count * chunk * (1 + recomputes)
+            kept, peak = _stored(piece)
+            stored += kept
+            extra = max(extra, peak - kept)
+        return Cost(seq_len, evaluations, stored + extra)
+
+    def features(self, seq_len: int) -> Features:
+        """``partial``: evaluations re-run under ``dots`` policies; ``boundaries``:
+        iterations of the outer (non-innermost) levels, forward and backward;
+        ``terms``: the backward's peak (``_terms``)."""
+        lengths = self.lengths
+        boundaries = 2.0 * sum(math.prod(lengths[:i + 1]) for i in range(len(lengths) - 1))
+        return Features(evaluations=float(self.cost(seq_len).evaluations),
+                        partial=self._partial(seq_len), boundaries=boundaries,
+                        terms=_terms(self.levels, seq_len)[1])
+
+    def timing_length(self, seq_len: int, short: int) -> int:
+        """Whole chunks of the outermost level (the inner levels as they are), at
+        least two: every cost but the outer loop's trips is per chunk, so the
+        step time scales with the chunk count (``features`` is linear in it)."""
+        chunk = math.prod(self.lengths[1:])
+        return min(seq_len, chunk * max(2, -(-short // chunk)))
+
+    def _partial(self, seq_len: int) -> float:
+        """Step evaluations re-run under ``dots`` policies (their matmuls saved)."""
+        levels, total = self.levels, 0
+        for _, count, level in pieces(seq_len, self.lengths):
+            chunk = math.prod(self.lengths[level + 1:])
+            total += count * chunk * sum(lv.policy.name.startswith(_PARTIAL)
+                                         for lv in levels[level:])
+        return float(total)
+
+    def run(self, step: Callable[..., Any], init: Any, leaves: list[Any], axes: list[int],
+            steps: int, reverse: bool) -> tuple[Any, Any]:
+        from autoremat._schedules.nested_scan import nested_scan
+
+        return nested_scan(step, init, leaves, axes, pieces(steps, self.lengths), self.levels,
+                           self.unroll, reverse)
+
+    # -- the search space ------------------------------------------------------------
+    @classmethod
+    def suggest(cls, trial: Any, seq_len: int, platform: str) -> NestedSchedule:
+        """``depth`` in 1..4; depth 1: a plain scan (policy ``none``) or per-step
+        remat; deeper: the inner chunk lengths, innermost first, log-uniform and
+        snapped to a divisor of what is left of ``T`` when one is within 25%
+        (``snap``); the outermost count is ``ceil(T / prod(inner))``; one
+        policy per level; the innermost ``unroll`` in ``UNROLLS``."""
+        choices = policy_choices(platform)
+        depth = trial.suggest_categorical("depth", depths(seq_len))
+        if depth == 1:
+            label = trial.suggest_categorical("d1_policy", [NO_REMAT, *choices])
+            policy = Policy(NO_REMAT) if label == NO_REMAT else choices[label]
+            unroll = trial.suggest_categorical("d1_unroll", list(UNROLLS))
+            return cls.build([seq_len], [policy], unroll=min(unroll, seq_len))
+        remaining = seq_len
+        inner: list[int] = []  # innermost first
+        for i in range(depth - 1):
+            levels_left = depth - 1 - i  # levels still to place outside this one
+            high = max(2, remaining // 2**levels_left)
+            length = snap(trial.suggest_int(f"d{depth}_n{i}", 2, high, log=True), remaining)
+            inner.append(length)
+            remaining = math.ceil(remaining / length)
+        lengths = [remaining, *reversed(inner)]
+        policies = [choices[trial.suggest_categorical(f"d{depth}_p{i}", list(choices))]
+                    for i in range(depth)]  # outermost first
+        unroll = trial.suggest_categorical(f"d{depth}_unroll", list(UNROLLS))
+        return cls.build(lengths, policies, unroll=min(unroll, lengths[-1]))
+
+    @classmethod
+    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
+        """Plain scan, per-step remat, sqrt(T) two levels (outer ``nothing``,
+        inner chunk stored), cube-root three levels (``nothing/nothing/everything``),
+        and (``T >= 1000``) three levels of short chunks, ``T/100 x 10 x 10``
+        ``nothing/dots/everything``: the innermost 10 steps stored whole, the
+        middle level re-run without its matmuls. On the seed LSTM the latter was
+        the fastest or within 5% of the fastest of a 101-schedule grid in 7 of
+        8 T=10^4 grids measured (``studies/bench_tune.py``; 19% in the eighth,
+        on a loaded machine) -- short chunks keep the backward's working set
+        small -- and the cost model, which reads no cache effects, does not
+        find it by itself."""
+        params: list[dict[str, Any]] = [
+            {"depth": 1, "d1_policy": NO_REMAT, "d1_unroll": 1},
+            {"depth": 1, "d1_policy": "nothing", "d1_unroll": 1},
+        ]
+        for depth, labels in ((2, ["nothing", "everything"]),
+                              (3, ["nothing", "nothing", "everything"])):
+            if depth not in depths(seq_len):
+                continue
+            p: dict[str, Any] = {"depth": depth, f"d{depth}_unroll": 1}
+            for i, length in enumerate(reversed(root_lengths(seq_len, depth)[1:])):
+                p[f"d{depth}_n{i}"] = length
+            for i, label in enumerate(labels):
+                p[f"d{depth}_p{i}"] = label
+            params.append(p)
+        if seq_len >= 1000:
+            params.append({"depth": 3, "d3_unroll": 1, "d3_n0": 10, "d3_n1": 10,
+                           "d3_p0": "nothing", "d3_p1": "dots", "d3_p2": "everything"})
+        return params
+
+    @classmethod
+    def examples(cls) -> Sequence[Schedule]:
+        """1-4 levels, every kind of policy, T smaller than one chunk, remainders."""
+        build = cls.build
+        return [build((4, 4)), build((2, 3)), build((10, 10), "dots_saveable"),
+                build((10, 10, 10)), build((10, 10, 10)),
+                build((2, 2, 3, 4), "dots_with_no_batch_dims_saveable"), build((1,)),
+                build((7,), "everything_saveable"), build((4, 5, 6)), build((30, 30)),
+                build((3,), NO_REMAT), build((3, 2)), build((3, 4, 5, 2)),
+                build((25, 40), "dots_saveable"), build((2, 5, 10, 10))]
+
+
+def pieces(steps: int, lengths: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Split ``steps`` into ``(start, chunk_count, level)`` parts, mixed radix.
+
+    Level ``k`` chunks hold ``prod(lengths[k+1:])`` steps; the innermost level's
+    chunk is one step, so every ``steps`` is covered exactly.
+    """
+    out, start = [], 0
+    for level in range(len(lengths)):
+        chunk = math.prod(lengths[level + 1:])
+        count = (steps - start) // chunk
+        if count:
+            out.append((start, count, level))
+            start += count * chunk
+    assert start == steps
+    return out
+
+
+def _stored(levels: tuple[Level, ...]) -> tuple[int, int]:
+    """(carries kept from the forward pass, peak during the backward) of one run."""
+    head, inner = levels[0], levels[1:]
+    if not inner:
+        return head.length, head.length
+    kept, peak = _stored(inner)
+    if head.policy.name in _KEEPS_EVERYTHING:
+        return head.length * kept, (head.length - 1) * kept + peak
+    return head.length, head.length + peak
+
+
+_Terms = tuple[float, float, float]
+
+
+def _terms(levels: tuple[Level, ...], steps: int) -> tuple[_Terms, _Terms]:
+    """(kept, peak) of levels covering ``steps`` steps, as (carries, steps' full
+    residuals, steps' partial residuals (dots policies)): ``Features.terms``."""
+    head, inner = levels[0], levels[1:]
+    n = min(head.length, steps) if not inner else math.ceil(
+        steps / math.prod(lv.length for lv in inner))
+    chunk = steps / max(1, n)
+    name = head.policy.name
+    if name in _KEEPS_EVERYTHING:
+        unit: _Terms = (0.0, chunk, 0.0) if not inner else (0.0, 0.0, 0.0)
+    else:
+        unit = (1.0, 0.0, chunk if name.startswith("dots") else 0.0)
+    if not inner:
+        kept = _scale(unit, n)
+        return kept, _add(kept, (0.0, 1.0, 0.0))
+    kept_i, peak_i = _terms(inner, max(1, round(chunk)))
+    if name in _KEEPS_EVERYTHING:
+        return _scale(kept_i, n), _add(_scale(kept_i, n - 1), peak_i)
+    kept = _scale(unit, n)
+    return kept, _add(kept, peak_i)
+
+
+def _scale(t: _Terms, k: float) -> _Terms:
+    return (t[0] * k, t[1] * k, t[2] * k)
+
+
+def _add(a: _Terms, b: _Terms) -> _Terms:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def _policy_label(policy: Policy) -> str:
+    if policy.name in FACTORY_POLICIES:
+        names = ",".join(policy.args) or ",".join(k for k, _ in policy.kwargs)
+        return f"{policy.name}({names})"
+    return policy.short
+
+
+def policy_choices(platform: str) -> dict[str, Policy]:
+    """Per-level policy labels -> policies; offload only on ``gpu``/``tpu``."""
+    if platform in ("gpu", "cuda", "rocm", "tpu"):
+        return {**POLICIES, **OFFLOAD_POLICIES}
+    return dict(POLICIES)
+
+
+def depths(seq_len: int) -> list[int]:
+    """The depths worth trying at this ``T`` (each level at least 2 long)."""
+    return [d for d in range(1, MAX_DEPTH + 1) if d == 1 or 2**d <= seq_len]

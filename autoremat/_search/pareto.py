@@ -1,0 +1,286 @@
+"""The measured memory/time trade-off of a study: its front, table and plot.
+
+Every point is a measurement (``autoremat._measure.measure``): ``total_bytes`` from
+the compiled executable's ``memory_analysis()``, ``step_seconds`` the median
+of timed runs. The front is the set of trials within the study's budget that
+no other such trial beats on both (a trial is dominated when another has
+``total <=`` and ``step <=``, one of them strictly).
+
+Next to the measurements, each point shows its *recompute factor* (step
+evaluations per step, ``autoremat.bounds.cost``: 1 plain, 2 per-step remat)
+and how far that is from the fewest any schedule storing as many carries can
+do (``bounds.distance_to_optimum``: 1.0 = optimal, the binomial kind).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoremat._errors import TuneError
+from autoremat._measure.breakdown import KEYS, breakdown_lines
+from autoremat._measure.mesh import device_note
+from autoremat._schedules.base import Schedule
+from autoremat._search.study import MeasuredTrial, StudyInfo, choose, measured_trials, trial_schedule
+from autoremat._units import format_bytes
+from autoremat.bounds import cost, distance_to_optimum
+
+if TYPE_CHECKING:
+    import optuna
+
+
+@dataclass(frozen=True)
+class FrontPoint:
+    """One non-dominated trial.
+
+    Attributes:
+      number: the Optuna trial number (``autoremat export NUMBER``).
+      total_bytes: measured argument + output + temp - alias bytes.
+      step_seconds: measured median step time.
+      ratio_to_fastest: ``step_seconds`` / the fastest front point's.
+      schedule: the schedule in one line (``Schedule.describe``).
+      chosen: the trial ``tune`` picks under the study's budget.
+      recompute: step evaluations per step of one forward + backward pass.
+      vs_optimum: evaluations over the optimum at the same stored carries.
+      breakdown: where its memory goes (``autoremat._measure.breakdown.KEYS``).
+      timed_seq_len: the ``T`` its step time was measured at; below the study's
+        ``seq_len``, ``step_seconds`` is predicted from that short run
+        (``autoremat._search.short_runs``).
+    """
+
+    number: int
+    total_bytes: int
+    step_seconds: float
+    ratio_to_fastest: float
+    schedule: str
+    chosen: bool
+    recompute: float
+    vs_optimum: float
+    breakdown: dict[str, Any] = field(default_factory=dict)
+    timed_seq_len: int | None = None
+
+
+def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """``a`` is no worse than ``b`` on both objectives and better on one."""
+    return a[0] <= b[0] and a[1] <= b[1] and a != b
+
+
+def pareto_front(study: optuna.Study) -> list[FrontPoint]:
+    """The non-dominated trials within the study's budget, sorted by memory."""
+    info = StudyInfo.of(study)
+    fits = [t for t in measured_trials(study) if t.measurement.fits(info.budget_bytes)]
+    point = {t.number: _point(t) for t in fits}
+    front = [t for t in fits if not any(dominates(point[o.number], point[t.number]) for o in fits)]
+    if not front:
+        return []
+    fastest = min(point[t.number][1] for t in front)
+    chosen = choose(study)
+    front.sort(key=lambda t: (*point[t.number], t.number))
+    return [
+        FrontPoint(
+            number=t.number,
+            total_bytes=int(point[t.number][0]),
+            step_seconds=point[t.number][1],
+            ratio_to_fastest=point[t.number][1] / fastest if fastest > 0 else 1.0,
+            schedule=t.schedule.describe(),
+            chosen=chosen is not None and t.number == chosen.number,
+            recompute=cost(t.schedule, info.seq_len).recompute_factor,
+            vs_optimum=distance_to_optimum(t.schedule, info.seq_len),
+            breakdown={k: v for k, v in t.measurement.to_attrs().items() if k in KEYS},
+            timed_seq_len=t.measurement.timed_seq_len,
+        )
+        for t in front
+    ]
+
+
+def _point(t: MeasuredTrial) -> tuple[float, float]:
+    """``(total_bytes, step_seconds)`` of a trial that fits (so both are measured)."""
+    m = t.measurement
+    assert m.total_bytes is not None and m.step_seconds is not None
+    return float(m.total_bytes), float(m.step_seconds)
+
+
+def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "",
+                seq_len: int | None = None) -> str:
+    """A plain-text table of the front; ``*`` marks the chosen schedule; ``note``: what the
+    memory figures are (``_mesh.device_note``: per device, on how many, which mesh);
+    ``seq_len``: the study's ``T`` (the ``timed`` column says where a step time is
+    predicted from a shorter run)."""
+    lines = [
+        f"Pareto front within budget {format_bytes(budget_bytes)} ({len(points)} points; "
+        "* = chosen: fastest that fits)" + (f"; memory {note}" if note else ""),
+        f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  {'recompute':>9}  "
+        f"{'vs opt':>6}  {'timed':>16}  schedule",
+    ]
+    for p in points:
+        mark = "*" if p.chosen else " "
+        lines.append(
+            f"{mark} {p.number:>5}  {format_bytes(p.total_bytes):>10}  "
+            f"{format_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
+            f"{p.vs_optimum:>6.2f}  {_timed(p.timed_seq_len, seq_len):>16}  {p.schedule}"
+        )
+    lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
+                 "fewest any schedule storing as many carries needs (autoremat.bounds)")
+    for p in points:
+        memory = breakdown_lines(p.breakdown) if p.chosen else []
+        if memory:
+            lines += [f"chosen (trial {p.number}):", *memory]
+    return "\n".join(lines)
+
+
+def _timed(timed_seq_len: int | None, seq_len: int | None) -> str:
+    """``measured at T`` or ``predicted, T'=N`` (``-``: not recorded, an older study)."""
+    if timed_seq_len is None:
+        return "-"
+    if seq_len is not None and timed_seq_len < seq_len:
+        return f"predicted T'={timed_seq_len}"
+    return "measured at T"
+
+
+def front_json(points: list[FrontPoint], budget_bytes: int) -> str:
+    """The front as JSON: ``{"budget_bytes": ..., "front": [FrontPoint fields...]}``."""
+    return json.dumps({"budget_bytes": budget_bytes, "front": [asdict(p) for p in points]},
+                      indent=2)
+
+
+def export_trial(study: optuna.Study, number: int) -> Schedule:
+    """Trial ``number``'s schedule with the same ``meta`` as ``tune`` writes.
+
+    Raises:
+      TuneError: no such trial, or it holds no measured schedule.
+    """
+    from optuna.trial import TrialState
+
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trial = trials.get(number)
+    if trial is None:
+        raise TuneError(
+            f"trial: no trial {number} in study {study.study_name!r} "
+            f"(trials 0..{max(trials, default=-1)})"
+        )
+    measured = MeasuredTrial.of(trial, study.user_attrs)
+    if trial.state != TrialState.COMPLETE or measured is None:
+        why = (measured.measurement.reason if measured is not None else "") or (
+            f"duplicate of trial {trial.user_attrs['duplicate_of']}"
+            if "duplicate_of" in trial.user_attrs else trial.state.name.lower())
+        raise TuneError(f"trial: trial {number} has no measured schedule ({why})")
+    return trial_schedule(study, measured)
+
+
+def plot_study(study: optuna.Study, path: str | Path) -> Path:
+    """Draw every measured trial: memory (log axis) vs step time.
+
+    Within budget: filled circles (hollow: the step time is predicted from a
+    short run, ``autoremat._search.short_runs``); the front joined by a line; the chosen
+    point labelled. Over budget (compiled and sized, not timed): red crosses
+    along the top edge at their memory. The budget is a vertical dashed line.
+    The file type follows the suffix (``.png``, ``.svg``, ``.pdf``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    info = StudyInfo.of(study)
+    budget = info.budget_bytes
+    trials = measured_trials(study)
+    fits = [t for t in trials if t.measurement.fits(budget)]
+    timed = [_point(t) for t in fits if not t.measurement.predicted(info.seq_len)]
+    predicted = [_point(t) for t in fits if t.measurement.predicted(info.seq_len)]
+    over = [t.measurement.total_bytes for t in trials
+            if not t.measurement.fits(budget) and t.measurement.total_bytes is not None]
+    failed = [t for t in trials if t.measurement.total_bytes is None]
+    front = pareto_front(study)
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    ax.set_xscale("log")
+    if timed:
+        ax.scatter([p[0] for p in timed], [p[1] for p in timed],
+                   s=28, color="tab:blue", alpha=0.6, label=f"within budget ({len(timed)})")
+    if predicted:
+        ax.scatter([p[0] for p in predicted], [p[1] for p in predicted], s=28,
+                   facecolors="none", edgecolors="tab:blue", alpha=0.8,
+                   label=f"within budget, time predicted from a short run ({len(predicted)})")
+    if front:
+        ax.plot([p.total_bytes for p in front], [p.step_seconds for p in front],
+                "-o", color="tab:green", ms=5, lw=1.5, label=f"Pareto front ({len(front)})")
+    ymax = max([p[1] for p in timed + predicted], default=1.0) * 1.15
+    if over:
+        ax.scatter(over, [ymax] * len(over),
+                   marker="x", color="tab:red", s=36,
+                   label=f"over budget, not timed ({len(over)})")
+    ax.axvline(budget, color="black", ls="--", lw=1, label=f"budget {format_bytes(budget)}")
+    chosen = next((p for p in front if p.chosen), None)
+    if chosen is not None:
+        ax.scatter([chosen.total_bytes], [chosen.step_seconds], s=120, facecolors="none",
+                   edgecolors="black", lw=1.5, zorder=5)
+        ax.annotate(
+            f"chosen: trial {chosen.number}\n{chosen.schedule}\n"
+            f"{format_bytes(chosen.total_bytes)}, {format_seconds(chosen.step_seconds)}",
+            (chosen.total_bytes, chosen.step_seconds), xytext=(12, 12),
+            textcoords="offset points", fontsize=8,
+            arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.8},
+        )
+    ax.set_ylim(bottom=0, top=ymax * 1.08)
+    ax.set_xlabel("total memory, bytes (argument + output + temp - alias; log scale)")
+    ax.set_ylabel("step time, s (median)")
+    ax.set_title(f"{info.problem or study.study_name} on {info.device_kind}"
+                 + (f"  ({len(failed)} failed)" if failed else ""), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def describe_schedule(schedule: Schedule) -> str:
+    """A human summary: levels, policies, and what ``meta`` records."""
+    lines = [f"schedule: {schedule.describe()}", *schedule.explain()]
+    meta = dict(schedule.meta)
+    if not meta:
+        lines.append("  meta: none (not written by autoremat tune)")
+        return "\n".join(lines)
+    lines.append(f"tuned for: {meta.get('problem')} (seq_len {meta.get('seq_len')}, "
+                 f"fingerprint {meta.get('fingerprint')})")
+    lines.append(f"  on {meta.get('device_kind')} ({meta.get('platform')}), jax "
+                 f"{meta.get('jax_version')}, flax {meta.get('flax_version')}")
+    if "devices" in meta:
+        lines.append(f"  figures {device_note(int(meta['devices']), str(meta.get('mesh') or ''))}")
+    lines.append(f"  budget {format_bytes(meta.get('budget_bytes'))}; study "
+                 f"{meta.get('study_name')!r} trial {meta.get('trial')} in {meta.get('storage')}"
+                 f"; {meta.get('date')}")
+    lines.append(f"measured: total {format_bytes(meta.get('total_bytes'))}, temp "
+                 f"{format_bytes(meta.get('temp_bytes'))}, step "
+                 f"{format_seconds(meta.get('step_seconds'))}, compile "
+                 f"{format_seconds(meta.get('compile_seconds'))}")
+    timed, seq_len = meta.get("timed_seq_len"), meta.get("seq_len")
+    if isinstance(timed, int) and isinstance(seq_len, int) and timed < seq_len:
+        lines.append(f"  step time predicted from a run of T'={timed} steps, not measured "
+                     f"at T={seq_len}")
+    elif meta.get("extrapolated_seconds") is not None:
+        lines.append(f"  step time measured at T={seq_len}; short runs had predicted "
+                     f"{format_seconds(meta['extrapolated_seconds'])}")
+    lines += breakdown_lines(meta)
+    known = {"problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
+             "flax_version", "budget_bytes", "study_name", "trial", "storage", "date",
+             "step_seconds", "compile_seconds", "timed_seq_len", "extrapolated_seconds",
+             *KEYS}
+    extra = {k: v for k, v in meta.items() if k not in known}
+    if extra:
+        lines.append(f"other meta: {extra}")
+    return "\n".join(lines)
+
+
+def format_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"

@@ -1,0 +1,308 @@
+"""Which schedule to measure next: screen by compiled memory, predict time, time few.
+
+A worker's ``Planner`` holds a pool of candidate schedules (the space's
+random draws, ``_space.propose``, and the neighbours of the best so far,
+``_space.neighbours``) and decides, each time the search may measure one
+more, which one it is worth timing:
+
+1. candidates are ranked by predicted step time (``_predict.TimeModel``,
+   calibrated on the study's own timed trials);
+2. going down that list, a candidate storing at least as much as one already
+   over the budget (``MemoryModel.surely_over``) is skipped unsized; the
+   others are compiled and
+   sized (``_measure.compile_schedule``, a fraction of timing's cost), and the
+   executable kept, so a schedule timed later is not compiled twice;
+3. one over the budget, or dominated on memory and predicted time by a
+   schedule already timed, is never timed (nor compiled, when the memory
+   model's guess already makes it dominated); the first that is neither is;
+4. the search is done at once when the budget is under what no schedule
+   removes (arguments, outputs, stacked per-step outputs:
+   ``_breakdown.floor_bytes``); else when the best prediction left is clearly slower than
+   the best measured schedule that fits -- by ``STOP_RATIO``, widened by
+   twice the model's own leave-one-out error (``stop_ratio``): a model off
+   by 15% must not rule out a schedule predicted 20% slower -- or the time
+   left cannot pay for the next compile or timing.
+
+With ``explore_front`` step 4's ratio test is off: every fitting schedule
+not dominated is timed, so the whole front gets measured (within limits).
+The tuner also stops timing a schedule after its first run when that run is
+already ``CUT_RATIO`` x slower than the best that fits (a *cut* trial).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from autoremat._measure.breakdown import floor_bytes
+from autoremat._measure.device import fingerprint
+from autoremat._measure.measure import Compiled, compile_schedule
+from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import Schedule
+from autoremat._search.predict import MemoryModel, Structure, TimeModel
+from autoremat._search.short_runs import ShortRuns
+from autoremat._search.space import neighbours, propose, seed_params
+
+#: Random draws in the initial pool.
+POOL_SIZE: Final = 300
+#: Stop when the best prediction left is this much slower than the best measured
+#: (at least; ``Planner.stop_ratio`` widens it by the model's error, up to ``MAX_STOP``).
+STOP_RATIO: Final = 1.15
+MAX_STOP: Final = 1.6
+#: A schedule whose first run is this much slower than the best that fits is cut.
+CUT_RATIO: Final = 1.3
+
+
+class Done(enum.Enum):
+    """Why a candidate will not be timed by this planner (``OPEN``: it still may)."""
+
+    OPEN = "open"
+    MEASURED = "measured"
+    SURELY_OVER = "over budget (stores more than one that is)"
+    NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
+    DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
+
+
+#: ``Planner._next_once``'s "the models moved: rank again".
+_AGAIN: Final = "again"
+
+
+@dataclass
+class Candidate:
+    """One schedule in the pool: its trial params, structure, and what screening found."""
+
+    schedule: Schedule
+    params: dict[str, Any]
+    structure: Structure
+    compiled: Compiled | None = None
+    done: Done = Done.OPEN
+    seed: bool = False
+
+    @property
+    def sized(self) -> Measurement | None:
+        return None if self.compiled is None else self.compiled.measurement
+
+
+@dataclass
+class Planner:
+    """One worker's pool of candidates and models (see the module doc)."""
+
+    problem: Problem
+    budget_bytes: int
+    platform: str
+    seed: int = 0
+    explore_front: bool = False
+    time_budget: float = 5.0
+    pool: dict[str, Candidate] = field(default_factory=dict)
+    timed: dict[str, tuple[int, float]] = field(default_factory=dict)  # key -> (bytes, s)
+    cut: dict[str, tuple[int, float]] = field(default_factory=dict)  # one run's seconds
+    taken: set[str] = field(default_factory=set)  # in the study (measured or claimed)
+    time_model: TimeModel = field(default_factory=TimeModel)
+    memory_model: MemoryModel = field(default_factory=MemoryModel)
+    compile_seconds: list[float] = field(default_factory=list)
+    screened: int = 0
+    floor: int | None = None  # bytes no schedule removes (``_breakdown.floor_bytes``)
+    _args: Any = None
+    _fingerprint: str | None = None
+    _best_key: str | None = None
+
+    def __post_init__(self) -> None:
+        self.short = ShortRuns(self.problem)  # times long problems on short runs
+        self.rng = random.Random(self.seed)
+        seq_len = self.problem.seq_len
+        for p in seed_params(seq_len):
+            self.add(*propose(p, seq_len, self.platform, self.rng)[:2], seed=True)
+        for _ in range(POOL_SIZE):
+            self.add(*propose({}, seq_len, self.platform, self.rng)[:2])
+
+    # -- the pool ----------------------------------------------------------------------
+    def add(self, schedule: Schedule, params: dict[str, Any], *, seed: bool = False) -> None:
+        key = schedule.key()
+        if key not in self.pool:
+            self.pool[key] = Candidate(schedule, params,
+                                       Structure.of(schedule, self.problem.seq_len), seed=seed)
+
+    @property
+    def best(self) -> tuple[str, int, float] | None:
+        """``(key, total_bytes, step_seconds)`` of the fastest timed schedule that fits."""
+        fits = [(s, b, k) for k, (b, s) in self.timed.items() if b <= self.budget_bytes]
+        if not fits:
+            return None
+        s, b, k = min(fits)
+        return k, b, s
+
+    def observe(self, measured: list[tuple[Schedule, Measurement]], taken: set[str]) -> None:
+        """What the study holds now (every worker's): measured trials, claimed keys."""
+        self.taken = taken
+        for schedule, m in measured:
+            self.record(schedule, m, refit=False)
+        self._refit()
+
+    def record(self, schedule: Schedule, m: Measurement, *, refit: bool = True) -> None:
+        """One measured trial: no longer a candidate; its figures calibrate the model."""
+        key = schedule.key()
+        self.add(schedule, {})
+        cand = self.pool[key]
+        if cand.done is Done.OPEN:
+            cand.done = Done.MEASURED
+        if cand.compiled is not None:
+            cand.compiled.release()
+        if m.step_seconds is not None and m.total_bytes is not None:
+            self.timed[key] = (m.total_bytes, m.step_seconds)
+        elif m.cut_seconds is not None and m.total_bytes is not None:
+            self.cut[key] = (m.total_bytes, m.cut_seconds)
+        if refit:
+            self._refit()
+
+    def _refit(self) -> None:
+        self.time_model.fit([(self.pool[k].structure, b, s)
+                             for k, (b, s) in {**self.cut, **self.timed}.items()])
+        best = self.best
+        if best is not None and best[0] != self._best_key:
+            self._best_key = best[0]
+            if self.pool[best[0]].params:
+                for schedule, params in neighbours(self.pool[best[0]].params,
+                                                   self.problem.seq_len, self.platform, self.rng):
+                    self.add(schedule, params)
+
+    def stop_ratio(self, cand: Candidate | None = None) -> float:
+        """``STOP_RATIO`` widened by twice the time model's median error, at most
+        ``MAX_STOP``; for ``cand``, scaled by its distance to the nearest timed
+        schedule (``TimeModel.nearest``): a neighbour of a timed one is predicted
+        well, so it must be predicted within ``STOP_RATIO`` to be timed."""
+        d = 1.0
+        if cand is not None:
+            d = self.time_model.nearest(cand.structure, float(self.total(cand) or 0))[0]
+        return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self.time_model.error * d))
+
+    def cut_after(self) -> float | None:
+        """Seconds after which a first run is cut (``None``: time it in full)."""
+        best = self.best
+        return None if self.explore_front or best is None else CUT_RATIO * best[2]
+
+    # -- screening ---------------------------------------------------------------------
+    def compiled(self, schedule: Schedule) -> Compiled:
+        """The schedule compiled and sized: from the pool, else compiled now. The pool
+        keeps only the sized figures afterwards (the caller runs and releases it)."""
+        self.add(schedule, {})
+        cand = self.pool[schedule.key()]
+        if cand.compiled is None:
+            self._screen(cand)
+        assert cand.compiled is not None
+        compiled = cand.compiled
+        cand.compiled = Compiled(compiled.measurement)
+        return compiled
+
+    def _screen(self, cand: Candidate) -> None:
+        cand.compiled = compile_schedule(self.problem, cand.schedule,
+                                         budget_bytes=self.budget_bytes)
+        self.screened += 1
+        m = cand.compiled.measurement
+        if m.compile_seconds is not None:
+            self.compile_seconds.append(m.compile_seconds)
+        if m.total_bytes is not None:
+            self.memory_model.add(cand.structure, m.total_bytes, m.status == OVER_BUDGET)
+        floor = floor_bytes(m.to_attrs())
+        if floor is not None:
+            self.floor = floor
+        if cand.compiled.executable is not None:  # share one set of arguments
+            fp = fingerprint(cand.compiled.args)
+            if self._fingerprint is None:
+                self._args, self._fingerprint = cand.compiled.args, fp
+            elif fp == self._fingerprint:
+                cand.compiled.args = self._args
+
+    # -- deciding ----------------------------------------------------------------------
+    def total(self, cand: Candidate) -> float | None:
+        """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""
+        sized = cand.sized
+        return (sized.total_bytes if sized is not None
+                else self.memory_model.predict(cand.structure))
+
+    def predict(self, cand: Candidate) -> float | None:
+        """Predicted step seconds (``None`` before any schedule was timed)."""
+        return self.time_model.predict(cand.structure, float(self.total(cand) or 0))
+
+    def prediction(self, key: str) -> float | None:
+        """``predict`` of a schedule in the pool (recorded with its trial)."""
+        cand = self.pool.get(key)
+        return None if cand is None else self.predict(cand)
+
+    def _dominated(self, cand: Candidate, predicted: float | None) -> bool:
+        """A timed schedule needs no more memory (sized, else the memory model's guess)
+        and no more time than ``predicted``."""
+        total = self.total(cand)
+        if predicted is None or total is None:
+            return False
+        return any(b <= total and s <= predicted for b, s in self.timed.values())
+
+    def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]:
+        """Open candidates by predicted time (before any timing: fewest evaluations, the
+        time model's prior); ``compiled_first``: those already compiled first."""
+        open_ = [c for k, c in self.pool.items() if c.done is Done.OPEN and k not in self.taken]
+        ranked = [(self.predict(c), c) for c in open_]
+        return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),
+                      key=lambda pc: (compiled_first and pc[1].compiled is None, pc[0]))
+
+    def next(self, deadline: float | None, *, explore: bool = False,
+             dominated: bool = False) -> Candidate | None:
+        """The next candidate to time (or to record: a failure), or ``None``: done.
+        ``deadline``: ``time.monotonic()`` to finish by; ``explore``: no stop on the
+        predicted ratio (time every fitting schedule not dominated); ``dominated``:
+        dominated ones too (a caller that must measure a given number)."""
+        if dominated:
+            for cand in self.pool.values():
+                if cand.done is Done.DOMINATED and cand.schedule.key() not in self.taken:
+                    cand.done = Done.OPEN
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            chosen = self._next_once(left, explore or dominated, dominated)
+            if chosen != _AGAIN:
+                return chosen if isinstance(chosen, Candidate) else None
+
+    def _next_once(self, time_left: float | None, explore: bool,
+                   dominated: bool) -> Candidate | Literal["again"] | None:
+        if self.floor is not None and self.floor > self.budget_bytes:
+            return None  # nothing can fit: the arguments and outputs alone are over
+        best = self.best
+        stop = self.stop_ratio()
+        compile_cost = (sum(self.compile_seconds) / len(self.compile_seconds)
+                        if self.compile_seconds else 0.0)
+        for predicted, cand in self._rank(compiled_first=dominated):
+            calibrated = self.time_model.points >= 2 and best is not None
+            if calibrated and not explore and best is not None:
+                if predicted > stop * best[2]:
+                    return None
+                if predicted > self.stop_ratio(cand) * best[2]:
+                    continue  # near a timed schedule, and not predicted within STOP_RATIO
+            if cand.compiled is None:
+                if self.memory_model.surely_over(cand.structure):
+                    cand.done = Done.SURELY_OVER
+                    continue
+                if not explore and self._dominated(cand, predicted):
+                    continue  # by the memory model's guess: not worth a compile (yet)
+                if time_left is not None and time_left < compile_cost:
+                    return None
+                self._screen(cand)
+                return _AGAIN  # the models moved: rank again
+            m = cand.compiled.measurement
+            if m.status == ERROR:
+                return cand  # recorded as a failed trial
+            if cand.compiled.executable is None:
+                cand.done = Done.NO_EXECUTABLE
+                continue
+            if not dominated and self._dominated(cand, self.predict(cand)):
+                cand.done = Done.DOMINATED
+                continue
+            # a warm-up, then 3 runs -- or the warm-up alone, when longer than the time
+            # budget -- of the timing run (a short one: ``_fidelity``)
+            run = predicted / self.short.scale(cand.schedule)
+            timing = run if run > self.time_budget else run + max(3 * run, self.time_budget)
+            if time_left is not None and self.time_model.points and time_left < timing:
+                return None
+            return cand
+        return None

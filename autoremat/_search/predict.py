@@ -1,0 +1,230 @@
+"""A cost model of step time and memory from a schedule's structure, calibrated per study.
+
+The tuner times few schedules, so it must guess which are worth timing. The
+guess is a linear model over a schedule's structure (pure Python, no jax):
+
+* from the kind's own ``Schedule.features`` (``autoremat._schedules.base.Features``):
+  ``evaluations``, step evaluations of one forward + backward pass -- the
+  recomputation -- less ``partial``, the re-runs that skip the matmuls (e.g.
+  a level under a ``dots`` policy: only the elementwise part re-runs);
+  ``boundaries``, checkpoint boundaries crossed (stacking a carry, entering a
+  remat region); ``bookkeeping``, steps with dynamic restores;
+* ``total_bytes``: the compiled total (or, before compiling, the memory
+  model's guess) -- the memory traffic, which on CPU can cost as much as the
+  recomputation it saves;
+* ``loop``: ``T / unroll`` -- loop trips of the innermost scan;
+* and a constant.
+
+``TimeModel.fit`` is a weighted least squares on relative error over this
+study's own timed trials, pulled (ridge) towards the prior "seconds
+proportional to evaluations" so two or three trials already give an order.
+``TimeModel.predict`` corrects the fit towards the measured / fitted ratio
+of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
+``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
+stop test).
+``MemoryModel`` predicts ``total_bytes`` before compiling from what a
+schedule stores (``Features.terms``), fitted per kind on the
+schedules sized so far. Both only *order* candidates; every figure the tuner
+reports is measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from autoremat._schedules.base import Schedule
+
+#: The ridge weight pulling the fit towards the prior (relative units).
+_RIDGE = 0.1
+#: Schedules this far apart (relative, in their most different feature) are unrelated.
+_NEAR = 0.25
+#: The prior cost of a partial re-run, as a fraction of a full step evaluation.
+_PARTIAL_PRIOR = 0.4
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What the model reads of one schedule at one ``T`` (see the module doc): the
+    kind's own ``Schedule.features``, with ``evaluations`` less the partial ones,
+    and the loop trips of its innermost scan."""
+
+    kind: str
+    evaluations: float
+    partial: float
+    boundaries: float
+    bookkeeping: float
+    loop: float
+    terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @classmethod
+    def of(cls, schedule: Schedule, seq_len: int) -> Structure:
+        f = schedule.features(seq_len)
+        return cls(kind=schedule.kind, evaluations=f.evaluations - f.partial,
+                   partial=f.partial, boundaries=f.boundaries, bookkeeping=f.bookkeeping,
+                   loop=seq_len / max(1, schedule.unroll), terms=f.terms)
+
+    def row(self, total_bytes: float) -> list[float]:
+        """The time model's features, in ``TimeModel`` column order."""
+        return [self.evaluations, self.partial, total_bytes, self.boundaries, self.bookkeeping,
+                self.loop, 1.0]
+
+
+def _dot(coef: Sequence[float], row: Sequence[float]) -> float:
+    return sum(c * x for c, x in zip(coef, row, strict=True))
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; ``None`` when singular."""
+    n = len(b)
+    m = [[*row, b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _ridge(rows: list[list[float]], ys: list[float], prior: list[float],
+           weights: list[float], ridge: float = _RIDGE) -> list[float]:
+    """``argmin sum w (x.c - y)^2 + ridge |s (c - prior)|^2``, columns scaled by ``s``."""
+    k = len(prior)
+    scale = [max((abs(r[j]) for r in rows), default=0.0) or 1.0 for j in range(k)]
+    lam = ridge
+    top = max(weights, default=1.0) or 1.0
+    weights = [w / top for w in weights]
+    ys_scale = max((abs(y) for y in ys), default=1.0) or 1.0
+    ys = [y / ys_scale for y in ys]
+    prior = [p / ys_scale for p in prior]
+    a = [[lam * (i == j) for j in range(k)] for i in range(k)]
+    b = [lam * prior[i] * scale[i] for i in range(k)]
+    for r, y, w in zip(rows, ys, weights, strict=True):
+        z = [r[j] / scale[j] for j in range(k)]
+        for i in range(k):
+            b[i] += w * z[i] * y
+            for j in range(k):
+                a[i][j] += w * z[i] * z[j]
+    coef = _solve(a, b)
+    if coef is None:
+        return [p * ys_scale for p in prior]
+    return [c / s * ys_scale for c, s in zip(coef, scale, strict=True)]
+
+
+class TimeModel:
+    """Step seconds from ``Structure.row``; ``None`` until one trial was timed."""
+
+    def __init__(self) -> None:
+        self.coef: list[float] | None = None
+        self.floor = 0.0
+        self.points = 0
+        self.error = 0.0
+        self.good: Sequence[tuple[Structure, float, float]] = ()
+
+    def fit(self, points: Sequence[tuple[Structure, float, float]]) -> None:
+        """``points``: (structure, total bytes, measured step seconds) of timed trials."""
+        good = [(s, b, y) for s, b, y in points if y > 0 and math.isfinite(y)]
+        self.points = len(good)
+        self.good = good
+        if not good:
+            self.coef = None
+            return
+        self.coef = self._fit(good)
+        self.floor = 0.25 * min(y for _, _, y in good)
+        self.error = self._error(good)
+
+    @staticmethod
+    def _fit(good: Sequence[tuple[Structure, float, float]]) -> list[float]:
+        per_eval = sorted(y / (s.evaluations + _PARTIAL_PRIOR * s.partial)
+                          for s, _, y in good)[len(good) // 2]
+        prior = [per_eval, _PARTIAL_PRIOR * per_eval, 0.0, 0.0, 0.0, 0.0, 0.0]
+        rows = [s.row(b) for s, b, _ in good]
+        ys = [y for _, _, y in good]
+        return _ridge(rows, ys, prior, [1.0 / y**2 for y in ys])
+
+    @classmethod
+    def _error(cls, good: Sequence[tuple[Structure, float, float]]) -> float:
+        """The median relative error of leave-one-out predictions (0 below 3 points):
+        how far a prediction may be off, which widens the planner's stop test."""
+        if len(good) < 3:
+            return 0.0
+        errs = []
+        for i, (s, b, y) in enumerate(good):
+            coef = cls._fit([*good[:i], *good[i + 1:]])
+            errs.append(abs(_dot(coef, s.row(b)) - y) / y)
+        return sorted(errs)[len(errs) // 2]
+
+    def _linear(self, row: list[float]) -> float:
+        assert self.coef is not None
+        return _dot(self.coef, row)
+
+    def nearest(self, structure: Structure, total_bytes: float) -> tuple[float, float]:
+        """``(d, ratio)``: the distance to the nearest timed schedule of the same kind
+        (0: the same features; 1: ``_NEAR`` apart or more in some feature, or none
+        timed) and that schedule's measured / linear-predicted seconds."""
+        row = structure.row(total_bytes)
+        best = (1.0, 1.0)
+        for s, b, y in self.good:
+            if s.kind != structure.kind:
+                continue
+            other = s.row(b)
+            gap = max((abs(x - z) / max(abs(x), abs(z)) for x, z in zip(row, other, strict=True)
+                       if x or z), default=0.0)
+            d = min(1.0, gap / _NEAR)
+            if d < best[0]:
+                linear = self._linear(other)
+                best = (d, y / linear if linear > 0 else 1.0)
+        return best
+
+    def predict(self, structure: Structure, total_bytes: float) -> float | None:
+        """The linear model, corrected towards the nearest timed schedule's own error
+        (fully at distance 0, not at all from ``_NEAR`` on: a family the model gets
+        wrong on this machine is predicted from its measured members)."""
+        if self.coef is None:
+            return None
+        value = self._linear(structure.row(total_bytes))
+        d, ratio = self.nearest(structure, total_bytes)
+        return max(self.floor, value * ratio ** (1.0 - d))
+
+
+class MemoryModel:
+    """``total_bytes`` before compiling, from what a schedule stores (``Structure.terms``).
+
+    ``predict``: a least-squares fit of bytes on the terms over the schedules
+    sized so far (to rank them; ``None`` before two were sized).
+    ``surely_over``: a schedule of the same kind storing at least as much of
+    every term as one already over the budget -- it is not compiled.
+    """
+
+    def __init__(self) -> None:
+        self.points: list[tuple[Structure, float]] = []
+        self.over: list[Structure] = []
+
+    def add(self, structure: Structure, total_bytes: int, over_budget: bool) -> None:
+        self.points.append((structure, float(total_bytes)))
+        if over_budget:
+            self.over.append(structure)
+        self._coef: list[float] | None = None
+
+    def surely_over(self, structure: Structure) -> bool:
+        return any(o.kind == structure.kind and all(
+            a >= b for a, b in zip(structure.terms, o.terms, strict=True)) for o in self.over)
+
+    def predict(self, structure: Structure) -> float | None:
+        if len(self.points) < 2:
+            return None
+        if getattr(self, "_coef", None) is None:
+            rows = [[1.0, *s.terms] for s, _ in self.points]
+            ys = [y for _, y in self.points]
+            low = min(ys)
+            self._coef = _ridge(rows, ys, [low, 0.0, 0.0, 0.0], [1.0 / y**2 for y in ys],
+                                ridge=1e-4)
+        coef = self._coef
+        assert coef is not None
+        value = coef[0] + sum(c * x for c, x in zip(coef[1:], structure.terms, strict=True))
+        return max(0.5 * min(y for _, y in self.points), value)

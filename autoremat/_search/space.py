@@ -1,0 +1,103 @@
+"""What the search can choose: an Optuna trial -> a ``Schedule``.
+
+The space, for a sequence of length ``T``: first ``kind``, one of the kinds
+of ``autoremat._schedules.KINDS``; then that kind's own parameters
+(``Schedule.suggest``, documented in each kind's module: the nested kind's
+depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
+
+``seed_params`` gives the obvious candidates, enqueued before any sampling:
+each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
+per-step remat, the sqrt(T) and cube-root schedules of Chen et al. 2016,
+and the binomial schedule with three repetitions).
+
+``propose`` and ``neighbours`` draw candidates from the same space without
+Optuna (``ParamTrial``), as parameter dicts the tuner enqueues: random
+schedules, and schedules one parameter away from the best so far.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from autoremat._schedules import KINDS
+from autoremat._schedules.base import Schedule
+
+
+def suggest(trial: Any, seq_len: int, platform: str = "cpu") -> Schedule:
+    """Sample a schedule for a length-``seq_len`` scan from an Optuna trial."""
+    kind = trial.suggest_categorical("kind", list(KINDS))
+    return KINDS[kind].suggest(trial, seq_len, platform)
+
+
+def seed_params(seq_len: int) -> list[dict[str, Any]]:
+    """Trial parameters of the obvious candidates, kind by kind, in the order to try them."""
+    return [{"kind": name, **p} for name, kind in KINDS.items() for p in kind.seed_params(seq_len)]
+
+
+def seed_schedules(seq_len: int) -> list[Schedule]:
+    """The schedules of ``seed_params`` (what the first trials will measure)."""
+    import optuna
+
+    return [suggest(optuna.trial.FixedTrial(p), seq_len) for p in seed_params(seq_len)]
+
+
+class ParamTrial:
+    """Stands in for an Optuna trial in ``suggest``: each value from ``wanted``
+    (clipped into its range), the rest drawn at random from ``rng``.
+
+    ``params`` is what was chosen (enqueue it: the real trial then suggests the
+    same schedule); ``space`` each parameter's range or choices.
+    """
+
+    def __init__(self, wanted: dict[str, Any], rng: random.Random) -> None:
+        self.wanted, self.rng = wanted, rng
+        self.params: dict[str, Any] = {}
+        self.space: dict[str, tuple[int, int] | list[Any]] = {}
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
+        value = self.wanted.get(name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            value = (round(math.exp(self.rng.uniform(math.log(low), math.log(high)))) if log
+                     else self.rng.randint(low, high))
+        value = min(max(value, low), high)
+        self.params[name], self.space[name] = value, (low, high)
+        return value
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        value = self.wanted.get(name)
+        if value not in choices:
+            value = self.rng.choice(choices)
+        self.params[name], self.space[name] = value, list(choices)
+        return value
+
+
+def propose(wanted: dict[str, Any], seq_len: int, platform: str,
+            rng: random.Random) -> tuple[Schedule, dict[str, Any], ParamTrial]:
+    """The schedule of ``wanted`` (missing values random), its exact params, the trial."""
+    trial = ParamTrial(wanted, rng)
+    schedule = suggest(trial, seq_len, platform)
+    return schedule, trial.params, trial
+
+
+def neighbours(params: dict[str, Any], seq_len: int, platform: str,
+               rng: random.Random) -> list[tuple[Schedule, dict[str, Any]]]:
+    """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
+    each choice swapped for every other, or for the choice before or after it in
+    the kind's ``Schedule.ORDERED`` parameters (e.g. the nested depth)."""
+    _, _, trial = propose(params, seq_len, platform, rng)
+    ordered = KINDS[trial.params["kind"]].ORDERED
+    out = []
+    for name, space in trial.space.items():
+        if isinstance(space, tuple):
+            values: list[Any] = [round(params[name] * f) for f in (0.5, 0.7, 1.4, 2.0)]
+        elif name in ordered:
+            i = space.index(params[name])
+            values = space[max(0, i - 1):i] + space[i + 1:i + 2]
+        else:
+            values = [c for c in space if c != params[name]]
+        for v in values:
+            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng)
+            out.append((schedule, p))
+    return out

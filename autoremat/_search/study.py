@@ -1,0 +1,266 @@
+"""Reading a study: what it was tuned for, its measured trials, and its answer.
+
+Every trial that measured a schedule holds, in its Optuna user attrs, the
+``Measurement`` (``Measurement.to_attrs``, read back with ``from_attrs``),
+the schedule (``"schedule"``, ``Schedule.to_data``) and ``"measured": True``;
+the study holds ``StudyInfo``. The answer is the fastest measured trial that
+fits the budget (``Measurement.fits``; ties: less memory), among those timed
+at full length when any was (``choose``). Nothing here runs
+the search (``autoremat._search.tune``) or measures anything.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoremat._errors import TuneError
+from autoremat._measure.breakdown import floor_message
+from autoremat._measure.measurement import Measurement
+from autoremat._schedules import from_data, save_schedule
+from autoremat._schedules.base import Schedule
+from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
+from autoremat._units import format_bytes
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+#: The study attrs a resumed study must match (else it was made for another problem).
+MATCHED_STUDY_ATTRS = ("budget_bytes", "problem", "fingerprint", "device_kind")
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """What a study was made for (its user attrs).
+
+    Attributes:
+      budget_bytes: the memory budget of ``total_bytes``.
+      seq_len: the problem's sequence length.
+      problem: the problem's name; fingerprint: its argument shapes' hash.
+      device_kind, platform: the device it was tuned on.
+      storage: the storage URL, password redacted.
+      devices, mesh: how many devices the step spans and their mesh (``data=4``;
+        ``""``: none); the budget and every figure are per device.
+    """
+
+    budget_bytes: int
+    seq_len: int
+    problem: str | None = None
+    fingerprint: str | None = None
+    device_kind: str | None = None
+    platform: str | None = None
+    storage: str = ""
+    devices: int = 1
+    mesh: str = ""
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyInfo:
+        """The study's ``StudyInfo``.
+
+        Raises:
+          TuneError: the study holds no ``budget_bytes``/``seq_len`` (not made by ``tune``).
+        """
+        attrs = study.user_attrs
+        for key in ("budget_bytes", "seq_len"):
+            if key not in attrs:
+                raise TuneError(f"study_name: study {study.study_name!r} has no {key!r}; "
+                                "it was not made by autoremat tune")
+        return cls(**{f.name: attrs[f.name] for f in fields(cls) if f.name in attrs})
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The study user attrs ``tune`` sets."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MeasuredTrial:
+    """A finished trial that holds a measurement.
+
+    Attributes:
+      number: the Optuna trial number (``autoremat export NUMBER``).
+      schedule: what was measured (no ``meta``; see ``trial_schedule``).
+      measurement: the measured figures.
+    """
+
+    number: int
+    schedule: Schedule
+    measurement: Measurement
+
+    @classmethod
+    def of(cls, trial: FrozenTrial,
+           study_attrs: Mapping[str, Any] | None = None) -> MeasuredTrial | None:
+        """The trial's measurement, or ``None`` when it measured nothing (pruned, lost).
+        ``study_attrs``: the study's, so a full-length confirmation of a time predicted
+        from a short run (``confirmed_key``, ``autoremat._search.confirm``) replaces it."""
+        attrs = trial.user_attrs
+        if not attrs.get("measured"):
+            return None
+        m = Measurement.from_attrs(attrs)
+        confirmed = (study_attrs or {}).get(confirmed_key(trial.number))
+        if confirmed is not None:
+            m = replace(Measurement.from_attrs({**attrs, **confirmed}),
+                        extrapolated_seconds=m.step_seconds)
+        return cls(trial.number, from_data(attrs["schedule"]), m)
+
+
+def confirmed_key(number: int) -> str:
+    """The study attr holding trial ``number``'s full-length timing (``Measurement``
+    attrs: ``status``, ``reason``, ``step_seconds``, ``step_samples``, ``peak_bytes``,
+    ``loss``, ``timed_seq_len``); a finished trial's own attrs cannot change."""
+    return f"confirmed:{number}"
+
+
+def load_study(study_name: str, storage: str | None = None) -> optuna.Study:
+    """Open the existing study ``study_name`` in ``storage`` (default ``DEFAULT_STORAGE``).
+
+    Raises:
+      TuneError: the storage cannot be opened or holds no such study.
+    """
+    import optuna
+
+    storage_obj = open_storage(storage)
+    try:
+        return optuna.load_study(study_name=study_name, storage=storage_obj)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage_obj)]
+        raise TuneError(
+            f"study_name: no study {study_name!r} in {redact(storage or DEFAULT_STORAGE)}; "
+            f"studies there: {', '.join(repr(n) for n in names) or 'none'}"
+        ) from None
+
+
+def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
+    """Finished trials that hold a measurement (COMPLETE, or FAIL with a reason)."""
+    from optuna.trial import TrialState
+
+    attrs = study.user_attrs
+    found = (MeasuredTrial.of(t, attrs) for t in study.get_trials(
+        deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
+    return [t for t in found if t is not None]
+
+
+def choose(study: optuna.Study) -> MeasuredTrial | None:
+    """The fastest trial that fits the study's budget (ties: less memory), or ``None``;
+    among those timed at full length when there are any (a time predicted from a short
+    run is the answer only while none was: ``autoremat._search.confirm``)."""
+    info = StudyInfo.of(study)
+    return _choose(measured_trials(study), info.budget_bytes, info.seq_len)
+
+
+def _choose(trials: list[MeasuredTrial], budget_bytes: int,
+            seq_len: int) -> MeasuredTrial | None:
+    fits = [t for t in trials if t.measurement.fits(budget_bytes)]
+    full = [t for t in fits if not t.measurement.predicted(seq_len)]
+    return min(full or fits, key=lambda t: (t.measurement.step_seconds,
+                                            t.measurement.total_bytes, t.number), default=None)
+
+
+def trial_schedule(study: optuna.Study, trial: MeasuredTrial) -> Schedule:
+    """The trial's schedule, with ``meta`` recording what it was tuned for and measured."""
+    m = trial.measurement
+    info = StudyInfo.of(study)
+    return trial.schedule.with_meta(
+        problem=info.problem, seq_len=info.seq_len, fingerprint=info.fingerprint,
+        device_kind=m.device_kind, platform=m.platform, jax_version=m.jax_version,
+        flax_version=m.flax_version, budget_bytes=info.budget_bytes,
+        total_bytes=m.total_bytes, temp_bytes=m.temp_bytes, step_seconds=m.step_seconds,
+        timed_seq_len=m.timed_seq_len, extrapolated_seconds=m.extrapolated_seconds,
+        compile_seconds=m.compile_seconds, argument_bytes=m.argument_bytes,
+        output_bytes=m.output_bytes, alias_bytes=m.alias_bytes,
+        argument_parts=dict(m.argument_parts), stacked_bytes=m.stacked_bytes,
+        carry_bytes=m.carry_bytes, devices=m.devices, mesh=m.mesh or None,
+        **({"argument_sharding": dict(m.argument_sharding)} if m.argument_sharding else {}),
+        study_name=study.study_name,
+        storage=redact(info.storage), trial=trial.number,
+        date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    )
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What a study found (``tune``, or ``summarize`` of an existing one).
+
+    Attributes:
+      study_name, storage: where the study lives (resume with the same pair).
+      budget_bytes: the memory budget.
+      best: the fastest schedule that fits, with ``meta`` filled in, or ``None``.
+      best_trial: that trial (number, schedule, measurement).
+      plain_trial: the plain scan's trial when it was measured.
+      smallest_trial: the measured trial with the smallest ``total_bytes``.
+      measured: how many schedules this call measured.
+      n_trials: how many trials the study holds in all.
+      interrupted: ``True`` when Ctrl-C stopped the search.
+      devices, mesh: what the figures are per device of (``StudyInfo``).
+      confirmed: trials timed on a short run and then at full length
+        (``measurement.extrapolated_seconds``: the prediction; ``autoremat._search.confirm``).
+      unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
+    """
+
+    study_name: str
+    storage: str
+    budget_bytes: int
+    best: Schedule | None
+    best_trial: MeasuredTrial | None
+    plain_trial: MeasuredTrial | None
+    smallest_trial: MeasuredTrial | None
+    measured: int
+    n_trials: int
+    interrupted: bool = False
+    devices: int = 1
+    mesh: str = ""
+    confirmed: tuple[MeasuredTrial, ...] = ()
+    unconfirmed: str = ""
+
+
+def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = None,
+              measured: int = 0, interrupted: bool = False,
+              unconfirmed: str = "") -> TuneResult:
+    """The ``TuneResult`` of a study (nothing is measured); ``out``: write ``best`` there.
+
+    Raises:
+      TuneError: ``out`` cannot be written (the study is kept).
+    """
+    info = StudyInfo.of(study)
+    trials = measured_trials(study)
+    best_trial = _choose(trials, info.budget_bytes, info.seq_len)
+    best = trial_schedule(study, best_trial) if best_trial is not None else None
+    if best_trial is not None and best is not None and out is not None:
+        try:
+            save_schedule(best, out)
+        except OSError as e:
+            raise TuneError(
+                f"out: cannot write {str(out)!r} ({e.strerror or e}); the study is kept: "
+                f"export trial {best_trial.number} to another file"
+            ) from None
+    plain_key = Schedule.plain(info.seq_len).key()
+    sized = [t for t in trials if t.measurement.total_bytes is not None]
+    return TuneResult(
+        study_name=study.study_name, storage=storage, budget_bytes=info.budget_bytes,
+        best=best, best_trial=best_trial,
+        plain_trial=next((t for t in trials if t.measurement.schedule_key == plain_key), None),
+        smallest_trial=min(sized, key=lambda t: t.measurement.total_bytes or 0, default=None),
+        measured=measured, n_trials=len(study.trials), interrupted=interrupted,
+        devices=info.devices, mesh=info.mesh,
+        confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
+        unconfirmed=unconfirmed,
+    )
+
+
+def nothing_fits_message(result: TuneResult) -> str:
+    """One line: the budget, the floor no schedule removes when the budget is under it
+    (what it is made of, how to lower it), and the smallest total measured."""
+    s = result.smallest_trial
+    if s is None or s.measurement.total_bytes is None:
+        return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
+                "measured (see the trials' 'reason')")
+    total = s.measurement.total_bytes
+    floor = floor_message(s.measurement.to_attrs(), result.budget_bytes)
+    return (
+        f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
+        f"the smallest total measured is {format_bytes(total)} ({total} bytes), "
+        f"trial {s.number}: {s.schedule.describe()}" + (f"; {floor}" if floor else "")
+    )
