@@ -33,6 +33,7 @@ missing here)::
         tune            the search loop: budget, dedupe, workers
         resume          open a study or resume one; storage: storages, retries, the lock
         study           reading a study: measured trials, the answer, TuneResult
+        attrs           the names written into a study: trial attrs, tuned-for meta keys
         pareto          the front: non-dominated trials, table, plot, export, show
     _cli/         the command's settings and printing (cli.py is the command)
 

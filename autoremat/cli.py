@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +38,6 @@ from autoremat._cli.settings import (
     UsageError,
     add_settings,
     check_settings,
-    flag,
     given,
     read_study_file,
     with_defaults,
@@ -50,7 +48,7 @@ from autoremat._measure.device import device_memory_bytes
 from autoremat._measure.mesh import device_note
 from autoremat._measure.problem import Problem, resolve_problem, seed_lstm
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
-from autoremat._schedules import load_schedule, save_schedule
+from autoremat._schedules import read_schedule, save_schedule
 from autoremat._search.pareto import (
     describe_schedule,
     export_trial,
@@ -160,12 +158,6 @@ def _usage_error(e: AutorematError) -> UsageError:
     return UsageError(str(e) if isinstance(e, ScheduleError) else with_flag(str(e)))
 
 
-def _with_problem_flags(message: str) -> str:
-    """The library's ``seed_lstm(name=...)`` (a setting of the built-in problem) as the
-    flag that sets it, e.g. ``--seq-len``."""
-    return re.sub(r"seed_lstm\((\w+)=[^)]*\)", lambda m: flag(m.group(1)), message)
-
-
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
                  hidden: int | None, seq2seq: bool, fused_readout: bool = False,
                  mesh: str | None = None) -> Problem:
@@ -250,7 +242,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     remember(result.study_name)
     print(result_table(result))
     if result.best is None:
-        print(f"autoremat: {_with_problem_flags(nothing_fits_message(result))}",
+        print(f"autoremat: {nothing_fits_message(result)}",
               file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
     print(f"wrote {settings['out']}")
@@ -327,7 +319,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     try:
-        schedule = load_schedule(args.path)
+        schedule = read_schedule(args.path)
         print(describe_schedule(schedule))
         if args.problem is None:
             other_mesh = mesh_mismatches(schedule)

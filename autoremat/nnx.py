@@ -40,7 +40,7 @@ no more often. Not supported, each with an error naming it: ``unroll=True``
 (full unroll) and ``_split_transpose``.
 ``autoremat.nnx.remat_scans(fn, schedule)`` schedules the scans of unmodified
 NNX code (a function of modules), keeping the modules' state updates.
-Needs flax >= 0.11 (``nnx.Optimizer(model, tx, wrt=...)``, ``update(model,
+Needs flax >= 0.12, the floor in pyproject.toml (``nnx.Optimizer(model, tx, wrt=...)``, ``update(model,
 grads)``).
 """
 

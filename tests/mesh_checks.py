@@ -226,7 +226,7 @@ def problem_checks() -> None:
     import warnings
 
     from autoremat import measure, seed_lstm
-    from autoremat._measure.device import fingerprint
+    from autoremat._measure.device import arguments_fingerprint
     from autoremat._measure.stale import schedule_mismatches
 
     def emit(check: str, ok: bool, detail: str) -> None:
@@ -236,7 +236,7 @@ def problem_checks() -> None:
     for mesh in (None, "data=4", "data=2,fsdp=2"):
         problem = seed_lstm(seq_len=24, batch=8, hidden=8, mesh=mesh)
         _, args = problem.build(Schedule.plain(24))
-        prints[mesh] = fingerprint(args)
+        prints[mesh] = arguments_fingerprint(args)
         m = measure(problem, Schedule.nested([4, 6]), run=False)
         whole = [a.nbytes for a in jax.tree_util.tree_leaves(args)]
         split = [a.sharding.shard_shape(a.shape) != a.shape for a in jax.tree_util.tree_leaves(args)]

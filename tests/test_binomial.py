@@ -19,7 +19,7 @@ from jax import lax
 import autoremat
 from autoremat import Schedule
 from autoremat._measure.problem import seed_lstm
-from tests.helpers import _assert_close, _temp_bytes, brute_advances
+from tests.helpers import _temp_bytes, assert_close, brute_advances
 
 
 def _tanh_loss(w: jax.Array, c0: jax.Array, xs: jax.Array, schedule: Schedule | None,
@@ -44,7 +44,7 @@ def test_every_snapshot_count_from_1_to_T() -> None:
     for reverse, snapshots in ((False, [*range(1, steps + 1), 40]), (True, [1, 4, steps])):
         want = grad(w, c0, xs, None, reverse)
         for s in snapshots:
-            _assert_close(grad(w, c0, xs, Schedule.binomial(s), reverse), want)
+            assert_close(grad(w, c0, xs, Schedule.binomial(s), reverse), want)
 
 
 def test_xs_none_and_integer_carry() -> None:
@@ -68,7 +68,7 @@ def test_xs_none_and_integer_carry() -> None:
     for s in (1, 3, 23):
         got = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(
             w, Schedule.binomial(s))
-        _assert_close(got, want)
+        assert_close(got, want)
         assert int(got[0][1]) == 23
 
 
@@ -79,7 +79,7 @@ def test_only_what_is_differentiated_gets_a_cotangent() -> None:
     c0 = jnp.ones(3)
     want = jax.grad(_tanh_loss)(w, c0, xs, None)
     got = jax.jit(jax.grad(_tanh_loss), static_argnums=3)(w, c0, xs, Schedule.binomial(4))
-    _assert_close(got, want)
+    assert_close(got, want)
 
 
 # --- step evaluations counted at run time vs an independent dynamic program ----

@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from autoremat._schedules import load_schedule
+from autoremat._schedules import read_schedule
 from autoremat._search.space import seed_schedules
 from tests.faulty_problem import FAIL_BUILD, FAIL_COMPILE, FAIL_NAN, FAIL_RUN
 
@@ -52,6 +52,6 @@ def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Pat
         assert f"autoremat: trial {i} failed (" in r.stderr and reason in r.stderr
     ok = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(ok) == 2 and all(t.user_attrs["feasible"] for t in ok)
-    best = load_schedule(tmp_path / "schedule.yaml")
+    best = read_schedule(tmp_path / "schedule.yaml")
     assert best.meta["trial"] in {t.number for t in ok}
     assert "6 measured now" in r.stdout

@@ -21,7 +21,7 @@ from autoremat._measure.measure import measure
 from autoremat._measure.problem import seed_model
 from autoremat._scan.records import record_scans
 from autoremat.cli import main
-from tests.helpers import _assert_close, one_per_kind
+from tests.helpers import assert_close, one_per_kind
 
 T, B, D, H, Y = 37, 3, 5, 6, 2
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seed_lstm.py"
@@ -64,7 +64,7 @@ def test_fuse_head_and_fuse_loss_equal_the_unfused_loss_and_gradients(schedule: 
     want = jax.jit(jax.value_and_grad(_unfused, argnums=(0, 3)))(params, xs, ys, h0)
     for fn in (head, loss):
         got = jax.jit(jax.value_and_grad(fn, argnums=(0, 3)))(params, xs, ys, h0)
-        _assert_close(got, want)
+        assert_close(got, want)
 
 
 def test_fuse_helpers_reject_non_callables() -> None:
@@ -86,7 +86,7 @@ def test_seed_fused_readout_is_the_unfused_train_step(schedule: Schedule) -> Non
     fused = seed_model(seq_len=40, batch=2, hidden=8, fused_readout=True).problem()
     assert fused.name.endswith(",seq2seq,fused)") and fused.arg_names == ref.ARG_NAMES
     step, args = fused.build(schedule)
-    _assert_close(jax.jit(step)(*args), want)
+    assert_close(jax.jit(step)(*args), want)
 
 
 def test_fused_readout_needs_seq2seq() -> None:
@@ -148,7 +148,7 @@ def test_linen_example_fused_readout_has_the_unfused_loss_and_gradients(schedule
 
     unfused, fused = (jax.jit(jax.value_and_grad(lambda p, m=m: loss(m, p)))(params)
                       for m in models)
-    _assert_close(fused, unfused)
+    assert_close(fused, unfused)
     with pytest.raises(ValueError, match="fused_readout"):
         example.make_model(schedule, 8, 3, False, True)
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoremat._errors import BudgetError, ScheduleError, TuneError
-from autoremat._schedules import load_schedule, parse_schedule, top_keys
+from autoremat._schedules import parse_schedule, read_schedule, top_keys
 from autoremat._schedules.nested import LEVEL_KEYS as _LEVEL_KEYS
 from autoremat._schedules.nested import MAX_LEVELS
 from autoremat._schedules.policy import ALL_POLICY_NAMES, FACTORY_POLICIES, MAX_LENGTH, ZERO_ARG_POLICIES
@@ -209,7 +209,7 @@ def test_hostile_schedule_files_are_one_line_schedule_errors(
         try:
             with pytest.raises(ScheduleError) as info:
                 if from_file:
-                    load_schedule(path)
+                    read_schedule(path)
                 else:
                     parse_schedule(raw, str(path))
         finally:

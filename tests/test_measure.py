@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from autoremat._errors import ProblemError
-from autoremat._measure.device import fingerprint
+from autoremat._measure.device import arguments_fingerprint
 from autoremat._measure.measure import _memory_parts, _total, measure, measure_step
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET
 from autoremat._measure.problem import Problem, seed_lstm, seed_model
@@ -153,11 +153,11 @@ def test_memory_analysis_raising_and_alias() -> None:
 def test_fingerprint_tracks_shapes_not_values() -> None:
     import jax.numpy as jnp
 
-    a = fingerprint((jnp.zeros((2, 3)), {"w": jnp.ones(4)}))
-    assert a == fingerprint((jnp.ones((2, 3)), {"w": jnp.zeros(4)}))
-    assert a != fingerprint((jnp.zeros((2, 4)), {"w": jnp.ones(4)}))
-    assert a != fingerprint((jnp.zeros((2, 3), jnp.int32), {"w": jnp.ones(4)}))
-    assert a != fingerprint((jnp.zeros((2, 3)), {"v": jnp.ones(4)}))
+    a = arguments_fingerprint((jnp.zeros((2, 3)), {"w": jnp.ones(4)}))
+    assert a == arguments_fingerprint((jnp.ones((2, 3)), {"w": jnp.zeros(4)}))
+    assert a != arguments_fingerprint((jnp.zeros((2, 4)), {"w": jnp.ones(4)}))
+    assert a != arguments_fingerprint((jnp.zeros((2, 3), jnp.int32), {"w": jnp.ones(4)}))
+    assert a != arguments_fingerprint((jnp.zeros((2, 3)), {"v": jnp.ones(4)}))
 
 
 def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:

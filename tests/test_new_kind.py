@@ -141,7 +141,7 @@ def test_gradients_match_lax_scan(every_k: type[_EveryK], every: int, reverse: b
     import jax
     import jax.numpy as jnp
 
-    from tests.helpers import _assert_close
+    from tests.helpers import assert_close
 
     w = jnp.array([[0.5, -0.4], [0.2, 0.6]])
     xs = jnp.sin(jnp.arange(22.0)).reshape(11, 2)
@@ -155,7 +155,7 @@ def test_gradients_match_lax_scan(every_k: type[_EveryK], every: int, reverse: b
         c, ys = scan(f, jnp.ones(2), xs, reverse=reverse)
         return c.sum() + jnp.sum(ys**2 * jnp.arange(1.0, 12.0)[:, None])
 
-    _assert_close(jax.value_and_grad(loss)(w, every_k(every=every, unroll=2)),
+    assert_close(jax.value_and_grad(loss)(w, every_k(every=every, unroll=2)),
                   jax.value_and_grad(loss)(w, None))
 
 

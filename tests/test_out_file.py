@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoremat._schedules import dump_schedule, load_schedule, save_schedule
+from autoremat._schedules import dump_schedule, read_schedule, save_schedule
 from autoremat._schedules.base import Schedule
 from autoremat._search.tune import tune
 from tests.tiny_problem import tiny
@@ -100,12 +100,12 @@ def test_killed_while_writing_out_leaves_the_previous_file(
     p.communicate(timeout=30)
 
     assert (tmp_path / "s.yaml").read_bytes() == before  # untouched: old and complete
-    assert load_schedule(tmp_path / "s.yaml").meta["trial"] == best
+    assert read_schedule(tmp_path / "s.yaml").meta["trial"] == best
     half = temp.read_text()  # the kill did land mid-write: the temp file is the proof
     assert 0 < len(half) < len(before) + 200
     r = export(tmp_path, storage, other, "s.yaml")
     assert r.wait(timeout=120) == 0, r.communicate()
-    assert load_schedule(tmp_path / "s.yaml").meta["trial"] == other
+    assert read_schedule(tmp_path / "s.yaml").meta["trial"] == other
 
 
 WRITER = """
@@ -135,7 +135,7 @@ def test_random_kills_during_writes_never_leave_a_broken_file(tmp_path: Path) ->
         time.sleep(rng.uniform(0.0, 0.05))
         os.kill(p.pid, signal.SIGKILL)
         p.communicate(timeout=30)
-        schedule = load_schedule(out)  # complete and valid, whenever the kill came
+        schedule = read_schedule(out)  # complete and valid, whenever the kill came
         assert schedule.key() in {Schedule.plain(5).key(),
                                   *(Schedule.nested([4, 8], unroll=u).key() for u in (1, 2, 3, 4))}
 
@@ -150,13 +150,13 @@ def test_two_writers_of_one_out_leave_one_valid_file(tmp_path: Path) -> None:
     seen = set()
     while any(p.poll() is None for p in procs):  # read while both replace it
         if out.exists():
-            schedule = load_schedule(out)
+            schedule = read_schedule(out)
             seen.add(schedule.meta["writer"])
             assert dump_schedule(schedule).count("\n") > 80
     for p in procs:
         _, err = p.communicate(timeout=60)
         assert p.returncode == 0, err
-    final = load_schedule(out)
+    final = read_schedule(out)
     assert final.meta["writer"] in {"a", "b"} and final.meta["i"] == 99 % 8  # a last write
     assert seen <= {"a", "b"} and seen
     assert [f.name for f in tmp_path.iterdir()] == ["s.yaml"]  # no temp files left
@@ -167,6 +167,6 @@ def test_two_exports_to_one_out_leave_one_of_them(tmp_path: Path, study: tuple[s
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-    final = load_schedule(tmp_path / "same.yaml")
+    final = read_schedule(tmp_path / "same.yaml")
     assert final.meta["trial"] in (0, 1)
     assert [f.name for f in tmp_path.iterdir()] == ["same.yaml"]  # no temp file left

@@ -1,8 +1,9 @@
 """The wheel installs and works without the checkout: a file missing from the package is caught.
 
 Builds the wheel from a copy of the checkout (nothing is written into the checkout), installs it
-with ``--no-deps`` into a scratch venv that sees the installed dependencies
-(``--system-site-packages``), and from a folder outside the checkout runs ``autoremat --help``
+with ``--no-deps`` into a scratch venv that sees the dependencies this test runs with (a ``.pth``
+file naming this interpreter's site-packages: in a virtual environment those are the venv's, which
+``--system-site-packages`` would miss), and from a folder outside the checkout runs ``autoremat --help``
 and imports ``autoremat``, ``autoremat.linen`` and ``autoremat.nnx`` -- checking they come from
 the venv, not from the checkout or an editable install. The build runs without build isolation
 when the installed setuptools meets ``[build-system] requires``, else with it (pip fetches
@@ -14,8 +15,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -72,6 +75,19 @@ def _build_wheel(src: Path, out: Path) -> Path:
     return wheels[0]
 
 
+def _see_these_dependencies(python: Path, cwd: Path) -> None:
+    """Let the scratch venv import what this interpreter imports (jax, optax, pip, ...): a
+    ``.pth`` file in its site-packages naming ours, as plain paths, so no ``.pth`` file of
+    ours runs there (an editable install of autoremat would shadow the wheel)."""
+    ours = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    if site.ENABLE_USER_SITE and Path(site.getusersitepackages()).is_dir():
+        ours.add(site.getusersitepackages())
+    theirs = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=cwd)
+    assert theirs.returncode == 0, theirs.stderr
+    pth = Path(theirs.stdout.strip()) / "_test_dependencies.pth"
+    pth.write_text("".join(f"{p}\n" for p in sorted(ours)))
+
+
 def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=IGNORE)
@@ -85,10 +101,10 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
     assert "autoremat/py.typed" in names and "autoremat/cli.py" in names
 
     venv = tmp_path / "venv"
-    made = _run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv,
-                cwd=tmp_path)
+    made = _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
+    _see_these_dependencies(python, tmp_path)
     installed = _run(python, "-m", "pip", "install", "--no-deps", "--no-index", wheel, cwd=tmp_path)
     assert installed.returncode == 0, installed.stdout + installed.stderr
 

@@ -3,7 +3,7 @@
 Every front end that lowers to ``lax.scan`` gives the unmodified function's
 loss and gradients (rtol 1e-5) and a smaller compiled temp; the edge cases of
 issue 20 and each misuse's message are checked here. NNX state, ``describe``
-and ``Problem.from_loss`` are in ``tests/test_rewrite_more.py``.
+and ``Problem.from_loss`` are in ``tests/test_remat_scans.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from helpers import REWRITE_T as T
 from helpers import REWRITE_W as W
 from helpers import REWRITE_X as X
-from helpers import _assert_close, rnn_step, scan_loss
+from helpers import assert_close, rnn_step, scan_loss
 from jax import lax
 
 import autoremat
@@ -37,7 +37,7 @@ def assert_same_grads(fn: Callable[..., Any], *args: Any, schedule: Schedule = N
     wrapped = autoremat.remat_scans(fn, schedule, **kw)
     ref_step = jax.jit(jax.value_and_grad(fn)).lower(*args).compile()
     got_step = jax.jit(jax.value_and_grad(wrapped)).lower(*args).compile()
-    _assert_close(got_step(*args), ref_step(*args))
+    assert_close(got_step(*args), ref_step(*args))
     if smaller:
         assert temp_bytes(got_step) < 0.7 * temp_bytes(ref_step)
     return wrapped
@@ -245,7 +245,7 @@ def test_vmap_of_grad_and_jvp() -> None:
     xs = jnp.stack([X, 2 * X])
     got = jax.vmap(jax.grad(wrapped), (None, 0))(W, xs)
     ref = jax.vmap(jax.grad(scan_loss), (None, 0))(W, xs)
-    _assert_close(got, ref)
+    assert_close(got, ref)
     t = jax.tree.map(jnp.ones_like, W)
     np.testing.assert_allclose(jax.jvp(lambda p: wrapped(p, X), (W,), (t,))[1],
                                jax.jvp(lambda p: scan_loss(p, X), (W,), (t,))[1], rtol=1e-5)

@@ -18,10 +18,10 @@ from autoremat._schedules.nested import pieces as _pieces
 from autoremat._schedules.policy import ZERO_ARG_POLICIES
 from tests.helpers import (
     CELLS,
-    _assert_close,
     _inputs,
     _loss_and_grads,
     _temp_bytes,
+    assert_close,
     kind_matrix,
     one_per_kind,
 )
@@ -35,13 +35,13 @@ def test_gradients_match_plain_scan(
     carry and the inputs, against a plain lax.scan (``helpers.kind_matrix``)."""
     want = _loss_and_grads(cell, None, steps, axis=axis, reverse=reverse)
     got = _loss_and_grads(cell, schedule, steps, axis=axis, reverse=reverse)
-    _assert_close(got, want)
+    assert_close(got, want)
 
 
 @pytest.mark.parametrize("policy", ZERO_ARG_POLICIES)
 def test_every_zero_argument_policy(policy: str) -> None:
     schedule = Schedule.nested((3, 4), ("nothing_saveable", policy), unroll=2)
-    _assert_close(_loss_and_grads("lstm", schedule, 29, axis=1),
+    assert_close(_loss_and_grads("lstm", schedule, 29, axis=1),
                   _loss_and_grads("lstm", None, 29, axis=1))
 
 
@@ -63,7 +63,7 @@ def test_name_policy_with_checkpoint_name() -> None:
         return c.sum() + ys.sum()
 
     schedule = Schedule.nested((2, 5), ("nothing_saveable", {"save_only_these_names": ["gates"]}))
-    _assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))
+    assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))
 
 
 def test_xs_none_with_length() -> None:
@@ -82,7 +82,7 @@ def test_xs_none_with_length() -> None:
 
     for lengths in [(23,), (4, 5), (2, 3, 2)]:
         schedule = Schedule.nested(lengths)
-        _assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))
+        assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))
 
 
 @pytest.mark.parametrize(
@@ -94,8 +94,8 @@ def test_outputs_match_without_grad(schedule: Schedule) -> None:
     f = make(params)
     want_c, want_ys = lax.scan(f, carry, jax.tree_util.tree_map(lambda x: jnp.swapaxes(x, 0, 1), xs))
     got_c, got_ys = autoremat.scan(f, carry, xs, schedule=schedule, axis=1)
-    _assert_close(got_c, want_c)
-    _assert_close(got_ys, jax.tree_util.tree_map(lambda y: jnp.swapaxes(y, 0, 1), want_ys))
+    assert_close(got_c, want_c)
+    assert_close(got_ys, jax.tree_util.tree_map(lambda y: jnp.swapaxes(y, 0, 1), want_ys))
 
 
 def _check_any_length_any_levels(steps: int, lengths: list[int], reverse: bool) -> None:
@@ -115,7 +115,7 @@ def _check_any_length_any_levels(steps: int, lengths: list[int], reverse: bool) 
 
     # jitted: one compile per case (op by op, a nested schedule compiles many small pieces)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
-    _assert_close(grad(w, xs, Schedule.nested(lengths)), grad(w, xs, None))
+    assert_close(grad(w, xs, Schedule.nested(lengths)), grad(w, xs, None))
 
 
 ANY_LENGTH = {"steps": st.integers(1, 60), "reverse": st.booleans(),

@@ -20,7 +20,7 @@ from jax import lax
 import autoremat
 from autoremat import Schedule, ScheduleError
 from autoremat._schedules.base import TRANSFORMS
-from tests.helpers import _assert_close, one_per_kind
+from tests.helpers import assert_close, one_per_kind
 
 KINDS = pytest.mark.parametrize("schedule", one_per_kind(), ids=lambda s: s.kind)
 T = 9
@@ -55,7 +55,7 @@ def test_unroll_keyword_as_lax_scan(schedule: Schedule, unroll: int | bool) -> N
         reference = grad(W, None, unroll=unroll)
     except ValueError:  # older jax's lax.scan refuses unroll=0 (newer ones take it as 1)
         reference = grad(W, None, unroll=1)
-    _assert_close(grad(W, schedule, unroll=unroll), reference)
+    assert_close(grad(W, schedule, unroll=unroll), reference)
 
 
 @KINDS
@@ -112,7 +112,7 @@ def test_python_scalar_carry_takes_the_body_dtype(schedule: Schedule, dtype: Any
     for out in (got, jitted):
         assert jax.tree_util.tree_map(lambda a: a.dtype, out) == jax.tree_util.tree_map(
             lambda a: a.dtype, want)
-        _assert_close(out, want)
+        assert_close(out, want)
 
 
 @KINDS
@@ -122,7 +122,7 @@ def test_python_float_carry_gradient_under_checks(schedule: Schedule) -> None:
         return c + ys.sum()
 
     with jax.enable_checks(True):
-        _assert_close(jax.value_and_grad(loss)(1.5, schedule), jax.value_and_grad(loss)(1.5, None))
+        assert_close(jax.value_and_grad(loss)(1.5, schedule), jax.value_and_grad(loss)(1.5, None))
 
 
 # -- vmap of a read-only carry -----------------------------------------------------------
@@ -137,18 +137,18 @@ def test_vmap_keeps_a_read_only_carry_unbatched(schedule: Schedule) -> None:
         return jax.vmap(per_example, in_axes=(None, 0, 0), out_axes=((None, 0), 0))(
             W, jnp.ones((3, 2)), jnp.stack([XS, -XS, 2 * XS]))
 
-    _assert_close(run(schedule), run(None))
+    assert_close(run(schedule), run(None))
 
     def constant(s: Schedule | None) -> Any:  # the body never changes the carry at all
         return jax.vmap(lambda xs: _scanner(s)(lambda c, x: (c, c * x), jnp.ones(2), xs),
                         out_axes=(None, 0))(jnp.stack([XS, XS]))
 
-    _assert_close(constant(schedule), constant(None))
+    assert_close(constant(schedule), constant(None))
 
     def grads(s: Schedule | None) -> Any:  # per-example gradients
         return jax.vmap(jax.grad(_loss_xs(s)), in_axes=(None, 0))(W, jnp.stack([XS, -XS]))
 
-    _assert_close(grads(schedule), grads(None))
+    assert_close(grads(schedule), grads(None))
 
 
 def _loss_xs(s: Schedule | None) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -239,7 +239,7 @@ TRANSFORM: dict[str, Callable[[Callable[[Any], Any]], Any]] = {
 def test_transformations_match_lax_scan_or_raise_clearly(schedule: Schedule, name: str) -> None:
     apply = TRANSFORM[name]
     if name not in schedule.UNSUPPORTED:
-        _assert_close(apply(lambda w: _scalar_loss(w, schedule)),
+        assert_close(apply(lambda w: _scalar_loss(w, schedule)),
                       apply(lambda w: _scalar_loss(w, None)))
         return
     with pytest.raises(ScheduleError, match=rf"{schedule.kind}.*a nested schedule") as info:
@@ -261,7 +261,7 @@ def test_grad_of_grad_through_the_cotangent_only_works(schedule: Schedule) -> No
     def outer(a: jax.Array, s: Schedule | None) -> jax.Array:
         return jax.grad(lambda w: a * _scalar_loss(w, s))(1.2)
 
-    _assert_close(jax.grad(outer)(2.0, schedule), jax.grad(outer)(2.0, None))
+    assert_close(jax.grad(outer)(2.0, schedule), jax.grad(outer)(2.0, None))
 
 
 # -- tracing: no more often than lax.scan ------------------------------------------------
@@ -299,7 +299,7 @@ def test_the_step_is_traced_no_more_often_than_under_lax_scan(schedule: Schedule
     counts, values = _counted(_scanner(schedule))
     assert ref_counts[0] == 1  # lax.scan traces the body once for two calls
     assert counts == ref_counts
-    _assert_close(values, reference)
+    assert_close(values, reference)
 
 
 @KINDS

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 import autoremat._search.planner as plan_module
-import autoremat._search.short_runs as fidelity_module
+import autoremat._search.short_runs as short_runs_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import Problem
@@ -60,8 +60,8 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
 
     # patched where the search looks them up (both import them at module level)
     monkeypatch.setattr(plan_module, "compile_schedule", spy_compile(plan_module.compile_schedule))
-    monkeypatch.setattr(fidelity_module, "time_compiled",
-                        spy_time(fidelity_module.time_compiled))
+    monkeypatch.setattr(short_runs_module, "time_compiled",
+                        spy_time(short_runs_module.time_compiled))
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
     # many, and past the planner's stop it then times dominated schedules too)
     result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit=None)

@@ -21,7 +21,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autoremat._schedules import load_schedule
+from autoremat._schedules import read_schedule
 from autoremat._search.study import choose
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_three_workers_share_one_postgres_study(postgres_url: str, tmp_path: Pat
     assert best is not None
     measured_now = []
     for i, out in enumerate(outputs):
-        schedule = load_schedule(tmp_path / f"w{i}.yaml")
+        schedule = read_schedule(tmp_path / f"w{i}.yaml")
         assert schedule.key() == best.schedule.key() == best.measurement.schedule_key
         assert schedule.meta["trial"] == best.number and schedule.meta["study_name"] == "shared"
         assert f"best (trial {best.number})" in out
@@ -154,13 +154,13 @@ def test_worker_killed_mid_trial_is_retried_and_a_restart_finishes(
     assert retry.state == TrialState.COMPLETE and retry.number in {t.number for t in measured}
     assert retry.system_attrs["failed_trial"] == killed.number
     assert retry.user_attrs["schedule_key"] == killed.user_attrs["schedule_key"]
-    assert retry.params == killed.params
+    assert retry.user_attrs["schedule"] == killed.user_attrs["schedule"]
     for n, t in finished.items():
         assert after[n].state == t.state and after[n].values == t.values
         assert after[n].user_attrs == t.user_attrs
     assert "3 measured now" in out
     best = choose(load(storage, name))
-    assert load_schedule(tmp_path / "s.yaml").meta["trial"] == best.number
+    assert read_schedule(tmp_path / "s.yaml").meta["trial"] == best.number
 
 
 LOCKER = """

@@ -119,5 +119,5 @@ def result_table(result: TuneResult) -> str:
           if confirmed else []),
         *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
-           *breakdown_lines(shown.measurement.to_attrs())] if shown else []),
+           *breakdown_lines(shown.measurement)] if shown else []),
     ])

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from autoremat._errors import ScheduleError, TuneError
+from autoremat._measure.measure import DEFAULT_TIME_BUDGET
 from autoremat._measure.mesh import SEED_AXES, parse_mesh
 from autoremat._schedules.safe_yaml import read_yaml_file
+from autoremat._search.storage import DEFAULT_HEARTBEAT
+from autoremat._search.tune import DEFAULT_TIME_LIMIT
 from autoremat._units import parse_duration
 
 BUILTIN_PROBLEM: Final = "seed_lstm"
@@ -154,7 +157,7 @@ TUNE_SETTINGS: Final = (
             "({default}); at T >= 20000 trials are timed on short runs and the pick is then "
             "timed at full length after the search (a step predicted longer than this and than 15 "
             "minutes is not)",
-            _duration, str, "2m", "DURATION"),
+            _duration, str, DEFAULT_TIME_LIMIT, "DURATION"),
     Setting("explore_front", "measure the whole memory/time front, not just the fastest "
             "schedule that fits (no early stop or cut trials; see 'autoremat pareto')",
             _boolean, default=False, const=True),
@@ -166,10 +169,11 @@ TUNE_SETTINGS: Final = (
     Setting("out", "where to write the chosen schedule ({default})", _text(), str,
             "schedule.yaml"),
     Setting("seed", "sampler seed ({default})", _integer(0, 2**32 - 1), int, 0),
-    Setting("time_budget", "seconds of timed runs per schedule ({default})", _seconds, float, 5.0),
+    Setting("time_budget", "seconds of timed runs per schedule ({default})", _seconds, float,
+            DEFAULT_TIME_BUDGET),
     Setting("heartbeat", "a running trial records a heartbeat every SECONDS ({default}); one "
             "silent for 3x that (its worker was killed or lost) is marked failed and re-queued "
-            "for another worker, at most twice", _integer(1, _MAX_SIZE), int, 60, "SECONDS"),
+            "for another worker, at most twice", _integer(1, _MAX_SIZE), int, DEFAULT_HEARTBEAT, "SECONDS"),
 )
 STUDY_FILE_KEYS: Final = tuple(s.name for s in TUNE_SETTINGS)
 _BY_NAME: Final = {s.name: s for s in TUNE_SETTINGS}

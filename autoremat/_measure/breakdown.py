@@ -23,10 +23,13 @@ nothing, ``fuse_head`` only ``(T, B, Y)``), a shorter ``T``, a smaller batch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from autoremat._measure.mesh import device_note, leaf_bytes
 from autoremat._units import format_bytes
+
+if TYPE_CHECKING:
+    from autoremat._measure.measurement import Measurement
 
 #: The keys a breakdown reads (``Measurement`` fields, and ``Schedule.meta`` keys).
 KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
@@ -86,40 +89,50 @@ def _parts_text(value: Any) -> list[tuple[str, str]]:
     return [(str(k), str(v)) for k, v in value or ()]
 
 
-def floor_bytes(fig: Mapping[str, Any]) -> int | None:
+#: A measurement's figures: a ``Measurement`` (typed, as measured) or a mapping of the same
+#: names (a schedule's ``meta``, read back from YAML). Both are read through ``_get``.
+Figures = Union["Measurement", Mapping[str, Any]]
+
+
+def _get(fig: Figures, key: str) -> Any:
+    """The figure ``key`` of either form (``None`` when absent)."""
+    return fig.get(key) if isinstance(fig, Mapping) else getattr(fig, key, None)
+
+
+def floor_bytes(fig: Figures) -> int | None:
     """Arguments + outputs - alias + stacked per-step outputs: under every schedule's total.
 
     ``None`` when a part is unknown or no autoremat scan was recorded.
     """
-    needed = [fig.get(k) for k in ("argument_bytes", "output_bytes", "stacked_bytes")]
+    needed = [_get(fig, k) for k in ("argument_bytes", "output_bytes", "stacked_bytes")]
     if any(v is None for v in needed):
         return None
-    floor = sum(int(v) for v in needed if v is not None) - int(fig.get("alias_bytes") or 0)
-    total = fig.get("total_bytes")
+    floor = sum(int(v) for v in needed if v is not None) - int(_get(fig, "alias_bytes") or 0)
+    total = _get(fig, "total_bytes")
     return floor if total is None else min(floor, int(total))
 
 
-def breakdown_lines(fig: Mapping[str, Any], indent: str = "  ") -> list[str]:
+def breakdown_lines(fig: Figures, indent: str = "  ") -> list[str]:
     """The breakdown as ``autoremat show``/``pareto``/``tune`` print it (empty: no figures)."""
-    if fig.get("total_bytes") is None or fig.get("temp_bytes") is None:
+    if _get(fig, "total_bytes") is None or _get(fig, "temp_bytes") is None:
         return []
-    alias = int(fig.get("alias_bytes") or 0)
-    note = device_note(int(fig.get("devices") or 1), str(fig.get("mesh") or ""))
-    lines = [f"{indent}memory ({note}): total {format_bytes(fig['total_bytes'])} = arguments "
-             f"{format_bytes(fig.get('argument_bytes'))} + outputs "
-             f"{format_bytes(fig.get('output_bytes'))}"
+    alias = int(_get(fig, "alias_bytes") or 0)
+    note = device_note(int(_get(fig, "devices") or 1), str(_get(fig, "mesh") or ""))
+    lines = [f"{indent}memory ({note}): total {format_bytes(_get(fig, 'total_bytes'))} = arguments "
+             f"{format_bytes(_get(fig, 'argument_bytes'))} + outputs "
+             f"{format_bytes(_get(fig, 'output_bytes'))}"
              + (f" - aliased {format_bytes(alias)}" if alias else "")
-             + f" + temp {format_bytes(fig['temp_bytes'])}"]
-    parts = _parts(fig.get("argument_parts"))
-    how = dict(_parts_text(fig.get("argument_sharding")))
+             + f" + temp {format_bytes(_get(fig, 'temp_bytes'))}"]
+    parts = _parts(_get(fig, "argument_parts"))
+    how = dict(_parts_text(_get(fig, "argument_sharding")))
     if parts:
         lines.append(f"{indent}  arguments: " + ", ".join(
             f"{n} {format_bytes(b)}" + (f" ({how[n]})" if n in how else "") for n, b in parts))
-    stacked = fig.get("stacked_bytes")
+    stacked = _get(fig, "stacked_bytes")
     if stacked is not None:
-        rest = max(0, int(fig["temp_bytes"]) - int(stacked))
+        rest = max(0, int(_get(fig, "temp_bytes")) - int(stacked))
         lines.append(f"{indent}  temp: per-step outputs stacked by the scan "
-                     f"{format_bytes(stacked)} (carry {format_bytes(fig.get('carry_bytes'))}); "
+                     f"{format_bytes(stacked)} (carry {format_bytes(_get(fig, 'carry_bytes'))}); "
                      f"the rest {format_bytes(rest)} (residuals the schedule keeps, cotangents, "
                      "workspace)")
     floor = floor_bytes(fig)
@@ -129,7 +142,7 @@ def breakdown_lines(fig: Mapping[str, Any], indent: str = "  ") -> list[str]:
     return lines
 
 
-def floor_message(fig: Mapping[str, Any], budget_bytes: int) -> str | None:
+def floor_message(fig: Figures, budget_bytes: int) -> str | None:
     """Why nothing can fit ``budget_bytes`` when it is under the floor, and how to lower it.
 
     ``None`` when the floor is unknown or within the budget.
@@ -137,21 +150,21 @@ def floor_message(fig: Mapping[str, Any], budget_bytes: int) -> str | None:
     floor = floor_bytes(fig)
     if floor is None or floor <= budget_bytes:
         return None
-    parts = _parts(fig.get("argument_parts"))
+    parts = _parts(_get(fig, "argument_parts"))
     args = ", ".join(f"{n} {format_bytes(b)}" for n, b in parts)
-    alias = int(fig.get("alias_bytes") or 0)
-    stacked = int(fig.get("stacked_bytes") or 0)
-    made_of = (f"arguments {format_bytes(fig.get('argument_bytes'))}"
+    alias = int(_get(fig, "alias_bytes") or 0)
+    stacked = int(_get(fig, "stacked_bytes") or 0)
+    made_of = (f"arguments {format_bytes(_get(fig, 'argument_bytes'))}"
                + (f" ({args})" if args else "")
-               + f", outputs {format_bytes(fig.get('output_bytes'))}"
+               + f", outputs {format_bytes(_get(fig, 'output_bytes'))}"
                + (f" (aliased {format_bytes(alias)})" if alias else "")
                + f", per-step outputs stacked by the scan {format_bytes(stacked)}")
-    fixes = ["a shorter sequence (built-in problem: seed_lstm(seq_len=...))",
-             "a smaller batch (seed_lstm(batch=...))"]
+    fixes = ["a shorter sequence (the built-in problem: --seq-len, or seed_lstm(seq_len=...))",
+             "a smaller batch (--batch, or seed_lstm(batch=...))"]
     if stacked:
         fixes.insert(0, "the readout inside the scanned step (autoremat.fuse_loss stacks "
                      "nothing, autoremat.fuse_head only its outputs; the built-in problem: "
-                     "seed_lstm(fused_readout=True))")
+                     "--fused-readout, or seed_lstm(fused_readout=True))")
     return (f"the budget {format_bytes(budget_bytes)} is under the {format_bytes(floor)} "
             f"({floor} bytes) that no schedule can remove: {made_of}. To lower it: "
             + "; ".join(fixes))

@@ -39,9 +39,9 @@ def device_memory_bytes() -> int | None:
     return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
-def fingerprint(args: Any) -> str:
+def arguments_fingerprint(args: Any) -> str:
     """A short hash of the argument tree's structure, shapes and dtypes (not values), and
-    on many devices of the mesh and each leaf's partition spec (``_mesh.sharding_text``)."""
+    on many devices of the mesh and each leaf's partition spec (``mesh.sharding_text``)."""
     import hashlib
 
     import jax

@@ -8,7 +8,7 @@ length; the step's arguments are named ``params``, ``opt_state`` and the loss's
 own parameter names, for the memory breakdown. ``first_steps`` cuts the batch
 to its first ``n`` time steps (the problem's ``at_length``, for short timing
 runs). ``linen_loss`` is the loss of a Flax linen model
-(``autoremat.linen.problem``). This module does not import ``_problem``
+(``autoremat.linen.problem``). This module does not import ``problem``
 (which imports it lazily): it returns the ``Problem``'s fields.
 """
 

@@ -54,9 +54,12 @@ from autoremat._measure.breakdown import argument_parts, argument_sharding, scan
 from autoremat._measure.device import environment, peak_bytes_in_use
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement, Status
 from autoremat._measure.mesh import layout
-from autoremat._measure.problem import Problem
+from autoremat._measure.problem import Problem, Step
 from autoremat._scan.records import record_scans
 from autoremat._schedules.base import Schedule
+
+#: About how long timing one schedule may take, in seconds (``time_budget``).
+DEFAULT_TIME_BUDGET: Final = 5.0
 
 
 def measure(
@@ -64,7 +67,7 @@ def measure(
     schedule: Schedule,
     *,
     budget_bytes: int | None = None,
-    time_budget: float = 5.0,
+    time_budget: float = DEFAULT_TIME_BUDGET,
     min_repeats: int | None = None,
     max_repeats: int = 20,
     run: bool = True,
@@ -86,7 +89,7 @@ def measure_step(
     args: Sequence[Any],
     *,
     budget_bytes: int | None = None,
-    time_budget: float = 5.0,
+    time_budget: float = DEFAULT_TIME_BUDGET,
     min_repeats: int | None = None,
     max_repeats: int = 20,
     run: bool = True,
@@ -188,11 +191,12 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
     return Compiled(Measurement(label, OK, "", **figures, **env), executable, tuple(args))
 
 
-def compile_schedule(problem: Problem, schedule: Schedule, *,
-                     budget_bytes: int | None = None) -> Compiled:
-    """``problem.build(schedule)`` then ``compile_step``; a build failure is recorded."""
+def compile_schedule(problem: Problem, schedule: Schedule, *, budget_bytes: int | None = None,
+                     built: tuple[Step, tuple[Any, ...]] | None = None) -> Compiled:
+    """``problem.build(schedule)`` (or ``built``: what it returned, when the caller already
+    built it) then ``compile_step``; a build failure is recorded."""
     try:
-        step, args = problem.build(schedule)
+        step, args = built if built is not None else problem.build(schedule)
     except Exception as e:
         env: dict[str, Any] = environment()
         return Compiled(Measurement(schedule.key(), ERROR, f"build failed: {one_line(e)}",
@@ -202,7 +206,7 @@ def compile_schedule(problem: Problem, schedule: Schedule, *,
 
 
 def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
-                  time_budget: float = 5.0, min_repeats: int | None = None,
+                  time_budget: float = DEFAULT_TIME_BUDGET, min_repeats: int | None = None,
                   max_repeats: int = 20,
                   on_output: Callable[[Any], None] | None = None,
                   cut_after: float | None = None) -> Measurement:

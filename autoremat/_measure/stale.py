@@ -15,10 +15,10 @@ import os
 import warnings
 from typing import Any
 
-from autoremat._measure.device import environment, fingerprint
+from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem
-from autoremat._schedules import load_schedule as _load_schedule
+from autoremat._schedules import read_schedule
 from autoremat._schedules.base import Schedule
 
 
@@ -50,7 +50,7 @@ def schedule_mismatches(
         if "devices" in meta:
             out += mesh_mismatches(schedule, *layout(args), "this problem runs on")
         if "fingerprint" in meta:
-            now = fingerprint(args)
+            now = arguments_fingerprint(args)
             if now != meta["fingerprint"]:
                 out.append(
                     f"tuned for other argument shapes/dtypes (fingerprint "
@@ -101,7 +101,7 @@ def load_schedule(
 ) -> Schedule:
     """Load a schedule file; with ``problem``, warn if it was tuned for another.
 
-    Same as ``autoremat._schedules.base.load_schedule`` plus, when ``problem`` is
+    Same as ``autoremat._schedules.read_schedule`` plus, when ``problem`` is
     given, a ``StaleScheduleWarning`` naming each mismatch found by
     ``schedule_mismatches`` (argument shapes/dtypes, problem, sequence length,
     device kind). ``kwargs`` go to ``schedule_mismatches``.
@@ -109,7 +109,7 @@ def load_schedule(
     Raises:
       ScheduleError: the file is missing or not a valid schedule.
     """
-    schedule = _load_schedule(path)
+    schedule = read_schedule(path)
     if problem is not None:
         problems = schedule_mismatches(schedule, problem, **kwargs)
         if problems:

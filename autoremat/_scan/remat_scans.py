@@ -14,7 +14,7 @@ runs as ``autoremat.scan`` would run it: same values and gradients (remat
 recomputes, it never approximates), the schedule's memory and time (``d``
 nested levels keep ``O(d * T^(1/d))`` carries for ``d - 1`` extra forward
 passes). The function is traced to a jaxpr at each call (once per
-compilation under ``jax.jit``) and re-evaluated by ``_rewrite.evaluate``.
+compilation under ``jax.jit``) and re-evaluated by ``rewrite.evaluate``.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Backprop through ``lax.scan`` stores every step's residuals, so memory grows
 linearly with the sequence length ``T``. A schedule trades that memory for
 recomputation; remat recomputes, it never approximates, so loss and gradients
 equal a plain scan's. This module checks the arguments, flattens ``xs`` and
-hands the steps to the schedule's kind (``Schedule.run``: ``_nested_scan`` or
-``_binomial_scan``), the one place the builder dispatches.
+hands the steps to the schedule's kind (``Schedule.run``: ``nested_scan`` or
+``binomial_scan``), the one place the builder dispatches.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from jax import lax
 from autoremat._errors import ScheduleError
 from autoremat._scan.records import SCAN_RECORDS, ScanRecord
 from autoremat._scan.step_trace import checked_step
-from autoremat._schedules import load_schedule
+from autoremat._schedules import read_schedule
 from autoremat._schedules.base import Schedule
 
 Carry = TypeVar("Carry")
@@ -36,7 +36,7 @@ def scan(
     xs: PyTree = None,
     length: int | None = None,
     *,
-    schedule: Schedule,
+    schedule: Schedule | str | os.PathLike[str],
     reverse: bool = False,
     unroll: int | bool | None = None,
     axis: int = 0,
@@ -56,7 +56,7 @@ def scan(
       init: the initial carry.
       xs: the scanned inputs, or ``None``.
       length: the number of steps; required when ``xs`` is ``None``.
-      schedule: the remat schedule (``autoremat.load_schedule`` reads one).
+      schedule: the remat schedule, or the path of a schedule file (``autoremat.load_schedule``).
       reverse: scan from the last step to the first (outputs keep index order).
       unroll: as ``lax.scan``'s (an int, or ``True`` to unroll fully); overrides
         the schedule's ``unroll`` (its innermost loop). ``None``: the schedule's.
@@ -94,7 +94,7 @@ def scan_axes(
     xs: PyTree,
     length: int | None,
     *,
-    schedule: Schedule,
+    schedule: Schedule | str | os.PathLike[str],
     reverse: bool = False,
     in_axes: PyTree = 0,
     out_axes: PyTree = 0,
@@ -118,13 +118,9 @@ def scan_axes(
 
 
 def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: PyTree,
-               length: int | None, schedule: Schedule, reverse: bool, in_axes: PyTree,
-               out_axes: PyTree, unroll: int | bool | None) -> tuple[Carry, PyTree]:
-    if not isinstance(schedule, Schedule):
-        raise ScheduleError(
-            f"schedule: expected an autoremat.Schedule (see autoremat.load_schedule), "
-            f"got {type(schedule).__name__}"
-        )
+               length: int | None, schedule: Schedule | str | os.PathLike[str], reverse: bool,
+               in_axes: PyTree, out_axes: PyTree, unroll: int | bool | None) -> tuple[Carry, PyTree]:
+    schedule = as_schedule(schedule)
     if not callable(f):  # lax.scan's checks, in lax.scan's order
         raise TypeError(f"lax.scan: f argument should be a callable. (autoremat.scan with "
                         f"schedule {schedule.describe()}, got {type(f).__name__})")
@@ -262,7 +258,7 @@ def as_schedule(schedule: Any) -> Schedule:
     if isinstance(schedule, Schedule):
         return schedule
     if isinstance(schedule, (str, os.PathLike)):
-        return load_schedule(schedule)
+        return read_schedule(schedule)
     raise ScheduleError(
         "schedule: expected an autoremat.Schedule or the path of a schedule file, got "
         f"{type(schedule).__name__}"

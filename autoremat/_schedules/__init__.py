@@ -3,7 +3,7 @@
 The base ``Schedule`` (``autoremat._schedules.base``) knows no kind. This module
 imports every kind module, registers each class in ``KINDS`` (``kind:`` name
 -> class), and dispatches on it: ``from_data`` (a YAML mapping -> the kind's
-object), ``parse_schedule`` / ``load_schedule`` / ``dump_schedule`` /
+object), ``parse_schedule`` / ``read_schedule`` / ``dump_schedule`` /
 ``save_schedule``. Adding a kind is one module (a frozen ``Schedule``
 subclass, see ``CONTRIBUTING.md``) and one ``register`` line here;
 everything that differs by kind -- parsing and validation, ``describe`` /
@@ -106,7 +106,7 @@ def parse_schedule(text: str | bytes, source: str = "<string>") -> Schedule:
         raise ScheduleError(f"{source}: {one_line(str(e))}") from None
 
 
-def load_schedule(path: str | os.PathLike[str]) -> Schedule:
+def read_schedule(path: str | os.PathLike[str]) -> Schedule:
     """Load a schedule from a YAML file (safe loader, no aliases).
 
     Raises:

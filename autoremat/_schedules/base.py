@@ -110,7 +110,7 @@ class Schedule(ABC):
     #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
     UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
     #: Categorical parameters of ``suggest`` whose choices are ordered: a neighbour
-    #: (``_space.neighbours``) takes the choice before or after, not any other.
+    #: (``space.neighbours``) takes the choice before or after, not any other.
     ORDERED: ClassVar[frozenset[str]] = frozenset()
 
     unroll: int = 1
@@ -158,7 +158,7 @@ class Schedule(ABC):
     @classmethod
     @abstractmethod
     def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
-        """A schedule of this kind sampled from an Optuna trial (``_space``)."""
+        """A schedule of this kind sampled from an Optuna trial (``space``)."""
 
     @classmethod
     @abstractmethod

@@ -37,7 +37,7 @@ def nested_scan(
     unroll: int | bool,
     reverse: bool,
 ) -> tuple[Any, PyTree]:
-    """Run each ``(start, count, level)`` piece (``_nested.pieces``); outputs on axis 0."""
+    """Run each ``(start, count, level)`` piece (``nested.pieces``); outputs on axis 0."""
     carry = init
     outs: dict[int, PyTree] = {}
     for start, count, level in reversed(pieces) if reverse else pieces:

@@ -23,6 +23,7 @@ from autoremat._errors import TuneError
 from autoremat._measure.breakdown import KEYS, breakdown_lines
 from autoremat._measure.mesh import device_note
 from autoremat._schedules.base import Schedule
+from autoremat._search.attrs import DUPLICATE_OF, TIMING, TUNED_FOR
 from autoremat._search.study import MeasuredTrial, StudyInfo, choose, measured_trials, trial_schedule
 from autoremat._units import format_bytes
 from autoremat.bounds import cost, distance_to_optimum
@@ -105,7 +106,7 @@ def _point(t: MeasuredTrial) -> tuple[float, float]:
 def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "",
                 seq_len: int | None = None) -> str:
     """A plain-text table of the front; ``*`` marks the chosen schedule; ``note``: what the
-    memory figures are (``_mesh.device_note``: per device, on how many, which mesh);
+    memory figures are (``mesh.device_note``: per device, on how many, which mesh);
     ``seq_len``: the study's ``T`` (the ``timed`` column says where a step time is
     predicted from a shorter run)."""
     lines = [
@@ -163,8 +164,8 @@ def export_trial(study: optuna.Study, number: int) -> Schedule:
     measured = MeasuredTrial.of(trial, study.user_attrs)
     if trial.state != TrialState.COMPLETE or measured is None:
         why = (measured.measurement.reason if measured is not None else "") or (
-            f"duplicate of trial {trial.user_attrs['duplicate_of']}"
-            if "duplicate_of" in trial.user_attrs else trial.state.name.lower())
+            f"duplicate of trial {trial.user_attrs[DUPLICATE_OF]}"
+            if DUPLICATE_OF in trial.user_attrs else trial.state.name.lower())
         raise TuneError(f"trial: trial {number} has no measured schedule ({why})")
     return trial_schedule(study, measured)
 
@@ -266,10 +267,7 @@ def describe_schedule(schedule: Schedule) -> str:
         lines.append(f"  step time measured at T={seq_len}; short runs had predicted "
                      f"{format_seconds(meta['extrapolated_seconds'])}")
     lines += breakdown_lines(meta)
-    known = {"problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
-             "flax_version", "budget_bytes", "study_name", "trial", "storage", "date",
-             "step_seconds", "compile_seconds", "timed_seq_len", "extrapolated_seconds",
-             *KEYS}
+    known = {*TUNED_FOR, *TIMING, *KEYS}
     extra = {k: v for k, v in meta.items() if k not in known}
     if extra:
         lines.append(f"other meta: {extra}")

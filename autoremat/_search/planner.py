@@ -1,23 +1,23 @@
 """Which schedule to measure next: screen by compiled memory, predict time, time few.
 
 A worker's ``Planner`` holds a pool of candidate schedules (the space's
-random draws, ``_space.propose``, and the neighbours of the best so far,
-``_space.neighbours``) and decides, each time the search may measure one
+random draws, ``space.propose``, and the neighbours of the best so far,
+``space.neighbours``) and decides, each time the search may measure one
 more, which one it is worth timing:
 
-1. candidates are ranked by predicted step time (``_predict.TimeModel``,
+1. candidates are ranked by predicted step time (``predict.TimeModel``,
    calibrated on the study's own timed trials);
 2. going down that list, a candidate storing at least as much as one already
    over the budget (``MemoryModel.surely_over``) is skipped unsized; the
    others are compiled and
-   sized (``_measure.compile_schedule``, a fraction of timing's cost), and the
+   sized (``measure.compile_schedule``, a fraction of timing's cost), and the
    executable kept, so a schedule timed later is not compiled twice;
 3. one over the budget, or dominated on memory and predicted time by a
    schedule already timed, is never timed (nor compiled, when the memory
    model's guess already makes it dominated); the first that is neither is;
 4. the search is done at once when the budget is under what no schedule
    removes (arguments, outputs, stacked per-step outputs:
-   ``_breakdown.floor_bytes``); else when the best prediction left is clearly slower than
+   ``breakdown.floor_bytes``); else when the best prediction left is clearly slower than
    the best measured schedule that fits -- by ``STOP_RATIO``, widened by
    twice the model's own leave-one-out error (``stop_ratio``): a model off
    by 15% must not rule out a schedule predicted 20% slower -- or the time
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from autoremat._measure.breakdown import floor_bytes
-from autoremat._measure.device import fingerprint
-from autoremat._measure.measure import Compiled, compile_schedule
+from autoremat._measure.device import arguments_fingerprint
+from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled, compile_schedule
 from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
-from autoremat._measure.problem import Problem
+from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.short_runs import ShortRuns
@@ -57,10 +57,10 @@ MAX_STOP: Final = 1.6
 CUT_RATIO: Final = 1.3
 
 
-class Done(enum.Enum):
-    """Why a candidate will not be timed by this planner (``OPEN``: it still may)."""
+class Verdict(enum.Enum):
+    """Why a candidate will not be timed by this planner (``UNDECIDED``: it still may be)."""
 
-    OPEN = "open"
+    UNDECIDED = "not decided yet: it may still be timed"
     MEASURED = "measured"
     SURELY_OVER = "over budget (stores more than one that is)"
     NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
@@ -79,7 +79,7 @@ class Candidate:
     params: dict[str, Any]
     structure: Structure
     compiled: Compiled | None = None
-    done: Done = Done.OPEN
+    verdict: Verdict = Verdict.UNDECIDED
     seed: bool = False
 
     @property
@@ -94,9 +94,10 @@ class Planner:
     problem: Problem
     budget_bytes: int
     platform: str
+    short: ShortRuns  # how a candidate is timed (the search's): its run length and cost
     seed: int = 0
     explore_front: bool = False
-    time_budget: float = 5.0
+    time_budget: float = DEFAULT_TIME_BUDGET
     pool: dict[str, Candidate] = field(default_factory=dict)
     timed: dict[str, tuple[int, float]] = field(default_factory=dict)  # key -> (bytes, s)
     cut: dict[str, tuple[int, float]] = field(default_factory=dict)  # one run's seconds
@@ -105,13 +106,18 @@ class Planner:
     memory_model: MemoryModel = field(default_factory=MemoryModel)
     compile_seconds: list[float] = field(default_factory=list)
     screened: int = 0
-    floor: int | None = None  # bytes no schedule removes (``_breakdown.floor_bytes``)
+    floor: int | None = None  # bytes no schedule removes (``breakdown.floor_bytes``)
+    #: ``(schedule key, step, args)`` built before the search (``tune``: the plain scan,
+    #: whose arguments fingerprint the study), used by that schedule's compile.
+    built: tuple[str, Step, tuple[Any, ...]] | None = None
     _args: Any = None
     _fingerprint: str | None = None
     _best_key: str | None = None
 
     def __post_init__(self) -> None:
-        self.short = ShortRuns(self.problem)  # times long problems on short runs
+        if self.built is not None:  # every candidate's compile shares these arguments
+            self._args = self.built[2]
+            self._fingerprint = arguments_fingerprint(self._args)
         self.rng = random.Random(self.seed)
         seq_len = self.problem.seq_len
         for p in seed_params(seq_len):
@@ -147,8 +153,8 @@ class Planner:
         key = schedule.key()
         self.add(schedule, {})
         cand = self.pool[key]
-        if cand.done is Done.OPEN:
-            cand.done = Done.MEASURED
+        if cand.verdict is Verdict.UNDECIDED:
+            cand.verdict = Verdict.MEASURED
         if cand.compiled is not None:
             cand.compiled.release()
         if m.step_seconds is not None and m.total_bytes is not None:
@@ -184,12 +190,16 @@ class Planner:
         best = self.best
         return None if self.explore_front or best is None else CUT_RATIO * best[2]
 
-    # -- screening ---------------------------------------------------------------------
-    def compiled(self, schedule: Schedule) -> Compiled:
-        """The schedule compiled and sized: from the pool, else compiled now. The pool
-        keeps only the sized figures afterwards (the caller runs and releases it)."""
+    def candidate(self, schedule: Schedule) -> Candidate:
+        """The pool's candidate of a schedule that came from the study (a seed, or a
+        retry of a trial whose worker died), added when the pool has none."""
         self.add(schedule, {})
-        cand = self.pool[schedule.key()]
+        return self.pool[schedule.key()]
+
+    # -- screening ---------------------------------------------------------------------
+    def take_compiled(self, cand: Candidate) -> Compiled:
+        """The candidate compiled and sized (compiled now if it was not screened). The pool
+        keeps only the sized figures afterwards (the caller runs and releases it)."""
         if cand.compiled is None:
             self._screen(cand)
         assert cand.compiled is not None
@@ -198,19 +208,22 @@ class Planner:
         return compiled
 
     def _screen(self, cand: Candidate) -> None:
+        built = None
+        if self.built is not None and self.built[0] == cand.schedule.key():
+            built, self.built = self.built[1:], None  # compiled once: not kept
         cand.compiled = compile_schedule(self.problem, cand.schedule,
-                                         budget_bytes=self.budget_bytes)
+                                         budget_bytes=self.budget_bytes, built=built)
         self.screened += 1
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
             self.compile_seconds.append(m.compile_seconds)
         if m.total_bytes is not None:
             self.memory_model.add(cand.structure, m.total_bytes, m.status == OVER_BUDGET)
-        floor = floor_bytes(m.to_attrs())
+        floor = floor_bytes(m)
         if floor is not None:
             self.floor = floor
         if cand.compiled.executable is not None:  # share one set of arguments
-            fp = fingerprint(cand.compiled.args)
+            fp = arguments_fingerprint(cand.compiled.args)
             if self._fingerprint is None:
                 self._args, self._fingerprint = cand.compiled.args, fp
             elif fp == self._fingerprint:
@@ -227,11 +240,6 @@ class Planner:
         """Predicted step seconds (``None`` before any schedule was timed)."""
         return self.time_model.predict(cand.structure, float(self.total(cand) or 0))
 
-    def prediction(self, key: str) -> float | None:
-        """``predict`` of a schedule in the pool (recorded with its trial)."""
-        cand = self.pool.get(key)
-        return None if cand is None else self.predict(cand)
-
     def _dominated(self, cand: Candidate, predicted: float | None) -> bool:
         """A timed schedule needs no more memory (sized, else the memory model's guess)
         and no more time than ``predicted``."""
@@ -243,7 +251,7 @@ class Planner:
     def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]:
         """Open candidates by predicted time (before any timing: fewest evaluations, the
         time model's prior); ``compiled_first``: those already compiled first."""
-        open_ = [c for k, c in self.pool.items() if c.done is Done.OPEN and k not in self.taken]
+        open_ = [c for k, c in self.pool.items() if c.verdict is Verdict.UNDECIDED and k not in self.taken]
         ranked = [(self.predict(c), c) for c in open_]
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),
                       key=lambda pc: (compiled_first and pc[1].compiled is None, pc[0]))
@@ -256,8 +264,8 @@ class Planner:
         dominated ones too (a caller that must measure a given number)."""
         if dominated:
             for cand in self.pool.values():
-                if cand.done is Done.DOMINATED and cand.schedule.key() not in self.taken:
-                    cand.done = Done.OPEN
+                if cand.verdict is Verdict.DOMINATED and cand.schedule.key() not in self.taken:
+                    cand.verdict = Verdict.UNDECIDED
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             chosen = self._next_once(left, explore or dominated, dominated)
@@ -281,7 +289,7 @@ class Planner:
                     continue  # near a timed schedule, and not predicted within STOP_RATIO
             if cand.compiled is None:
                 if self.memory_model.surely_over(cand.structure):
-                    cand.done = Done.SURELY_OVER
+                    cand.verdict = Verdict.SURELY_OVER
                     continue
                 if not explore and self._dominated(cand, predicted):
                     continue  # by the memory model's guess: not worth a compile (yet)
@@ -293,13 +301,13 @@ class Planner:
             if m.status == ERROR:
                 return cand  # recorded as a failed trial
             if cand.compiled.executable is None:
-                cand.done = Done.NO_EXECUTABLE
+                cand.verdict = Verdict.NO_EXECUTABLE
                 continue
             if not dominated and self._dominated(cand, self.predict(cand)):
-                cand.done = Done.DOMINATED
+                cand.verdict = Verdict.DOMINATED
                 continue
             # a warm-up, then 3 runs -- or the warm-up alone, when longer than the time
-            # budget -- of the timing run (a short one: ``_fidelity``)
+            # budget -- of the timing run (a short one: ``short_runs``)
             run = predicted / self.short.scale(cand.schedule)
             timing = run if run > self.time_budget else run + max(3 * run, self.time_budget)
             if time_left is not None and self.time_model.points and time_left < timing:

@@ -2,7 +2,7 @@
 
 The first worker on a study name creates the study, records what it is for
 (``StudyInfo``: problem, argument fingerprint, device, budget) and enqueues
-the seed schedules (``_space.seed_params``: the obvious candidates, always
+the seed schedules (``space.seed_params``: the obvious candidates, always
 measured first). A later worker -- or a later ``tune`` resuming the study --
 checks that what it records matches, so a study never mixes problems,
 devices or budgets. The search itself is ``autoremat._search.tune``.
@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Final
 
 from autoremat._errors import TuneError
 from autoremat._measure.problem import Problem
-from autoremat._search.space import seed_params
+from autoremat._search.attrs import SCHEDULE
+from autoremat._search.space import seed_schedules
 from autoremat._search.storage import StudyLock
 from autoremat._search.study import MATCHED_STUDY_ATTRS, StudyInfo
 
@@ -46,8 +47,8 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,
         study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                     directions=["minimize", "minimize"])
         n_before = 0
-    # The planner enqueues every schedule; the sampler only fills a trial whose enqueued
-    # schedule another worker took first.
+    # Each worker measures what its planner chose or a trial enqueued with its schedule (a
+    # seed, a retry): nothing is sampled.
     study.sampler = optuna.samplers.RandomSampler(seed=(seed + n_before) % 2**32)
     attrs = info.to_attrs()
     with lock:  # one worker sets the study up; the others check what it set
@@ -66,6 +67,6 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,
             for k, v in attrs.items():
                 study.set_user_attr(k, v)
             if not study.trials:
-                for params in seed_params(info.seq_len):
-                    study.enqueue_trial(params, skip_if_exists=True)
+                for schedule in seed_schedules(info.seq_len):
+                    study.enqueue_trial({}, user_attrs={SCHEDULE: schedule.to_data()})
     return study

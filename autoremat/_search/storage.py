@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError, one_line
+from autoremat._search.attrs import MEASURING, RETRY_OF, RETRY_REASON
 
 if TYPE_CHECKING:
     import optuna
@@ -122,9 +123,9 @@ class RetryStaleTrial:
             return
         system_attrs = {**trial.system_attrs, "failed_trial": history[0],
                         "retry_history": history}
-        user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "measuring"}
-        user_attrs["retry_of"] = trial.number
-        user_attrs["retry_reason"] = "its worker stopped sending heartbeats (killed or lost)"
+        user_attrs = {k: v for k, v in trial.user_attrs.items() if k != MEASURING}
+        user_attrs[RETRY_OF] = trial.number
+        user_attrs[RETRY_REASON] = "its worker stopped sending heartbeats (killed or lost)"
         study.add_trial(optuna.trial.create_trial(
             state=optuna.trial.TrialState.WAITING, params=trial.params,
             distributions=trial.distributions, user_attrs=user_attrs, system_attrs=system_attrs,

@@ -14,14 +14,14 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import TuneError
 from autoremat._measure.breakdown import floor_message
 from autoremat._measure.measurement import Measurement
-from autoremat._schedules import from_data, save_schedule
+from autoremat._schedules import from_data
 from autoremat._schedules.base import Schedule
+from autoremat._search.attrs import MEASURED, SCHEDULE
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
 from autoremat._units import format_bytes
 
@@ -97,14 +97,14 @@ class MeasuredTrial:
         ``study_attrs``: the study's, so a full-length confirmation of a time predicted
         from a short run (``confirmed_key``, ``autoremat._search.confirm``) replaces it."""
         attrs = trial.user_attrs
-        if not attrs.get("measured"):
+        if not attrs.get(MEASURED):
             return None
         m = Measurement.from_attrs(attrs)
         confirmed = (study_attrs or {}).get(confirmed_key(trial.number))
         if confirmed is not None:
             m = replace(Measurement.from_attrs({**attrs, **confirmed}),
                         extrapolated_seconds=m.step_seconds)
-        return cls(trial.number, from_data(attrs["schedule"]), m)
+        return cls(trial.number, from_data(attrs[SCHEDULE]), m)
 
 
 def confirmed_key(number: int) -> str:
@@ -159,10 +159,12 @@ def _choose(trials: list[MeasuredTrial], budget_bytes: int,
                                             t.measurement.total_bytes, t.number), default=None)
 
 
-def trial_schedule(study: optuna.Study, trial: MeasuredTrial) -> Schedule:
-    """The trial's schedule, with ``meta`` recording what it was tuned for and measured."""
+def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
+                   info: StudyInfo | None = None) -> Schedule:
+    """The trial's schedule, with ``meta`` recording what it was tuned for and measured;
+    ``info``: the study's ``StudyInfo`` when the caller has it (else read from the study)."""
     m = trial.measurement
-    info = StudyInfo.of(study)
+    info = info if info is not None else StudyInfo.of(study)
     return trial.schedule.with_meta(
         problem=info.problem, seq_len=info.seq_len, fingerprint=info.fingerprint,
         device_kind=m.device_kind, platform=m.platform, jax_version=m.jax_version,
@@ -216,26 +218,15 @@ class TuneResult:
     unconfirmed: str = ""
 
 
-def summarize(study: optuna.Study, storage: str, *, out: str | Path | None = None,
+def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
               measured: int = 0, interrupted: bool = False,
               unconfirmed: str = "") -> TuneResult:
-    """The ``TuneResult`` of a study (nothing is measured); ``out``: write ``best`` there.
-
-    Raises:
-      TuneError: ``out`` cannot be written (the study is kept).
-    """
-    info = StudyInfo.of(study)
+    """The ``TuneResult`` of a study (nothing is measured, nothing written); ``info``: what
+    the study was made for, when the caller has it (``tune``), else read from the study."""
+    info = info if info is not None else StudyInfo.of(study)
     trials = measured_trials(study)
     best_trial = _choose(trials, info.budget_bytes, info.seq_len)
-    best = trial_schedule(study, best_trial) if best_trial is not None else None
-    if best_trial is not None and best is not None and out is not None:
-        try:
-            save_schedule(best, out)
-        except OSError as e:
-            raise TuneError(
-                f"out: cannot write {str(out)!r} ({e.strerror or e}); the study is kept: "
-                f"export trial {best_trial.number} to another file"
-            ) from None
+    best = trial_schedule(study, best_trial, info) if best_trial is not None else None
     plain_key = Schedule.plain(info.seq_len).key()
     sized = [t for t in trials if t.measurement.total_bytes is not None]
     return TuneResult(
@@ -258,7 +249,7 @@ def nothing_fits_message(result: TuneResult) -> str:
         return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
                 "measured (see the trials' 'reason')")
     total = s.measurement.total_bytes
-    floor = floor_message(s.measurement.to_attrs(), result.budget_bytes)
+    floor = floor_message(s.measurement, result.budget_bytes)
     return (
         f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
         f"the smallest total measured is {format_bytes(total)} ({total} bytes), "

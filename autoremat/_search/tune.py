@@ -1,24 +1,25 @@
 """The search: remat schedules of a problem under a memory budget, as an Optuna study.
 
 ``tune`` records every measured schedule as a trial of an Optuna study with
-two objectives, ``total_bytes`` and ``step_seconds`` (``_measure``); the
+two objectives, ``total_bytes`` and ``step_seconds`` (``measure``); the
 budget is a constraint, ``total_bytes - budget <= 0``
 (``trial.set_constraint``, Optuna 5), so the whole measured front stays
 available (``autoremat pareto``). The answer is the fastest trial that fits
 (``autoremat._search.study.choose``).
 
 What gets measured is decided by ``autoremat._search.planner.Planner``, not by a
-sampler: the obvious candidates (``_space.seed_params``) are enqueued first
-and always measured (they calibrate the cost model); after them, candidates
+sampler: the obvious candidates (``space.seed_schedules``) are enqueued first, each
+trial holding its schedule, and always measured (they calibrate the cost model); after
+them the planner hands its candidate straight to the trial that measures it; candidates
 are sized by compiling them (cheap), ranked by a time model calibrated on the
-study's own trials (``_predict``), and timed only when they fit and are not
+study's own trials (``predict``), and timed only when they fit and are not
 dominated; a schedule whose first run is already clearly slower than the best
 that fits is a *cut* trial (``cut_seconds``, no ``step_seconds``). The search
 ends when nothing left is predicted to beat the best, after ``n_trials``
 (exactly that many: past the planner's stop, dominated ones too), or at
 ``time_limit``.
 
-Long problems (``T >= _fidelity.MIN_SEQ_LEN`` with
+Long problems (``T >= short_runs.MIN_SEQ_LEN`` with
 ``Problem.at_length``) are sized at full length but timed on short runs,
 their full-length times predicted (``autoremat._search.short_runs``; the trial attr
 ``timed_seq_len`` says which); before answering, the pick is timed at full
@@ -46,23 +47,36 @@ length (``autoremat._search.confirm``) and the answer is the fastest measured.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from autoremat._errors import ProblemError, TuneError, one_line
-from autoremat._measure.device import environment, fingerprint
+from autoremat._measure.device import arguments_fingerprint, environment
+from autoremat._measure.measure import DEFAULT_TIME_BUDGET
 from autoremat._measure.measurement import ERROR
 from autoremat._measure.mesh import layout
-from autoremat._measure.problem import Problem
+from autoremat._measure.problem import Problem, Step
+from autoremat._schedules import from_data, save_schedule
 from autoremat._schedules.base import Schedule
+from autoremat._search.attrs import (
+    DESCRIBE,
+    DUPLICATE_OF,
+    MEASURED,
+    MEASURING,
+    PREDICTED_SECONDS,
+    SCHEDULE,
+    SCHEDULE_KEY,
+    TOTAL_REACHED,
+)
 from autoremat._search.confirm import confirm
-from autoremat._search.planner import Planner
+from autoremat._search.planner import Candidate, Planner
 from autoremat._search.resume import default_study_name, open_study
-from autoremat._search.space import suggest
+from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyLock, open_storage, redact
 from autoremat._search.study import MeasuredTrial, StudyInfo, TuneResult, summarize
 from autoremat._units import parse_duration
@@ -76,7 +90,7 @@ _MAX_DUPLICATES_IN_A_ROW: Final = 50
 #: Without ``n_trials``, at most this many (the planner or the time limit stops first).
 _MAX_TRIALS: Final = 10_000
 #: ``tune``'s default time limit: the built-in problem at T=10^4 in under 2.5 minutes.
-DEFAULT_TIME_LIMIT: Final = 120.0
+DEFAULT_TIME_LIMIT: Final = "2m"
 OnTrial = Callable[["optuna.Study", "FrozenTrial"], None]
 #: What a worker does next (``_Search.next_step``).
 NextStep = Literal["measure", "wait", "stop"]
@@ -89,19 +103,19 @@ class MeasurementFailed(RuntimeError):
 def _is_measured(t: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
-    return t.state in (TrialState.COMPLETE, TrialState.FAIL) and bool(t.user_attrs.get("measured"))
+    return t.state in (TrialState.COMPLETE, TrialState.FAIL) and bool(t.user_attrs.get(MEASURED))
 
 
 def _is_claimed(t: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
-    return t.state == TrialState.RUNNING and bool(t.user_attrs.get("measuring"))
+    return t.state == TrialState.RUNNING and bool(t.user_attrs.get(MEASURING))
 
 
 def _find_measured(trials: list[FrozenTrial], key: str, exclude: int) -> int | None:
     """The number of a trial that measured (or is measuring) ``key``, if any."""
     for t in trials:
-        if t.number == exclude or t.user_attrs.get("schedule_key") != key:
+        if t.number == exclude or t.user_attrs.get(SCHEDULE_KEY) != key:
             continue
         if _is_measured(t) or _is_claimed(t):
             return t.number
@@ -128,11 +142,13 @@ class _Search:
     def __init__(self, problem: Problem, info: StudyInfo, study: optuna.Study,
                  storage: RDBStorage, lock: StudyLock, *, total_trials: int | None,
                  time_budget: float, heartbeat: int, on_trial: OnTrial | None,
-                 explore_front: bool = False, seed: int = 0) -> None:
+                 explore_front: bool = False, seed: int = 0,
+                 built: tuple[str, Step, tuple[Any, ...]] | None = None) -> None:
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
-        self.planner = Planner(problem, info.budget_bytes, info.platform or "",
+        self.short = ShortRuns(problem)  # times long problems on short runs
+        self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,
                                seed=seed + len(study.trials), explore_front=explore_front,
-                               time_budget=time_budget)
+                               time_budget=time_budget, built=built)
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None
@@ -155,35 +171,44 @@ class _Search:
             trials = self.fresh_trials()
             dup = _find_measured(trials, key, trial.number)
             if dup is not None:
-                trial.set_user_attr("duplicate_of", dup)
+                trial.set_user_attr(DUPLICATE_OF, dup)
                 raise optuna.TrialPruned(f"schedule already measured in trial {dup}")
             if self.total_trials is not None:
                 done, running = _progress(trials, exclude=trial.number)
                 if done + running >= self.total_trials:
-                    trial.set_user_attr("total_reached", self.total_trials)
+                    trial.set_user_attr(TOTAL_REACHED, self.total_trials)
                     raise optuna.TrialPruned(f"the study has its {self.total_trials} trials")
-            trial.set_user_attr("measuring", True)
+            trial.set_user_attr(MEASURING, True)
 
-    def objective(self, trial: optuna.Trial) -> tuple[float, float]:
-        """Suggest a schedule, claim it, size it (from the planner's screen when it has
-        one) and, if it fits, time it; ``(total_bytes, step_seconds)``."""
+    def objective(self, trial: optuna.Trial, planned: Candidate | None) -> tuple[float, float]:
+        """Measure ``planned`` -- or, when Optuna handed this worker a trial enqueued
+        before (a seed, or the retry of a trial whose worker died), the schedule that
+        trial holds: claim it, size it (from the planner's screen when it has one) and, if
+        it fits, time it; ``(total_bytes, step_seconds)``."""
+        import optuna
+
         budget = self.info.budget_bytes
-        schedule = suggest(trial, self.problem.seq_len, self.info.platform or "")
-        key = schedule.key()
-        trial.set_user_attr("schedule_key", key)
-        trial.set_user_attr("schedule", schedule.to_data())
-        trial.set_user_attr("describe", schedule.describe())
+        enqueued = trial.user_attrs.get(SCHEDULE)
+        if enqueued is not None:
+            cand = self.planner.candidate(from_data(enqueued))
+        elif planned is not None:
+            cand = planned
+        else:  # nothing planned, and the trial waiting for it was taken by another worker
+            raise optuna.TrialPruned("no schedule to measure")
+        schedule, key = cand.schedule, cand.schedule.key()
+        trial.set_user_attr(SCHEDULE_KEY, key)
+        trial.set_user_attr(SCHEDULE, schedule.to_data())
+        trial.set_user_attr(DESCRIBE, schedule.describe())
         self.claim(trial, key)
-        compiled = self.planner.compiled(schedule)
-        trial.set_user_attr("predicted_seconds", self.planner.prediction(key))
-        m = self.planner.short.time(schedule, compiled, budget_bytes=budget,
-                                    time_budget=self.time_budget,
-                                    cut_after=self.planner.cut_after())
+        compiled = self.planner.take_compiled(cand)
+        trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
+        m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
+                            cut_after=self.planner.cut_after())
         compiled.release()
         self.planner.record(schedule, m)
         for k, v in m.to_attrs().items():
             trial.set_user_attr(k, v)
-        trial.set_user_attr("measured", True)
+        trial.set_user_attr(MEASURED, True)
         if m.total_bytes is not None:
             trial.set_constraint("memory", float(m.total_bytes - budget))
         if m.status == ERROR or m.total_bytes is None:
@@ -193,10 +218,10 @@ class _Search:
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Count the finished trial, then call ``on_trial``."""
-        if trial.user_attrs.get("measured"):
+        if trial.user_attrs.get(MEASURED):
             self.measured += 1
             self.duplicates_in_a_row = 0
-        elif "duplicate_of" in trial.user_attrs:
+        elif DUPLICATE_OF in trial.user_attrs:
             self.duplicates_in_a_row += 1
         if self.on_trial is not None:
             self.on_trial(study, trial)
@@ -224,22 +249,20 @@ class _Search:
             return "wait" if self.heartbeats else "stop"
         return "measure"
 
-    def plan(self, deadline: float | None, explore: bool, dominated: bool = False) -> bool:
-        """Enqueue the planner's next schedule unless a trial is already waiting (a seed
-        or a retry); ``False`` when there is nothing left worth measuring."""
+    def plan(self, deadline: float | None, explore: bool,
+             dominated: bool = False) -> Candidate | Literal["enqueued"] | None:
+        """The planner's next candidate; ``"enqueued"`` when a trial is already waiting (a
+        seed or a retry: Optuna hands it to the next ``optimize``); ``None`` when there is
+        nothing left worth measuring."""
         from optuna.trial import TrialState
 
         trials = self.fresh_trials()
         if any(t.state == TrialState.WAITING for t in trials):
-            return True
+            return "enqueued"
         self.planner.observe([(m.schedule, m.measurement) for m in map(MeasuredTrial.of, trials)
-                              if m is not None], {str(t.user_attrs.get("schedule_key")) for t
+                              if m is not None], {str(t.user_attrs.get(SCHEDULE_KEY)) for t
                                                   in trials if _is_measured(t) or _is_claimed(t)})
-        cand = self.planner.next(deadline, explore=explore, dominated=dominated)
-        if cand is None:
-            return False
-        self.study.enqueue_trial(cand.params)
-        return True
+        return self.planner.next(deadline, explore=explore, dominated=dominated)
 
     def run(self, n_trials: int | None, time_limit: float | None) -> bool:
         """Measure schedules until the planner is done, ``n_trials`` are measured (then
@@ -268,11 +291,14 @@ class _Search:
                     time.sleep(pause if left is None else max(0.0, min(pause, left)))
                     continue
                 exact = n_trials is not None or self.total_trials is not None
-                if not (self.plan(deadline, self.planner.explore_front)
-                        or (exact and self.plan(deadline, True, True))):
+                planned = self.plan(deadline, self.planner.explore_front)
+                if planned is None and exact:
+                    planned = self.plan(deadline, True, True)
+                if planned is None:
                     break
                 self.attempts += 1
-                self.study.optimize(self.objective, n_trials=1,
+                cand = planned if isinstance(planned, Candidate) else None
+                self.study.optimize(functools.partial(self.objective, planned=cand), n_trials=1,
                                     catch=(MeasurementFailed,), callbacks=[self.callback],
                                     gc_after_trial=False)
             if self.heartbeats:
@@ -296,7 +322,7 @@ def tune(
     study_name: str | None = None,
     seed: int = 0,
     out: str | Path | None = None,
-    time_budget: float = 5.0,
+    time_budget: float = DEFAULT_TIME_BUDGET,
     heartbeat: int = DEFAULT_HEARTBEAT,
     on_trial: OnTrial | None = None,
     on_confirm: Callable[[str], None] | None = None,
@@ -359,27 +385,36 @@ def tune(
     start = time.monotonic()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     env = environment()
-    try:
-        _, args = problem.build(Schedule.plain(problem.seq_len))
+    plain = Schedule.plain(problem.seq_len)
+    try:  # the plain scan's arguments say what the study is for; its compile reuses them
+        step, args = problem.build(plain)
     except Exception as e:
         raise ProblemError(f"problem: {problem.name}: build(plain scan) failed: "
                            f"{one_line(e)}") from None
     devices, mesh = layout(args)
     info = StudyInfo(budget_bytes=budget_bytes, seq_len=problem.seq_len, problem=problem.name,
-                     fingerprint=fingerprint(args), device_kind=env["device_kind"],
+                     fingerprint=arguments_fingerprint(args), device_kind=env["device_kind"],
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
                      devices=devices, mesh=mesh)
-    del args
     storage_obj = open_storage(storage, heartbeat=heartbeat)
     name = study_name or default_study_name(problem, budget_bytes, env["device_kind"])
     lock = StudyLock(storage_obj, name)
     study = open_study(storage_obj, name, info, lock, seed)
     search = _Search(problem, info, study, storage_obj, lock, total_trials=total_trials,
                      time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
-                     explore_front=explore_front, seed=seed)
+                     explore_front=explore_front, seed=seed, built=(plain.key(), step, args))
+    del step, args
     interrupted = search.run(n_trials, None if limit is None else
                              limit - (time.monotonic() - start))
     unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
                                                  time_budget=time_budget, on_confirm=on_confirm)
-    return summarize(study, storage or DEFAULT_STORAGE, out=out, measured=search.measured,
-                     interrupted=interrupted, unconfirmed=unconfirmed)
+    result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search.measured,
+                       interrupted=interrupted, unconfirmed=unconfirmed)
+    if out is not None and result.best is not None and result.best_trial is not None:
+        try:
+            save_schedule(result.best, out)
+        except OSError as e:
+            raise TuneError(
+                f"out: cannot write {str(out)!r} ({e.strerror or e}); the study is kept: "
+                f"export trial {result.best_trial.number} to another file") from None
+    return result

@@ -19,7 +19,7 @@ from flax import nnx
 from helpers import REWRITE_T as T
 from helpers import REWRITE_W as W
 from helpers import REWRITE_X as X
-from helpers import _assert_close, scan_loss
+from helpers import assert_close, scan_loss
 
 import autoremat
 import autoremat.linen
@@ -57,10 +57,10 @@ def test_nnx_state_survives_and_gradients_match() -> None:
         l_ref, g_ref = nnx.value_and_grad(nnx_loss)(ref, X)
         l_got, g_got = nnx.value_and_grad(wrapped)(model, X)
         np.testing.assert_allclose(l_got, l_ref, rtol=RTOL)
-        _assert_close(nnx.to_pure_dict(g_got), nnx.to_pure_dict(g_ref))
+        assert_close(nnx.to_pure_dict(g_got), nnx.to_pure_dict(g_ref))
     got = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.RngKey)))
     want = nnx.to_pure_dict(nnx.state(ref, nnx.Not(nnx.RngKey)))
-    _assert_close(got, want)
+    assert_close(got, want)
     assert int(model.calls[...]) == 2
     assert int(model.drop.rngs.count[...]) == int(before["drop"]["rngs"]["count"]) + 2
     assert not np.allclose(model.norm.mean[...], before["norm"]["mean"])  # statistics moved
@@ -88,7 +88,7 @@ def test_nnx_scan_memory_and_describe() -> None:
     assert temp(wrapped) < 0.7 * temp(loss)
     g_ref = nnx.grad(loss)(cell, X)
     g_got = nnx.grad(wrapped)(cell, X)
-    _assert_close(nnx.to_pure_dict(g_got), nnx.to_pure_dict(g_ref))
+    assert_close(nnx.to_pure_dict(g_got), nnx.to_pure_dict(g_ref))
 
 
 # -- describe -------------------------------------------------------------------------------
@@ -107,7 +107,7 @@ def test_describe_names_length_carry_and_the_users_line() -> None:
     assert (long.length, long.carry_bytes, long.action) == (T, 2 * 8 * 4, "rewritten")
     assert long.where.startswith("tests/helpers.py:") and "scan_loss" in long.where
     assert (short.length, short.action) == (3, "too short")
-    assert "test_rewrite_more.py" in short.where
+    assert "test_remat_scans.py" in short.where
     text = str(report)
     assert "1 of 2 scan(s) rewritten" in text and "rewritten  length      200" in text
 
@@ -125,7 +125,7 @@ def test_problem_from_loss_builds_the_train_step() -> None:
     params, _, value = jax.jit(step)(*args)
     np.testing.assert_allclose(value, loss(W, X, y), rtol=RTOL)
     grads = jax.grad(loss)(W, X, y)
-    _assert_close(params, jax.tree.map(lambda w, g: w - 0.1 * g, W, grads))
+    assert_close(params, jax.tree.map(lambda w, g: w - 0.1 * g, W, grads))
     plain = autoremat.measure(problem, Schedule.plain(T), run=False)
     nested = autoremat.measure(problem, NESTED, run=False)
     assert nested.temp_bytes < plain.temp_bytes

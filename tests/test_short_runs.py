@@ -1,4 +1,4 @@
-"""Short-run timing (_fidelity) and the full-length confirmation of the pick (_confirm)."""
+"""Short-run timing (short_runs) and the full-length confirmation of the pick (confirm)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 import optuna
 import pytest
 
-import autoremat._search.short_runs as fidelity
+import autoremat._search.short_runs as short_runs
 from autoremat._cli.printing import result_table
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import seed_lstm
-from autoremat._schedules import load_schedule
+from autoremat._schedules import read_schedule
 from autoremat._schedules.base import Schedule
 from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_study
 from autoremat._search.study import load_study, measured_trials
@@ -27,8 +27,8 @@ BUDGET = 50_000_000
 @pytest.fixture()
 def short(monkeypatch: pytest.MonkeyPatch) -> int:
     """Short runs of about ``SHORT`` steps for problems of ``2 * SHORT`` or more."""
-    monkeypatch.setattr(fidelity, "SHORT_SEQ_LEN", SHORT)
-    monkeypatch.setattr(fidelity, "MIN_SEQ_LEN", 2 * SHORT)
+    monkeypatch.setattr(short_runs, "SHORT_SEQ_LEN", SHORT)
+    monkeypatch.setattr(short_runs, "MIN_SEQ_LEN", 2 * SHORT)
     return SHORT
 
 
@@ -46,18 +46,18 @@ def test_each_kind_keeps_its_structure_in_the_short_run() -> None:
     assert Schedule.binomial(30).timing_length(T, SHORT) == 240  # 8 steps per snapshot
     assert Schedule.binomial(80).timing_length(T, SHORT) == T  # never past T
     # nested work is linear in whole chunks; binomial's re-runs grow faster than T
-    assert fidelity.scale(nested, T, 100) == pytest.approx(4.0)
+    assert short_runs.scale(nested, T, 100) == pytest.approx(4.0)
     b = Schedule.binomial(4)
-    assert fidelity.scale(b, T, 100) == fidelity.work(b, T) / fidelity.work(b, 100) > 4.0
-    assert fidelity.work(b, T) == b.cost(T).evaluations + fidelity.BACKWARD_EXTRA * T
+    assert short_runs.scale(b, T, 100) == short_runs.work(b, T) / short_runs.work(b, 100) > 4.0
+    assert short_runs.work(b, T) == b.cost(T).evaluations + short_runs.BACKWARD_EXTRA * T
 
 
 def test_short_runs_only_when_the_problem_can_and_is_long_enough(short: int) -> None:
     problem = small()
-    assert fidelity.timed_length(problem, Schedule.nested([40, 10])) == 100
-    assert fidelity.timed_length(problem, Schedule.nested([2, 200])) == T  # > half of T
-    assert fidelity.timed_length(small(150), Schedule.nested([15, 10])) == 150  # T < 2 short
-    assert fidelity.timed_length(replace(problem, at_length=None),
+    assert short_runs.timed_length(problem, Schedule.nested([40, 10])) == 100
+    assert short_runs.timed_length(problem, Schedule.nested([2, 200])) == T  # > half of T
+    assert short_runs.timed_length(small(150), Schedule.nested([15, 10])) == 150  # T < 2 short
+    assert short_runs.timed_length(replace(problem, at_length=None),
                                  Schedule.nested([40, 10])) == T
 
 
@@ -67,7 +67,7 @@ def test_a_short_run_keeps_the_full_length_bytes_and_scales_its_time(short: int)
     full_total = sized.measurement.total_bytes
     short_total = compile_schedule(problem.at_length(100), schedule).measurement.total_bytes
     assert full_total is not None and short_total is not None and short_total < full_total
-    m = fidelity.ShortRuns(problem).time(schedule, sized, budget_bytes=BUDGET,
+    m = short_runs.ShortRuns(problem).time(schedule, sized, budget_bytes=BUDGET,
                                          time_budget=0.05, cut_after=None)
     assert m.status == "ok" and m.total_bytes == full_total
     assert (m.timed_seq_len, m.short_seq_len) == (100, 100)
@@ -79,7 +79,7 @@ def test_a_short_run_keeps_the_full_length_bytes_and_scales_its_time(short: int)
 def test_full_length_problems_record_their_length(short: int) -> None:
     problem = small(150)
     sized = compile_schedule(problem, Schedule.nested([15, 10]), budget_bytes=BUDGET)
-    m = fidelity.ShortRuns(problem).time(Schedule.nested([15, 10]), sized,
+    m = short_runs.ShortRuns(problem).time(Schedule.nested([15, 10]), sized,
                                          budget_bytes=BUDGET, time_budget=0.05, cut_after=None)
     assert m.timed_seq_len == 150 and m.short_seq_len is None and m.short_seconds is None
 
@@ -104,8 +104,8 @@ def test_tune_times_short_then_confirms_the_pick_at_full_length(
     own = study.trials[best.number].user_attrs
     assert own["step_seconds"] == m.extrapolated_seconds != m.step_seconds
     assert study.user_attrs[f"confirmed:{best.number}"]["step_seconds"] == m.step_seconds
-    assert load_schedule("s.yaml").meta["timed_seq_len"] == T
-    assert "short runs had predicted" in describe_schedule(load_schedule("s.yaml"))
+    assert read_schedule("s.yaml").meta["timed_seq_len"] == T
+    assert "short runs had predicted" in describe_schedule(read_schedule("s.yaml"))
     table = result_table(result)
     assert "confirmed at full length" in table and f"T'={m.short_seq_len}" in table
     # Optuna's own tools read the study: named objectives, fidelity per trial
@@ -170,7 +170,7 @@ def test_a_loss_problem_is_timed_on_the_first_steps_of_its_batch(short: int) -> 
     assert (cut.seq_len, cut.arg_names) == (100, problem.arg_names)
     step, args = cut.build(Schedule.nested([10, 10]))
     np.testing.assert_allclose(jax.jit(step)(*args)[2], loss(W, x[:, :100], y), rtol=1e-5)
-    assert fidelity.ShortRuns(problem).length(Schedule.nested([20, 10])) == 100
+    assert short_runs.ShortRuns(problem).length(Schedule.nested([20, 10])) == 100
 
     # B == T: which axis is time is not known, so no short runs
     square = jax.random.normal(jax.random.PRNGKey(0), (T, T, 3))
@@ -184,7 +184,7 @@ def test_a_loss_problem_is_timed_on_the_first_steps_of_its_batch(short: int) -> 
     with pytest.raises(ProblemError, match=r"at_length: .* longest scan has 400 steps, not 100"):
         stuck.at_length(100)  # type: ignore[misc]
     schedule = Schedule.nested([20, 10])
-    runs = fidelity.ShortRuns(stuck)
+    runs = short_runs.ShortRuns(stuck)
     with pytest.warns(RuntimeWarning, match="timed at full length"):
         m = runs.time(schedule, compile_schedule(stuck, schedule), budget_bytes=BUDGET,
                       time_budget=0.05, cut_after=None)
