@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -180,3 +182,23 @@ def test_batch_major_input_is_not_transposed_whole() -> None:
     problem = seed_lstm(seq_len=20_000, batch=10, hidden=16, input_dim=64, seq2seq=False)
     input_bytes = 10 * 20_000 * 64 * 4
     assert _temp_bytes(problem, Schedule.nested([100, 200])) < 0.25 * input_bytes
+
+
+def test_a_schedule_file_path_runs_like_the_schedule(tmp_path: Path) -> None:
+    """``autoremat.scan`` takes the path of a schedule file, as ``linen.scan``, ``nnx.scan``
+    and ``remat_scans`` do; values and gradients equal ``lax.scan``'s."""
+    path = autoremat.save_schedule(Schedule.nested([4, 5]), tmp_path / "s.yaml")
+    w = jnp.linspace(0.1, 0.9, 3)
+    xs = jnp.sin(jnp.arange(60.0).reshape(20, 3))
+
+    def loss(w: jax.Array, run: Any) -> jax.Array:
+        carry, ys = run(lambda c, x: (jnp.tanh(c * w + x), jnp.sum(c)), jnp.zeros(3), xs)
+        return jnp.sum(carry) + jnp.sum(ys**2)
+
+    want = jax.value_and_grad(loss)(w, lax.scan)
+    for schedule in (path, str(path)):
+        got = jax.value_and_grad(loss)(
+            w, lambda f, c, x, s=schedule: autoremat.scan(f, c, x, schedule=s))
+        assert_close(got, want)
+    with pytest.raises(autoremat.ScheduleError, match=r"schedule: expected an autoremat\.Schedule"):
+        autoremat.scan(lambda c, x: (c, x), 0.0, xs, schedule=3)  # type: ignore[arg-type]
