@@ -384,9 +384,33 @@ def tune(
     limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
     start = time.monotonic()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    info, built = _study_info(problem, budget_bytes, storage)
+    storage_obj = open_storage(storage, heartbeat=heartbeat)
+    name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
+    lock = StudyLock(storage_obj, name)
+    study = open_study(storage_obj, name, info, lock, seed)
+    search = _Search(problem, info, study, storage_obj, lock, total_trials=total_trials,
+                     time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
+                     explore_front=explore_front, seed=seed, built=built)
+    del built
+    interrupted = search.run(n_trials, None if limit is None else
+                             limit - (time.monotonic() - start))
+    unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
+                                                 time_budget=time_budget, on_confirm=on_confirm)
+    result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search.measured,
+                       interrupted=interrupted, unconfirmed=unconfirmed)
+    if out is not None:
+        _write_best(result, out)
+    return result
+
+
+def _study_info(problem: Problem, budget_bytes: int, storage: str | None,
+                ) -> tuple[StudyInfo, tuple[str, Step, tuple[Any, ...]]]:
+    """What the study is for, from the plain scan's arguments, and that build (its compile
+    reuses it: the step is built once)."""
     env = environment()
     plain = Schedule.plain(problem.seq_len)
-    try:  # the plain scan's arguments say what the study is for; its compile reuses them
+    try:
         step, args = problem.build(plain)
     except Exception as e:
         raise ProblemError(f"problem: {problem.name}: build(plain scan) failed: "
@@ -396,25 +420,16 @@ def tune(
                      fingerprint=arguments_fingerprint(args), device_kind=env["device_kind"],
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
                      devices=devices, mesh=mesh)
-    storage_obj = open_storage(storage, heartbeat=heartbeat)
-    name = study_name or default_study_name(problem, budget_bytes, env["device_kind"])
-    lock = StudyLock(storage_obj, name)
-    study = open_study(storage_obj, name, info, lock, seed)
-    search = _Search(problem, info, study, storage_obj, lock, total_trials=total_trials,
-                     time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
-                     explore_front=explore_front, seed=seed, built=(plain.key(), step, args))
-    del step, args
-    interrupted = search.run(n_trials, None if limit is None else
-                             limit - (time.monotonic() - start))
-    unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
-                                                 time_budget=time_budget, on_confirm=on_confirm)
-    result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search.measured,
-                       interrupted=interrupted, unconfirmed=unconfirmed)
-    if out is not None and result.best is not None and result.best_trial is not None:
-        try:
-            save_schedule(result.best, out)
-        except OSError as e:
-            raise TuneError(
-                f"out: cannot write {str(out)!r} ({e.strerror or e}); the study is kept: "
-                f"export trial {result.best_trial.number} to another file") from None
-    return result
+    return info, (plain.key(), step, args)
+
+
+def _write_best(result: TuneResult, out: str | Path) -> None:
+    """Write the answer (atomic YAML); nothing when nothing fits."""
+    if result.best is None or result.best_trial is None:
+        return
+    try:
+        save_schedule(result.best, out)
+    except OSError as e:
+        raise TuneError(
+            f"out: cannot write {str(out)!r} ({e.strerror or e}); the study is kept: "
+            f"export trial {result.best_trial.number} to another file") from None
