@@ -124,3 +124,21 @@ def test_the_module_map_names_every_module() -> None:
         elif not re.search(rf"\b{rel.stem}\b", doc):
             missing.append(str(rel))
     assert missing == []
+
+
+STAGES = ("_schedules", "_scan", "_flax", "_measure", "_search", "_cli")
+
+
+def test_a_stage_imports_only_the_stages_before_it() -> None:
+    """The pipeline reads one way: schedule -> builder (scan, flax) -> measure -> search;
+    the command's parts last."""
+    backward = []
+    for module, deps in import_graph().items():
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] not in STAGES:
+            continue
+        for dep in deps:
+            d = dep.split(".")
+            if len(d) > 1 and d[1] in STAGES and STAGES.index(d[1]) > STAGES.index(parts[1]):
+                backward.append(f"{module} imports {dep}")
+    assert backward == []
