@@ -18,6 +18,7 @@ import jax
 import optuna
 import pytest
 
+from autoremat._cli.printing import result_table
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import breakdown_lines
 from autoremat._measure.device_memory import CHUNK, Stats, chunks, measured
@@ -28,7 +29,6 @@ from autoremat._schedules.base import Schedule
 from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_groups
 from autoremat._search.study import choose, load_study, summarize
 from autoremat._search.tune import tune
-from autoremat._cli.printing import result_table
 from tests.tiny_problem import tiny
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
