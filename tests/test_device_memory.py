@@ -306,3 +306,33 @@ def test_on_a_cpu_the_printed_figures_are_unchanged() -> None:
         "    device memory: estimate 2.6 KB, measured runtime peak 2.9 KB, +11.5%, compile "
         "scratch 118 MB (transient, freed before the step runs), process peak 750 MB; the "
         "fit is bound by the measured runtime peak")
+
+
+def needy_problem() -> Problem:
+    """``needy`` on the stand-in that ``device_memory.meters()`` returns (the CLI test's
+    ``--problem``), with a 10 MB budget in mind."""
+    dev: Any = device_memory.meters()[0]  # the test's StandInDevice (this file loaded anew)
+    return needy(dev, 10 * MB)
+
+
+def test_the_commands_print_estimate_runtime_peak_and_scratch(
+        standin: StandInDevice, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from autoremat.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    problem = f"{Path(__file__).resolve()}:needy_problem"
+    assert main(["tune", "--problem", problem, "--budget", "10MB", "--trials", "4",
+                 "--time-budget", "0.02", "--study-name", "cli"]) == 0
+    out, err = capsys.readouterr()
+    assert "runtime peak" in out.splitlines()[out.splitlines().index(
+        next(line for line in out.splitlines() if "vs plain" in line))]
+    assert "device memory: estimate" in out
+    assert any("runtime peak" in line and "compile scratch" in line
+               for line in err.splitlines() if line.startswith("tune: trial"))
+    assert main(["pareto", "--study-name", "cli"]) == 0
+    out, _ = capsys.readouterr()
+    assert "runtime peak" in out and "compile scr." in out and "bound" in out
+    assert main(["show", "schedule.yaml"]) == 0
+    out, _ = capsys.readouterr()
+    assert "device memory: estimate" in out and "compile scratch" in out

@@ -104,8 +104,8 @@ def result_table(result: TuneResult) -> str:
         m = t.measurement
         ratio = f"{m.step_seconds / plain_step:.2f}x" if m.step_seconds and plain_step else "-"
         note = "" if m.feasible else f"  [{m.reason}]"
-        measured = (f"{format_bytes(m.runtime_peak_bytes):>12} "
-                    f"{format_bytes(m.compile_scratch_bytes):>12} {m.bound:>12} ") if device else ""
+        measured = (f"{format_bytes(m.runtime_peak_bytes):>13} "
+                    f"{format_bytes(m.compile_scratch_bytes):>13} {m.bound:>13} ") if device else ""
         return (f"  {label:<18} {format_bytes(m.total_bytes):>10} {measured}"
                 f"{format_bytes(m.temp_bytes):>10} {format_seconds(m.step_seconds):>10} "
                 f"{ratio:>9}  {t.schedule.describe()}{note}")
@@ -125,7 +125,7 @@ def result_table(result: TuneResult) -> str:
         f"({result.n_trials} trials, {result.measured} measured now)",
         f"  memory figures: {device_note(result.devices, result.mesh)}",
         f"  {'':<18} {'total':>10} "
-        + (f"{'runtime peak':>12} {'compile scr.':>12} {'bound':>12} " if device else "")
+        + (f"{'runtime peak':>13} {'compile scr.':>13} {'bound':>13} " if device else "")
         + f"{'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
         *(["  total: the estimate; runtime peak: measured, the step alone; compile scratch: "
            "transient while compiling; bound: which decided the fit (both must fit)"]
