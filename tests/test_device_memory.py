@@ -336,3 +336,12 @@ def test_the_commands_print_estimate_runtime_peak_and_scratch(
     assert main(["show", "schedule.yaml"]) == 0
     out, _ = capsys.readouterr()
     assert "device memory: estimate" in out and "compile scratch" in out
+
+
+def test_the_real_meter_fills_and_frees_on_this_cpu() -> None:
+    """The JAX meter's filler (what a GPU run allocates) runs here; a CPU reports no stats."""
+    meter = device_memory.JaxMeter(jax.devices()[0])
+    assert meter.stats() is None
+    free = meter.fill(3 * CHUNK + 5)
+    free()
+    free()  # freeing twice is harmless

@@ -95,7 +95,10 @@ class JaxMeter:
 
         try:
             for size in chunks(nbytes):
-                held.append(jnp.zeros((size,), jnp.uint8, device=self.device))
+                try:
+                    held.append(jnp.zeros((size,), jnp.uint8, device=self.device))
+                except TypeError:  # a jax without zeros(device=...)
+                    held.append(jax.device_put(jnp.zeros((size,), jnp.uint8), self.device))
             jax.block_until_ready(held)  # allocated before the baseline is read
         except BaseException:
             free()
