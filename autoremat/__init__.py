@@ -25,6 +25,7 @@ missing here)::
         measure         compile -> memory_analysis -> run -> time; measurement: the record
         breakdown       where the memory goes; the floor no schedule removes
         device          the device's facts; mesh: many devices, per-device layout
+        device_memory   a step's own runtime peak and compile scratch (memory_stats)
         stale           is a saved schedule still the one for this problem?
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: trial -> Schedule

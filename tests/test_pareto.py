@@ -158,3 +158,34 @@ def test_describe_a_binomial_schedule() -> None:
     text = describe_schedule(Schedule.binomial(8).with_meta(seq_len=100))
     assert "binomial (Revolve) checkpointing: 8 carries" in text
     assert "at T = 100:" in text and "step evaluations" in text
+
+
+def test_the_plot_draws_a_cut_trial_as_cut_not_over_budget(tmp_path: Path) -> None:
+    """Issue 30: a cut trial (ok, timed once and stopped as slower: ``cut_seconds``,
+    no ``step_seconds``) far under the budget was drawn as "over budget, not timed"."""
+    from autoremat._search.pareto import plot_groups
+
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    study.set_user_attr("budget_bytes", 4000)
+    study.set_user_attr("seq_len", 64)
+    rows = [("ok", 1000, 1.0, None), ("ok", 500, None, 3.5), ("over_budget", 5000, None, None),
+            ("error", 800, None, None), ("ok", 2000, 0.5, None)]
+    for i, (status, total, step, cut) in enumerate(rows):
+        schedule = Schedule.nested([64 // 2 ** (i % 3 + 1), 2 ** (i % 3 + 1)], unroll=i + 1)
+        attrs = {"measured": True, "status": status, "feasible": status == "ok",
+                 "total_bytes": total, "step_seconds": step, "cut_seconds": cut,
+                 "schedule": schedule.to_data(), "schedule_key": schedule.key(), "reason": ""}
+        study.add_trial(optuna.trial.create_trial(
+            values=[float(total), step or cut or float("inf")], user_attrs=attrs))
+    groups, failed = plot_groups(study)
+    by_kind = {g.kind: g for g in groups}
+    assert set(by_kind) == {"timed", "cut", "over"} and failed == 1
+    assert by_kind["cut"].trials == (1,) and by_kind["cut"].points == ((500.0, 3.5),)
+    assert by_kind["cut"].label.startswith("cut: timed once") and "(1)" in by_kind["cut"].label
+    assert by_kind["over"].trials == (2,)  # only the one over budget
+    assert by_kind["over"].label == "over budget, not timed (1)"
+    assert by_kind["timed"].trials == (0, 4) and by_kind["timed"].label == "within budget (2)"
+    assert plot_study(study, tmp_path / "p.svg").read_text().count("cut: timed once") == 1
+    header = front_table(pareto_front(study), 4000).splitlines()[1]  # a CPU study: as before
+    assert header == (f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  "
+                      f"{'recompute':>9}  {'vs opt':>6}  {'timed':>16}  schedule")

@@ -65,8 +65,8 @@ class Progress:
         if self.lines:
             total = f"/{self.bar.total}" if self.bar.total else ""
             print(f"tune: trial {trial.number} ({self.done}{total}) {describe}: {state}, "
-                  f"total {format_bytes(m.total_bytes)}, step {format_seconds(m.step_seconds)}"
-                  f"{_predicted(m)}"
+                  f"total {format_bytes(m.total_bytes)}{_device(m)}, "
+                  f"step {format_seconds(m.step_seconds)}{_predicted(m)}"
                   f" | {shown}", file=sys.stderr, flush=True)
         else:
             self.bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
@@ -85,6 +85,13 @@ def _predicted(m: Measurement) -> str:
         and m.short_seq_len is not None else ""
 
 
+def _device(m: Measurement) -> str:
+    """``, runtime peak X, compile scratch Y`` where the device measured them ("" on a CPU)."""
+    return "".join(f", {name} {format_bytes(v)}" for name, v in (
+        ("runtime peak", m.runtime_peak_bytes), ("compile scratch", m.compile_scratch_bytes))
+        if v is not None)
+
+
 def result_table(result: TuneResult) -> str:
     """The study, the best trial and the plain scan (memory, time, vs plain), and where
     the best's (else the smallest's) memory goes."""
@@ -97,12 +104,17 @@ def result_table(result: TuneResult) -> str:
         m = t.measurement
         ratio = f"{m.step_seconds / plain_step:.2f}x" if m.step_seconds and plain_step else "-"
         note = "" if m.feasible else f"  [{m.reason}]"
-        return (f"  {label:<18} {format_bytes(m.total_bytes):>10} "
+        measured = (f"{format_bytes(m.runtime_peak_bytes):>13} "
+                    f"{format_bytes(m.compile_scratch_bytes):>13} {m.bound:>13} ") if device else ""
+        return (f"  {label:<18} {format_bytes(m.total_bytes):>10} {measured}"
                 f"{format_bytes(m.temp_bytes):>10} {format_seconds(m.step_seconds):>10} "
                 f"{ratio:>9}  {t.schedule.describe()}{note}")
 
     best = result.best_trial
     shown = best or result.smallest_trial
+    device = any(t is not None and (t.measurement.runtime_peak_bytes is not None
+                                    or t.measurement.compile_scratch_bytes is not None)
+                 for t in (best, plain, shown))
     confirmed = [
         f"  trial {t.number} timed at T'={t.measurement.short_seq_len}: "
         f"predicted {format_seconds(t.measurement.extrapolated_seconds)}, measured at full "
@@ -112,7 +124,12 @@ def result_table(result: TuneResult) -> str:
         f"study: {result.study_name!r} in {redact(result.storage)} "
         f"({result.n_trials} trials, {result.measured} measured now)",
         f"  memory figures: {device_note(result.devices, result.mesh)}",
-        f"  {'':<18} {'total':>10} {'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
+        f"  {'':<18} {'total':>10} "
+        + (f"{'runtime peak':>13} {'compile scr.':>13} {'bound':>13} " if device else "")
+        + f"{'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
+        *(["  total: the estimate; runtime peak: measured, the step alone; compile scratch: "
+           "transient while compiling; bound: which decided the fit (both must fit)"]
+          if device else []),
         row(f"best (trial {best.number})" if best else "best", best),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
         *(["short runs predicted the step times; confirmed at full length:", *confirmed]

@@ -35,6 +35,17 @@ if TYPE_CHECKING:
 KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
         "argument_parts", "stacked_bytes", "carry_bytes", "argument_sharding", "devices",
         "mesh")
+#: The figures measured on a device that reports ``memory_stats()`` (GPU, TPU;
+#: ``autoremat._measure.device_memory``), kept only where measured: on a CPU a
+#: breakdown, a front's JSON and a schedule's meta are as without them.
+DEVICE_KEYS = ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes")
+
+
+def breakdown_figures(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``KEYS`` of ``attrs`` (``Measurement.to_attrs``), and its ``DEVICE_KEYS`` that
+    were measured."""
+    return {k: v for k, v in attrs.items()
+            if k in KEYS or (k in DEVICE_KEYS and v is not None)}
 
 
 def _arg_sizes(args: Sequence[Any], names: Sequence[str] | None) -> list[tuple[str, int, str]]:
@@ -139,7 +150,31 @@ def breakdown_lines(fig: Figures, indent: str = "  ") -> list[str]:
     if floor is not None:
         lines.append(f"{indent}  floor no schedule removes: {format_bytes(floor)} (arguments + "
                      "outputs + stacked per-step outputs)")
-    return lines
+    return lines + device_lines(fig, indent)
+
+
+def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
+    """The estimate next to what the device measured (empty where nothing was: a CPU):
+    the step's runtime peak, the transient compile scratch, the process's peak, and
+    which of estimate and runtime peak decides the fit (the larger)."""
+    total, runtime = _get(fig, "total_bytes"), _get(fig, "runtime_peak_bytes")
+    scratch, process = _get(fig, "compile_scratch_bytes"), _get(fig, "peak_bytes")
+    if runtime is None and scratch is None:
+        return []
+    parts = [f"estimate {format_bytes(total)}"]
+    if runtime is not None:
+        change = f", {100 * (runtime - total) / total:+.1f}%" if total else ""
+        parts.append(f"measured runtime peak {format_bytes(runtime)}{change}")
+    else:
+        parts.append("measured runtime peak - (not measured at full length)")
+    if scratch is not None:
+        parts.append(f"compile scratch {format_bytes(scratch)} (transient, freed before "
+                     "the step runs)")
+    if process is not None:
+        parts.append(f"process peak {format_bytes(process)}")
+    bound = ("the measured runtime peak" if runtime is not None and total is not None
+             and runtime > total else "the estimate")
+    return [f"{indent}  device memory: " + ", ".join(parts) + f"; the fit is bound by {bound}"]
 
 
 def floor_message(fig: Figures, budget_bytes: int) -> str | None:

@@ -29,6 +29,20 @@ so timing takes ``max(time_budget, min_repeats * step)``;
 ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
 the whole process, so an upper bound for this step.
 
+On a device whose ``memory_stats()`` reports ``bytes_in_use`` and
+``peak_bytes_in_use`` (GPU, TPU), two more figures are measured, each isolated
+from earlier trials in the process (``autoremat._measure.device_memory``: the gap
+to the old high-water mark is filled while the work runs):
+
+* ``compile_scratch_bytes``: what compiling took on the device (XLA:GPU's
+  autotuning), freed before the step runs -- transient, not part of the step;
+* ``runtime_peak_bytes``: the arguments plus what the warm-up run raised the mark
+  by: the step's own need, to compare with ``total_bytes`` (the estimate).
+
+A step whose runtime peak is over the budget is ``"over_budget"`` after its
+warm-up (not timed further), even when its estimate fits: a schedule fits when
+both do (``Measurement.fits``). On a CPU neither figure exists and nothing changes.
+
 On many devices (arguments placed with a ``NamedSharding``), JAX's SPMD
 partitioner compiles one program per device and every figure above is one
 device's (``autoremat._measure.mesh``): ``devices`` and ``mesh`` say which, the
@@ -50,8 +64,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from autoremat._errors import one_line
+from autoremat._measure import device_memory
 from autoremat._measure.breakdown import argument_parts, argument_sharding, scan_figures
-from autoremat._measure.device import environment, peak_bytes_in_use
+from autoremat._measure.device import environment
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement, Status
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
@@ -160,12 +175,16 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
     def fresh(*a: Any) -> Any:  # traced anew, so the scans report what they stack
         return step(*a)
 
-    env: dict[str, Any] = environment()  # str values, passed to the str fields
-    env["devices"], env["mesh"] = layout(args)
-    start = time.perf_counter()
-    try:
+    def compile_now() -> tuple[Any, list[Any], float]:
+        start = time.perf_counter()
         with record_scans() as scans:
             executable = jax.jit(fresh).lower(*args).compile()
+        return executable, scans, time.perf_counter() - start
+
+    env: dict[str, Any] = environment()  # str values, passed to the str fields
+    env["devices"], env["mesh"] = layout(args)
+    try:  # the scratch: what compiling took on the device (None on a CPU)
+        (executable, scans, seconds), scratch = device_memory.measured(compile_now)
     except Exception as e:
         return Compiled(Measurement(label, ERROR, f"{_kind_of_failure(e, 'compile')}: "
                                     f"{one_line(e)}", **env))
@@ -175,7 +194,8 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         "argument_parts": argument_parts(args, arg_names),
         **scan_figures(scans if env["devices"] == 1 else []),
         "argument_sharding": argument_sharding(args, arg_names, env["devices"]),
-        "compile_seconds": time.perf_counter() - start,
+        "compile_seconds": seconds,
+        "compile_scratch_bytes": scratch,
         "temp_bytes": parts["temp"],
         "argument_bytes": parts["argument"],
         "output_bytes": parts["output"],
@@ -258,10 +278,15 @@ class _Timing:
             cut_after: float | None) -> Measurement:
         """The warm-up (checked finite), then the cut test or the timed runs."""
         try:
-            warmup, out = self.once()
+            (warmup, out), rise = device_memory.measured(self.once)
+            self.figures["runtime_peak_bytes"] = self.runtime_peak(rise)
             loss, bad = _check_finite(out)
             if bad:
                 return self.measurement(ERROR, f"non-finite output: {bad}", loss=loss)
+            over = self.runtime_over(budget_bytes)
+            if over:  # the estimate fit, the run did not: timed no further
+                return self.measurement(OVER_BUDGET, over, loss=loss,
+                                        peak_bytes=device_memory.process_peak())
             if on_output is not None:
                 on_output(out)
             del out
@@ -280,12 +305,30 @@ class _Timing:
             return self.measurement(ERROR, f"{_kind_of_failure(e, 'run')}: {one_line(e)}")
         return self.timed(samples, loss, budget_bytes)
 
+    def runtime_peak(self, rise: int | None) -> int | None:
+        """The step's runtime peak: its arguments plus what the run raised the device's
+        mark by (``None``: no ``memory_stats``, or not isolated)."""
+        if rise is None:
+            return None
+        args = self.figures["argument_bytes"]
+        if args is None:
+            args = sum(size for _, size in self.figures["argument_parts"] or ())
+        return int(args) + rise
+
+    def runtime_over(self, budget_bytes: int | None) -> str:
+        """Why the measured runtime peak does not fit (``""``: it does, or none)."""
+        runtime, total = self.figures["runtime_peak_bytes"], self.figures["total_bytes"]
+        if budget_bytes is None or runtime is None or runtime <= budget_bytes:
+            return ""
+        return (f"over budget: measured runtime peak {runtime} bytes > budget {budget_bytes} "
+                f"bytes (the estimate, {total} bytes, fits); not timed further")
+
     def timed(self, samples: list[float], loss: float | None,
               budget_bytes: int | None) -> Measurement:
         """The timed measurement, with the device's peak (GPU/TPU) -- the total when
         ``memory_analysis()`` gave none, checked against the budget."""
 
-        peak = peak_bytes_in_use()
+        peak = device_memory.process_peak()
         if self.figures["total_bytes"] is None:
             self.figures["total_bytes"] = peak
         total = self.figures["total_bytes"]
@@ -302,7 +345,8 @@ class _Timing:
 
 _FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_bytes",
                    "alias_bytes", "total_bytes", "argument_parts", "stacked_bytes",
-                   "carry_bytes", "argument_sharding")
+                   "carry_bytes", "argument_sharding", "compile_scratch_bytes",
+                   "runtime_peak_bytes")
 _ENV: Final = ("device_kind", "platform", "jax_version", "flax_version", "devices", "mesh")
 
 
@@ -349,7 +393,6 @@ def _check_finite(out: Any) -> tuple[float | None, str]:
 
 
 def _kind_of_failure(e: BaseException, stage: str) -> str:
-    text = str(e)
-    if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower():
+    if device_memory.is_out_of_memory(e):
         return f"out of memory at {stage}"
     return f"{stage} failed"

@@ -32,7 +32,16 @@ class Measurement:
       reason: why it is not ``ok`` (empty when it is).
       total_bytes: argument + output + temp - alias, in bytes (see module doc).
       temp_bytes, argument_bytes, output_bytes, alias_bytes: the parts.
-      peak_bytes: device ``peak_bytes_in_use`` after running (GPU/TPU only).
+      peak_bytes: device ``peak_bytes_in_use`` after running (GPU/TPU only): the
+        process's high-water mark, so it includes earlier trials and compile scratch.
+      runtime_peak_bytes: the step's own peak while it ran (GPU/TPU only): its
+        arguments plus what its warm-up run raised the device's mark above what was
+        live, isolated from earlier trials and from compiling
+        (``autoremat._measure.device_memory``). ``None`` on a CPU, when the time is
+        predicted from a short run (until confirmed at full length), or when it
+        could not be isolated.
+      compile_scratch_bytes: the transient device memory compiling the step took
+        (XLA:GPU's autotuning), freed before it runs (GPU/TPU only; same method).
       step_seconds: median wall seconds of one step (``None`` when not run).
       step_samples: every timed run, in seconds.
       compile_seconds: wall seconds of ``lower(...).compile()``.
@@ -91,6 +100,8 @@ class Measurement:
     short_seq_len: int | None = None
     short_seconds: float | None = None
     extrapolated_seconds: float | None = None
+    runtime_peak_bytes: int | None = None
+    compile_scratch_bytes: int | None = None
 
     @property
     def cut(self) -> bool:
@@ -132,8 +143,27 @@ class Measurement:
         """The step time is predicted from a run shorter than ``seq_len``, not measured."""
         return self.timed_seq_len is not None and self.timed_seq_len < seq_len
 
+    @property
+    def fit_bytes(self) -> int | None:
+        """The figure the budget is checked against: the larger of the estimate
+        (``total_bytes``) and the measured ``runtime_peak_bytes`` (the estimate alone
+        where nothing was measured, e.g. on a CPU)."""
+        if self.total_bytes is None:
+            return None
+        return max(self.total_bytes, self.runtime_peak_bytes or 0)
+
+    @property
+    def bound(self) -> str:
+        """Which figure decides the fit: ``"estimate"`` or ``"runtime peak"`` (measured,
+        and larger than the estimate)."""
+        runtime, total = self.runtime_peak_bytes, self.total_bytes
+        return "runtime peak" if runtime is not None and (total is None or runtime > total) \
+            else "estimate"
+
     def fits(self, budget_bytes: int) -> bool:
-        """Ran (timed) and ``total_bytes <= budget_bytes``: the one test of "fits the budget"."""
+        """Ran (timed), ``total_bytes <= budget_bytes``, and the measured runtime peak too
+        where there is one: the one test of "fits the budget"."""
+        fit = self.fit_bytes
         return (self.feasible and self.step_seconds is not None
-                and self.total_bytes is not None and self.total_bytes <= budget_bytes)
+                and fit is not None and fit <= budget_bytes)
 

@@ -39,9 +39,10 @@ BAND: Final = 0.10
 ALWAYS_SECONDS: Final = 900.0
 
 
-#: The figures a full-length timing replaces (the bytes are the same compile's).
+#: The figures a full-length timing replaces (the estimate is the same compile's; the
+#: measured runtime peak exists only once the step ran at full length).
 _CONFIRMED: Final = ("status", "reason", "step_seconds", "step_samples", "peak_bytes", "loss",
-                     "timed_seq_len")
+                     "timed_seq_len", "runtime_peak_bytes")
 
 
 def _next(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> MeasuredTrial | None:

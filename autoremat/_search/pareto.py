@@ -4,7 +4,10 @@ Every point is a measurement (``autoremat._measure.measure``): ``total_bytes`` f
 the compiled executable's ``memory_analysis()``, ``step_seconds`` the median
 of timed runs. The front is the set of trials within the study's budget that
 no other such trial beats on both (a trial is dominated when another has
-``total <=`` and ``step <=``, one of them strictly).
+``total <=`` and ``step <=``, one of them strictly). On a device that reports
+``memory_stats()`` the memory of a point is the figure its fit was decided by
+(``Measurement.fit_bytes``: the larger of the estimate and the measured runtime
+peak), and the table shows both, with the transient compile scratch.
 
 Next to the measurements, each point shows its *recompute factor* (step
 evaluations per step, ``autoremat.bounds.cost``: 1 plain, 2 per-step remat)
@@ -15,12 +18,14 @@ do (``bounds.distance_to_optimum``: 1.0 = optimal, the binomial kind).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import TuneError
-from autoremat._measure.breakdown import KEYS, breakdown_lines
+from autoremat._measure.breakdown import DEVICE_KEYS, KEYS, breakdown_figures, breakdown_lines
+from autoremat._measure.measurement import OVER_BUDGET
 from autoremat._measure.mesh import device_note
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import DUPLICATE_OF, TIMING, TUNED_FOR
@@ -82,14 +87,14 @@ def pareto_front(study: optuna.Study) -> list[FrontPoint]:
     return [
         FrontPoint(
             number=t.number,
-            total_bytes=int(point[t.number][0]),
+            total_bytes=int(t.measurement.total_bytes or 0),
             step_seconds=point[t.number][1],
             ratio_to_fastest=point[t.number][1] / fastest if fastest > 0 else 1.0,
             schedule=t.schedule.describe(),
             chosen=chosen is not None and t.number == chosen.number,
             recompute=cost(t.schedule, info.seq_len).recompute_factor,
             vs_optimum=distance_to_optimum(t.schedule, info.seq_len),
-            breakdown={k: v for k, v in t.measurement.to_attrs().items() if k in KEYS},
+            breakdown=breakdown_figures(t.measurement.to_attrs()),
             timed_seq_len=t.measurement.timed_seq_len,
         )
         for t in front
@@ -97,10 +102,11 @@ def pareto_front(study: optuna.Study) -> list[FrontPoint]:
 
 
 def _point(t: MeasuredTrial) -> tuple[float, float]:
-    """``(total_bytes, step_seconds)`` of a trial that fits (so both are measured)."""
+    """``(fit_bytes, step_seconds)`` of a trial that fits (so both are measured):
+    ``total_bytes`` unless a measured runtime peak is larger."""
     m = t.measurement
-    assert m.total_bytes is not None and m.step_seconds is not None
-    return float(m.total_bytes), float(m.step_seconds)
+    assert m.fit_bytes is not None and m.step_seconds is not None
+    return float(m.fit_bytes), float(m.step_seconds)
 
 
 def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "",
@@ -108,27 +114,48 @@ def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "",
     """A plain-text table of the front; ``*`` marks the chosen schedule; ``note``: what the
     memory figures are (``mesh.device_note``: per device, on how many, which mesh);
     ``seq_len``: the study's ``T`` (the ``timed`` column says where a step time is
-    predicted from a shorter run)."""
+    predicted from a shorter run). Where the device measured memory (GPU/TPU), three
+    more columns: the measured runtime peak, the transient compile scratch, and which
+    of estimate and runtime peak bound the fit."""
+    device = any(k in p.breakdown for p in points for k in DEVICE_KEYS[:2])
     lines = [
         f"Pareto front within budget {format_bytes(budget_bytes)} ({len(points)} points; "
         "* = chosen: fastest that fits)" + (f"; memory {note}" if note else ""),
-        f"  {'trial':>5}  {'total':>10}  {'step':>10}  {'vs fastest':>10}  {'recompute':>9}  "
+        f"  {'trial':>5}  {'total':>10}  " + (_DEVICE_HEADER if device else "")
+        + f"{'step':>10}  {'vs fastest':>10}  {'recompute':>9}  "
         f"{'vs opt':>6}  {'timed':>16}  schedule",
     ]
     for p in points:
         mark = "*" if p.chosen else " "
         lines.append(
             f"{mark} {p.number:>5}  {format_bytes(p.total_bytes):>10}  "
-            f"{format_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
+            + (_device_cells(p) if device else "")
+            + f"{format_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
             f"{p.vs_optimum:>6.2f}  {_timed(p.timed_seq_len, seq_len):>16}  {p.schedule}"
         )
     lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
                  "fewest any schedule storing as many carries needs (autoremat.bounds)")
+    if device:
+        lines.append("  total: the estimate (memory_analysis); runtime peak: measured, this step "
+                     "alone (memory_stats); compile scratch: transient, while compiling; a "
+                     "schedule fits when estimate and runtime peak both do (bound: the larger)")
     for p in points:
         memory = breakdown_lines(p.breakdown) if p.chosen else []
         if memory:
             lines += [f"chosen (trial {p.number}):", *memory]
     return "\n".join(lines)
+
+
+_DEVICE_HEADER = f"{'runtime peak':>12}  {'compile scr.':>12}  {'bound':>12}  "
+
+
+def _device_cells(p: FrontPoint) -> str:
+    """The runtime peak, compile scratch and bound cells of a point's row."""
+    runtime = p.breakdown.get("runtime_peak_bytes")
+    scratch = p.breakdown.get("compile_scratch_bytes")
+    bound = "runtime peak" if runtime is not None and runtime > p.total_bytes else "estimate"
+    return (f"{format_bytes(runtime) if runtime is not None else '-':>12}  "
+            f"{format_bytes(scratch) if scratch is not None else '-':>12}  {bound:>12}  ")
 
 
 def _timed(timed_seq_len: int | None, seq_len: int | None) -> str:
@@ -170,14 +197,67 @@ def export_trial(study: optuna.Study, number: int) -> Schedule:
     return trial_schedule(study, measured)
 
 
+@dataclass(frozen=True)
+class PlotGroup:
+    """One kind of point in the plot (``plot_groups``): its legend label and points.
+
+    Attributes:
+      kind: ``"timed"``, ``"predicted"`` (time from a short run), ``"cut"`` (timed
+        once and stopped as slower than the best that fits: at its one run's time, a
+        lower bound of its median) or ``"over"`` (over budget: its estimate, or its
+        measured runtime peak; not timed).
+      label: the legend's text (with the count).
+      points: ``(memory bytes, seconds)``; ``over`` points have no time (``nan``,
+        drawn along the top edge).
+      trials: the trial number of each point.
+    """
+
+    kind: str
+    label: str
+    points: tuple[tuple[float, float], ...]
+    trials: tuple[int, ...]
+
+
+def plot_groups(study: optuna.Study) -> tuple[list[PlotGroup], int]:
+    """What ``plot_study`` draws, besides the front: the groups that have points, and
+    how many trials failed (build, compile or run: not drawn)."""
+    info = StudyInfo.of(study)
+    budget = info.budget_bytes
+    sorted_out: dict[str, list[tuple[int, tuple[float, float]]]] = {
+        "timed": [], "predicted": [], "cut": [], "over": []}
+    failed = 0
+    for t in measured_trials(study):
+        m = t.measurement
+        fit = m.fit_bytes
+        if m.fits(budget):
+            kind = "predicted" if m.predicted(info.seq_len) else "timed"
+            sorted_out[kind].append((t.number, _point(t)))
+        elif m.status == OVER_BUDGET or (fit is not None and fit > budget):
+            sorted_out["over"].append((t.number, (float(fit or 0), math.nan)))
+        elif m.feasible and m.cut_seconds is not None and fit is not None:
+            sorted_out["cut"].append((t.number, (float(fit), float(m.cut_seconds))))
+        else:
+            failed += 1
+    labels = {"timed": "within budget", "predicted": "within budget, time predicted from a "
+              "short run", "cut": "cut: timed once, slower than the best (at that run's time)",
+              "over": "over budget, not timed"}
+    groups = [PlotGroup(kind, f"{labels[kind]} ({len(found)})",
+                        tuple(p for _, p in found), tuple(n for n, _ in found))
+              for kind, found in sorted_out.items() if found]
+    return groups, failed
+
+
 def plot_study(study: optuna.Study, path: str | Path) -> Path:
-    """Draw every measured trial: memory (log axis) vs step time.
+    """Draw every measured trial: memory (log axis) vs step time (``plot_groups``).
 
     Within budget: filled circles (hollow: the step time is predicted from a
     short run, ``autoremat._search.short_runs``); the front joined by a line; the chosen
-    point labelled. Over budget (compiled and sized, not timed): red crosses
-    along the top edge at their memory. The budget is a vertical dashed line.
-    The file type follows the suffix (``.png``, ``.svg``, ``.pdf``).
+    point labelled. Cut trials (timed once, stopped as slower than the best that
+    fits): grey triangles at that one run's time. Over budget (not timed): red crosses
+    along the top edge at their memory. The budget is a vertical dashed line. On a
+    device that measured memory, a point's memory is the figure its fit was decided by
+    (``Measurement.fit_bytes``). The file type follows the suffix (``.png``, ``.svg``,
+    ``.pdf``).
     """
     import matplotlib
 
@@ -187,49 +267,51 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
     path = Path(path)
     info = StudyInfo.of(study)
     budget = info.budget_bytes
-    trials = measured_trials(study)
-    fits = [t for t in trials if t.measurement.fits(budget)]
-    timed = [_point(t) for t in fits if not t.measurement.predicted(info.seq_len)]
-    predicted = [_point(t) for t in fits if t.measurement.predicted(info.seq_len)]
-    over = [t.measurement.total_bytes for t in trials
-            if not t.measurement.fits(budget) and t.measurement.total_bytes is not None]
-    failed = [t for t in trials if t.measurement.total_bytes is None]
+    groups, failed = plot_groups(study)
+    by_kind = {g.kind: g for g in groups}
     front = pareto_front(study)
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     ax.set_xscale("log")
-    if timed:
-        ax.scatter([p[0] for p in timed], [p[1] for p in timed],
-                   s=28, color="tab:blue", alpha=0.6, label=f"within budget ({len(timed)})")
-    if predicted:
-        ax.scatter([p[0] for p in predicted], [p[1] for p in predicted], s=28,
-                   facecolors="none", edgecolors="tab:blue", alpha=0.8,
-                   label=f"within budget, time predicted from a short run ({len(predicted)})")
+    style: dict[str, dict[str, Any]] = {
+        "timed": {"s": 28, "color": "tab:blue", "alpha": 0.6},
+        "predicted": {"s": 28, "facecolors": "none", "edgecolors": "tab:blue", "alpha": 0.8},
+        "cut": {"s": 30, "marker": "^", "color": "tab:gray", "alpha": 0.7},
+    }
+    for kind in ("timed", "predicted", "cut"):
+        if kind in by_kind:
+            g = by_kind[kind]
+            ax.scatter([p[0] for p in g.points], [p[1] for p in g.points], label=g.label,
+                       **style[kind])
     if front:
-        ax.plot([p.total_bytes for p in front], [p.step_seconds for p in front],
+        ax.plot([_memory(p) for p in front], [p.step_seconds for p in front],
                 "-o", color="tab:green", ms=5, lw=1.5, label=f"Pareto front ({len(front)})")
-    ymax = max([p[1] for p in timed + predicted], default=1.0) * 1.15
-    if over:
-        ax.scatter(over, [ymax] * len(over),
-                   marker="x", color="tab:red", s=36,
-                   label=f"over budget, not timed ({len(over)})")
+    ymax = max([p[1] for k in ("timed", "predicted", "cut") if k in by_kind
+                for p in by_kind[k].points], default=1.0) * 1.15
+    if "over" in by_kind:
+        over = by_kind["over"]
+        ax.scatter([p[0] for p in over.points], [ymax] * len(over.points),
+                   marker="x", color="tab:red", s=36, label=over.label)
     ax.axvline(budget, color="black", ls="--", lw=1, label=f"budget {format_bytes(budget)}")
     chosen = next((p for p in front if p.chosen), None)
     if chosen is not None:
-        ax.scatter([chosen.total_bytes], [chosen.step_seconds], s=120, facecolors="none",
+        ax.scatter([_memory(chosen)], [chosen.step_seconds], s=120, facecolors="none",
                    edgecolors="black", lw=1.5, zorder=5)
         ax.annotate(
             f"chosen: trial {chosen.number}\n{chosen.schedule}\n"
-            f"{format_bytes(chosen.total_bytes)}, {format_seconds(chosen.step_seconds)}",
-            (chosen.total_bytes, chosen.step_seconds), xytext=(12, 12),
+            f"{format_bytes(_memory(chosen))}, {format_seconds(chosen.step_seconds)}",
+            (_memory(chosen), chosen.step_seconds), xytext=(12, 12),
             textcoords="offset points", fontsize=8,
             arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.8},
         )
     ax.set_ylim(bottom=0, top=ymax * 1.08)
-    ax.set_xlabel("total memory, bytes (argument + output + temp - alias; log scale)")
+    ax.set_xlabel("total memory, bytes (argument + output + temp - alias; log scale)"
+                  if not any(p.breakdown.get("runtime_peak_bytes") for p in front) else
+                  "memory, bytes: the larger of the estimate and the measured runtime peak "
+                  "(log scale)")
     ax.set_ylabel("step time, s (median)")
     ax.set_title(f"{info.problem or study.study_name} on {info.device_kind}"
-                 + (f"  ({len(failed)} failed)" if failed else ""), fontsize=9)
+                 + (f"  ({failed} failed)" if failed else ""), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
@@ -237,6 +319,11 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _memory(p: FrontPoint) -> int:
+    """A front point's memory as plotted: the figure its fit was decided by."""
+    return max(p.total_bytes, int(p.breakdown.get("runtime_peak_bytes") or 0))
 
 
 def describe_schedule(schedule: Schedule) -> str:
@@ -267,7 +354,7 @@ def describe_schedule(schedule: Schedule) -> str:
         lines.append(f"  step time measured at T={seq_len}; short runs had predicted "
                      f"{format_seconds(meta['extrapolated_seconds'])}")
     lines += breakdown_lines(meta)
-    known = {*TUNED_FOR, *TIMING, *KEYS}
+    known = {*TUNED_FOR, *TIMING, *KEYS, *DEVICE_KEYS}
     extra = {k: v for k, v in meta.items() if k not in known}
     if extra:
         lines.append(f"other meta: {extra}")

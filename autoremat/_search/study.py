@@ -176,10 +176,17 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
         argument_parts=dict(m.argument_parts), stacked_bytes=m.stacked_bytes,
         carry_bytes=m.carry_bytes, devices=m.devices, mesh=m.mesh or None,
         **({"argument_sharding": dict(m.argument_sharding)} if m.argument_sharding else {}),
+        **device_memory_meta(m),
         study_name=study.study_name,
         storage=redact(info.storage), trial=trial.number,
         date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
+
+
+def device_memory_meta(m: Measurement) -> dict[str, int]:
+    """The measured device figures for ``meta`` (none on a CPU, so its meta is unchanged)."""
+    return {k: v for k in ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes")
+            if isinstance(v := getattr(m, k), int)}
 
 
 @dataclass(frozen=True)

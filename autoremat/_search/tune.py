@@ -2,9 +2,10 @@
 
 ``tune`` records every measured schedule as a trial of an Optuna study with
 two objectives, ``total_bytes`` and ``step_seconds`` (``measure``); the
-budget is a constraint, ``total_bytes - budget <= 0``
-(``trial.set_constraint``, Optuna 5), so the whole measured front stays
-available (``autoremat pareto``). The answer is the fastest trial that fits
+budget is a constraint, ``total_bytes - budget <= 0`` (``Measurement.fit_bytes``:
+a larger measured runtime peak on GPU/TPU; ``trial.set_constraint``, Optuna 5), so
+the whole measured front stays available (``autoremat pareto``). The answer is the
+fastest trial that fits
 (``autoremat._search.study.choose``).
 
 What gets measured is decided by ``autoremat._search.planner.Planner``, not by a
@@ -209,8 +210,8 @@ class _Search:
         for k, v in m.to_attrs().items():
             trial.set_user_attr(k, v)
         trial.set_user_attr(MEASURED, True)
-        if m.total_bytes is not None:
-            trial.set_constraint("memory", float(m.total_bytes - budget))
+        if m.fit_bytes is not None:  # the estimate, or a larger measured runtime peak
+            trial.set_constraint("memory", float(m.fit_bytes - budget))
         if m.status == ERROR or m.total_bytes is None:
             raise MeasurementFailed(m.reason)
         seconds = m.step_seconds if m.step_seconds is not None else m.cut_seconds
