@@ -86,6 +86,23 @@ class Features:
     bookkeeping: float = 0.0
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
+
+@dataclass(frozen=True)
+class Check:
+    """A choice of a kind's search space that a study must check on the user's own
+    problem before offering it (``Schedule.checks``; ``autoremat._search.probe``).
+
+    Attributes:
+      schedule: a schedule that uses the choice, at the probe's length.
+      offloads: the choice is meant to move residuals to host memory; the probe
+        also checks that the lowered step places something there (on a CPU jax
+        lowers the move to nothing, so the choice would only duplicate another).
+    """
+
+    schedule: Schedule
+    offloads: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schedule(ABC):
     """How to rematerialize a scan; one subclass per kind (``autoremat._schedules``).
@@ -162,13 +179,25 @@ class Schedule(ABC):
 
     @classmethod
     @abstractmethod
-    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
-        """Trial parameters of this kind's obvious candidates (without ``kind``)."""
+    def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
+        """Trial parameters of this kind's obvious candidates (without ``kind``) on
+        ``platform`` (``"cpu"``, ``"gpu"``/``"cuda"``/``"rocm"``, ``"tpu"``): the seeds
+        are always timed, so a kind that costs much more on a platform seeds less there."""
 
     @classmethod
     @abstractmethod
     def examples(cls) -> Sequence[Schedule]:
         """Schedules exercising each option of the kind (the tests' matrix runs them)."""
+
+    @classmethod
+    def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
+        """Choices of ``suggest`` on ``platform`` that a study checks before offering
+        them: choice label (a categorical value ``suggest`` passes to the trial) ->
+        a ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
+        small instance of its problem and leaves out of its space every one that
+        fails to compile or changes the loss or gradients (``autoremat._search.probe``).
+        This default has none: every choice is offered."""
+        return {}
 
     def timing_length(self, seq_len: int, short: int) -> int:
         """The length to time this schedule at so that its step time at ``seq_len``

@@ -16,8 +16,15 @@ guess is a linear model over a schedule's structure (pure Python, no jax):
 * and a constant.
 
 ``TimeModel.fit`` is a weighted least squares on relative error over this
-study's own timed trials, pulled (ridge) towards the prior "seconds
-proportional to evaluations" so two or three trials already give an order.
+study's own timed trials, pulled (ridge) towards a prior so two or three
+trials already give an order. The prior is per platform (``PRIORS``): what
+one unit of each feature costs, in step evaluations, scaled by the study's
+median seconds per unit. On a CPU it is "seconds proportional to
+evaluations" (a partial re-run 0.4 of one). On a GPU a loop trip and
+binomial's bookkeeping cost far more than the step's arithmetic, and the
+seeds cannot tell (they all have ``unroll=1``, and binomial is not seeded
+there), so the prior carries what an H200 measured on the seed LSTM at
+T=10^4 (``docs/tuning.md``).
 ``TimeModel.predict`` corrects the fit towards the measured / fitted ratio
 of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
 ``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
@@ -33,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from autoremat._schedules.base import Schedule
 
@@ -42,6 +50,46 @@ _RIDGE = 0.1
 _NEAR = 0.25
 #: The prior cost of a partial re-run, as a fraction of a full step evaluation.
 _PARTIAL_PRIOR = 0.4
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What one unit of each time feature costs, in step evaluations (``Structure.row``
+    order, bytes and the constant excepted: they have no prior).
+
+    Attributes:
+      partial: a partial re-run (its matmuls saved).
+      boundaries: a checkpoint boundary crossed.
+      bookkeeping: a step with dynamic restores (binomial).
+      loop: a trip of the innermost loop (``T / unroll``).
+    """
+
+    partial: float = _PARTIAL_PRIOR
+    boundaries: float = 0.0
+    bookkeeping: float = 0.0
+    loop: float = 0.0
+
+    def weights(self) -> list[float]:
+        """Per-unit costs in ``Structure.row`` order, in step evaluations."""
+        return [1.0, self.partial, 0.0, self.boundaries, self.bookkeeping, self.loop, 0.0]
+
+
+#: The CPU's: seconds proportional to step evaluations (a partial re-run 0.4 of one).
+CPU_PRIOR: Final = Prior()
+#: An H200's, jax 0.11.2, seed LSTM train step at T=10^4 (``/docs/tuning.md``): plain
+#: ran 35.7 us a step at unroll=1 and 14.9 us at unroll=8, so
+#: ``2 e + 1.0 l = 35.7`` and ``2 e + 0.125 l = 14.9``: a step evaluation ``e`` is
+#: 5.95 us and a loop trip ``l`` 23.8 us, 4.0 evaluations. Binomial s=11 (63,813
+#: evaluations, T=10^4 steps of bookkeeping) ran 1.836 s (seq2seq) and 2.086 s
+#: (fused readout), 9-20 evaluations per step of bookkeeping; 12 here.
+GPU_PRIOR: Final = Prior(loop=4.0, bookkeeping=12.0)
+#: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
+PRIORS: Final[dict[str, Prior]] = {"gpu": GPU_PRIOR, "cuda": GPU_PRIOR, "rocm": GPU_PRIOR}
+
+
+def prior_for(platform: str) -> Prior:
+    """The time model's prior on ``platform`` (``PRIORS``, else ``CPU_PRIOR``)."""
+    return PRIORS.get(platform.lower(), CPU_PRIOR)
 
 
 @dataclass(frozen=True)
@@ -117,9 +165,11 @@ def _ridge(rows: list[list[float]], ys: list[float], prior: list[float],
 
 
 class TimeModel:
-    """Step seconds from ``Structure.row``; ``None`` until one trial was timed."""
+    """Step seconds from ``Structure.row``; ``None`` until one trial was timed.
+    ``platform``: whose prior the fit is pulled towards (``prior_for``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, platform: str = "cpu") -> None:
+        self.prior = prior_for(platform)
         self.coef: list[float] | None = None
         self.floor = 0.0
         self.points = 0
@@ -138,24 +188,25 @@ class TimeModel:
         self.floor = 0.25 * min(y for _, _, y in good)
         self.error = self._error(good)
 
-    @staticmethod
-    def _fit(good: Sequence[tuple[Structure, float, float]]) -> list[float]:
-        per_eval = sorted(y / (s.evaluations + _PARTIAL_PRIOR * s.partial)
-                          for s, _, y in good)[len(good) // 2]
-        prior = [per_eval, _PARTIAL_PRIOR * per_eval, 0.0, 0.0, 0.0, 0.0, 0.0]
+    def _fit(self, good: Sequence[tuple[Structure, float, float]]) -> list[float]:
+        """The ridge fit, pulled towards the prior's per-unit costs times the median
+        seconds per prior unit of ``good``."""
+        weights = self.prior.weights()
+        per_eval = sorted(y / max(1e-30, _dot(weights, s.row(b)))
+                          for s, b, y in good)[len(good) // 2]
+        prior = [w * per_eval for w in weights]
         rows = [s.row(b) for s, b, _ in good]
         ys = [y for _, _, y in good]
         return _ridge(rows, ys, prior, [1.0 / y**2 for y in ys])
 
-    @classmethod
-    def _error(cls, good: Sequence[tuple[Structure, float, float]]) -> float:
+    def _error(self, good: Sequence[tuple[Structure, float, float]]) -> float:
         """The median relative error of leave-one-out predictions (0 below 3 points):
         how far a prediction may be off, which widens the planner's stop test."""
         if len(good) < 3:
             return 0.0
         errs = []
         for i, (s, b, y) in enumerate(good):
-            coef = cls._fit([*good[:i], *good[i + 1:]])
+            coef = self._fit([*good[:i], *good[i + 1:]])
             errs.append(abs(_dot(coef, s.row(b)) - y) / y)
         return sorted(errs)[len(errs) // 2]
 

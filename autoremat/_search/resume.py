@@ -66,6 +66,6 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,
             for k, v in attrs.items():
                 study.set_user_attr(k, v)
             if not study.trials:
-                for params in seed_params(info.seq_len):
+                for params in seed_params(info.seq_len, info.platform or "cpu"):
                     study.enqueue_trial(params, skip_if_exists=True)
     return study

@@ -4,6 +4,8 @@ The space, for a sequence of length ``T``: first ``kind``, one of the kinds
 of ``autoremat._schedules.KINDS``; then that kind's own parameters
 (``Schedule.suggest``, documented in each kind's module: the nested kind's
 depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
+A study leaves out the choices its probe refused (``refused``: categorical
+values, e.g. ``offload_dots``; ``autoremat._search.probe``): no trial samples them.
 
 ``seed_params`` gives the obvious candidates, enqueued before any sampling:
 each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
@@ -25,22 +27,48 @@ from autoremat._schedules import KINDS
 from autoremat._schedules.base import Schedule
 
 
-def suggest(trial: Any, seq_len: int, platform: str = "cpu") -> Schedule:
-    """Sample a schedule for a length-``seq_len`` scan from an Optuna trial."""
+def suggest(trial: Any, seq_len: int, platform: str = "cpu",
+            refused: frozenset[str] = frozenset()) -> Schedule:
+    """Sample a schedule for a length-``seq_len`` scan from an Optuna trial; no
+    categorical choice in ``refused`` is ever offered to the trial."""
+    if refused:
+        trial = _Without(trial, refused)
     kind = trial.suggest_categorical("kind", list(KINDS))
     return KINDS[kind].suggest(trial, seq_len, platform)
 
 
-def seed_params(seq_len: int) -> list[dict[str, Any]]:
-    """Trial parameters of the obvious candidates, kind by kind, in the order to try them."""
-    return [{"kind": name, **p} for name, kind in KINDS.items() for p in kind.seed_params(seq_len)]
+class _Without:
+    """An Optuna trial (or ``ParamTrial``) whose categorical choices lack ``refused``."""
+
+    def __init__(self, trial: Any, refused: frozenset[str]) -> None:
+        self.trial, self.refused = trial, refused
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        kept = [c for c in choices if not (isinstance(c, str) and c in self.refused)]
+        return self.trial.suggest_categorical(name, kept or list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
+        return int(self.trial.suggest_int(name, low, high, log=log))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.trial, name)
 
 
-def seed_schedules(seq_len: int) -> list[Schedule]:
+def seed_params(seq_len: int, platform: str = "cpu",
+                refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Trial parameters of the obvious candidates, kind by kind, in the order to try
+    them (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice."""
+    return [{"kind": name, **p} for name, kind in KINDS.items()
+            for p in kind.seed_params(seq_len, platform)
+            if not any(isinstance(v, str) and v in refused for v in p.values())]
+
+
+def seed_schedules(seq_len: int, platform: str = "cpu") -> list[Schedule]:
     """The schedules of ``seed_params`` (what the first trials will measure)."""
     import optuna
 
-    return [suggest(optuna.trial.FixedTrial(p), seq_len) for p in seed_params(seq_len)]
+    return [suggest(optuna.trial.FixedTrial(p), seq_len, platform)
+            for p in seed_params(seq_len, platform)]
 
 
 class ParamTrial:
@@ -73,20 +101,21 @@ class ParamTrial:
         return value
 
 
-def propose(wanted: dict[str, Any], seq_len: int, platform: str,
-            rng: random.Random) -> tuple[Schedule, dict[str, Any], ParamTrial]:
-    """The schedule of ``wanted`` (missing values random), its exact params, the trial."""
+def propose(wanted: dict[str, Any], seq_len: int, platform: str, rng: random.Random,
+            refused: frozenset[str] = frozenset()) -> tuple[Schedule, dict[str, Any], ParamTrial]:
+    """The schedule of ``wanted`` (missing values random, ``refused`` choices
+    replaced), its exact params, the trial."""
     trial = ParamTrial(wanted, rng)
-    schedule = suggest(trial, seq_len, platform)
+    schedule = suggest(trial, seq_len, platform, refused)
     return schedule, trial.params, trial
 
 
-def neighbours(params: dict[str, Any], seq_len: int, platform: str,
-               rng: random.Random) -> list[tuple[Schedule, dict[str, Any]]]:
+def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.Random,
+               refused: frozenset[str] = frozenset()) -> list[tuple[Schedule, dict[str, Any]]]:
     """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
     each choice swapped for every other, or for the choice before or after it in
     the kind's ``Schedule.ORDERED`` parameters (e.g. the nested depth)."""
-    _, _, trial = propose(params, seq_len, platform, rng)
+    _, _, trial = propose(params, seq_len, platform, rng, refused)
     ordered = KINDS[trial.params["kind"]].ORDERED
     out = []
     for name, space in trial.space.items():
@@ -98,6 +127,6 @@ def neighbours(params: dict[str, Any], seq_len: int, platform: str,
         else:
             values = [c for c in space if c != params[name]]
         for v in values:
-            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng)
+            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng, refused)
             out.append((schedule, p))
     return out

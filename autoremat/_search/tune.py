@@ -30,7 +30,13 @@ length (``autoremat._search.confirm``) and the answer is the fastest measured.
 * A seed over the budget is a trial with values ``(total_bytes, inf)``, no
   ``step_seconds`` (other candidates over it are dropped when sized). One
   that fails to build/compile/run (or gives NaN) is a FAIL trial whose
-  ``user_attrs["reason"]`` says why; the search goes on.
+  ``user_attrs["reason"]`` says why; the search goes on. One that failed to
+  build or compile (``user_attrs["compile_failed"]``) does not count towards
+  ``n_trials`` or ``total_trials``: it measured nothing.
+* Before the search, the choices a kind marks as risky on this platform (offload
+  policies on a GPU or TPU: ``Schedule.checks``) are probed on a small instance
+  of the problem and those that fail or change the gradients are left out of the
+  study's space, recorded in the study (``autoremat._search.probe``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
   schedule and the model's ``predicted_seconds``; the study its
   ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
@@ -61,6 +67,7 @@ from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._search.confirm import confirm
 from autoremat._search.planner import Planner
+from autoremat._search.probe import study_probe
 from autoremat._search.resume import default_study_name, open_study
 from autoremat._search.space import suggest
 from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyLock, open_storage, redact
@@ -109,9 +116,10 @@ def _find_measured(trials: list[FrozenTrial], key: str, exclude: int) -> int | N
 
 
 def _progress(trials: list[FrozenTrial], exclude: int | None = None) -> tuple[int, int]:
-    """``(measured, being measured)``: finished trials holding a measurement, and
-    running trials that have claimed a schedule (not counting ``exclude``)."""
-    done = sum(1 for t in trials if _is_measured(t))
+    """``(measured, being measured)``: finished trials holding a measurement (not a
+    failed compile), and running trials that have claimed a schedule (not counting
+    ``exclude``)."""
+    done = sum(1 for t in trials if _is_measured(t) and not t.user_attrs.get("compile_failed"))
     running = sum(1 for t in trials if t.number != exclude and _is_claimed(t))
     return done, running
 
@@ -128,11 +136,13 @@ class _Search:
     def __init__(self, problem: Problem, info: StudyInfo, study: optuna.Study,
                  storage: RDBStorage, lock: StudyLock, *, total_trials: int | None,
                  time_budget: float, heartbeat: int, on_trial: OnTrial | None,
-                 explore_front: bool = False, seed: int = 0) -> None:
+                 explore_front: bool = False, seed: int = 0,
+                 refused: frozenset[str] = frozenset()) -> None:
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
+        self.refused = refused  # choices the study's probe left out (``_search.probe``)
         self.planner = Planner(problem, info.budget_bytes, info.platform or "",
                                seed=seed + len(study.trials), explore_front=explore_front,
-                               time_budget=time_budget)
+                               time_budget=time_budget, refused=refused)
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None
@@ -168,13 +178,15 @@ class _Search:
         """Suggest a schedule, claim it, size it (from the planner's screen when it has
         one) and, if it fits, time it; ``(total_bytes, step_seconds)``."""
         budget = self.info.budget_bytes
-        schedule = suggest(trial, self.problem.seq_len, self.info.platform or "")
+        schedule = suggest(trial, self.problem.seq_len, self.info.platform or "", self.refused)
         key = schedule.key()
         trial.set_user_attr("schedule_key", key)
         trial.set_user_attr("schedule", schedule.to_data())
         trial.set_user_attr("describe", schedule.describe())
         self.claim(trial, key)
         compiled = self.planner.compiled(schedule)
+        if compiled.executable is None and compiled.measurement.status == ERROR:
+            trial.set_user_attr("compile_failed", True)  # not one of n_trials
         trial.set_user_attr("predicted_seconds", self.planner.prediction(key))
         m = self.planner.short.time(schedule, compiled, budget_bytes=budget,
                                     time_budget=self.time_budget,
@@ -194,7 +206,7 @@ class _Search:
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Count the finished trial, then call ``on_trial``."""
         if trial.user_attrs.get("measured"):
-            self.measured += 1
+            self.measured += not trial.user_attrs.get("compile_failed")
             self.duplicates_in_a_row = 0
         elif "duplicate_of" in trial.user_attrs:
             self.duplicates_in_a_row += 1
@@ -334,7 +346,8 @@ def tune(
       on_trial: called as ``on_trial(study, frozen_trial)`` after each trial
         (``autoremat._search.study.MeasuredTrial.of(frozen_trial)`` reads it).
       on_confirm: called with one line before each full-length timing of a
-        schedule timed on short runs (``autoremat._search.confirm``).
+        schedule timed on short runs (``autoremat._search.confirm``), and with one
+        line per choice the study's probe checked (``autoremat._search.probe``).
 
     Returns:
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
@@ -374,9 +387,10 @@ def tune(
     name = study_name or default_study_name(problem, budget_bytes, env["device_kind"])
     lock = StudyLock(storage_obj, name)
     study = open_study(storage_obj, name, info, lock, seed)
+    refused = study_probe(study, lock, problem, info.platform or "", on_confirm)
     search = _Search(problem, info, study, storage_obj, lock, total_trials=total_trials,
                      time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
-                     explore_front=explore_front, seed=seed)
+                     explore_front=explore_front, seed=seed, refused=refused)
     interrupted = search.run(n_trials, None if limit is None else
                              limit - (time.monotonic() - start))
     unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
