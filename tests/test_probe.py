@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ import optuna
 import pytest
 
 from autoremat._measure.problem import Problem
+from autoremat._schedules import from_data
 from autoremat._schedules.base import Check, Schedule
 from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule, policy_choices
 from autoremat._search.probe import (
@@ -31,6 +33,9 @@ from autoremat._search.probe import (
     study_probe,
 )
 from autoremat._search.space import neighbours, propose, seed_params, suggest
+from autoremat._search.study import load_study
+from autoremat._search.tune import tune
+from autoremat.cli import main as cli_main
 from tests.tiny_problem import tiny
 
 OFFLOAD = OFFLOAD_POLICIES["offload_dots"]
@@ -187,3 +192,29 @@ def test_an_optuna_study_samples_without_the_refused_choice() -> None:
         study.tell(trial, 1.0)
     dists = {d for t in study.trials for n, d in t.distributions.items() if n.endswith("_p0")}
     assert dists and all("offload_dots" not in d.choices for d in dists)  # type: ignore[attr-defined]
+
+
+def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """STAND-IN for offload on an H200: the ``dots`` policy label is declared risky
+    (``checks`` patched) and its probe schedule fails to compile on this problem. The
+    study records why, says so once, and no trial uses ``dots_saveable``."""
+    monkeypatch.chdir(tmp_path)
+    risky = Schedule.nested([8, 8], "dots_saveable")
+    monkeypatch.setattr("autoremat._search.probe.checks",
+                        lambda n, platform: {"dots": Check(risky)})
+    notes: list[str] = []
+    result = tune(_odd_one(risky, "compile"), 10**6, n_trials=8, time_budget=0.02,
+                  study_name="probed", on_confirm=notes.append)
+    assert result.measured == 8
+    study = load_study("probed")
+    why = study.user_attrs[PROBE_ATTR]["dots"]
+    assert why.startswith(f"{LEFT_OUT}: compile failed (8x8 dots/dots unroll=1 at T=64): ")
+    assert notes == [f"probe: dots: {why}"]
+    used = set().union(*(_policies(from_data(t.user_attrs["schedule"])) for t in study.trials
+                         if "schedule" in t.user_attrs))
+    assert "nothing_saveable" in used and "dots_saveable" not in used
+
+    assert cli_main(["pareto", "--study-name", "probed"]) == 0
+    assert f"probe: dots: {why}" in capsys.readouterr().out.splitlines()

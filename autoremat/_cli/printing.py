@@ -57,8 +57,9 @@ class Progress:
         if m.fits(self.budget) and (best is None or (m.step_seconds or 0)
                                     < (best.measurement.step_seconds or 0)):
             best = self.best = done
-        self.bar.update(1)
-        self.done += 1
+        if not trial.user_attrs.get("compile_failed"):  # not one of --trials (tune)
+            self.bar.update(1)
+            self.done += 1
         shown = (f"best #{best.number} {best.schedule.describe()} "
                  f"{best.measurement.step_seconds:.3g} s/step" if best else "none fits yet")
         state = "cut" if m.cut else ("fits" if m.feasible else m.status)
