@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -145,9 +145,11 @@ class Compiled:
 
 def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
                  budget_bytes: int | None = None, label: str = "",
-                 arg_names: Sequence[str] | None = None) -> Compiled:
+                 arg_names: Sequence[str] | None = None,
+                 compiler_options: Mapping[str, Any] | None = None) -> Compiled:
     """Compile ``step(*args)`` ahead of time and size it (``memory_analysis()``,
     and the breakdown of ``autoremat._measure.breakdown``; ``arg_names`` name ``args``).
+    ``compiler_options``: XLA options for this compile (``Schedule.compiler_options``).
 
     The measurement's status is ``"ok"`` (sized, fits, not run yet),
     ``"over_budget"`` or ``"error"``; a failure is recorded, never raised.
@@ -162,7 +164,8 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
     start = time.perf_counter()
     try:
         with record_scans() as scans:
-            executable = jax.jit(fresh).lower(*args).compile()
+            executable = jax.jit(fresh).lower(*args).compile(
+                compiler_options=dict(compiler_options) if compiler_options else None)
     except Exception as e:
         return Compiled(Measurement(label, ERROR, f"{_kind_of_failure(e, 'compile')}: "
                                     f"{one_line(e)}", **env))
@@ -190,7 +193,8 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
 
 def compile_schedule(problem: Problem, schedule: Schedule, *,
                      budget_bytes: int | None = None) -> Compiled:
-    """``problem.build(schedule)`` then ``compile_step``; a build failure is recorded."""
+    """``problem.build(schedule)`` then ``compile_step`` with the schedule's
+    ``compiler_options``; a build failure is recorded."""
     try:
         step, args = problem.build(schedule)
     except Exception as e:
@@ -198,7 +202,7 @@ def compile_schedule(problem: Problem, schedule: Schedule, *,
         return Compiled(Measurement(schedule.key(), ERROR, f"build failed: {one_line(e)}",
                                     **env))
     return compile_step(step, args, budget_bytes=budget_bytes, label=schedule.key(),
-                        arg_names=problem.arg_names)
+                        arg_names=problem.arg_names, compiler_options=schedule.compiler_options)
 
 
 def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,

@@ -78,7 +78,7 @@ class BinomialSchedule(Schedule):
         return {"snapshots": self.snapshots}
 
     def describe(self) -> str:
-        return f"binomial s={self.snapshots} unroll={self.unroll}"
+        return f"binomial s={self.snapshots} unroll={self.unroll}{self.options_note()}"
 
     def explain(self) -> list[str]:
         lines = [f"  binomial (Revolve) checkpointing: {self.snapshots} carries stored at "

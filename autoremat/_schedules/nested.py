@@ -151,7 +151,7 @@ class NestedSchedule(Schedule):
     def describe(self) -> str:
         lengths = "x".join(str(n) for n in self.lengths)
         policies = "/".join(_policy_label(lv.policy) for lv in self.levels)
-        return f"{lengths} {policies} unroll={self.unroll}"
+        return f"{lengths} {policies} unroll={self.unroll}{self.options_note()}"
 
     def explain(self) -> list[str]:
         lines = [f"  depth {self.depth}, tiles T = {self.tuned_length} exactly (any T runs)"]

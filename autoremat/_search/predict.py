@@ -13,6 +13,9 @@ guess is a linear model over a schedule's structure (pure Python, no jax):
   model's guess) -- the memory traffic, which on CPU can cost as much as the
   recomputation it saves;
 * ``loop``: ``T / unroll`` -- loop trips of the innermost scan;
+* ``graphs``: those trips again when the step is compiled with XLA options
+  (``Schedule.compiler_options``: on a GPU, command buffers that capture loops),
+  so the fit can learn what the options save per trip;
 * and a constant.
 
 ``TimeModel.fit`` is a weighted least squares on relative error over this
@@ -62,16 +65,20 @@ class Prior:
       boundaries: a checkpoint boundary crossed.
       bookkeeping: a step with dynamic restores (binomial).
       loop: a trip of the innermost loop (``T / unroll``).
+      graphs: a loop trip compiled with XLA options, on top of ``loop`` (negative:
+        what the options are expected to save).
     """
 
     partial: float = _PARTIAL_PRIOR
     boundaries: float = 0.0
     bookkeeping: float = 0.0
     loop: float = 0.0
+    graphs: float = 0.0
 
     def weights(self) -> list[float]:
         """Per-unit costs in ``Structure.row`` order, in step evaluations."""
-        return [1.0, self.partial, 0.0, self.boundaries, self.bookkeeping, self.loop, 0.0]
+        return [1.0, self.partial, 0.0, self.boundaries, self.bookkeeping, self.loop,
+                self.graphs, 0.0]
 
 
 #: The CPU's: seconds proportional to step evaluations (a partial re-run 0.4 of one).
@@ -86,7 +93,10 @@ CPU_PRIOR: Final = Prior()
 #: 4 here. From a plain scan's time alone this predicts both binomial runs within
 #: 20% (``tests/test_platform_costs.py``). Loop trips and bookkeeping are what the
 #: seeds cannot calibrate on a GPU: all seeds have ``unroll=1``, none is binomial.
-GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0)
+#: ``graphs`` is a hypothesis, not a measurement: command buffers that capture the
+#: loop save half a trip's launch cost (-1.0), enough that the planner times one
+#: such schedule; from then on the fit has the measured difference.
+GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0, graphs=-1.0)
 #: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
 PRIORS: Final[dict[str, Prior]] = {"gpu": GPU_PRIOR, "cuda": GPU_PRIOR, "rocm": GPU_PRIOR}
 
@@ -109,18 +119,21 @@ class Structure:
     bookkeeping: float
     loop: float
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    graphs: float = 0.0
 
     @classmethod
     def of(cls, schedule: Schedule, seq_len: int) -> Structure:
         f = schedule.features(seq_len)
+        loop = seq_len / max(1, schedule.unroll)
         return cls(kind=schedule.kind, evaluations=f.evaluations - f.partial,
                    partial=f.partial, boundaries=f.boundaries, bookkeeping=f.bookkeeping,
-                   loop=seq_len / max(1, schedule.unroll), terms=f.terms)
+                   loop=loop, terms=f.terms,
+                   graphs=loop if schedule.compiler_options else 0.0)
 
     def row(self, total_bytes: float) -> list[float]:
         """The time model's features, in ``TimeModel`` column order."""
         return [self.evaluations, self.partial, total_bytes, self.boundaries, self.bookkeeping,
-                self.loop, 1.0]
+                self.loop, self.graphs, 1.0]
 
 
 def _dot(coef: Sequence[float], row: Sequence[float]) -> float:

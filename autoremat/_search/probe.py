@@ -57,10 +57,14 @@ LEFT_OUT: Final = "left out"
 
 
 def checks(seq_len: int, platform: str) -> dict[str, Check]:
-    """Every kind's ``Schedule.checks`` at ``seq_len`` on ``platform``."""
+    """Every kind's ``Schedule.checks`` at ``seq_len`` on ``platform``, and the space's
+    own (``_space.checks``: the ``compiler`` choices on a GPU)."""
+    from autoremat._search import space
+
     out: dict[str, Check] = {}
     for kind in KINDS.values():
         out.update(kind.checks(seq_len, platform))
+    out.update(space.checks(seq_len, platform))
     return out
 
 
@@ -130,7 +134,8 @@ def _run(problem: Problem, schedule: Schedule, offloads: bool) -> tuple[bool, li
     try:
         step, args = problem.build(schedule)
         lowered = jax.jit(step).lower(*args)
-        executable = lowered.compile()
+        options: dict[str, Any] = dict(schedule.compiler_options)
+        executable = lowered.compile(compiler_options=options or None)
     except Exception as e:
         raise _CompileFailed(one_line(e)) from None
     placed = False

@@ -7,6 +7,15 @@ depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
 A study leaves out the choices its probe refused (``refused``: categorical
 values, e.g. ``offload_dots``; ``autoremat._search.probe``): no trial samples them.
 
+On a GPU (``GPU_PLATFORMS``) every schedule also takes a ``compiler`` choice
+(``COMPILER_CHOICES``): the XLA options its step is compiled with
+(``Schedule.compiler_options``) -- by default none, or command buffers (CUDA
+graphs) that also capture ``while`` loops and conditionals, so a scan's
+iterations are not launched one kernel at a time from the host
+(``docs/tuning.md`` has the sources). Seeds take the default; the search
+finds out, by timing, whether the other helps this problem. On any other
+platform the space is as it was.
+
 ``seed_params`` gives the obvious candidates, enqueued before any sampling:
 each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
 per-step remat, the sqrt(T) and cube-root schedules of Chen et al. 2016,
@@ -21,10 +30,28 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
+from typing import Any, Final
 
 from autoremat._schedules import KINDS
-from autoremat._schedules.base import Schedule
+from autoremat._schedules.base import Check, Schedule
+
+#: Platforms whose schedules take a ``compiler`` choice (``Measurement.platform``).
+GPU_PLATFORMS: Final = frozenset({"gpu", "cuda"})
+#: XLA:GPU's default command-buffer types (openxla/xla ``debug_options_flags.cc``,
+#: 2025-26: FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN, DYNAMIC_SLICE_FUSION), plus
+#: the two that put control flow on the device: WHILE and CONDITIONAL (CUDA graph
+#: conditional nodes, openxla/xla 6973; separate types since openxla/xla 19528).
+#: Setting the option replaces the whole list, so the defaults are named too.
+GRAPH_TYPES: Final = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
+#: ``compiler`` label -> ``Schedule.compiler_options``. ``graph_loops``: command
+#: buffers that capture loops, from one command up (default 5: a small step's loop
+#: body would stay outside).
+COMPILER_CHOICES: Final[dict[str, dict[str, bool | int | float | str]]] = {
+    "default": {},
+    "graph_loops": {"xla_gpu_enable_command_buffer": GRAPH_TYPES,
+                    "xla_gpu_graph_min_graph_size": 1},
+}
+DEFAULT_COMPILER: Final = "default"
 
 
 def suggest(trial: Any, seq_len: int, platform: str = "cpu",
@@ -34,7 +61,23 @@ def suggest(trial: Any, seq_len: int, platform: str = "cpu",
     if refused:
         trial = _Without(trial, refused)
     kind = trial.suggest_categorical("kind", list(KINDS))
-    return KINDS[kind].suggest(trial, seq_len, platform)
+    schedule = KINDS[kind].suggest(trial, seq_len, platform)
+    if platform not in GPU_PLATFORMS:
+        return schedule
+    label = trial.suggest_categorical("compiler", list(COMPILER_CHOICES))
+    return schedule.with_options(**COMPILER_CHOICES[label])
+
+
+def checks(seq_len: int, platform: str) -> dict[str, Check]:
+    """The space's own choices to probe before a study offers them
+    (``autoremat._search.probe``): on a GPU, each non-default ``compiler`` choice on a
+    plain scan (its option names and values must exist in this XLA, and it must not
+    change the results)."""
+    if platform not in GPU_PLATFORMS:
+        return {}
+    plain = Schedule.plain(seq_len)
+    return {label: Check(plain.with_options(**options))
+            for label, options in COMPILER_CHOICES.items() if options}
 
 
 class _Without:
@@ -58,7 +101,8 @@ def seed_params(seq_len: int, platform: str = "cpu",
                 refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Trial parameters of the obvious candidates, kind by kind, in the order to try
     them (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice."""
-    return [{"kind": name, **p} for name, kind in KINDS.items()
+    compiler = {"compiler": DEFAULT_COMPILER} if platform in GPU_PLATFORMS else {}
+    return [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
             for p in kind.seed_params(seq_len, platform)
             if not any(isinstance(v, str) and v in refused for v in p.values())]
 
