@@ -222,3 +222,25 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
 
     assert cli_main(["pareto", "--study-name", "probed"]) == 0
     assert f"probe: dots: {why}" in capsys.readouterr().out.splitlines()
+
+
+def test_a_study_that_sampled_before_the_probe_keeps_every_choice() -> None:
+    """Optuna refuses a categorical parameter whose choices change within a study, so a
+    study that already sampled (made before the probe existed) is not narrowed."""
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    trial = study.ask()
+    trial.suggest_categorical("d1_policy", ["none", "dots"])
+    study.tell(trial, [1.0, 1.0])
+    risky = Schedule.nested([8, 8], "dots_saveable")
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr("autoremat._search.probe.checks", lambda n, platform: {"dots": Check(risky)})
+    try:
+        notes: list[str] = []
+        got = study_probe(study, _Lock(), _odd_one(risky, "compile"), "gpu", notes.append)  # type: ignore[arg-type]
+    finally:
+        monkey.undo()
+    assert got == frozenset()
+    assert study.user_attrs[PROBE_ATTR]["dots"].startswith(
+        "not left out (this study sampled every choice before it was probed; a new study "
+        "leaves it out): compile failed (8x8 ")
+    assert len(notes) == 1

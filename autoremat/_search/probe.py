@@ -27,7 +27,9 @@ fails without using up one of ``n_trials`` (``autoremat._search.tune``).
 ``study_probe`` runs the probe once per study and records its outcome in the
 study (user attr ``PROBE_ATTR``: label -> ``"offered: ..."`` or
 ``"left out: ..."``); a resumed study or another worker reads it back, so every
-trial of a study samples from the same space.
+trial of a study samples from the same space. (A study that sampled trials
+before it was first probed -- made by an older autoremat -- keeps every choice,
+and says so: ``NOT_APPLIED``.)
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ RTOL: Final = 1e-5
 PROBE_ATTR: Final = "probe"
 OFFERED: Final = "offered"
 LEFT_OUT: Final = "left out"
+#: A study that sampled trials before it was probed (made by an older autoremat) keeps
+#: every choice: Optuna refuses a categorical parameter whose choices change.
+NOT_APPLIED: Final = ("not left out (this study sampled every choice before it was probed; "
+                      "a new study leaves it out)")
 
 
 def checks(seq_len: int, platform: str) -> dict[str, Check]:
@@ -70,12 +76,12 @@ def checks(seq_len: int, platform: str) -> dict[str, Check]:
 
 def small(problem: Problem, length: int = PROBE_LENGTH) -> Problem:
     """``problem.at_length(length)`` when it is longer and has one (and it does not
-    refuse), else ``problem`` itself."""
+    refuse: ``ProblemError``, or fail), else ``problem`` itself."""
     if problem.at_length is None or problem.seq_len <= length:
         return problem
     try:
         return problem.at_length(length)
-    except ProblemError:
+    except (ProblemError, Exception):  # a probe at full length is slower, not wrong
         return problem
 
 
@@ -169,7 +175,7 @@ def _mismatch(got: list[Any], want: list[Any]) -> str:
 
 def refused(outcome: Mapping[str, str]) -> frozenset[str]:
     """The labels an outcome leaves out of the space."""
-    return frozenset(k for k, v in outcome.items() if not str(v).startswith(OFFERED))
+    return frozenset(k for k, v in outcome.items() if str(v).startswith(LEFT_OUT))
 
 
 def study_probe(study: optuna.Study, lock: StudyLock, problem: Problem, platform: str,
@@ -183,6 +189,9 @@ def study_probe(study: optuna.Study, lock: StudyLock, problem: Problem, platform
         with lock:  # another worker may have recorded its outcome meanwhile
             recorded = study.user_attrs.get(PROBE_ATTR)
             if not isinstance(recorded, Mapping):
+                if any(t.distributions for t in study.get_trials(deepcopy=False)):
+                    outcome = {k: NOT_APPLIED + v.removeprefix(LEFT_OUT)
+                               if v.startswith(LEFT_OUT) else v for k, v in outcome.items()}
                 study.set_user_attr(PROBE_ATTR, outcome)
                 recorded = outcome
     outcome = {str(k): str(v) for k, v in recorded.items()}
