@@ -16,6 +16,7 @@ import jax
 import optuna
 import pytest
 
+from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules import from_data
 from autoremat._schedules.base import Check, Schedule
@@ -34,7 +35,7 @@ from autoremat._search.probe import (
 )
 from autoremat._search.space import neighbours, propose, seed_params, suggest
 from autoremat._search.study import load_study
-from autoremat._search.tune import tune
+from autoremat._search.tune import compile_failed, tune
 from autoremat.cli import main as cli_main
 from tests.tiny_problem import tiny
 
@@ -244,3 +245,18 @@ def test_a_study_that_sampled_before_the_probe_keeps_every_choice() -> None:
         "not left out (this study sampled every choice before it was probed; a new study "
         "leaves it out): compile failed (8x8 ")
     assert len(notes) == 1
+
+
+@pytest.mark.parametrize(("reason", "failed"), [
+    ("build failed: RuntimeError: x", True),
+    ("compile failed: INTERNAL: during context [end-of-post-layout_assignment]", True),
+    ("out of memory at compile: RESOURCE_EXHAUSTED", True),
+    ("at T'=4000: compile failed: INTERNAL: ...", True),  # the short run's compile
+    ("run failed: JaxRuntimeError", False),
+    ("at T'=4000: run failed: x", False),
+    ("non-finite output: output [1] has NaN/inf", False),
+    ("out of memory at run: RESOURCE_EXHAUSTED", False),
+])
+def test_what_counts_as_a_failed_compile(reason: str, failed: bool) -> None:
+    assert compile_failed(Measurement("k", ERROR, reason)) is failed
+    assert not compile_failed(Measurement("k", OK, ""))

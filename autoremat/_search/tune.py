@@ -33,10 +33,11 @@ length (``autoremat._search.confirm``) and the answer is the fastest measured.
   ``user_attrs["reason"]`` says why; the search goes on. One that failed to
   build or compile (``user_attrs["compile_failed"]``) does not count towards
   ``n_trials`` or ``total_trials``: it measured nothing.
-* Before the search, the choices a kind marks as risky on this platform (offload
-  policies on a GPU or TPU: ``Schedule.checks``) are probed on a small instance
-  of the problem and those that fail or change the gradients are left out of the
-  study's space, recorded in the study (``autoremat._search.probe``).
+* Before the search, the choices marked risky on this platform (offload policies
+  on a GPU or TPU, ``Schedule.checks``; XLA compiler options on a GPU,
+  ``_space.checks``) are probed on a small instance of the problem; those that
+  fail or change the results are left out of the study's space, recorded in the
+  study (``autoremat._search.probe``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
   schedule and the model's ``predicted_seconds``; the study its
   ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
@@ -53,6 +54,7 @@ length (``autoremat._search.confirm``) and the answer is the fastest measured.
 from __future__ import annotations
 
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -61,7 +63,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._measure.device import environment, fingerprint
-from autoremat._measure.measurement import ERROR
+from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
@@ -91,6 +93,17 @@ NextStep = Literal["measure", "wait", "stop"]
 
 class MeasurementFailed(RuntimeError):
     """A schedule failed to build, compile or run; the trial is marked FAIL."""
+
+
+#: How ``autoremat._measure.measure`` starts the reason of a failure before any run.
+_COMPILE_FAILURES: Final = ("build failed", "compile failed", "out of memory at compile")
+
+
+def compile_failed(m: Measurement) -> bool:
+    """The schedule failed to build or compile, at full length or for its short run
+    (reason ``at T'=...: compile failed: ...``): nothing ran, nothing was measured."""
+    reason = re.sub(r"^at T'=\d+: ", "", m.reason)
+    return m.status == ERROR and reason.startswith(_COMPILE_FAILURES)
 
 
 def _is_measured(t: FrozenTrial) -> bool:
@@ -185,8 +198,6 @@ class _Search:
         trial.set_user_attr("describe", schedule.describe())
         self.claim(trial, key)
         compiled = self.planner.compiled(schedule)
-        if compiled.executable is None and compiled.measurement.status == ERROR:
-            trial.set_user_attr("compile_failed", True)  # not one of n_trials
         trial.set_user_attr("predicted_seconds", self.planner.prediction(key))
         m = self.planner.short.time(schedule, compiled, budget_bytes=budget,
                                     time_budget=self.time_budget,
@@ -195,6 +206,8 @@ class _Search:
         self.planner.record(schedule, m)
         for k, v in m.to_attrs().items():
             trial.set_user_attr(k, v)
+        if compile_failed(m):
+            trial.set_user_attr("compile_failed", True)  # not one of n_trials
         trial.set_user_attr("measured", True)
         if m.total_bytes is not None:
             trial.set_constraint("memory", float(m.total_bytes - budget))
