@@ -31,6 +31,7 @@ missing here)::
         space           what the search can choose: trial -> Schedule
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
+        probe           before a study offers risky choices (offload), check them on the problem
         tune            the search loop: budget, dedupe, workers
         resume          open a study or resume one; storage: storages, retries, the lock
         study           reading a study: measured trials, the answer, TuneResult

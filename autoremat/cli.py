@@ -57,6 +57,8 @@ from autoremat._search.pareto import (
     pareto_front,
     plot_study,
 )
+from autoremat._search.probe import PROBE_ATTR
+from autoremat._search.probe import lines as probe_lines
 from autoremat._search.storage import DEFAULT_STORAGE
 from autoremat._search.study import StudyInfo, load_study, nothing_fits_message
 from autoremat._search.tune import tune
@@ -296,6 +298,8 @@ def _pareto(args: argparse.Namespace) -> int:
             print(front_json(points, budget))
         else:
             print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
+            for line in probe_lines(study.user_attrs.get(PROBE_ATTR) or {}):
+                print(line)  # choices its probe checked (offload): offered or left out
             info = StudyInfo.of(study)
             print(front_table(points, budget, device_note(info.devices, info.mesh),
                               info.seq_len))

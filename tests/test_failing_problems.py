@@ -50,8 +50,12 @@ def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Pat
         assert "Traceback" not in t.user_attrs["reason"] and "\n" not in t.user_attrs["reason"]
         # one line per failure on stderr, and the search went on
         assert f"autoremat: trial {i} failed (" in r.stderr and reason in r.stderr
+    # a schedule that failed to build or compile measured nothing: it is not one of the
+    # 6 trials asked for, so 4 more were timed (2 seeds and 2 planned)
+    assert [i for i, t in enumerate(trials) if t.user_attrs.get("compile_failed")] == [
+        FAIL_BUILD, FAIL_COMPILE]
     ok = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len(ok) == 2 and all(t.user_attrs["feasible"] for t in ok)
+    assert len(ok) == 4 and all(t.user_attrs["feasible"] for t in ok)
     best = read_schedule(tmp_path / "schedule.yaml")
     assert best.meta["trial"] in {t.number for t in ok}
     assert "6 measured now" in r.stdout

@@ -98,7 +98,7 @@ class _EveryK(Schedule):
         return cls(every=trial.suggest_int("every", 1, seq_len, log=True))
 
     @classmethod
-    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
+    def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
         return [{"every": max(1, math.isqrt(seq_len))}]
 
     @classmethod

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from autoremat._measure.breakdown import breakdown_lines
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.mesh import device_note
+from autoremat._search.attrs import COMPILE_FAILED
 from autoremat._search.pareto import format_seconds
 from autoremat._search.storage import redact
 from autoremat._search.study import MeasuredTrial, TuneResult
@@ -57,8 +58,9 @@ class Progress:
         if m.fits(self.budget) and (best is None or (m.step_seconds or 0)
                                     < (best.measurement.step_seconds or 0)):
             best = self.best = done
-        self.bar.update(1)
-        self.done += 1
+        if not trial.user_attrs.get(COMPILE_FAILED):  # not one of --trials (tune)
+            self.bar.update(1)
+            self.done += 1
         shown = (f"best #{best.number} {best.schedule.describe()} "
                  f"{best.measurement.step_seconds:.3g} s/step" if best else "none fits yet")
         state = "cut" if m.cut else ("fits" if m.feasible else m.status)

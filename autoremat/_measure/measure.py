@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -163,9 +163,11 @@ class Compiled:
 
 def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
                  budget_bytes: int | None = None, label: str = "",
-                 arg_names: Sequence[str] | None = None) -> Compiled:
+                 arg_names: Sequence[str] | None = None,
+                 compiler_options: Mapping[str, Any] | None = None) -> Compiled:
     """Compile ``step(*args)`` ahead of time and size it (``memory_analysis()``,
     and the breakdown of ``autoremat._measure.breakdown``; ``arg_names`` name ``args``).
+    ``compiler_options``: XLA options for this compile (``Schedule.compiler_options``).
 
     The measurement's status is ``"ok"`` (sized, fits, not run yet),
     ``"over_budget"`` or ``"error"``; a failure is recorded, never raised.
@@ -178,7 +180,8 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
     def compile_now() -> tuple[Any, list[Any], float]:
         start = time.perf_counter()
         with record_scans() as scans:
-            executable = jax.jit(fresh).lower(*args).compile()
+            executable = jax.jit(fresh).lower(*args).compile(
+                compiler_options=dict(compiler_options) if compiler_options else None)
         return executable, scans, time.perf_counter() - start
 
     env: dict[str, Any] = environment()  # str values, passed to the str fields
@@ -214,7 +217,8 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
 def compile_schedule(problem: Problem, schedule: Schedule, *, budget_bytes: int | None = None,
                      built: tuple[Step, tuple[Any, ...]] | None = None) -> Compiled:
     """``problem.build(schedule)`` (or ``built``: what it returned, when the caller already
-    built it) then ``compile_step``; a build failure is recorded."""
+    built it) then ``compile_step`` with the schedule's ``compiler_options``; a build failure
+    is recorded."""
     try:
         step, args = built if built is not None else problem.build(schedule)
     except Exception as e:
@@ -222,7 +226,7 @@ def compile_schedule(problem: Problem, schedule: Schedule, *, budget_bytes: int 
         return Compiled(Measurement(schedule.key(), ERROR, f"build failed: {one_line(e)}",
                                     **env))
     return compile_step(step, args, budget_bytes=budget_bytes, label=schedule.key(),
-                        arg_names=problem.arg_names)
+                        arg_names=problem.arg_names, compiler_options=schedule.compiler_options)
 
 
 def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,

@@ -168,3 +168,11 @@ def nnx_scan_with(loop: Callable[..., Any]) -> Callable[..., Any]:
             namespace[name] = copy
     scan: Callable[..., Any] = namespace["scan"]
     return scan
+
+
+#: The custom call JAX's GPU and TPU lowering wraps around a value placed in another
+#: memory kind (``mlir.wrap_with_memory_kind``; its frontend attribute
+#: ``_xla_buffer_placement`` names the kind, e.g. ``pinned_host``). On a CPU, jax
+#: (0.10) lowers a ``device_put`` to another memory space to nothing, so an offload
+#: policy's lowered step holds none: ``autoremat._search.probe`` reads this.
+HOST_PLACEMENT_CALL = "annotate_device_placement"

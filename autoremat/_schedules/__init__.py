@@ -23,7 +23,14 @@ import yaml
 
 from autoremat._atomic import atomic_write_text
 from autoremat._errors import ScheduleError, one_line
-from autoremat._schedules.base import COMMON_KEYS, KINDS, KNOWN_VERSIONS, SCHEDULE_VERSION, Schedule
+from autoremat._schedules.base import (
+    COMMON_KEYS,
+    KINDS,
+    KNOWN_VERSIONS,
+    SCHEDULE_VERSION,
+    Schedule,
+    check_options,
+)
 from autoremat._schedules.binomial import BinomialSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import _show
@@ -90,7 +97,8 @@ def from_data(data: Any) -> Schedule:
             raise ScheduleError(f"{key}: missing; a {kind.kind} schedule needs e.g. {example}")
     meta = data.get("meta")
     return kind(**kind.parse_fields(data), unroll=data.get("unroll", 1),
-                meta={} if meta is None else meta)
+                meta={} if meta is None else meta,
+                compiler_options=check_options(data.get("compiler_options")))
 
 
 

@@ -20,6 +20,11 @@ or, for binomial (Revolve) checkpointing (``autoremat._schedules.binomial``)::
     snapshots: 16                 # carries stored at once (>= 1)
     unroll: 1                     # lax.scan unroll of the forward sweep
 
+Either may carry ``compiler_options`` (absent when empty): XLA options for the
+compile of the whole jitted step (``Schedule.compiler_options``), e.g.::
+
+    compiler_options: {xla_gpu_graph_min_graph_size: 1}
+
 Memory/time trade-off (Chen et al. 2016, arXiv 1604.06174): with ``d`` levels
 of lengths ``n_1 .. n_d`` (``T = n_1 * ... * n_d``) and ``nothing_saveable``
 on the outer levels, the backward pass stores about ``n_1 + ... + n_d``
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,7 +61,10 @@ KNOWN_VERSIONS: Final = (1,)
 #: The transformations of ``autoremat.scan`` the tests check for every kind.
 TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
 #: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
-COMMON_KEYS: Final = ("version", "kind", "unroll", "meta")
+COMMON_KEYS: Final = ("version", "kind", "unroll", "compiler_options", "meta")
+#: ``compiler_options`` names: XLA ``DebugOptions`` fields (what ``XLA_FLAGS`` sets,
+#: without the leading ``--``).
+OPTION_NAME: Final = re.compile(r"xla_[a-z0-9_]+")
 #: ``kind:`` name -> its ``Schedule`` subclass, in the order the tuner samples them.
 #: Filled by ``autoremat._schedules`` (which imports every kind module); this module
 #: imports none of them.
@@ -86,6 +95,23 @@ class Features:
     bookkeeping: float = 0.0
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
+
+@dataclass(frozen=True)
+class Check:
+    """A choice of a kind's search space that a study must check on the user's own
+    problem before offering it (``Schedule.checks``; ``autoremat._search.probe``).
+
+    Attributes:
+      schedule: a schedule that uses the choice, at the probe's length.
+      offloads: the choice is meant to move residuals to host memory; the probe
+        also checks that the lowered step places something there (on a CPU jax
+        lowers the move to nothing, so the choice would only duplicate another).
+    """
+
+    schedule: Schedule
+    offloads: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schedule(ABC):
     """How to rematerialize a scan; one subclass per kind (``autoremat._schedules``).
@@ -101,6 +127,15 @@ class Schedule(ABC):
       unroll: ``lax.scan`` unroll of the innermost loop, >= 1.
       meta: free-form YAML-safe data: what the schedule was tuned for and what
         was measured. Not used to run the scan.
+      compiler_options: XLA options (``DebugOptions`` field -> bool, int, float or
+        string) for compiling the whole jitted training step, not the scan: a scan
+        cannot pass them, so ``autoremat.scan`` ignores them. The tuner's
+        measurements compile with them (``lower(...).compile(compiler_options=...)``);
+        compile your step the same way: ``jax.jit(step,
+        compiler_options=dict(schedule.compiler_options))``. Part of ``key()``;
+        empty by default. An unknown name or a bad value fails at that compile
+        (XLA: "No such compile option"); options of another backend (``xla_gpu_*``
+        on a CPU) are accepted and ignored there (jax 0.10.2, tested).
     """
 
     kind: ClassVar[str]
@@ -115,11 +150,14 @@ class Schedule(ABC):
 
     unroll: int = 1
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    compiler_options: Mapping[str, bool | int | float | str] = field(default_factory=dict,
+                                                                     hash=False)
 
     def __post_init__(self) -> None:
         check_int("unroll", self.unroll)
         if not isinstance(self.meta, Mapping):
             raise ScheduleError(f"meta: expected a mapping, got {_show(self.meta)}")
+        object.__setattr__(self, "compiler_options", check_options(self.compiler_options))
 
     # -- what each kind defines --------------------------------------------------
     @classmethod
@@ -162,13 +200,25 @@ class Schedule(ABC):
 
     @classmethod
     @abstractmethod
-    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
-        """Trial parameters of this kind's obvious candidates (without ``kind``)."""
+    def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
+        """Trial parameters of this kind's obvious candidates (without ``kind``) on
+        ``platform`` (``"cpu"``, ``"gpu"``/``"cuda"``/``"rocm"``, ``"tpu"``): the seeds
+        are always timed, so a kind that costs much more on a platform seeds less there."""
 
     @classmethod
     @abstractmethod
     def examples(cls) -> Sequence[Schedule]:
         """Schedules exercising each option of the kind (the tests' matrix runs them)."""
+
+    @classmethod
+    def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
+        """Choices of ``suggest`` on ``platform`` that a study checks before offering
+        them: choice label (a categorical value ``suggest`` passes to the trial) ->
+        a ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
+        small instance of its problem and leaves out of its space every one that
+        fails to compile or changes the loss or gradients (``autoremat._search.probe``).
+        This default has none: every choice is offered."""
+        return {}
 
     def timing_length(self, seq_len: int, short: int) -> int:
         """The length to time this schedule at so that its step time at ``seq_len``
@@ -236,6 +286,17 @@ class Schedule(ABC):
         """A copy with ``meta`` updated by the given keys."""
         return replace(self, meta={**self.meta, **meta})
 
+    def with_options(self, **options: bool | int | float | str) -> Schedule:
+        """A copy whose ``compiler_options`` are exactly ``options``."""
+        return replace(self, compiler_options=options)
+
+    def options_note(self) -> str:
+        """``""``, or `` xla{name=value,...}`` for ``describe``: the options, briefly."""
+        if not self.compiler_options:
+            return ""
+        shown = ",".join(f"{k.removeprefix('xla_')}={v}" for k, v in self.compiler_options.items())
+        return f" xla{{{shown}}}"
+
     def key(self) -> str:
         """A canonical string of what affects execution (not ``meta``)."""
         data = self.to_data()
@@ -246,9 +307,34 @@ class Schedule(ABC):
         """The YAML-safe mapping form (see the module docstring)."""
         data = {"version": SCHEDULE_VERSION, "kind": self.kind, **self.fields_data(),
                 "unroll": self.unroll}
+        if self.compiler_options:
+            data["compiler_options"] = dict(self.compiler_options)
         if self.meta:
             data["meta"] = _plain(self.meta)
         return data
+
+
+def check_options(value: Any) -> dict[str, bool | int | float | str]:
+    """``compiler_options`` checked: a mapping of XLA option names (``OPTION_NAME``)
+    to YAML scalars, returned as a dict sorted by name; else a ``ScheduleError``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ScheduleError(f"compiler_options: expected a mapping of XLA option names to "
+                            f"values, e.g. {{xla_gpu_graph_min_graph_size: 1}}, got {_show(value)}")
+    out: dict[str, bool | int | float | str] = {}
+    for name in sorted(value, key=str):
+        v = value[name]
+        if not isinstance(name, str) or not OPTION_NAME.fullmatch(name):
+            raise ScheduleError(f"compiler_options: {_show(name)} is not an XLA option name: "
+                                "expected lower case 'xla_...' (an XLA_FLAGS flag without '--')")
+        if not isinstance(v, (bool, int, float, str)):
+            raise ScheduleError(f"compiler_options.{name}: expected a bool, number or string, "
+                                f"got {_show(v)}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ScheduleError(f"compiler_options.{name}: expected a finite number, got {v}")
+        out[name] = v
+    return out
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ from autoremat._schedules.base import Features, Schedule
 from autoremat._schedules.policy import check_int
 from autoremat.bounds import Cost, max_steps, optimal_cost
 
+#: Platforms where no binomial schedule is seeded (``BinomialSchedule.seed_params``).
+SEEDLESS_PLATFORMS: Final = frozenset({"gpu", "cuda", "rocm"})
 #: Binomial schedules re-run a step at most this often (about ``r + 1`` times
 #: the forward work); fewer snapshots than that are never faster than nested.
 MAX_REPETITIONS: Final = 6
@@ -76,7 +78,7 @@ class BinomialSchedule(Schedule):
         return {"snapshots": self.snapshots}
 
     def describe(self) -> str:
-        return f"binomial s={self.snapshots} unroll={self.unroll}"
+        return f"binomial s={self.snapshots} unroll={self.unroll}{self.options_note()}"
 
     def explain(self) -> list[str]:
         lines = [f"  binomial (Revolve) checkpointing: {self.snapshots} carries stored at "
@@ -120,9 +122,21 @@ class BinomialSchedule(Schedule):
         return cls(snapshots=trial.suggest_int("snapshots", low, high, log=True))
 
     @classmethod
-    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
-        """Three repetitions: ``C(s + 3, 3) >= T`` snapshots (none at ``T = 1``)."""
-        if seq_len < 2:
+    def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
+        """Three repetitions: ``C(s + 3, 3) >= T`` snapshots (none at ``T = 1``);
+        none on a GPU (``SEEDLESS_PLATFORMS``).
+
+        A seed is always timed. On a CPU, where the plain scan is bound by memory
+        traffic, binomial runs near plain (s=17 at T=10^5: 1.10-1.19x) and its
+        seed calibrates the model. On an H200 (the seed LSTM at T=10^4) every
+        binomial step evaluation cost 1.8-2x a nested one's -- its backward
+        re-advances are loops of data-dependent length, whose trip test the host
+        reads back every iteration -- so binomial ran 4-5x plain and its seed
+        cost 2 s of a 100 s search to learn that. There it stays in the space
+        (the smallest schedules are binomial: the planner times one when no
+        nested schedule fits the budget) but is not seeded; the cost model's
+        GPU prior (``autoremat._search.predict.PRIORS``) ranks it as slow."""
+        if seq_len < 2 or platform in SEEDLESS_PLATFORMS:
             return []
         low, high = snapshot_range(seq_len)
         return [{"snapshots": min(max(_fewest_snapshots(seq_len, 3), low), high)}]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.base import Features, Schedule, at, root_lengths, snap
+from autoremat._schedules.base import Check, Features, Schedule, at, root_lengths, snap
 from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _show
 from autoremat.bounds import Cost
 
@@ -151,7 +151,7 @@ class NestedSchedule(Schedule):
     def describe(self) -> str:
         lengths = "x".join(str(n) for n in self.lengths)
         policies = "/".join(_policy_label(lv.policy) for lv in self.levels)
-        return f"{lengths} {policies} unroll={self.unroll}"
+        return f"{lengths} {policies} unroll={self.unroll}{self.options_note()}"
 
     def explain(self) -> list[str]:
         lines = [f"  depth {self.depth}, tiles T = {self.tuned_length} exactly (any T runs)"]
@@ -241,8 +241,8 @@ class NestedSchedule(Schedule):
         return cls.build(lengths, policies, unroll=min(unroll, lengths[-1]))
 
     @classmethod
-    def seed_params(cls, seq_len: int) -> list[dict[str, Any]]:
-        """Plain scan, per-step remat, sqrt(T) two levels (outer ``nothing``,
+    def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
+        """On every platform: plain scan, per-step remat, sqrt(T) two levels (outer ``nothing``,
         inner chunk stored), cube-root three levels (``nothing/nothing/everything``),
         and (``T >= 1000``) three levels of short chunks, ``T/100 x 10 x 10``
         ``nothing/dots/everything``: the innermost 10 steps stored whole, the
@@ -270,6 +270,18 @@ class NestedSchedule(Schedule):
             params.append({"depth": 3, "d3_unroll": 1, "d3_n0": 10, "d3_n1": 10,
                            "d3_p0": "nothing", "d3_p1": "dots", "d3_p2": "everything"})
         return params
+
+    @classmethod
+    def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
+        """The offload policies this platform offers (``policy_choices``), each in
+        a two-level schedule using it on both levels (``root_lengths``): XLA:GPU
+        has refused them in a scan's backward ("Expected instruction to have
+        shape equal to ...", jax 0.11.2 on an H200) and has given wrong gradients
+        for offloaded scan residuals (openxla/xla 46231, fixed by 46308)."""
+        offered = policy_choices(platform)
+        lengths = root_lengths(seq_len, 2) if seq_len >= 4 else (seq_len,)
+        return {label: Check(cls.build(lengths, policy), offloads=True)
+                for label, policy in OFFLOAD_POLICIES.items() if label in offered}
 
     @classmethod
     def examples(cls) -> Sequence[Schedule]:

@@ -2,11 +2,12 @@
 its ``Measurement.to_attrs`` figures) and the keys a tuned schedule's ``meta`` records.
 
 A trial that measured a schedule holds ``SCHEDULE`` (``Schedule.to_data``), ``SCHEDULE_KEY``,
-``DESCRIBE`` and ``MEASURED``; while a worker measures it, ``MEASURING`` (its claim). A trial
-pruned as a repeat holds ``DUPLICATE_OF``; one pruned because the study had its
-``total_trials``, ``TOTAL_REACHED``; a re-queued trial of a dead worker ``RETRY_OF`` and
-``RETRY_REASON``. A trial enqueued before it runs (a seed, a retry) holds ``SCHEDULE`` only:
-the worker that takes it measures that schedule.
+``DESCRIBE`` and ``MEASURED`` (and ``COMPILE_FAILED`` when its build or compile failed:
+it measured nothing and is not one of ``n_trials``); while a worker measures it,
+``MEASURING`` (its claim). A trial pruned as a repeat holds ``DUPLICATE_OF``; one pruned
+because the study had its ``total_trials``, ``TOTAL_REACHED``; a re-queued trial of a dead
+worker ``RETRY_OF`` and ``RETRY_REASON``. A trial enqueued before it runs (a seed, a retry)
+holds ``SCHEDULE``: the worker that takes it measures that schedule.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ DESCRIBE: Final = "describe"
 MEASURED: Final = "measured"
 MEASURING: Final = "measuring"
 PREDICTED_SECONDS: Final = "predicted_seconds"
+COMPILE_FAILED: Final = "compile_failed"
 DUPLICATE_OF: Final = "duplicate_of"
 TOTAL_REACHED: Final = "total_reached"
 RETRY_OF: Final = "retry_of"

@@ -98,6 +98,7 @@ class Planner:
     seed: int = 0
     explore_front: bool = False
     time_budget: float = DEFAULT_TIME_BUDGET
+    refused: frozenset[str] = frozenset()  # choices the study's probe left out
     pool: dict[str, Candidate] = field(default_factory=dict)
     timed: dict[str, tuple[int, float]] = field(default_factory=dict)  # key -> (bytes, s)
     cut: dict[str, tuple[int, float]] = field(default_factory=dict)  # one run's seconds
@@ -119,11 +120,12 @@ class Planner:
             self._args = self.built[2]
             self._fingerprint = arguments_fingerprint(self._args)
         self.rng = random.Random(self.seed)
+        self.time_model = TimeModel(self.platform)  # its prior is the platform's
         seq_len = self.problem.seq_len
-        for p in seed_params(seq_len):
-            self.add(*propose(p, seq_len, self.platform, self.rng)[:2], seed=True)
+        for p in seed_params(seq_len, self.platform, self.refused):
+            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2], seed=True)
         for _ in range(POOL_SIZE):
-            self.add(*propose({}, seq_len, self.platform, self.rng)[:2])
+            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused)[:2])
 
     # -- the pool ----------------------------------------------------------------------
     def add(self, schedule: Schedule, params: dict[str, Any], *, seed: bool = False) -> None:
@@ -172,7 +174,8 @@ class Planner:
             self._best_key = best[0]
             if self.pool[best[0]].params:
                 for schedule, params in neighbours(self.pool[best[0]].params,
-                                                   self.problem.seq_len, self.platform, self.rng):
+                                                   self.problem.seq_len, self.platform, self.rng,
+                                                   self.refused):
                     self.add(schedule, params)
 
     def stop_ratio(self, cand: Candidate | None = None) -> float:

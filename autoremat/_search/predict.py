@@ -13,11 +13,21 @@ guess is a linear model over a schedule's structure (pure Python, no jax):
   model's guess) -- the memory traffic, which on CPU can cost as much as the
   recomputation it saves;
 * ``loop``: ``T / unroll`` -- loop trips of the innermost scan;
+* ``graphs``: those trips again when the step is compiled with XLA options
+  (``Schedule.compiler_options``: on a GPU, command buffers that capture loops),
+  so the fit can learn what the options save per trip;
 * and a constant.
 
 ``TimeModel.fit`` is a weighted least squares on relative error over this
-study's own timed trials, pulled (ridge) towards the prior "seconds
-proportional to evaluations" so two or three trials already give an order.
+study's own timed trials, pulled (ridge) towards a prior so two or three
+trials already give an order. The prior is per platform (``PRIORS``): what
+one unit of each feature costs, in step evaluations, scaled by the study's
+median seconds per unit. On a CPU it is "seconds proportional to
+evaluations" (a partial re-run 0.4 of one). On a GPU a loop trip and
+binomial's bookkeeping cost far more than the step's arithmetic, and the
+seeds cannot tell (they all have ``unroll=1``, and binomial is not seeded
+there), so the prior carries what an H200 measured on the seed LSTM at
+T=10^4 (``docs/tuning.md``).
 ``TimeModel.predict`` corrects the fit towards the measured / fitted ratio
 of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
 ``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
@@ -33,6 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from autoremat._schedules.base import Schedule
 
@@ -42,6 +53,57 @@ _RIDGE = 0.1
 _NEAR = 0.25
 #: The prior cost of a partial re-run, as a fraction of a full step evaluation.
 _PARTIAL_PRIOR = 0.4
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What one unit of each time feature costs, in step evaluations (``Structure.row``
+    order, bytes and the constant excepted: they have no prior).
+
+    Attributes:
+      partial: a partial re-run (its matmuls saved).
+      boundaries: a checkpoint boundary crossed.
+      bookkeeping: a step with dynamic restores (binomial).
+      loop: a trip of the innermost loop (``T / unroll``).
+      graphs: a loop trip compiled with XLA options, on top of ``loop`` (negative:
+        what the options are expected to save).
+    """
+
+    partial: float = _PARTIAL_PRIOR
+    boundaries: float = 0.0
+    bookkeeping: float = 0.0
+    loop: float = 0.0
+    graphs: float = 0.0
+
+    def weights(self) -> list[float]:
+        """Per-unit costs in ``Structure.row`` order, in step evaluations."""
+        return [1.0, self.partial, 0.0, self.boundaries, self.bookkeeping, self.loop,
+                self.graphs, 0.0]
+
+
+#: The CPU's: seconds proportional to step evaluations (a partial re-run 0.4 of one).
+CPU_PRIOR: Final = Prior()
+#: An H200's, jax 0.11.2, seed LSTM train step at T=10^4 (``docs/tuning.md``), in the
+#: units of ``Structure`` (plain: 10^4 evaluations, 10^4 loop trips). Plain ran
+#: 0.357 s at unroll=1 and 0.149 s at unroll=8: ``10^4 e + 10^4 l = 0.357`` and
+#: ``10^4 e + 1250 l = 0.149``, so a loop trip ``l`` (23.8 us) costs 2.0 step
+#: evaluations ``e`` (11.9 us). Binomial s=11 (63,813 evaluations, 10^4 steps of
+#: bookkeeping) then needs 7.0 ``e`` a step of bookkeeping for its 1.836 s
+#: (seq2seq) and 1.3 for its 2.086 s (fused readout, whose ``e`` is twice as long):
+#: 4 here. From a plain scan's time alone this predicts both binomial runs within
+#: 20% (``tests/test_platform_costs.py``). Loop trips and bookkeeping are what the
+#: seeds cannot calibrate on a GPU: all seeds have ``unroll=1``, none is binomial.
+#: ``graphs`` is a hypothesis, not a measurement: command buffers that capture the
+#: loop save half a trip's launch cost (-1.0), enough that the planner times one
+#: such schedule; from then on the fit has the measured difference.
+GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0, graphs=-1.0)
+#: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
+PRIORS: Final[dict[str, Prior]] = {"gpu": GPU_PRIOR, "cuda": GPU_PRIOR, "rocm": GPU_PRIOR}
+
+
+def prior_for(platform: str) -> Prior:
+    """The time model's prior on ``platform`` (``PRIORS``, else ``CPU_PRIOR``)."""
+    return PRIORS.get(platform.lower(), CPU_PRIOR)
 
 
 @dataclass(frozen=True)
@@ -57,18 +119,21 @@ class Structure:
     bookkeeping: float
     loop: float
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    graphs: float = 0.0
 
     @classmethod
     def of(cls, schedule: Schedule, seq_len: int) -> Structure:
         f = schedule.features(seq_len)
+        loop = seq_len / max(1, schedule.unroll)
         return cls(kind=schedule.kind, evaluations=f.evaluations - f.partial,
                    partial=f.partial, boundaries=f.boundaries, bookkeeping=f.bookkeeping,
-                   loop=seq_len / max(1, schedule.unroll), terms=f.terms)
+                   loop=loop, terms=f.terms,
+                   graphs=loop if schedule.compiler_options else 0.0)
 
     def row(self, total_bytes: float) -> list[float]:
         """The time model's features, in ``TimeModel`` column order."""
         return [self.evaluations, self.partial, total_bytes, self.boundaries, self.bookkeeping,
-                self.loop, 1.0]
+                self.loop, self.graphs, 1.0]
 
 
 def _dot(coef: Sequence[float], row: Sequence[float]) -> float:
@@ -117,9 +182,11 @@ def _ridge(rows: list[list[float]], ys: list[float], prior: list[float],
 
 
 class TimeModel:
-    """Step seconds from ``Structure.row``; ``None`` until one trial was timed."""
+    """Step seconds from ``Structure.row``; ``None`` until one trial was timed.
+    ``platform``: whose prior the fit is pulled towards (``prior_for``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, platform: str = "cpu") -> None:
+        self.prior = prior_for(platform)
         self.coef: list[float] | None = None
         self.floor = 0.0
         self.points = 0
@@ -138,24 +205,25 @@ class TimeModel:
         self.floor = 0.25 * min(y for _, _, y in good)
         self.error = self._error(good)
 
-    @staticmethod
-    def _fit(good: Sequence[tuple[Structure, float, float]]) -> list[float]:
-        per_eval = sorted(y / (s.evaluations + _PARTIAL_PRIOR * s.partial)
-                          for s, _, y in good)[len(good) // 2]
-        prior = [per_eval, _PARTIAL_PRIOR * per_eval, 0.0, 0.0, 0.0, 0.0, 0.0]
+    def _fit(self, good: Sequence[tuple[Structure, float, float]]) -> list[float]:
+        """The ridge fit, pulled towards the prior's per-unit costs times the median
+        seconds per prior unit of ``good``."""
+        weights = self.prior.weights()
+        per_eval = sorted(y / max(1e-30, _dot(weights, s.row(b)))
+                          for s, b, y in good)[len(good) // 2]
+        prior = [w * per_eval for w in weights]
         rows = [s.row(b) for s, b, _ in good]
         ys = [y for _, _, y in good]
         return _ridge(rows, ys, prior, [1.0 / y**2 for y in ys])
 
-    @classmethod
-    def _error(cls, good: Sequence[tuple[Structure, float, float]]) -> float:
+    def _error(self, good: Sequence[tuple[Structure, float, float]]) -> float:
         """The median relative error of leave-one-out predictions (0 below 3 points):
         how far a prediction may be off, which widens the planner's stop test."""
         if len(good) < 3:
             return 0.0
         errs = []
         for i, (s, b, y) in enumerate(good):
-            coef = cls._fit([*good[:i], *good[i + 1:]])
+            coef = self._fit([*good[:i], *good[i + 1:]])
             errs.append(abs(_dot(coef, s.row(b)) - y) / y)
         return sorted(errs)[len(errs) // 2]
 

@@ -4,6 +4,17 @@ The space, for a sequence of length ``T``: first ``kind``, one of the kinds
 of ``autoremat._schedules.KINDS``; then that kind's own parameters
 (``Schedule.suggest``, documented in each kind's module: the nested kind's
 depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
+A study leaves out the choices its probe refused (``refused``: categorical
+values, e.g. ``offload_dots``; ``autoremat._search.probe``): no trial samples them.
+
+On a GPU (``GPU_PLATFORMS``) every schedule also takes a ``compiler`` choice
+(``COMPILER_CHOICES``): the XLA options its step is compiled with
+(``Schedule.compiler_options``) -- by default none, or command buffers (CUDA
+graphs) that also capture ``while`` loops and conditionals, so a scan's
+iterations are not launched one kernel at a time from the host
+(``docs/tuning.md`` has the sources). Seeds take the default; the search
+finds out, by timing, whether the other helps this problem. On any other
+platform the space is as it was.
 
 ``seed_params`` gives the obvious candidates, enqueued before any sampling:
 each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
@@ -19,28 +30,89 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
+from typing import Any, Final
 
 from autoremat._schedules import KINDS
-from autoremat._schedules.base import Schedule
+from autoremat._schedules.base import Check, Schedule
+
+#: Platforms whose schedules take a ``compiler`` choice (``Measurement.platform``).
+GPU_PLATFORMS: Final = frozenset({"gpu", "cuda"})
+#: XLA:GPU's default command-buffer types (openxla/xla ``debug_options_flags.cc``,
+#: 2025-26: FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN, DYNAMIC_SLICE_FUSION), plus
+#: the two that put control flow on the device: WHILE and CONDITIONAL (CUDA graph
+#: conditional nodes, openxla/xla 6973; separate types since openxla/xla 19528).
+#: Setting the option replaces the whole list, so the defaults are named too.
+GRAPH_TYPES: Final = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE"
+#: ``compiler`` label -> ``Schedule.compiler_options``. ``graph_loops``: command
+#: buffers that capture loops, from one command up (default 5: a small step's loop
+#: body would stay outside).
+COMPILER_CHOICES: Final[dict[str, dict[str, bool | int | float | str]]] = {
+    "default": {},
+    "graph_loops": {"xla_gpu_enable_command_buffer": GRAPH_TYPES,
+                    "xla_gpu_graph_min_graph_size": 1},
+}
+DEFAULT_COMPILER: Final = "default"
 
 
-def suggest(trial: Any, seq_len: int, platform: str = "cpu") -> Schedule:
-    """Sample a schedule for a length-``seq_len`` scan from an Optuna trial."""
+def suggest(trial: Any, seq_len: int, platform: str = "cpu",
+            refused: frozenset[str] = frozenset()) -> Schedule:
+    """Sample a schedule for a length-``seq_len`` scan from an Optuna trial; no
+    categorical choice in ``refused`` is ever offered to the trial."""
+    if refused:
+        trial = _Without(trial, refused)
     kind = trial.suggest_categorical("kind", list(KINDS))
-    return KINDS[kind].suggest(trial, seq_len, platform)
+    schedule = KINDS[kind].suggest(trial, seq_len, platform)
+    if platform not in GPU_PLATFORMS:
+        return schedule
+    label = trial.suggest_categorical("compiler", list(COMPILER_CHOICES))
+    return schedule.with_options(**COMPILER_CHOICES[label])
 
 
-def seed_params(seq_len: int) -> list[dict[str, Any]]:
-    """Trial parameters of the obvious candidates, kind by kind, in the order to try them."""
-    return [{"kind": name, **p} for name, kind in KINDS.items() for p in kind.seed_params(seq_len)]
+def checks(seq_len: int, platform: str) -> dict[str, Check]:
+    """The space's own choices to probe before a study offers them
+    (``autoremat._search.probe``): on a GPU, each non-default ``compiler`` choice on a
+    plain scan (its option names and values must exist in this XLA, and it must not
+    change the results)."""
+    if platform not in GPU_PLATFORMS:
+        return {}
+    plain = Schedule.plain(seq_len)
+    return {label: Check(plain.with_options(**options))
+            for label, options in COMPILER_CHOICES.items() if options}
 
 
-def seed_schedules(seq_len: int) -> list[Schedule]:
+class _Without:
+    """An Optuna trial (or ``ParamTrial``) whose categorical choices lack ``refused``."""
+
+    def __init__(self, trial: Any, refused: frozenset[str]) -> None:
+        self.trial, self.refused = trial, refused
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        kept = [c for c in choices if not (isinstance(c, str) and c in self.refused)]
+        return self.trial.suggest_categorical(name, kept or list(choices))
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
+        return int(self.trial.suggest_int(name, low, high, log=log))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.trial, name)
+
+
+def seed_params(seq_len: int, platform: str = "cpu",
+                refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Trial parameters of the obvious candidates, kind by kind, in the order to try
+    them (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice."""
+    compiler = {"compiler": DEFAULT_COMPILER} if platform in GPU_PLATFORMS else {}
+    return [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
+            for p in kind.seed_params(seq_len, platform)
+            if not any(isinstance(v, str) and v in refused for v in p.values())]
+
+
+def seed_schedules(seq_len: int, platform: str = "cpu") -> list[Schedule]:
     """The schedules of ``seed_params`` (what the first trials will measure)."""
     import optuna
 
-    return [suggest(optuna.trial.FixedTrial(p), seq_len) for p in seed_params(seq_len)]
+    return [suggest(optuna.trial.FixedTrial(p), seq_len, platform)
+            for p in seed_params(seq_len, platform)]
 
 
 class ParamTrial:
@@ -73,20 +145,21 @@ class ParamTrial:
         return value
 
 
-def propose(wanted: dict[str, Any], seq_len: int, platform: str,
-            rng: random.Random) -> tuple[Schedule, dict[str, Any], ParamTrial]:
-    """The schedule of ``wanted`` (missing values random), its exact params, the trial."""
+def propose(wanted: dict[str, Any], seq_len: int, platform: str, rng: random.Random,
+            refused: frozenset[str] = frozenset()) -> tuple[Schedule, dict[str, Any], ParamTrial]:
+    """The schedule of ``wanted`` (missing values random, ``refused`` choices
+    replaced), its exact params, the trial."""
     trial = ParamTrial(wanted, rng)
-    schedule = suggest(trial, seq_len, platform)
+    schedule = suggest(trial, seq_len, platform, refused)
     return schedule, trial.params, trial
 
 
-def neighbours(params: dict[str, Any], seq_len: int, platform: str,
-               rng: random.Random) -> list[tuple[Schedule, dict[str, Any]]]:
+def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.Random,
+               refused: frozenset[str] = frozenset()) -> list[tuple[Schedule, dict[str, Any]]]:
     """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
     each choice swapped for every other, or for the choice before or after it in
     the kind's ``Schedule.ORDERED`` parameters (e.g. the nested depth)."""
-    _, _, trial = propose(params, seq_len, platform, rng)
+    _, _, trial = propose(params, seq_len, platform, rng, refused)
     ordered = KINDS[trial.params["kind"]].ORDERED
     out = []
     for name, space in trial.space.items():
@@ -98,6 +171,6 @@ def neighbours(params: dict[str, Any], seq_len: int, platform: str,
         else:
             values = [c for c in space if c != params[name]]
         for v in values:
-            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng)
+            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng, refused)
             out.append((schedule, p))
     return out

@@ -32,7 +32,14 @@ length (``autoremat._search.confirm``) and the answer is the fastest measured.
 * A seed over the budget is a trial with values ``(total_bytes, inf)``, no
   ``step_seconds`` (other candidates over it are dropped when sized). One
   that fails to build/compile/run (or gives NaN) is a FAIL trial whose
-  ``user_attrs["reason"]`` says why; the search goes on.
+  ``user_attrs["reason"]`` says why; the search goes on. One that failed to
+  build or compile (``user_attrs["compile_failed"]``) does not count towards
+  ``n_trials`` or ``total_trials``: it measured nothing.
+* Before the search, the choices marked risky on this platform (offload policies
+  on a GPU or TPU, ``Schedule.checks``; XLA compiler options on a GPU,
+  ``_space.checks``) are probed on a small instance of the problem; those that
+  fail or change the results are left out of the study's space, recorded in the
+  study (``autoremat._search.probe``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
   schedule and the model's ``predicted_seconds``; the study its
   ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -59,12 +67,13 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET
-from autoremat._measure.measurement import ERROR
+from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import from_data, save_schedule
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import (
+    COMPILE_FAILED,
     DESCRIBE,
     DUPLICATE_OF,
     MEASURED,
@@ -76,6 +85,7 @@ from autoremat._search.attrs import (
 )
 from autoremat._search.confirm import confirm
 from autoremat._search.planner import Candidate, Planner
+from autoremat._search.probe import study_probe
 from autoremat._search.resume import default_study_name, open_study
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyLock, open_storage, redact
@@ -101,6 +111,17 @@ class MeasurementFailed(RuntimeError):
     """A schedule failed to build, compile or run; the trial is marked FAIL."""
 
 
+#: How ``autoremat._measure.measure`` starts the reason of a failure before any run.
+_COMPILE_FAILURES: Final = ("build failed", "compile failed", "out of memory at compile")
+
+
+def compile_failed(m: Measurement) -> bool:
+    """The schedule failed to build or compile, at full length or for its short run
+    (reason ``at T'=...: compile failed: ...``): nothing ran, nothing was measured."""
+    reason = re.sub(r"^at T'=\d+: ", "", m.reason)
+    return m.status == ERROR and reason.startswith(_COMPILE_FAILURES)
+
+
 def _is_measured(t: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
@@ -124,9 +145,10 @@ def _find_measured(trials: list[FrozenTrial], key: str, exclude: int) -> int | N
 
 
 def _progress(trials: list[FrozenTrial], exclude: int | None = None) -> tuple[int, int]:
-    """``(measured, being measured)``: finished trials holding a measurement, and
-    running trials that have claimed a schedule (not counting ``exclude``)."""
-    done = sum(1 for t in trials if _is_measured(t))
+    """``(measured, being measured)``: finished trials holding a measurement (not a
+    failed compile), and running trials that have claimed a schedule (not counting
+    ``exclude``)."""
+    done = sum(1 for t in trials if _is_measured(t) and not t.user_attrs.get(COMPILE_FAILED))
     running = sum(1 for t in trials if t.number != exclude and _is_claimed(t))
     return done, running
 
@@ -144,12 +166,13 @@ class _Search:
                  storage: RDBStorage, lock: StudyLock, *, total_trials: int | None,
                  time_budget: float, heartbeat: int, on_trial: OnTrial | None,
                  explore_front: bool = False, seed: int = 0,
-                 built: tuple[str, Step, tuple[Any, ...]] | None = None) -> None:
+                 built: tuple[str, Step, tuple[Any, ...]] | None = None,
+                 refused: frozenset[str] = frozenset()) -> None:
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
         self.short = ShortRuns(problem)  # times long problems on short runs
         self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,
                                seed=seed + len(study.trials), explore_front=explore_front,
-                               time_budget=time_budget, built=built)
+                               time_budget=time_budget, built=built, refused=refused)
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None
@@ -209,6 +232,8 @@ class _Search:
         self.planner.record(schedule, m)
         for k, v in m.to_attrs().items():
             trial.set_user_attr(k, v)
+        if compile_failed(m):
+            trial.set_user_attr(COMPILE_FAILED, True)  # not one of n_trials
         trial.set_user_attr(MEASURED, True)
         if m.fit_bytes is not None:  # the estimate, or a larger measured runtime peak
             trial.set_constraint("memory", float(m.fit_bytes - budget))
@@ -220,7 +245,7 @@ class _Search:
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Count the finished trial, then call ``on_trial``."""
         if trial.user_attrs.get(MEASURED):
-            self.measured += 1
+            self.measured += not trial.user_attrs.get(COMPILE_FAILED)
             self.duplicates_in_a_row = 0
         elif DUPLICATE_OF in trial.user_attrs:
             self.duplicates_in_a_row += 1
@@ -361,7 +386,8 @@ def tune(
       on_trial: called as ``on_trial(study, frozen_trial)`` after each trial
         (``autoremat._search.study.MeasuredTrial.of(frozen_trial)`` reads it).
       on_confirm: called with one line before each full-length timing of a
-        schedule timed on short runs (``autoremat._search.confirm``).
+        schedule timed on short runs (``autoremat._search.confirm``), and with one
+        line per choice the study's probe checked (``autoremat._search.probe``).
 
     Returns:
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
@@ -390,9 +416,10 @@ def tune(
     name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
     lock = StudyLock(storage_obj, name)
     study = open_study(storage_obj, name, info, lock, seed)
+    refused = study_probe(study, lock, problem, info.platform or "", on_confirm)
     search = _Search(problem, info, study, storage_obj, lock, total_trials=total_trials,
                      time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
-                     explore_front=explore_front, seed=seed, built=built)
+                     explore_front=explore_front, seed=seed, built=built, refused=refused)
     del built
     interrupted = search.run(n_trials, None if limit is None else
                              limit - (time.monotonic() - start))

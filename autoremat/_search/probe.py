@@ -1,0 +1,194 @@
+"""Before a study offers a risky choice, check it on a small instance of the user's problem.
+
+Some choices of the search space depend on the device and its XLA, not only on
+the schedule: offload policies (``offload_dot_with_no_batch_dims``) failed to
+compile in every trial on an H200 (jax 0.11.2, "INTERNAL: ... Expected
+instruction to have shape equal to ..."), and XLA:GPU gave silently wrong
+gradients for offloaded scan residuals until openxla/xla 46308. A kind names
+such choices (``Schedule.checks``: label -> a schedule using it); before the
+search, ``probe`` runs each on the problem at ``PROBE_LENGTH`` steps
+(``Problem.at_length``; the problem itself when it has none or refuses):
+
+1. compile it (a failure leaves the choice out, with XLA's first line);
+2. for a choice that offloads, check that the lowered step places something in
+   host memory (``jax_internals.HOST_PLACEMENT_CALL``): on a CPU jax lowers the
+   move to nothing, so the policy compiles but only repeats
+   ``dots_with_no_batch_dims_saveable`` -- left out as such;
+3. run it and the plain scan once and compare every output of the step (the
+   loss and what the gradients updated) within rtol ``RTOL`` (atol ``RTOL``
+   times the output's largest magnitude: float32 sums over ``T`` steps
+   reassociate); a mismatch or a run failure leaves it out.
+
+The trade-off: a probe costs one compile and two short runs per choice (a few
+seconds on a GPU, once per study) and sees the problem at a short length; a
+failure that only appears at full length still reaches a trial -- which then
+fails without using up one of ``n_trials`` (``autoremat._search.tune``).
+
+``study_probe`` runs the probe once per study and records its outcome in the
+study (user attr ``PROBE_ATTR``: label -> ``"offered: ..."`` or
+``"left out: ..."``); a resumed study or another worker reads it back, so every
+worker's planner draws from the same space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from autoremat._errors import one_line
+from autoremat._measure.problem import Problem
+from autoremat._schedules import KINDS
+from autoremat._schedules.base import Check, Schedule
+from autoremat._search import space
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autoremat._search.storage import StudyLock
+
+#: The probe's sequence length (when the problem has ``at_length``): long enough for
+#: two levels of 8, short enough to compile in about a second.
+PROBE_LENGTH: Final = 64
+#: Outputs must match the plain scan's within this relative tolerance (CONTRIBUTING).
+RTOL: Final = 1e-5
+#: The study user attr holding the outcome: choice label -> one line.
+PROBE_ATTR: Final = "probe"
+OFFERED: Final = "offered"
+LEFT_OUT: Final = "left out"
+def checks(seq_len: int, platform: str) -> dict[str, Check]:
+    """Every kind's ``Schedule.checks`` at ``seq_len`` on ``platform``, and the space's
+    own (``_space.checks``: the ``compiler`` choices on a GPU)."""
+    out: dict[str, Check] = {}
+    for kind in KINDS.values():
+        out.update(kind.checks(seq_len, platform))
+    out.update(space.checks(seq_len, platform))
+    return out
+
+
+def small(problem: Problem, length: int = PROBE_LENGTH) -> Problem:
+    """``problem.at_length(length)`` when it is longer and has one (and it does not
+    refuse: ``ProblemError``, or fail), else ``problem`` itself."""
+    if problem.at_length is None or problem.seq_len <= length:
+        return problem
+    try:
+        return problem.at_length(length)
+    except Exception:  # ProblemError, or worse: a probe at full length is slower, not wrong
+        return problem
+
+
+def probe(problem: Problem, platform: str, *, length: int = PROBE_LENGTH,
+          choices: Mapping[str, Check] | None = None) -> dict[str, str]:
+    """Check each choice on ``problem`` cut to ``length`` steps (module doc):
+    label -> ``"offered: ..."`` or ``"left out: <why>"``. ``choices``: default
+    ``checks(...)`` of that length on ``platform``; empty: nothing is compiled."""
+    if choices is None and not checks(min(problem.seq_len, length), platform):
+        return {}  # nothing to check: the problem is not even cut
+    target = small(problem, length)
+    if choices is None:
+        choices = checks(target.seq_len, platform)
+    if not choices:
+        return {}
+    reference: list[Any] | None = None
+    outcome: dict[str, str] = {}
+    for label, check in choices.items():
+        if reference is None:
+            try:
+                reference = _run(target, Schedule.plain(target.seq_len), False)[1]
+            except Exception as e:  # the plain scan itself fails: nothing to compare with
+                why = f"the plain scan failed at T={target.seq_len}: {one_line(e)}"
+                return {lb: f"{LEFT_OUT}: {why}" for lb in choices}
+        outcome[label] = _verdict(target, check, reference)
+    return outcome
+
+
+def _verdict(problem: Problem, check: Check, reference: list[Any]) -> str:
+    where = f"{check.schedule.describe()} at T={problem.seq_len}"
+    try:
+        placed, got = _run(problem, check.schedule, check.offloads)
+    except _CompileFailed as e:
+        return f"{LEFT_OUT}: compile failed ({where}): {e}"
+    except Exception as e:
+        return f"{LEFT_OUT}: run failed ({where}): {one_line(e)}"
+    if check.offloads and not placed:
+        return (f"{LEFT_OUT}: offloads nothing on this device (the compiled step places "
+                "nothing in host memory; it would repeat dots_with_no_batch_dims_saveable)")
+    worst = _mismatch(got, reference)
+    if worst:
+        return f"{LEFT_OUT}: loss or gradients differ from the plain scan ({where}): {worst}"
+    return f"{OFFERED}: compiles, loss and gradients match the plain scan ({where})"
+
+
+class _CompileFailed(Exception):
+    """Building or compiling the probe's step failed (the message: one line)."""
+
+
+def _run(problem: Problem, schedule: Schedule, offloads: bool) -> tuple[bool, list[Any]]:
+    """Compile and run ``schedule``'s step once: (the lowered step places something in
+    host memory, the step's output leaves as numpy arrays)."""
+    import jax
+    import numpy as np
+
+    try:
+        step, args = problem.build(schedule)
+        lowered = jax.jit(step).lower(*args)
+        options: dict[str, Any] = dict(schedule.compiler_options)
+        executable = lowered.compile(compiler_options=options or None)
+    except Exception as e:
+        raise _CompileFailed(one_line(e)) from None
+    placed = False
+    if offloads:
+        from autoremat._scan.jax_internals import HOST_PLACEMENT_CALL
+
+        placed = HOST_PLACEMENT_CALL in lowered.as_text()
+    out = jax.block_until_ready(executable(*args))
+    return placed, [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(out)]
+
+
+def _mismatch(got: list[Any], want: list[Any]) -> str:
+    """The first output leaf outside tolerance, described; ``""`` when all match."""
+    import numpy as np
+
+    if len(got) != len(want):
+        return f"{len(got)} outputs, the plain scan has {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g.shape != w.shape:
+            return f"output {i}: shape {g.shape}, the plain scan's {w.shape}"
+        if not np.issubdtype(w.dtype, np.inexact):
+            if not np.array_equal(g, w):
+                return f"output {i} differs"
+            continue
+        scale = float(np.max(np.abs(w))) if w.size and np.isfinite(w).all() else 0.0
+        if not np.allclose(g, w, rtol=RTOL, atol=RTOL * scale, equal_nan=False):
+            err = float(np.max(np.abs(g - w))) if np.isfinite(g).all() else float("nan")
+            return f"output {i}: max abs difference {err:.3g} (largest value {scale:.3g})"
+    return ""
+
+
+def refused(outcome: Mapping[str, str]) -> frozenset[str]:
+    """The labels an outcome leaves out of the space."""
+    return frozenset(k for k, v in outcome.items() if str(v).startswith(LEFT_OUT))
+
+
+def study_probe(study: optuna.Study, lock: StudyLock, problem: Problem, platform: str,
+                on_note: Callable[[str], None] | None = None) -> frozenset[str]:
+    """The labels this study leaves out: the outcome recorded in the study, else
+    ``probe``'s, recorded (the first worker's wins). ``on_note`` gets one line per
+    choice left out, and per choice offered after a probe."""
+    recorded = study.user_attrs.get(PROBE_ATTR)
+    if not isinstance(recorded, Mapping):
+        outcome = probe(problem, platform)
+        with lock:  # another worker may have recorded its outcome meanwhile
+            recorded = study.user_attrs.get(PROBE_ATTR)
+            if not isinstance(recorded, Mapping):
+                study.set_user_attr(PROBE_ATTR, outcome)
+                recorded = outcome
+    outcome = {str(k): str(v) for k, v in recorded.items()}
+    if on_note is not None:
+        for line in lines(outcome):
+            on_note(line)
+    return refused(outcome)
+
+
+def lines(outcome: Mapping[str, str]) -> list[str]:
+    """One line per choice probed: ``"probe: offload_dots: left out: ..."``."""
+    return [f"probe: {label}: {what}" for label, what in outcome.items()]

@@ -1,0 +1,240 @@
+"""The probe of risky choices (offload policies) before a study offers them.
+
+No GPU here: the GPU's outcome ("compile failed" on an H200) is played by stand-ins,
+problems whose step fails or differs for one schedule on purpose; they are labelled
+STAND-IN. What jax does with an offload policy on this CPU is tested as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from pathlib import Path
+from typing import Any
+
+import jax
+import optuna
+import pytest
+
+from autoremat._measure.measurement import ERROR, OK, Measurement
+from autoremat._measure.problem import Problem
+from autoremat._schedules import from_data
+from autoremat._schedules.base import Check, Schedule
+from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule, policy_choices
+from autoremat._search.probe import (
+    LEFT_OUT,
+    OFFERED,
+    PROBE_ATTR,
+    PROBE_LENGTH,
+    checks,
+    lines,
+    probe,
+    refused,
+    small,
+    study_probe,
+)
+from autoremat._search.space import neighbours, propose, seed_params, suggest
+from autoremat._search.study import load_study
+from autoremat._search.tune import compile_failed, tune
+from autoremat.cli import main as cli_main
+from tests.tiny_problem import tiny
+
+OFFLOAD = OFFLOAD_POLICIES["offload_dots"]
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="what jax does on a CPU")
+
+
+def _with_at_length(problem: Problem) -> Problem:
+    return Problem(problem.name, problem.seq_len, problem.build,
+                   at_length=lambda n: tiny(n))
+
+
+def _odd_one(schedule: Schedule, how: str) -> Problem:
+    """STAND-IN for a device whose XLA mishandles one schedule: the tiny problem, whose
+    step under ``schedule`` fails to compile, fails at run time, or is off by 1e-3."""
+    base = tiny(PROBE_LENGTH)
+
+    def explode(x: Any) -> Any:
+        raise RuntimeError("step exploded at run time")
+
+    def build(s: Schedule) -> tuple[Any, tuple[Any, ...]]:
+        step, args = base.build(s)
+        if s.key() != schedule.key():
+            return step, args
+        if how == "compile":
+            return (lambda w, x: step(w, x[:, :3] + x)), args  # a shape error when lowered
+        if how == "run":
+            return (lambda w, x: step(jax.pure_callback(
+                explode, jax.ShapeDtypeStruct(w.shape, w.dtype), w), x)), args
+        return (lambda w, x: jax.tree_util.tree_map(lambda v: v * 1.001, step(w, x))), args
+
+    return Problem(f"odd({how})", PROBE_LENGTH, build)
+
+
+def test_the_cpu_offers_no_offload_so_its_probe_compiles_nothing() -> None:
+    calls: list[Schedule] = []
+    base = tiny(32)
+
+    def build(s: Schedule) -> tuple[Any, tuple[Any, ...]]:
+        calls.append(s)
+        return base.build(s)
+
+    counting = Problem("counting", 32, build)
+    assert checks(32, "cpu") == {}
+    assert probe(counting, "cpu") == {} and calls == []
+
+
+def test_gpu_and_tpu_check_each_offload_policy_in_a_two_level_schedule() -> None:
+    for platform in ("gpu", "cuda", "rocm", "tpu"):
+        got = checks(PROBE_LENGTH, platform)
+        graphs = {"graph_loops"} if platform in ("gpu", "cuda") else set()  # _space.checks
+        assert set(got) == set(OFFLOAD_POLICIES) | graphs
+        assert set(OFFLOAD_POLICIES) <= set(policy_choices(platform))
+        schedule = got["offload_dots"].schedule
+        assert isinstance(schedule, NestedSchedule) and got["offload_dots"].offloads
+        assert schedule.lengths == (8, 8)
+        assert {lv.policy for lv in schedule.levels} == {OFFLOAD}
+
+
+@cpu_only
+def test_on_a_cpu_offload_compiles_and_matches_but_places_nothing_on_the_host() -> None:
+    """jax 0.10 on a CPU: an offload policy compiles and its loss and gradients equal
+    the plain scan's, but the lowered step moves nothing to host memory (jax lowers
+    ``device_put`` to a memory space only on GPU and TPU). So the probe leaves it out
+    as a duplicate of ``dots_with_no_batch_dims_saveable``, saying why."""
+    problem = tiny(PROBE_LENGTH)
+    two_level = Schedule.nested([8, 8], OFFLOAD)
+    matched = probe(problem, "gpu", choices={"offload_dots": Check(two_level)})
+    assert matched["offload_dots"].startswith(f"{OFFERED}: compiles, loss and gradients match")
+    outcome = probe(problem, "gpu")  # the platform string of a GPU, on this CPU
+    assert list(outcome) == ["offload_dots", "graph_loops"]
+    assert outcome["offload_dots"].startswith(f"{LEFT_OUT}: offloads nothing on this device")
+    # the CPU accepts XLA:GPU's options and ignores them: the same results
+    assert outcome["graph_loops"].startswith(f"{OFFERED}: compiles, loss and gradients match")
+    assert refused(outcome) == {"offload_dots"}
+
+
+@pytest.mark.parametrize(("how", "reason"), [
+    ("compile", f"{LEFT_OUT}: compile failed (8x8 "),
+    ("run", f"{LEFT_OUT}: run failed (8x8 "),
+    ("differ", f"{LEFT_OUT}: loss or gradients differ from the plain scan (8x8 "),
+])
+def test_a_choice_that_fails_or_differs_is_left_out_with_one_line(how: str, reason: str) -> None:
+    risky = Schedule.nested([8, 8], "dots_saveable")  # STAND-IN for an offload policy
+    fine = Schedule.nested([8, 8], "nothing_saveable")
+    outcome = probe(_odd_one(risky, how), "gpu",
+                    choices={"risky": Check(risky), "fine": Check(fine)})
+    assert outcome["risky"].startswith(reason), outcome["risky"]
+    assert "\n" not in outcome["risky"] and "Traceback" not in outcome["risky"]
+    assert outcome["fine"].startswith(OFFERED)
+    assert refused(outcome) == {"risky"}
+    assert lines(outcome)[0] == f"probe: risky: {outcome['risky']}"
+
+
+def test_the_probe_runs_on_a_short_instance_when_the_problem_has_one() -> None:
+    long = _with_at_length(tiny(1000))
+    assert small(long).seq_len == PROBE_LENGTH
+    assert small(tiny(1000)).seq_len == 1000  # no at_length: the problem itself
+    assert small(tiny(32)).seq_len == 32  # already short
+    got = probe(long, "gpu", choices={"c": Check(Schedule.nested([8, 8]))})
+    assert f"at T={PROBE_LENGTH})" in got["c"]
+
+
+class _Lock(contextlib.nullcontext):
+    """Stands in for ``StudyLock`` (one process)."""
+
+
+def test_the_study_records_the_outcome_once_and_a_resumed_study_reads_it() -> None:
+    study = optuna.create_study(directions=["minimize", "minimize"])
+    notes: list[str] = []
+    risky = Schedule.nested([8, 8], "dots_saveable")
+    odd = _odd_one(risky, "compile")
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr("autoremat._search.probe.checks",
+                   lambda n, platform: {"risky": Check(risky)} if platform == "gpu" else {})
+    try:
+        got = study_probe(study, _Lock(), odd, "gpu", notes.append)  # type: ignore[arg-type]
+        assert got == {"risky"}
+        assert study.user_attrs[PROBE_ATTR]["risky"].startswith(f"{LEFT_OUT}: compile failed")
+        assert notes == [f"probe: risky: {study.user_attrs[PROBE_ATTR]['risky']}"]
+        # resumed: the recorded outcome, not a new probe (this problem would pass it)
+        again = study_probe(study, _Lock(), tiny(PROBE_LENGTH), "gpu")  # type: ignore[arg-type]
+        assert again == {"risky"}
+    finally:
+        monkey.undo()
+    cpu = optuna.create_study(directions=["minimize", "minimize"])
+    assert study_probe(cpu, _Lock(), tiny(32), "cpu") == frozenset()  # type: ignore[arg-type]
+    assert cpu.user_attrs[PROBE_ATTR] == {}
+
+
+def _policies(schedule: Schedule) -> set[str]:
+    return ({lv.policy.name for lv in schedule.levels} if isinstance(schedule, NestedSchedule)
+            else set())
+
+
+def test_a_refused_choice_is_never_sampled_proposed_or_a_neighbour() -> None:
+    off = OFFLOAD.name
+    rng = random.Random(0)
+    schedules = [propose({}, 1000, "gpu", rng)[0] for _ in range(300)]
+    assert any(off in _policies(s) for s in schedules)  # offered when not refused
+    no = frozenset({"offload_dots"})
+    for _ in range(300):
+        assert off not in _policies(propose({}, 1000, "gpu", rng, no)[0])
+    _, params, _ = propose({"kind": "nested", "depth": 2, "d2_p0": "offload_dots"}, 1000,
+                           "gpu", rng, no)
+    assert params["d2_p0"] != "offload_dots"
+    for schedule, _ in neighbours(params, 1000, "gpu", rng, no):
+        assert off not in _policies(schedule)
+    assert all("offload_dots" not in p.values() for p in seed_params(1000, "gpu", no))
+
+
+def test_an_optuna_study_samples_without_the_refused_choice() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    no = frozenset({"offload_dots"})
+    for _ in range(60):
+        trial = study.ask()
+        schedule = suggest(trial, 1000, "gpu", no)
+        assert OFFLOAD.name not in _policies(schedule)
+        study.tell(trial, 1.0)
+    dists = {d for t in study.trials for n, d in t.distributions.items() if n.endswith("_p0")}
+    assert dists and all("offload_dots" not in d.choices for d in dists)  # type: ignore[attr-defined]
+
+
+def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """STAND-IN for offload on an H200: the ``dots`` policy label is declared risky
+    (``checks`` patched) and its probe schedule fails to compile on this problem. The
+    study records why, says so once, and no trial uses ``dots_saveable``."""
+    monkeypatch.chdir(tmp_path)
+    risky = Schedule.nested([8, 8], "dots_saveable")
+    monkeypatch.setattr("autoremat._search.probe.checks",
+                        lambda n, platform: {"dots": Check(risky)})
+    notes: list[str] = []
+    result = tune(_odd_one(risky, "compile"), 10**6, n_trials=8, time_budget=0.02,
+                  study_name="probed", on_confirm=notes.append)
+    assert result.measured == 8
+    study = load_study("probed")
+    why = study.user_attrs[PROBE_ATTR]["dots"]
+    assert why.startswith(f"{LEFT_OUT}: compile failed (8x8 dots/dots unroll=1 at T=64): ")
+    assert notes == [f"probe: dots: {why}"]
+    used = set().union(*(_policies(from_data(t.user_attrs["schedule"])) for t in study.trials
+                         if "schedule" in t.user_attrs))
+    assert "nothing_saveable" in used and "dots_saveable" not in used
+
+    assert cli_main(["pareto", "--study-name", "probed"]) == 0
+    assert f"probe: dots: {why}" in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(("reason", "failed"), [
+    ("build failed: RuntimeError: x", True),
+    ("compile failed: INTERNAL: during context [end-of-post-layout_assignment]", True),
+    ("out of memory at compile: RESOURCE_EXHAUSTED", True),
+    ("at T'=4000: compile failed: INTERNAL: ...", True),  # the short run's compile
+    ("run failed: JaxRuntimeError", False),
+    ("at T'=4000: run failed: x", False),
+    ("non-finite output: output [1] has NaN/inf", False),
+    ("out of memory at run: RESOURCE_EXHAUSTED", False),
+])
+def test_what_counts_as_a_failed_compile(reason: str, failed: bool) -> None:
+    assert compile_failed(Measurement("k", ERROR, reason)) is failed
+    assert not compile_failed(Measurement("k", OK, ""))
