@@ -33,6 +33,7 @@ Jaxpr = jex_core.Jaxpr
 JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Var = jex_core.Var
+DropVar = jex_core.DropVar
 
 SCAN = prims.scan_p
 JIT = prims.jit_p
@@ -83,6 +84,19 @@ def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
     with source_context(eqn), eqn.ctx.manager:
         out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def bind_with(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | Any) -> list[Any]:
+    """``eqn``'s primitive bound on ``invals`` with ``params`` (a non-call primitive), in
+    ``eqn``'s source context; its outputs, a list."""
+    with source_context(eqn), eqn.ctx.manager:
+        out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def is_drop(v: Any) -> bool:
+    """``v`` is an output nobody reads (``_`` in a printed jaxpr)."""
+    return isinstance(v, DropVar)
 
 
 def source_context(eqn: JaxprEqn) -> contextlib.AbstractContextManager[Any]:

@@ -66,12 +66,14 @@ class RewriteReport:
             inside = f"  inside {' > '.join(s.inside)}" if s.inside else ""
             lines.append(f"  {s.action:<10} length {s.length:>8}  carry "
                          f"{format_bytes(s.carry_bytes):>9}  {s.where}{inside}")
+            if s.fusion:
+                lines.append(f"    {s.fusion}")
         return "\n".join(lines)
 
 
 def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
                 min_length: int = DEFAULT_MIN_LENGTH,
-                static_argnums: int | Sequence[int] = ()) -> RematScans:
+                static_argnums: int | Sequence[int] = (), fuse: bool = True) -> RematScans:
     """``fn`` with every scan of length ``>= min_length`` run under ``schedule``.
 
     Args:
@@ -81,12 +83,18 @@ def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[s
       min_length: scans shorter than this are left as written.
       static_argnums: positional arguments that are not arrays (a model object,
         a flag); they are passed to ``fn`` as they are.
+      fuse: move the per-step readout and loss that follow a long scan into its
+        step (``autoremat._fuse_readout``): the ``(T, B, H)`` stacked outputs, their
+        cotangent and the readout's residuals are then not kept, so memory goes below
+        the floor of the unfused scan, for the same values and gradients; ``False``
+        runs every equation after the scan as written.
 
     Returns:
       A callable with ``fn``'s signature; ``.describe(*args)`` reports which
       scans it rewrites without running anything.
     """
-    return RematScans(fn, schedule, min_length=min_length, static_argnums=static_argnums)
+    return RematScans(fn, schedule, min_length=min_length, static_argnums=static_argnums,
+                      fuse=fuse)
 
 
 class RematScans:
@@ -94,7 +102,7 @@ class RematScans:
 
     def __init__(self, fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
                  min_length: int = DEFAULT_MIN_LENGTH,
-                 static_argnums: int | Sequence[int] = ()) -> None:
+                 static_argnums: int | Sequence[int] = (), fuse: bool = True) -> None:
         if not callable(fn):
             raise AutorematError(f"fn: expected a callable, got {type(fn).__name__}")
         _refuse_derivative(fn)
@@ -107,13 +115,16 @@ class RematScans:
         self.schedule = as_schedule(schedule)
         self.min_length = min_length
         self.static_argnums = statics
+        if not isinstance(fuse, bool):
+            raise AutorematError(f"fuse: expected True or False, got {fuse!r}")
+        self.fuse = fuse
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         closed, out_tree, leaves = self._trace(args, kwargs)
         found = survey(closed.jaxpr, self.min_length)
         _warn(found, self.min_length)
-        ctx = Context(self.schedule, self.min_length)
+        ctx = Context(self.schedule, self.min_length, self.fuse)
         outs = evaluate(closed.jaxpr, closed.consts, leaves, ctx)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -124,7 +135,7 @@ class RematScans:
         """
         closed, _, _ = self._trace(args, kwargs)
         return RewriteReport(self.schedule.describe(), self.min_length,
-                             tuple(survey(closed.jaxpr, self.min_length)))
+                             tuple(survey(closed.jaxpr, self.min_length, fuse=self.fuse)))
 
     def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
         n = len(args)

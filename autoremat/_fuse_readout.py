@@ -1,0 +1,281 @@
+"""Move the per-step readout and loss after a long scan into the scanned step.
+
+A step that returns its hidden state makes a scan stack ``(T, B, H)`` outputs;
+the readout and the loss after the scan then keep that stack, its cotangent
+and their own residuals -- memory that grows with ``T`` and that no schedule
+removes (``docs/memory.md``). ``remat_scans`` sees the readout and the loss in
+the same jaxpr as the scan, so it can do what ``autoremat.fuse_loss`` does by
+hand: ``analyse`` follows each stacked output forward and finds the equations
+that act on each time step separately (``_fuse_rules.per_step``) up to a sum
+over time; ``fused_step`` builds the scanned step that runs them per step,
+accumulates each sum over time in the carry and stacks only what something
+outside still needs. The memory of the fused scan is then the schedule's
+alone (plus what stays stacked); time is that of the same work done inside
+the loop instead of after it (the readout runs once per step in the forward
+pass and in each recomputation the schedule makes -- for a ``Dense`` head a
+small fraction of the cell). Values and gradients are the unmodified
+function's: the same equations, re-indexed per step; only the order of the
+sum over time changes (float rounding).
+
+Anything not provably separable is left as written, and ``Analysis.describe``
+says which equation stopped it and where it comes from in the user's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autoremat import _jax_internals as ji
+from autoremat._fuse_rules import ALIGNED, CONST, SQUEEZE, STEP, PerStep, per_step
+from autoremat._scan import nbytes
+from autoremat._units import format_bytes
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What fusion does to the long scan at ``jaxpr.eqns[scan]``.
+
+    Attributes:
+      scan: the scan equation's index.
+      fused: whether the fused step is used (it stacks fewer bytes than the scan).
+      rules: per moved equation (index), how it runs per step.
+      moved: the indices of the equations run inside the step, in program order.
+      skip: equations not evaluated outside (moved ones, and unused ones downstream).
+      hoisted: equations after the scan, independent of it, evaluated before it
+        (the targets, masks and weights the moved equations read).
+      aligned: ``(var, axis)`` of operands stacked along time that the step slices.
+      stacked: ``(var, axis)`` of what the fused step stacks (needed outside).
+      sums: indices of the moved time reductions (accumulators in the carry).
+      was_bytes, now_bytes: bytes stacked by the scan as written and fused.
+      blockers: per value that stays stacked, why (``"var: reason at where"``).
+      dropped_checkpoints: where a ``jax.checkpoint`` around the scan was inlined
+        so that its readout could move in (filled in by the caller).
+    """
+
+    scan: int
+    fused: bool
+    rules: Mapping[int, PerStep]
+    moved: tuple[int, ...]
+    skip: frozenset[int]
+    hoisted: tuple[int, ...]
+    aligned: tuple[tuple[Any, int], ...]
+    stacked: tuple[tuple[Any, int], ...]
+    sums: tuple[int, ...]
+    was_bytes: int
+    now_bytes: int
+    blockers: tuple[str, ...]
+    chain: str
+
+    def describe(self) -> str:
+        """One or two lines: what moved into the scan, what stays stacked and why."""
+        kept = "nothing stacked" if not self.stacked else "stacks " + ", ".join(
+            _aval(v) for v, _ in self.stacked) + f" ({format_bytes(self.now_bytes)})"
+        why = f"; stays stacked: {self.blockers[0]}" if self.blockers else ""
+        if self.fused:
+            return (f"fused into the step: {self.chain}; {kept} instead of "
+                    f"{format_bytes(self.was_bytes)}{why}")
+        if not self.moved:
+            return f"not fused: nothing after it is separable in time{why}"
+        return (f"not fused: moving {self.chain} in would not stack less "
+                f"({format_bytes(self.now_bytes)} vs {format_bytes(self.was_bytes)}){why}")
+
+
+def _aval(v: Any) -> str:
+    return str(v.aval.str_short()) if hasattr(v.aval, "str_short") else str(v.aval)
+
+
+def _where(eqn: Any) -> str:
+    return f"{eqn.primitive.name} at {ji.user_location(eqn)}"
+
+
+def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
+            level: str = "fn") -> Analysis:
+    """The fusion of the scan at ``jaxpr.eqns[index]`` with what follows it.
+
+    ``heavy(eqn)``: an equation that must not be evaluated early (a long scan
+    or a call holding one); ``level`` names the jaxpr in messages.
+    """
+    eqns = jaxpr.eqns
+    scan = eqns[index]
+    n_carry = scan.params[ji.NUM_CARRY]
+    ys = [v for v in scan.outvars[n_carry:] if not ji.is_drop(v)]
+    axis: dict[Any, int] = {y: 0 for y in ys}
+    depends: set[Any] = set(scan.outvars)
+    producer = {v: j for j in range(index + 1, len(eqns)) for v in eqns[j].outvars}
+    rules: dict[int, PerStep] = {}
+    used_outside: dict[Any, str] = {}
+
+    def block(eqn: Any, reason: str) -> None:
+        for v in eqn.invars:
+            if isinstance(v, ji.Var) and v in axis and v not in used_outside:
+                used_outside[v] = f"{_aval(v)}: {reason} ({_where(eqn)})"
+        depends.update(eqn.outvars)
+
+    for j in range(index + 1, len(eqns)):
+        eqn = eqns[j]
+        chain = [isinstance(v, ji.Var) and v in axis for v in eqn.invars]
+        dep = [isinstance(v, ji.Var) and v in depends for v in eqn.invars]
+        if not any(dep):
+            continue
+        if any(d and not c for d, c in zip(dep, chain, strict=True)) or not any(chain):
+            block(eqn, "combined with a value that depends on the scan otherwise")
+            continue
+        if eqn.effects or heavy(eqn):
+            block(eqn, "has side effects or holds a long scan")
+            continue
+        rule = per_step(eqn, [axis[v] if c else None for v, c in zip(eqn.invars, chain,
+                                                                     strict=True)])
+        if isinstance(rule, str):
+            block(eqn, rule)
+            continue
+        late = _not_hoistable(eqn, rule, producer, eqns, heavy, depends)
+        if late:
+            block(eqn, late)
+            continue
+        rules[j] = rule
+        depends.update(eqn.outvars)
+        for v, a in zip(eqn.outvars, rule.out_axes, strict=True):
+            if a is not None:
+                axis[v] = a
+    for pos, v in enumerate(jaxpr.outvars):
+        if isinstance(v, ji.Var) and v in axis and v not in used_outside:
+            where = "returned by fn" if level == "fn" else f"leaves the {level} it is in"
+            used_outside[v] = f"{_aval(v)}: {where} (output {pos})"
+    return _plan(jaxpr, index, ys, axis, rules, used_outside, producer)
+
+
+def _not_hoistable(eqn: Any, rule: PerStep, producer: Mapping[Any, int], eqns: Sequence[Any],
+                   heavy: Callable[[Any], bool], depends: set[Any]) -> str:
+    """Why an operand read by the step cannot be computed before the scan ('' if it can)."""
+    todo = [v for v, o in zip(eqn.invars, rule.operands, strict=True)
+            if o.mode != STEP and isinstance(v, ji.Var)]
+    seen: set[Any] = set()
+    while todo:
+        v = todo.pop()
+        if v in seen or v not in producer:
+            continue
+        seen.add(v)
+        if v in depends:
+            return "an operand depends on the scan otherwise"
+        p = eqns[producer[v]]
+        if p.effects or heavy(p):
+            return f"an operand is computed by {_where(p)} after the scan"
+        todo += [u for u in p.invars if isinstance(u, ji.Var)]
+    return ""
+
+
+def _plan(jaxpr: ji.Jaxpr, index: int, ys: list[Any], axis: Mapping[Any, int],
+          rules: Mapping[int, PerStep], used_outside: Mapping[Any, str],
+          producer: Mapping[Any, int]) -> Analysis:
+    eqns = jaxpr.eqns
+    sums = [j for j, r in rules.items() if r.reduces_time
+            and any(not ji.is_drop(v) for v in eqns[j].outvars)]
+    needed = list(used_outside) + [v for j in sums for v, o in
+                                   zip(eqns[j].invars, rules[j].operands, strict=True)
+                                   if o.mode == STEP]
+    moved = set(sums)
+    while needed:
+        v = needed.pop()
+        j = producer.get(v)
+        if j is None or j not in rules or j in moved:
+            continue
+        moved.add(j)
+        needed += [u for u, o in zip(eqns[j].invars, rules[j].operands, strict=True)
+                   if o.mode == STEP]
+    order = tuple(sorted(moved))
+    stacked = tuple((v, axis[v]) for v in used_outside)
+    aligned: dict[tuple[Any, int], None] = {}
+    hoist: set[int] = set()
+    for j in order:
+        for v, o in zip(eqns[j].invars, rules[j].operands, strict=True):
+            if o.mode == ALIGNED and o.axis is not None:
+                aligned[(v, o.axis)] = None
+            if o.mode != STEP and isinstance(v, ji.Var):
+                _closure(v, producer, eqns, hoist)
+    was = nbytes([v.aval for v in ys])
+    now = nbytes([v.aval for v, _ in stacked])
+    chain = " -> ".join(
+        eqns[j].primitive.name + (" over time" if rules[j].reduces_time else "")
+        for j in order)
+    return Analysis(scan=index, fused=bool(order) and now < was, rules=dict(rules),
+                    moved=order, skip=frozenset(rules), hoisted=tuple(sorted(hoist)),
+                    aligned=tuple(aligned), stacked=stacked, sums=tuple(sorted(sums)),
+                    was_bytes=was, now_bytes=now, blockers=tuple(used_outside.values()),
+                    chain=chain)
+
+
+def _closure(v: Any, producer: Mapping[Any, int], eqns: Sequence[Any], out: set[int]) -> None:
+    todo = [v]
+    while todo:
+        u = todo.pop()
+        j = producer.get(u)
+        if j is None or j in out:
+            continue
+        out.add(j)
+        todo += [w for w in eqns[j].invars if isinstance(w, ji.Var)]
+
+
+def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
+               outer: Callable[[Any], Any], n_ys: int) -> tuple[Callable[..., Any], list[Any]]:
+    """The scanned step running ``plan``'s equations per step, and the accumulators' init.
+
+    ``body_step(carry, xs) -> (carry, ys)`` is the scan's own step (its ``n_ys``
+    stacked outputs); ``outer(var)`` reads a loop-invariant value. The step
+    takes ``(carry + accumulators, xs + aligned slices)`` and returns
+    ``(carry + accumulators, [value of each plan.stacked var])``.
+    """
+    import jax.numpy as jnp
+    from jax import lax
+
+    eqns = jaxpr.eqns
+    scan = eqns[plan.scan]
+    ys_vars = scan.outvars[scan.params[ji.NUM_CARRY]:]
+    sums = plan.sums
+    aligned_pos = {key: i for i, key in enumerate(plan.aligned)}
+    invariant: dict[tuple[Any, int | None], Any] = {}
+
+    def const(v: Any, squeeze: int | None) -> Any:
+        if isinstance(v, ji.Literal):
+            return v.val
+        key = (v, squeeze)
+        if key not in invariant:
+            value = outer(v)
+            invariant[key] = value if squeeze is None else lax.squeeze(value, (squeeze,))
+        return invariant[key]
+
+    for j in plan.moved:  # read the invariants outside the step (once, not per step)
+        for v, o in zip(eqns[j].invars, plan.rules[j].operands, strict=True):
+            if o.mode in (CONST, SQUEEZE):
+                const(v, o.axis if o.mode == SQUEEZE else None)
+
+    def step(carry: list[Any], xs: list[Any]) -> tuple[list[Any], list[Any]]:
+        n_acc = len(sums)
+        own_carry, accs = carry[:len(carry) - n_acc], carry[len(carry) - n_acc:]
+        n_aligned = len(plan.aligned)
+        own_xs, slices = xs[:len(xs) - n_aligned], xs[len(xs) - n_aligned:]
+        new_carry, ys = body_step(own_carry, own_xs)
+        env: dict[Any, Any] = dict(zip(ys_vars, ys, strict=True))
+        total = dict(zip(sums, accs, strict=True))
+        for j in plan.moved:
+            eqn, rule = eqns[j], plan.rules[j]
+            args = []
+            for v, o in zip(eqn.invars, rule.operands, strict=True):
+                if o.mode == STEP:
+                    args.append(env[v])
+                elif o.mode == ALIGNED:
+                    args.append(slices[aligned_pos[(v, o.axis)]])
+                else:
+                    args.append(const(v, o.axis if o.mode == SQUEEZE else None))
+            outs = [args[0]] if rule.identity else ji.bind_with(eqn, args, rule.params)
+            if j in total:
+                total[j] = total[j] + outs[0].astype(total[j].dtype)
+            else:
+                env.update(zip(eqn.outvars, outs, strict=True))
+        return [*new_carry, *(total[j] for j in sums)], [env[v] for v, _ in plan.stacked]
+
+    init = [jnp.zeros(eqns[j].outvars[0].aval.shape, eqns[j].outvars[0].aval.dtype)
+            for j in sums]
+    del n_ys
+    return step, init
