@@ -24,7 +24,7 @@ says which equation stopped it and where it comes from in the user's code.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoremat import _jax_internals as ji
@@ -50,8 +50,9 @@ class Analysis:
       sums: indices of the moved time reductions (accumulators in the carry).
       was_bytes, now_bytes: bytes stacked by the scan as written and fused.
       blockers: per value that stays stacked, why (``"var: reason at where"``).
-      dropped_checkpoints: where a ``jax.checkpoint`` around the scan was inlined
-        so that its readout could move in (filled in by the caller).
+      chain: the moved equations' names, for ``describe``.
+      returned: positions of ``jaxpr.outvars`` that are stacked along time (the
+        readout continues after the jaxpr this scan is in).
     """
 
     scan: int
@@ -67,6 +68,7 @@ class Analysis:
     now_bytes: int
     blockers: tuple[str, ...]
     chain: str
+    returned: tuple[int, ...] = ()
 
     def describe(self) -> str:
         """One or two lines: what moved into the scan, what stays stacked and why."""
@@ -139,11 +141,15 @@ def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
         for v, a in zip(eqn.outvars, rule.out_axes, strict=True):
             if a is not None:
                 axis[v] = a
+    returned = []
     for pos, v in enumerate(jaxpr.outvars):
-        if isinstance(v, ji.Var) and v in axis and v not in used_outside:
-            where = "returned by fn" if level == "fn" else f"leaves the {level} it is in"
-            used_outside[v] = f"{_aval(v)}: {where} (output {pos})"
-    return _plan(jaxpr, index, ys, axis, rules, used_outside, producer)
+        if isinstance(v, ji.Var) and v in axis:
+            returned.append(pos)
+            if v not in used_outside:
+                where = "returned by fn" if level == "fn" else f"leaves the {level} it is in"
+                used_outside[v] = f"{_aval(v)}: {where} (output {pos})"
+    plan = _plan(jaxpr, index, ys, axis, rules, used_outside, producer)
+    return replace(plan, returned=tuple(returned))
 
 
 def _not_hoistable(eqn: Any, rule: PerStep, producer: Mapping[Any, int], eqns: Sequence[Any],

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from autoremat._errors import AutorematError, RematScansWarning
+from autoremat._fuse_inline import flatten
 from autoremat._rewrite import REWRITTEN, TOO_SHORT, Context, FoundScan, evaluate, survey
 from autoremat._scan import as_schedule
 from autoremat._schedule import Schedule
@@ -49,6 +50,7 @@ class RewriteReport:
     schedule: str
     min_length: int
     scans: tuple[FoundScan, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def rewritten(self) -> tuple[FoundScan, ...]:
@@ -62,6 +64,7 @@ class RewriteReport:
     def __str__(self) -> str:
         lines = [f"remat_scans: schedule {self.schedule}, min_length {self.min_length}: "
                  f"{len(self.rewritten)} of {len(self.scans)} scan(s) rewritten"]
+        lines += [f"  note: {n}" for n in self.notes]
         for s in self.scans:
             inside = f"  inside {' > '.join(s.inside)}" if s.inside else ""
             lines.append(f"  {s.action:<10} length {s.length:>8}  carry "
@@ -122,6 +125,8 @@ class RematScans:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         closed, out_tree, leaves = self._trace(args, kwargs)
+        if self.fuse:
+            closed, _ = flatten(closed, leaves, self.min_length)
         found = survey(closed.jaxpr, self.min_length)
         _warn(found, self.min_length)
         ctx = Context(self.schedule, self.min_length, self.fuse)
@@ -133,9 +138,12 @@ class RematScans:
 
         Arguments may be arrays or ``jax.ShapeDtypeStruct``s.
         """
-        closed, _, _ = self._trace(args, kwargs)
+        closed, _, leaves = self._trace(args, kwargs)
+        notes: tuple[str, ...] = ()
+        if self.fuse:
+            closed, notes = flatten(closed, leaves, self.min_length)
         return RewriteReport(self.schedule.describe(), self.min_length,
-                             tuple(survey(closed.jaxpr, self.min_length, fuse=self.fuse)))
+                             tuple(survey(closed.jaxpr, self.min_length, fuse=self.fuse)), notes)
 
     def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
         n = len(args)
