@@ -82,7 +82,9 @@ def _needs(jaxpr: Any, depends_in: Sequence[bool], min_length: int) -> bool:
 
 
 def _inline(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], depends_in: Sequence[bool],
-            min_length: int, notes: list[str]) -> list[Any]:
+            min_length: int, notes: list[str], caller: Any = None) -> list[Any]:
+    """``jaxpr`` evaluated with ``_decide``'s calls inlined; an inlined equation whose own
+    traceback has no user frame (a library's jitted helper) takes its ``caller``'s."""
     decide = _decide(jaxpr, depends_in, min_length)
     env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
@@ -95,18 +97,20 @@ def _inline(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], depends_in: 
         invals = [read(v) for v in eqn.invars]
         dep = [isinstance(v, ji.Var) and v in depends for v in eqn.invars]
         kind = decide.get(i)
-        with ji.source_context(eqn):
+        where = eqn if caller is None or ji.has_user_frame(eqn) else caller
+        with ji.source_context(where):
             if kind == "jit":
                 body = eqn.params[ji.JIT_BODY]
-                outs = _inline(body.jaxpr, body.consts, invals, dep, min_length, notes)
+                outs = _inline(body.jaxpr, body.consts, invals, dep, min_length, notes, where)
             elif kind == "checkpoint":
                 notes.append(f"the jax.checkpoint (nn.remat) at {ji.user_location(eqn)} is "
                              "inlined so that the readout after its scan can move into the "
                              "scan (the schedule decides what the scan stores; fuse=False "
                              "keeps the checkpoint)")
-                outs = _inline(eqn.params[ji.REMAT_BODY], (), invals, dep, min_length, notes)
+                outs = _inline(eqn.params[ji.REMAT_BODY], (), invals, dep, min_length, notes,
+                               where)
             else:
-                outs = ji.bind(eqn, invals)
+                outs = ji.bind(eqn, invals, where)
         if kind or any(dep) or _long(eqn, min_length):
             depends.update(eqn.outvars)
         env.update(zip(eqn.outvars, outs, strict=True))

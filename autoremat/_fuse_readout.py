@@ -85,7 +85,7 @@ class Analysis:
 
 
 def _aval(v: Any) -> str:
-    return str(v.aval.str_short()) if hasattr(v.aval, "str_short") else str(v.aval)
+    return str(v.aval.str_short(short_dtypes=True))
 
 
 def _where(eqn: Any) -> str:

@@ -86,16 +86,55 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(getattr(v.aval, "shape", ()))
 
 
+CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
+
+
 def per_step(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
     """``eqn`` per time step, given its operands' time axes (``None``: not from the scan);
     a string saying why it is not separable in time otherwise."""
     name = eqn.primitive.name
     if name in ELEMENTWISE:
         return _elementwise(eqn, axes)
+    if name in CUMULATIVE:
+        return _cumulative(eqn, axes)
     rule = _RULES.get(name)
     if rule is None:
         return f"{name} is not known to act on each time step separately"
     return rule(eqn, axes)
+
+
+def _cumulative(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
+    (k,) = axes
+    assert k is not None
+    axis = int(eqn.params["axis"])
+    if axis == k:
+        return f"{eqn.primitive.name} over the time axis mixes time steps"
+    return PerStep({**eqn.params, "axis": axis - (axis > k)}, (k,), (Operand(STEP),))
+
+
+def _slice(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
+    (k,) = axes
+    assert k is not None
+    start, limit = tuple(eqn.params["start_indices"]), tuple(eqn.params["limit_indices"])
+    strides = eqn.params.get("strides")
+    size = _shape(eqn.invars[0])[k]
+    if start[k] != 0 or limit[k] != size or (strides is not None and strides[k] != 1):
+        return "slice takes some of the time steps (not each step separately)"
+    drop = lambda t: None if t is None else tuple(t[:k]) + tuple(t[k + 1:])  # noqa: E731
+    return PerStep({**eqn.params, "start_indices": drop(start), "limit_indices": drop(limit),
+                    "strides": drop(strides)}, (k,), (Operand(STEP),))
+
+
+def _concatenate(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
+    stacked = {a for a in axes if a is not None}
+    if len(stacked) != 1:
+        return "concatenate combines operands stacked along different axes"
+    (k,) = stacked
+    dim = int(eqn.params["dimension"])
+    if dim == k:
+        return "concatenate along the time axis"
+    operands = tuple(Operand(STEP) if a is not None else Operand(ALIGNED, k) for a in axes)
+    return PerStep({**eqn.params, "dimension": dim - (dim > k)}, (k,), operands)
 
 
 def _others(eqn: Any, axes: Sequence[int | None], k: int, size: int) -> tuple[Operand, ...] | str:
@@ -297,5 +336,7 @@ _RULES: dict[str, Any] = {
     "reshape": _reshape,
     "squeeze": _squeeze,
     "gather": _gather,
+    "slice": _slice,
+    "concatenate": _concatenate,
     **{name: _reduce for name in PER_STEP_REDUCTIONS},
 }

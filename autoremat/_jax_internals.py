@@ -76,20 +76,22 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Jaxpr]:
                 yield item
 
 
-def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
-    """Evaluate ``eqn`` on ``invals`` as ``jax.core.eval_jaxpr`` does (its outputs, a list)."""
+def bind(eqn: JaxprEqn, invals: Sequence[Any], where: JaxprEqn | None = None) -> list[Any]:
+    """Evaluate ``eqn`` on ``invals`` as ``jax.core.eval_jaxpr`` does (its outputs, a list),
+    in the source context of ``where`` (default ``eqn``)."""
     bind_params = eqn.primitive.get_bind_params(eqn.params)
     # jax < 0.8 returns (subfuns, params), newer jax the params alone
     subfuns, params = bind_params if isinstance(bind_params, tuple) else ([], bind_params)
-    with source_context(eqn), eqn.ctx.manager:
+    with source_context(where or eqn), eqn.ctx.manager:
         out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def bind_with(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | Any) -> list[Any]:
+def bind_with(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | Any,
+              where: JaxprEqn | None = None) -> list[Any]:
     """``eqn``'s primitive bound on ``invals`` with ``params`` (a non-call primitive), in
-    ``eqn``'s source context; its outputs, a list."""
-    with source_context(eqn), eqn.ctx.manager:
+    the source context of ``where`` (default ``eqn``); its outputs, a list."""
+    with source_context(where or eqn), eqn.ctx.manager:
         out = eqn.primitive.bind(*invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
 
@@ -113,6 +115,13 @@ def _library_dirs() -> tuple[str, ...]:
         if path:
             dirs.append(os.path.dirname(path))
     return tuple(d + os.sep for d in dirs)
+
+
+def has_user_frame(eqn: JaxprEqn) -> bool:
+    """``eqn``'s traceback reaches code outside jax and the libraries ``user_location`` skips."""
+    skip = _library_dirs()
+    return any(not f.file_name.startswith(skip)
+               for f in source_info_util.user_frames(eqn.source_info.traceback))
 
 
 def user_location(eqn: JaxprEqn) -> str:
