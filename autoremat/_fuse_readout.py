@@ -142,12 +142,12 @@ def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
             if a is not None:
                 axis[v] = a
     returned = []
-    for pos, v in enumerate(jaxpr.outvars):
-        if isinstance(v, ji.Var) and v in axis:
+    for pos, out in enumerate(jaxpr.outvars):
+        if isinstance(out, ji.Var) and out in axis:
             returned.append(pos)
-            if v not in used_outside:
+            if out not in used_outside:
                 where = "returned by fn" if level == "fn" else f"leaves the {level} it is in"
-                used_outside[v] = f"{_aval(v)}: {where} (output {pos})"
+                used_outside[out] = f"{_aval(out)}: {where} (output {pos})"
     plan = _plan(jaxpr, index, ys, axis, rules, used_outside, producer)
     return replace(plan, returned=tuple(returned))
 
@@ -270,7 +270,7 @@ def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
             for v, o in zip(eqn.invars, rule.operands, strict=True):
                 if o.mode == STEP:
                     args.append(env[v])
-                elif o.mode == ALIGNED:
+                elif o.mode == ALIGNED and o.axis is not None:
                     args.append(slices[aligned_pos[(v, o.axis)]])
                 else:
                     args.append(const(v, o.axis if o.mode == SQUEEZE else None))
@@ -281,7 +281,7 @@ def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
                 env.update(zip(eqn.outvars, outs, strict=True))
         return [*new_carry, *(total[j] for j in sums)], [env[v] for v, _ in plan.stacked]
 
-    init = [jnp.zeros(eqns[j].outvars[0].aval.shape, eqns[j].outvars[0].aval.dtype)
-            for j in sums]
+    avals: list[Any] = [eqns[j].outvars[0].aval for j in sums]
+    init = [jnp.zeros(a.shape, a.dtype) for a in avals]
     del n_ys
     return step, init

@@ -33,16 +33,18 @@ CONST = "const"  # loop-invariant, read as it is
 SQUEEZE = "squeeze"  # loop-invariant with a size-1 time axis: squeezed once
 ALIGNED = "aligned"  # not from the scan but stacked along time (targets, a mask): sliced
 
-ELEMENTWISE = frozenset("""
-    abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp complex conj
-    convert_element_type copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1
-    floor ge gt imag integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg
-    nextafter not or pow real reciprocal reduce_precision rem round rsqrt select_n sign sin
-    sinh sqrt square stop_gradient sub tan tanh xor shift_left shift_right_arithmetic
-    shift_right_logical population_count
-""".split())
+ELEMENTWISE = frozenset({
+    "abs", "acos", "acosh", "add", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt",
+    "ceil", "clamp", "complex", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh",
+    "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge",
+    "gt", "imag", "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt",
+    "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "pow", "real", "reciprocal",
+    "reduce_precision", "rem", "round", "rsqrt", "select_n", "sign", "sin", "sinh", "sqrt",
+    "square", "stop_gradient", "sub", "tan", "tanh", "xor", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "population_count",
+})
 PER_STEP_REDUCTIONS = frozenset(
-    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split())
+    ["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin"])
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(getattr(v.aval, "shape", ()))
 
 
-CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
+CUMULATIVE = frozenset(["cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"])
 
 
 def per_step(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
