@@ -224,11 +224,11 @@ def _closure(v: Any, producer: Mapping[Any, int], eqns: Sequence[Any], out: set[
 
 
 def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
-               outer: Callable[[Any], Any], n_ys: int) -> tuple[Callable[..., Any], list[Any]]:
+               outer: Callable[[Any], Any]) -> tuple[Callable[..., Any], list[Any]]:
     """The scanned step running ``plan``'s equations per step, and the accumulators' init.
 
-    ``body_step(carry, xs) -> (carry, ys)`` is the scan's own step (its ``n_ys``
-    stacked outputs); ``outer(var)`` reads a loop-invariant value. The step
+    ``body_step(carry, xs) -> (carry, ys)`` is the scan's own step (its stacked
+    outputs); ``outer(var)`` reads a loop-invariant value. The step
     takes ``(carry + accumulators, xs + aligned slices)`` and returns
     ``(carry + accumulators, [value of each plan.stacked var])``.
     """
@@ -283,5 +283,4 @@ def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
 
     avals: list[Any] = [eqns[j].outvars[0].aval for j in sums]
     init = [jnp.zeros(a.shape, a.dtype) for a in avals]
-    del n_ys
     return step, init

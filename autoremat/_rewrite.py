@@ -277,7 +277,7 @@ def _fused_scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, t
         out = _closed(body, ctx, *consts, *carry, *x, level="scan body")
         return out[:n_carry], out[n_carry:]
 
-    step, sums = fused_step(plan, jaxpr, body_step, read, len(eqn.outvars) - n_carry)
+    step, sums = fused_step(plan, jaxpr, body_step, read)
     xs, axes = [], []
     for v in eqn.invars[n_consts + n_carry:]:
         source, axis = moved.get(v, (v, 0)) if isinstance(v, ji.Var) else (v, 0)

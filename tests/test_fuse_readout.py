@@ -25,6 +25,7 @@ from helpers import _assert_close
 from jax import lax
 
 import autoremat
+import autoremat.linen
 import autoremat.nnx
 from autoremat import Schedule
 from autoremat._breakdown import record_scans
@@ -214,3 +215,21 @@ def test_stacked_outputs_returned_in_the_aux() -> None:
 
     report = check(loss, P, X_TM, Y_TM, fused=False, has_aux=True)
     assert "returned by fn (output 1)" in report
+
+
+# -- tuning sees it ---------------------------------------------------------------------------
+
+def test_problem_from_loss_measures_the_fused_step() -> None:
+    # linen.problem (Problem.from_loss) goes through remat_scans: the step the tuner
+    # measures stacks nothing, so the breakdown's floor is the arguments and outputs.
+    model = load_seed().SimpleLSTM(hidden_size=H, output_dim=Y, seq2seq=True)
+    params = model.init(jax.random.PRNGKey(2), X_BM)["params"]
+    stacked = {}
+    for fuse in (True, False):
+        problem = autoremat.linen.problem("seed", model, params, (X_BM, Y_BM), optax.adam(1e-3),
+                                          fuse=fuse)
+        step, args = problem.build(SCHEDULE)
+        with record_scans() as records:
+            jax.jit(step).lower(*args)
+        stacked[fuse] = sum(r.stacked_bytes for r in records)
+    assert stacked == {True: 0, False: T * B * H * 4}
