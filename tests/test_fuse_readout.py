@@ -48,10 +48,10 @@ def temp_bytes(compiled: Any) -> int:
 
 
 def check(fn: Callable[..., Any], *args: Any, argnums: tuple[int, ...] = (0,),
-          fused: bool, has_aux: bool = False) -> str:
+          fused: bool, has_aux: bool = False, schedule: Schedule = SCHEDULE) -> str:
     """Loss and grads of ``remat_scans(fn)`` equal ``fn``'s; when ``fused``, its compiled temp
     is below what the unfused rewrite stacks. Returns ``describe()`` as text."""
-    wrapped = autoremat.remat_scans(fn, SCHEDULE)
+    wrapped = autoremat.remat_scans(fn, schedule)
     grad = lambda f: jax.jit(jax.value_and_grad(f, argnums, has_aux=has_aux))  # noqa: E731
     got_step = grad(wrapped).lower(*args).compile()
     _assert_close(got_step(*args), grad(fn)(*args))
@@ -59,7 +59,7 @@ def check(fn: Callable[..., Any], *args: Any, argnums: tuple[int, ...] = (0,),
     assert ("fused into the step" in report) == fused, report
     if fused:
         with record_scans() as records:
-            grad(autoremat.remat_scans(fn, SCHEDULE, fuse=False)).lower(*args)
+            grad(autoremat.remat_scans(fn, schedule, fuse=False)).lower(*args)
         floor = sum(r.stacked_bytes for r in records)
         assert temp_bytes(got_step) < floor, (temp_bytes(got_step), floor)
     return report
@@ -76,11 +76,12 @@ def rnn(p: Any, xs: jax.Array) -> jax.Array:
 
 # -- fronts that fuse -------------------------------------------------------------------------
 
-def test_lax_scan_time_major_mean_squared_error() -> None:
+@pytest.mark.parametrize("schedule", [SCHEDULE, Schedule.binomial(8)], ids=["nested", "binomial"])
+def test_lax_scan_time_major_mean_squared_error(schedule: Schedule) -> None:
     def loss(p: Any, xs: jax.Array, ys: jax.Array) -> jax.Array:
         return jnp.mean((rnn(p, xs) @ p["o"] - ys) ** 2)
 
-    report = check(loss, P, X_TM, Y_TM, argnums=(0, 2), fused=True)
+    report = check(loss, P, X_TM, Y_TM, argnums=(0, 2), fused=True, schedule=schedule)
     assert "dot_general -> sub -> integer_pow -> reduce_sum over time; nothing stacked" in report
 
 
@@ -215,6 +216,25 @@ def test_stacked_outputs_returned_in_the_aux() -> None:
 
     report = check(loss, P, X_TM, Y_TM, fused=False, has_aux=True)
     assert "returned by fn (output 1)" in report
+
+
+def test_bidirectional_is_left_as_written() -> None:
+    # the backward RNN's outputs are reversed (rev over time); the forward RNN's are
+    # concatenated with them, which the backward scan computes after the forward one
+    class Bi(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            rnns = (nn.RNN(nn.GRUCell(H)), nn.RNN(nn.GRUCell(H)))
+            return nn.Dense(Y)(nn.Bidirectional(*rnns)(x))
+
+    model = Bi()
+    params = model.init(jax.random.PRNGKey(0), X_BM)
+
+    def loss(params: Any, x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.mean((model.apply(params, x) - y) ** 2)
+
+    report = check(loss, params, X_BM, Y_BM, argnums=(0, 2), fused=False)
+    assert "rev at" in report and "computed by scan at" in report
 
 
 # -- tuning sees it ---------------------------------------------------------------------------
