@@ -131,7 +131,8 @@ class Context:
             if self.fuse:
                 for i, eqn in enumerate(jaxpr.eqns):
                     if eqn.primitive is ji.SCAN and eqn.params[ji.LENGTH] >= self.min_length:
-                        plan = analyse(jaxpr, i, self.enters, level)
+                        plan = analyse(jaxpr, i, partial(_heavy, min_length=self.min_length),
+                                       level)
                         if plan.fused:
                             found[i] = plan
             self._plans[key] = found
