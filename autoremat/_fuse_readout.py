@@ -24,11 +24,12 @@ says which equation stopped it and where it comes from in the user's code.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoremat import _jax_internals as ji
-from autoremat._fuse_rules import ALIGNED, CONST, SQUEEZE, STEP, PerStep, per_step
+from autoremat._fuse_calls import apply, operand_value
+from autoremat._fuse_rules import ALIGNED, ELEMENTWISE, SPLAT, STEP, Operand, PerStep, per_step, with_splats
 from autoremat._scan import nbytes
 from autoremat._units import format_bytes
 
@@ -106,6 +107,7 @@ def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
     axis: dict[Any, int] = {y: 0 for y in ys}
     depends: set[Any] = set(scan.outvars)
     producer = {v: j for j in range(index + 1, len(eqns)) for v in eqns[j].outvars}
+    made_by = {v: e for e in eqns for v in e.outvars}
     rules: dict[int, PerStep] = {}
     used_outside: dict[Any, str] = {}
 
@@ -132,6 +134,7 @@ def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
         if isinstance(rule, str):
             block(eqn, rule)
             continue
+        rule = with_splats(rule, eqn, made_by)
         late = _not_hoistable(eqn, rule, producer, eqns, heavy, depends)
         if late:
             block(eqn, late)
@@ -148,15 +151,64 @@ def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
             if out not in used_outside:
                 where = "returned by fn" if level == "fn" else f"leaves the {level} it is in"
                 used_outside[out] = f"{_aval(out)}: {where} (output {pos})"
-    plan = _plan(jaxpr, index, ys, axis, rules, used_outside, producer)
+    plan = _plan(jaxpr, index, ys, axis, rules, used_outside, producer,
+                 _Puller(eqns, producer, rules, heavy, made_by))
     return replace(plan, returned=tuple(returned))
+
+
+@dataclass
+class _Puller:
+    """Targets' transforms (``1 - labels``, ``-labels``) computed after the scan from arrays
+    stacked along time: run per step on slices of their operands instead of made whole
+    before the scan (which would keep a ``T``-long array per transform)."""
+
+    eqns: Sequence[Any]
+    producer: Mapping[Any, int]
+    chain: Mapping[int, PerStep]
+    heavy: Callable[[Any], bool]
+    made_by: Mapping[Any, Any]
+    pulled: dict[int, PerStep] = field(default_factory=dict)
+
+    def operands(self, eqn: Any, rule: PerStep) -> PerStep:
+        """``rule`` with each aligned operand that can be pulled read from the step."""
+        ops = tuple(Operand(STEP) if o.mode == ALIGNED and o.axis is not None
+                    and self.pull(v, o.axis) else o
+                    for v, o in zip(eqn.invars, rule.operands, strict=True))
+        return replace(rule, operands=ops)
+
+    def pull(self, v: Any, k: int) -> bool:
+        j = self.producer.get(v) if isinstance(v, ji.Var) else None
+        if j is None or j in self.chain:
+            return False
+        if j in self.pulled:
+            return True
+        eqn = self.eqns[j]
+        shape = tuple(v.aval.shape)
+        if (eqn.effects or self.heavy(eqn) or len(eqn.outvars) != 1
+                or eqn.primitive.name not in ELEMENTWISE):
+            return False
+        axes = [k if len(_shape(u)) == len(shape) and _shape(u)[k] == shape[k] else None
+                for u in eqn.invars]
+        rule = per_step(eqn, axes) if any(a is not None for a in axes) else "invariant"
+        if isinstance(rule, str) or rule.out_axes != (k,):
+            return False
+        rule = replace(rule, operands=tuple(
+            Operand(ALIGNED, k) if a is not None else o
+            for a, o in zip(axes, rule.operands, strict=True)))
+        self.pulled[j] = rule  # before its operands: a cycle is impossible (SSA order)
+        self.pulled[j] = with_splats(self.operands(eqn, rule), eqn, self.made_by)
+        return True
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(getattr(v.aval, "shape", ()))
 
 
 def _not_hoistable(eqn: Any, rule: PerStep, producer: Mapping[Any, int], eqns: Sequence[Any],
                    heavy: Callable[[Any], bool], depends: set[Any]) -> str:
     """Why an operand read by the step cannot be computed before the scan ('' if it can)."""
-    todo = [v for v, o in zip(eqn.invars, rule.operands, strict=True)
-            if o.mode != STEP and isinstance(v, ji.Var)]
+    todo = [u for u in (_read_var(v, o) for v, o in zip(eqn.invars, rule.operands, strict=True)
+                        if o.mode != STEP) if isinstance(u, ji.Var)]
     seen: set[Any] = set()
     while todo:
         v = todo.pop()
@@ -174,7 +226,7 @@ def _not_hoistable(eqn: Any, rule: PerStep, producer: Mapping[Any, int], eqns: S
 
 def _plan(jaxpr: ji.Jaxpr, index: int, ys: list[Any], axis: Mapping[Any, int],
           rules: Mapping[int, PerStep], used_outside: Mapping[Any, str],
-          producer: Mapping[Any, int]) -> Analysis:
+          producer: Mapping[Any, int], puller: _Puller) -> Analysis:
     eqns = jaxpr.eqns
     sums = [j for j, r in rules.items() if r.reduces_time
             and any(not ji.is_drop(v) for v in eqns[j].outvars)]
@@ -190,7 +242,12 @@ def _plan(jaxpr: ji.Jaxpr, index: int, ys: list[Any], axis: Mapping[Any, int],
         moved.add(j)
         needed += [u for u, o in zip(eqns[j].invars, rules[j].operands, strict=True)
                    if o.mode == STEP]
-    order = tuple(sorted(moved))
+    all_rules = dict(rules)
+    for j in moved:
+        all_rules[j] = puller.operands(eqns[j], rules[j])
+    all_rules.update(puller.pulled)
+    rules = all_rules
+    order = tuple(sorted(moved | set(puller.pulled)))
     stacked = tuple((v, axis[v]) for v in used_outside)
     aligned: dict[tuple[Any, int], None] = {}
     hoist: set[int] = set()
@@ -198,18 +255,25 @@ def _plan(jaxpr: ji.Jaxpr, index: int, ys: list[Any], axis: Mapping[Any, int],
         for v, o in zip(eqns[j].invars, rules[j].operands, strict=True):
             if o.mode == ALIGNED and o.axis is not None:
                 aligned[(v, o.axis)] = None
-            if o.mode != STEP and isinstance(v, ji.Var):
-                _closure(v, producer, eqns, hoist)
+            u = _read_var(v, o)
+            if o.mode != STEP and isinstance(u, ji.Var):
+                _closure(u, producer, eqns, hoist)
     was = nbytes([v.aval for v in ys])
     now = nbytes([v.aval for v, _ in stacked])
     chain = " -> ".join(
         eqns[j].primitive.name + (" over time" if rules[j].reduces_time else "")
         for j in order)
     return Analysis(scan=index, fused=bool(order) and now < was, rules=dict(rules),
-                    moved=order, skip=frozenset(rules), hoisted=tuple(sorted(hoist)),
+                    moved=order, skip=frozenset(rules) - frozenset(puller.pulled),
+                    hoisted=tuple(sorted(hoist)),
                     aligned=tuple(aligned), stacked=stacked, sums=tuple(sorted(sums)),
                     was_bytes=was, now_bytes=now, blockers=tuple(used_outside.values()),
                     chain=chain)
+
+
+def _read_var(v: Any, o: Operand) -> Any:
+    """The outer value an operand reads: the scalar of a ``splat``, else the operand."""
+    return o.source if o.mode == SPLAT else v
 
 
 def _closure(v: Any, producer: Mapping[Any, int], eqns: Sequence[Any], out: set[int]) -> None:
@@ -233,28 +297,25 @@ def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
     ``(carry + accumulators, [value of each plan.stacked var])``.
     """
     import jax.numpy as jnp
-    from jax import lax
 
     eqns = jaxpr.eqns
     scan = eqns[plan.scan]
     ys_vars = scan.outvars[scan.params[ji.NUM_CARRY]:]
     sums = plan.sums
-    aligned_pos = {key: i for i, key in enumerate(plan.aligned)}
-    invariant: dict[tuple[Any, int | None], Any] = {}
+    aligned_pos: dict[Any, int] = {key: i for i, key in enumerate(plan.aligned)}
+    invariant: dict[Any, Any] = {}
 
-    def const(v: Any, squeeze: int | None) -> Any:
+    def const(v: Any) -> Any:  # a loop-invariant value, read outside the step once
         if isinstance(v, ji.Literal):
             return v.val
-        key = (v, squeeze)
-        if key not in invariant:
-            value = outer(v)
-            invariant[key] = value if squeeze is None else lax.squeeze(value, (squeeze,))
-        return invariant[key]
+        if v not in invariant:
+            invariant[v] = outer(v)
+        return invariant[v]
 
-    for j in plan.moved:  # read the invariants outside the step (once, not per step)
+    for j in plan.moved:
         for v, o in zip(eqns[j].invars, plan.rules[j].operands, strict=True):
-            if o.mode in (CONST, SQUEEZE):
-                const(v, o.axis if o.mode == SQUEEZE else None)
+            if o.mode not in (STEP, ALIGNED):
+                const(_read_var(v, o))
 
     def step(carry: list[Any], xs: list[Any]) -> tuple[list[Any], list[Any]]:
         n_acc = len(sums)
@@ -264,17 +325,15 @@ def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
         new_carry, ys = body_step(own_carry, own_xs)
         env: dict[Any, Any] = dict(zip(ys_vars, ys, strict=True))
         total = dict(zip(sums, accs, strict=True))
+        def read(v: Any) -> Any:
+            return env[v] if isinstance(v, ji.Var) and v in env else const(v)
+
         for j in plan.moved:
             eqn, rule = eqns[j], plan.rules[j]
-            args = []
-            for v, o in zip(eqn.invars, rule.operands, strict=True):
-                if o.mode == STEP:
-                    args.append(env[v])
-                elif o.mode == ALIGNED and o.axis is not None:
-                    args.append(slices[aligned_pos[(v, o.axis)]])
-                else:
-                    args.append(const(v, o.axis if o.mode == SQUEEZE else None))
-            outs = [args[0]] if rule.identity else ji.bind_with(eqn, args, rule.params)
+            args = [slices[aligned_pos[(v, o.axis)]] if o.mode == ALIGNED
+                    else operand_value(v, o, read)
+                    for v, o in zip(eqn.invars, rule.operands, strict=True)]
+            outs = apply(eqn, rule, args)
             if j in total:
                 total[j] = total[j] + outs[0].astype(total[j].dtype)
             else:

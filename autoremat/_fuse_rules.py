@@ -27,11 +27,14 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+from autoremat import _jax_internals as ji
+
 #: Operand modes inside the step.
 STEP = "step"  # a value computed in the step (stacked along time outside)
 CONST = "const"  # loop-invariant, read as it is
 SQUEEZE = "squeeze"  # loop-invariant with a size-1 time axis: squeezed once
 ALIGNED = "aligned"  # not from the scan but stacked along time (targets, a mask): sliced
+SPLAT = "splat"  # a broadcast of a loop-invariant scalar along time: made per step instead
 
 ELEMENTWISE = frozenset({
     "abs", "acos", "acosh", "add", "and", "asin", "asinh", "atan", "atan2", "atanh", "cbrt",
@@ -49,11 +52,12 @@ PER_STEP_REDUCTIONS = frozenset(
 
 @dataclass(frozen=True)
 class Operand:
-    """How one operand is read inside the step: ``mode`` and, for ``squeeze``/``aligned``,
-    its time axis outside."""
+    """How one operand is read inside the step: ``mode`` and, for ``squeeze``/``aligned``/
+    ``splat``, its time axis outside; for ``splat``, the scalar broadcast (``source``)."""
 
     mode: str
     axis: int | None = None
+    source: Any = None
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,15 @@ class PerStep:
       operands: per operand, how the step reads it.
       identity: the per-step equation does nothing (a reduction over time only):
         its one step operand is its result.
+      call: for a ``jit`` or ``custom_jvp`` call, how its body runs per step
+        (``_fuse_calls.Call``); the equation is then not re-bound.
     """
 
     params: Mapping[str, Any]
     out_axes: tuple[int | None, ...]
     operands: tuple[Operand, ...]
     identity: bool = False
+    call: Any = None
 
     @property
     def reduces_time(self) -> bool:
@@ -99,10 +106,27 @@ def per_step(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
         return _elementwise(eqn, axes)
     if name in CUMULATIVE:
         return _cumulative(eqn, axes)
+    if name in ("jit", "pjit", "custom_jvp_call"):
+        from autoremat._fuse_calls import call_rule
+
+        return call_rule(eqn, axes)
     rule = _RULES.get(name)
     if rule is None:
         return f"{name} is not known to act on each time step separately"
     return rule(eqn, axes)
+
+
+def with_splats(rule: PerStep, eqn: Any, producer: Mapping[Any, Any]) -> PerStep:
+    """``rule`` with each aligned operand that is a broadcast of a scalar (``zeros_like``,
+    ``full``) made per step from the scalar instead of sliced from a ``T``-long array."""
+    operands = []
+    for v, o in zip(eqn.invars, rule.operands, strict=True):
+        made = producer.get(v) if o.mode == ALIGNED and not isinstance(v, ji.Literal) else None
+        if (made is not None and made.primitive.name == "broadcast_in_dim"
+                and len(made.invars) == 1 and not _shape(made.invars[0])):
+            o = Operand(SPLAT, o.axis, made.invars[0])
+        operands.append(o)
+    return PerStep(rule.params, rule.out_axes, tuple(operands), rule.identity, rule.call)
 
 
 def _cumulative(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:

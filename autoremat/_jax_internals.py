@@ -96,6 +96,22 @@ def bind_with(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | Any
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
+def custom_jvp_rule(eqn: JaxprEqn) -> tuple[Jaxpr, Sequence[Any]] | None:
+    """The derivative rule of a ``custom_jvp_call`` equation as an open jaxpr and its consts:
+    ``(*primals, *tangents) -> (*primal_outs, *tangent_outs)`` (no constants, every tangent
+    non-zero); ``None`` when this jax does not expose it as ``jvp_jaxpr_fun``."""
+    fun = eqn.params.get("jvp_jaxpr_fun")
+    if fun is None or eqn.params.get("num_consts"):
+        return None
+    try:
+        jaxpr, consts, out_zeros = fun.call_wrapped(*[False] * len(eqn.invars))
+    except Exception:  # another jax's signature: left as written, and said so
+        return None
+    if any(out_zeros) or not isinstance(jaxpr, Jaxpr):
+        return None
+    return jaxpr, consts
+
+
 def is_drop(v: Any) -> bool:
     """``v`` is an output nobody reads (``_`` in a printed jaxpr)."""
     return isinstance(v, DropVar)

@@ -168,6 +168,19 @@ def test_nnx_rnn_linear_l2() -> None:
     assert temp_bytes(fused) < sum(r.stacked_bytes for r in records)
 
 
+def test_custom_jvp_head_and_binary_cross_entropy() -> None:
+    # jax.nn.relu and jnp.logaddexp (in log_sigmoid) are custom_jvp functions: they move in
+    # with their own derivative rules; log_sigmoid is a jitted helper
+    def loss(p: Any, xs: jax.Array, labels: jax.Array) -> jax.Array:
+        logits = jax.nn.relu(rnn(p, xs)) @ p["o"] + p["b"]
+        return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, labels))
+
+    # -labels and 1 - labels are made per step from the labels' slices, not whole
+    labels = (Y_TM > 0).astype(jnp.float32)
+    report = check(loss, P, X_TM, labels, argnums=(0, 2), fused=True)
+    assert "custom_jvp_call -> dot_general" in report and "nothing stacked" in report
+
+
 def test_fuse_false_leaves_it_as_written() -> None:
     def loss(p: Any, xs: jax.Array, ys: jax.Array) -> jax.Array:
         return jnp.mean((rnn(p, xs) @ p["o"] - ys) ** 2)
