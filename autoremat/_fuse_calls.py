@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoremat import _jax_internals as ji
+from autoremat._errors import AutorematError
 from autoremat._fuse_rules import (
     ALIGNED,
     CONST,
@@ -71,7 +72,7 @@ def program(jaxpr: Any, consts: Sequence[Any], in_axes: Sequence[int | None],
             continue  # loop-invariant: run as written
         axes = [axis[v] if c else None for v, c in zip(eqn.invars, chain, strict=True)]
         rule = (call_rule(eqn, axes, lazy=True) if in_rule
-                and eqn.primitive.name == "custom_jvp_call" else per_step(eqn, axes))
+                and eqn.primitive.name == "custom_jvp_call" else step_rule(eqn, axes))
         if isinstance(rule, str):
             return rule
         if rule.reduces_time:
@@ -87,6 +88,14 @@ def program(jaxpr: Any, consts: Sequence[Any], in_axes: Sequence[int | None],
     if any(a is None for a in out_axes):
         return "an output of a call does not come from the scan"
     return Program(jaxpr, tuple(consts), rules, tuple(a for a in out_axes if a is not None))
+
+
+CALLS = ("jit", "pjit", "custom_jvp_call")
+
+
+def step_rule(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
+    """``_fuse_rules.per_step``, and ``call_rule`` for calls."""
+    return call_rule(eqn, axes) if eqn.primitive.name in CALLS else per_step(eqn, axes)
 
 
 def call_rule(eqn: Any, axes: Sequence[int | None], lazy: bool = False) -> PerStep | str:
@@ -186,8 +195,6 @@ def run_call(call: Call, args: Sequence[Any]) -> list[Any]:
     def fn_jvp(primals: Any, tangents: Any) -> tuple[list[Any], list[Any]]:
         jvp_prog = call.jvp or rule_program(call.eqn, call.axes, call.body)
         if isinstance(jvp_prog, str):
-            from autoremat._errors import AutorematError
-
             raise AutorematError(f"remat_scans: {jvp_prog}, needed for a higher derivative of "
                                  "the readout moved into the scan; pass fuse=False")
         out = run_program(jvp_prog, [*primals, *tangents])

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoremat import _jax_internals as ji
-from autoremat._fuse_calls import apply, operand_value
+from autoremat._fuse_calls import apply, operand_value, step_rule
 from autoremat._fuse_rules import ALIGNED, ELEMENTWISE, SPLAT, STEP, Operand, PerStep, per_step, with_splats
 from autoremat._scan import nbytes
 from autoremat._units import format_bytes
@@ -129,8 +129,8 @@ def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
         if eqn.effects or heavy(eqn):
             block(eqn, "has side effects or holds a long scan")
             continue
-        rule = per_step(eqn, [axis[v] if c else None for v, c in zip(eqn.invars, chain,
-                                                                     strict=True)])
+        rule = step_rule(eqn, [axis[v] if c else None for v, c in zip(eqn.invars, chain,
+                                                                      strict=True)])
         if isinstance(rule, str):
             block(eqn, rule)
             continue

@@ -106,10 +106,6 @@ def per_step(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
         return _elementwise(eqn, axes)
     if name in CUMULATIVE:
         return _cumulative(eqn, axes)
-    if name in ("jit", "pjit", "custom_jvp_call"):
-        from autoremat._fuse_calls import call_rule
-
-        return call_rule(eqn, axes)
     rule = _RULES.get(name)
     if rule is None:
         return f"{name} is not known to act on each time step separately"
