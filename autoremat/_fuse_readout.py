@@ -75,7 +75,7 @@ class Analysis:
         """One or two lines: what moved into the scan, what stays stacked and why."""
         kept = "nothing stacked" if not self.stacked else "stacks " + ", ".join(
             _aval(v) for v, _ in self.stacked) + f" ({format_bytes(self.now_bytes)})"
-        why = f"; stays stacked: {self.blockers[0]}" if self.blockers else ""
+        why = "; stays stacked: " + "; ".join(self.blockers) if self.blockers else ""
         if self.fused:
             return (f"fused into the step: {self.chain}; {kept} instead of "
                     f"{format_bytes(self.was_bytes)}{why}")
