@@ -17,6 +17,8 @@ missing here)::
         step_trace      the step's one cached trace; lax.scan's carry checks
         fuse            fuse_head / fuse_loss: the readout inside the step
         remat_scans     any function's long scans under a schedule; rewrite: the jaxpr pass
+        fuse_readout    remat_scans moves the readout and loss after a scan into its step:
+                        fuse_rules (per primitive), fuse_calls (jit, custom_jvp), fuse_inline
         jax_internals   every JAX and Flax private name, in one place
     _flax/        -> builder, for Flax: linen_scan, linen_rnn, nnx_scan, nnx_remat_scans, rnn
     _measure/     -> measure: compiled memory and step time

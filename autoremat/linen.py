@@ -83,7 +83,7 @@ __all__ = ["RNN", "problem", "scan"]
 def problem(name: str, model: Any, params: Any, batch: Sequence[Any],
             optimizer: optax.GradientTransformation,
             loss: Callable[..., Any] | None = None, *,
-            min_length: int = DEFAULT_MIN_LENGTH) -> Problem:
+            min_length: int = DEFAULT_MIN_LENGTH, fuse: bool = True) -> Problem:
     """An ``autoremat.Problem`` from a Flax linen model left as written.
 
     Args:
@@ -96,6 +96,8 @@ def problem(name: str, model: Any, params: Any, batch: Sequence[Any],
       loss: ``loss(predictions, *targets) -> scalar``; default the mean L2
         loss (``optax.l2_loss(...).mean()``), as in the original report.
       min_length: scans shorter than this are left as written.
+      fuse: move the readout and the loss into the scan where they are
+        separable in time (``autoremat.remat_scans(fuse=...)``).
 
     The model's scans (``nn.scan``, ``nn.RNN``, ...) run under each trial's
     schedule through ``autoremat.remat_scans`` (``Problem.from_loss``).
@@ -104,6 +106,6 @@ def problem(name: str, model: Any, params: Any, batch: Sequence[Any],
     if not batch:
         raise ProblemError("batch: expected (inputs, *targets), got an empty tuple")
     found = Problem.from_loss(name, linen_loss(model, loss), params, batch, optimizer,
-                              min_length=min_length)
+                              min_length=min_length, fuse=fuse)
     targets = ["y"] if len(batch) == 2 else [f"y{i}" for i in range(len(batch) - 1)]
     return replace(found, arg_names=("params", "opt_state", "x", *targets))

@@ -27,9 +27,9 @@ class NnxRematScans:
     """The wrapper ``autoremat.nnx.remat_scans`` returns: ``fn``'s signature."""
 
     def __init__(self, fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str],
-                 min_length: int) -> None:
-        RematScans(fn, schedule, min_length=min_length)  # checks the arguments
-        self.fn, self.schedule, self.min_length = fn, schedule, min_length
+                 min_length: int, fuse: bool = True) -> None:
+        RematScans(fn, schedule, min_length=min_length, fuse=fuse)  # checks the arguments
+        self.fn, self.schedule, self.min_length, self.fuse = fn, schedule, min_length, fuse
         functools.update_wrapper(self, fn)
 
     def _pure(self, args: tuple[Any, ...]) -> tuple[RematScans, tuple[Any, ...], Any]:
@@ -45,7 +45,8 @@ class NnxRematScans:
             out = self.fn(*full, **kwargs)
             return out, nnx.state(tuple(full[i] for i in nodes))
 
-        return (RematScans(pure, self.schedule, min_length=self.min_length), modules,
+        return (RematScans(pure, self.schedule, min_length=self.min_length, fuse=self.fuse),
+                modules,
                 (state, others))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -61,7 +62,7 @@ class NnxRematScans:
 
 
 def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
-                min_length: int = DEFAULT_MIN_LENGTH) -> NnxRematScans:
+                min_length: int = DEFAULT_MIN_LENGTH, fuse: bool = True) -> NnxRematScans:
     """``fn`` (a function of NNX modules and arrays) with its long scans under ``schedule``.
 
     Like ``autoremat.remat_scans``; arguments that are NNX graph nodes
@@ -69,4 +70,4 @@ def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[s
     and their new state is written back after the call. Differentiate the
     result (``nnx.grad``, ``nnx.value_and_grad``), not the other way round.
     """
-    return NnxRematScans(fn, schedule, min_length)
+    return NnxRematScans(fn, schedule, min_length, fuse)

@@ -17,7 +17,9 @@ recomputation (Chen et al. 2016; Griewank & Walther 2000). Arguments,
 outputs and the stacked per-step outputs are a *floor* under every
 schedule's total. When a budget is under it, the fixes are outside the
 schedule: the readout inside the step (``autoremat.fuse_loss`` stacks
-nothing, ``fuse_head`` only ``(T, B, Y)``), a shorter ``T``, a smaller batch.
+nothing, ``fuse_head`` only ``(T, B, Y)``; ``remat_scans`` and so
+``Problem.from_loss`` do it for an unmodified readout separable in time, and
+the floor they report is what remains), a shorter ``T``, a smaller batch.
 """
 
 from __future__ import annotations
@@ -199,7 +201,9 @@ def floor_message(fig: Figures, budget_bytes: int) -> str | None:
     if stacked:
         fixes.insert(0, "the readout inside the scanned step (autoremat.fuse_loss stacks "
                      "nothing, autoremat.fuse_head only its outputs; the built-in problem: "
-                     "--fused-readout, or seed_lstm(fused_readout=True))")
+                     "--fused-readout, or seed_lstm(fused_readout=True); remat_scans and "
+                     "Problem.from_loss move a readout and loss separable in time by themselves, "
+                     "and remat_scans(...).describe(...) names what stopped them)")
     return (f"the budget {format_bytes(budget_bytes)} is under the {format_bytes(floor)} "
             f"({floor} bytes) that no schedule can remove: {made_of}. To lower it: "
             + "; ".join(fixes))

@@ -31,7 +31,8 @@ Build = Callable[[Schedule], tuple[Callable[..., Any], tuple[Any, ...]]]
 
 def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
                  optimizer: optax.GradientTransformation, *,
-                 min_length: int | None = None) -> tuple[int, Build, tuple[str, ...]]:
+                 min_length: int | None = None,
+                 fuse: bool = True) -> tuple[int, Build, tuple[str, ...]]:
     """``(seq_len, build, arg_names)`` of ``Problem.from_loss`` (see there)."""
     min_length = DEFAULT_MIN_LENGTH if min_length is None else min_length
     if not callable(loss_fn):
@@ -56,7 +57,7 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
     opt_state = optimizer.init(params)
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        loss = remat_scans(loss_fn, schedule, min_length=min_length)
+        loss = remat_scans(loss_fn, schedule, min_length=min_length, fuse=fuse)
 
         def train_step(params: Any, opt_state: Any, *batch: Any) -> Any:
             value, grads = jax.value_and_grad(loss)(params, *batch)

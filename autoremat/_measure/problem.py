@@ -75,7 +75,7 @@ class Problem:
     @classmethod
     def from_loss(cls, name: str, loss_fn: Callable[..., Any], params: Any,
                   batch: tuple[Any, ...], optimizer: optax.GradientTransformation, *,
-                  min_length: int | None = None) -> Problem:
+                  min_length: int | None = None, fuse: bool = True) -> Problem:
         """A problem from an unmodified loss: ``loss_fn(params, *batch) -> scalar``.
 
         The step is ``value_and_grad`` of ``autoremat.remat_scans(loss_fn,
@@ -84,7 +84,9 @@ class Problem:
         schedule. ``seq_len`` is the longest such scan's length; the step's
         arguments are ``(params, opt_state, *batch)``, named for the breakdown.
         ``min_length``: shorter scans are left as written (default
-        ``remat_scans``'s, 64).
+        ``remat_scans``'s, 64). ``fuse``: the readout and loss after the scan
+        move into its step where they are separable in time (``remat_scans``),
+        so the measured step -- and the breakdown's floor -- is the fused one.
 
         ``at_length(n)`` cuts every batch array with an axis of length ``seq_len``
         to its first ``n`` steps along it (none when an array has two such axes);
@@ -94,13 +96,13 @@ class Problem:
         from autoremat._measure.from_loss import first_steps, loss_problem, time_axes  # imports jax
 
         seq_len, build, arg_names = loss_problem(loss_fn, params, batch, optimizer,
-                                                 min_length=min_length)
+                                                 min_length=min_length, fuse=fuse)
         axes = time_axes(batch, seq_len)
 
         def at_length(n: int) -> Problem:
             assert axes is not None
             got, short_build, _ = loss_problem(loss_fn, params, first_steps(batch, axes, n),
-                                               optimizer, min_length=min_length)
+                                               optimizer, min_length=min_length, fuse=fuse)
             if got != n:
                 raise ProblemError(
                     f"at_length: on the first {n} of the batch's {seq_len} steps the loss's "

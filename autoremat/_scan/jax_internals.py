@@ -33,6 +33,7 @@ Jaxpr = jex_core.Jaxpr
 JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Var = jex_core.Var
+DropVar = jex_core.DropVar
 
 SCAN = prims.scan_p
 JIT = prims.jit_p
@@ -75,14 +76,45 @@ def sub_jaxprs(params: dict[str, Any]) -> Iterator[Jaxpr]:
                 yield item
 
 
-def bind(eqn: JaxprEqn, invals: Sequence[Any]) -> list[Any]:
-    """Evaluate ``eqn`` on ``invals`` as ``jax.core.eval_jaxpr`` does (its outputs, a list)."""
+def bind(eqn: JaxprEqn, invals: Sequence[Any], where: JaxprEqn | None = None) -> list[Any]:
+    """Evaluate ``eqn`` on ``invals`` as ``jax.core.eval_jaxpr`` does (its outputs, a list),
+    in the source context of ``where`` (default ``eqn``)."""
     bind_params = eqn.primitive.get_bind_params(eqn.params)
     # jax < 0.8 returns (subfuns, params), newer jax the params alone
     subfuns, params = bind_params if isinstance(bind_params, tuple) else ([], bind_params)
-    with source_context(eqn), eqn.ctx.manager:
+    with source_context(where or eqn), eqn.ctx.manager:
         out = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def bind_with(eqn: JaxprEqn, invals: Sequence[Any], params: dict[str, Any] | Any,
+              where: JaxprEqn | None = None) -> list[Any]:
+    """``eqn``'s primitive bound on ``invals`` with ``params`` (a non-call primitive), in
+    the source context of ``where`` (default ``eqn``); its outputs, a list."""
+    with source_context(where or eqn), eqn.ctx.manager:
+        out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def custom_jvp_rule(eqn: JaxprEqn) -> tuple[Jaxpr, Sequence[Any]] | None:
+    """The derivative rule of a ``custom_jvp_call`` equation as an open jaxpr and its consts:
+    ``(*primals, *tangents) -> (*primal_outs, *tangent_outs)`` (no constants, every tangent
+    non-zero); ``None`` when this jax does not expose it as ``jvp_jaxpr_fun``."""
+    fun = eqn.params.get("jvp_jaxpr_fun")
+    if fun is None or eqn.params.get("num_consts"):
+        return None
+    try:
+        jaxpr, consts, out_zeros = fun.call_wrapped(*[False] * len(eqn.invars))
+    except Exception:  # another jax's signature: left as written, and said so
+        return None
+    if any(out_zeros) or not isinstance(jaxpr, Jaxpr):
+        return None
+    return jaxpr, consts
+
+
+def is_drop(v: Any) -> bool:
+    """``v`` is an output nobody reads (``_`` in a printed jaxpr)."""
+    return isinstance(v, DropVar)
 
 
 def source_context(eqn: JaxprEqn) -> contextlib.AbstractContextManager[Any]:
@@ -99,6 +131,13 @@ def _library_dirs() -> tuple[str, ...]:
         if path:
             dirs.append(os.path.dirname(path))
     return tuple(d + os.sep for d in dirs)
+
+
+def has_user_frame(eqn: JaxprEqn) -> bool:
+    """``eqn``'s traceback reaches code outside jax and the libraries ``user_location`` skips."""
+    skip = _library_dirs()
+    return any(not f.file_name.startswith(skip)
+               for f in source_info_util.user_frames(eqn.source_info.traceback))
 
 
 def user_location(eqn: JaxprEqn) -> str:

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from autoremat._errors import AutorematError, RematScansWarning
+from autoremat._scan.fuse_inline import flatten
 from autoremat._scan.rewrite import REWRITTEN, TOO_SHORT, Context, FoundScan, evaluate, survey
 from autoremat._scan.scan import as_schedule
 from autoremat._schedules.base import Schedule
@@ -49,6 +50,7 @@ class RewriteReport:
     schedule: str
     min_length: int
     scans: tuple[FoundScan, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def rewritten(self) -> tuple[FoundScan, ...]:
@@ -62,16 +64,19 @@ class RewriteReport:
     def __str__(self) -> str:
         lines = [f"remat_scans: schedule {self.schedule}, min_length {self.min_length}: "
                  f"{len(self.rewritten)} of {len(self.scans)} scan(s) rewritten"]
+        lines += [f"  note: {n}" for n in self.notes]
         for s in self.scans:
             inside = f"  inside {' > '.join(s.inside)}" if s.inside else ""
             lines.append(f"  {s.action:<10} length {s.length:>8}  carry "
                          f"{format_bytes(s.carry_bytes):>9}  {s.where}{inside}")
+            if s.fusion:
+                lines.append(f"    {s.fusion}")
         return "\n".join(lines)
 
 
 def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
                 min_length: int = DEFAULT_MIN_LENGTH,
-                static_argnums: int | Sequence[int] = ()) -> RematScans:
+                static_argnums: int | Sequence[int] = (), fuse: bool = True) -> RematScans:
     """``fn`` with every scan of length ``>= min_length`` run under ``schedule``.
 
     Args:
@@ -81,12 +86,18 @@ def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[s
       min_length: scans shorter than this are left as written.
       static_argnums: positional arguments that are not arrays (a model object,
         a flag); they are passed to ``fn`` as they are.
+      fuse: move the per-step readout and loss that follow a long scan into its
+        step (``autoremat._scan.fuse_readout``): the ``(T, B, H)`` stacked outputs, their
+        cotangent and the readout's residuals are then not kept, so memory goes below
+        the floor of the unfused scan, for the same values and gradients; ``False``
+        runs every equation after the scan as written.
 
     Returns:
       A callable with ``fn``'s signature; ``.describe(*args)`` reports which
       scans it rewrites without running anything.
     """
-    return RematScans(fn, schedule, min_length=min_length, static_argnums=static_argnums)
+    return RematScans(fn, schedule, min_length=min_length, static_argnums=static_argnums,
+                      fuse=fuse)
 
 
 class RematScans:
@@ -94,7 +105,7 @@ class RematScans:
 
     def __init__(self, fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
                  min_length: int = DEFAULT_MIN_LENGTH,
-                 static_argnums: int | Sequence[int] = ()) -> None:
+                 static_argnums: int | Sequence[int] = (), fuse: bool = True) -> None:
         if not callable(fn):
             raise AutorematError(f"fn: expected a callable, got {type(fn).__name__}")
         _refuse_derivative(fn)
@@ -107,13 +118,18 @@ class RematScans:
         self.schedule = as_schedule(schedule)
         self.min_length = min_length
         self.static_argnums = statics
+        if not isinstance(fuse, bool):
+            raise AutorematError(f"fuse: expected True or False, got {fuse!r}")
+        self.fuse = fuse
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         closed, out_tree, leaves = self._trace(args, kwargs)
+        if self.fuse:
+            closed, _ = flatten(closed, leaves, self.min_length)
         found = survey(closed.jaxpr, self.min_length)
         _warn(found, self.min_length)
-        ctx = Context(self.schedule, self.min_length)
+        ctx = Context(self.schedule, self.min_length, self.fuse)
         outs = evaluate(closed.jaxpr, closed.consts, leaves, ctx)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -122,9 +138,12 @@ class RematScans:
 
         Arguments may be arrays or ``jax.ShapeDtypeStruct``s.
         """
-        closed, _, _ = self._trace(args, kwargs)
+        closed, _, leaves = self._trace(args, kwargs)
+        notes: tuple[str, ...] = ()
+        if self.fuse:
+            closed, notes = flatten(closed, leaves, self.min_length)
         return RewriteReport(self.schedule.describe(), self.min_length,
-                             tuple(survey(closed.jaxpr, self.min_length)))
+                             tuple(survey(closed.jaxpr, self.min_length, fuse=self.fuse)), notes)
 
     def _trace(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, list[Any]]:
         n = len(args)

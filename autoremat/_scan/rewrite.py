@@ -32,6 +32,7 @@ import jax
 from jax import lax
 
 from autoremat._scan import jax_internals as ji
+from autoremat._scan.fuse_readout import Analysis, analyse, fused_step
 from autoremat._scan.scan import nbytes, scan_axes
 from autoremat._schedules.base import Schedule
 
@@ -51,6 +52,7 @@ class FoundScan:
       action: ``rewritten``, ``too short``, or ``left: inside <primitive>``.
       backward: it scans the stacked outputs of an opposite-direction scan of the
         same length -- what ``jax.grad`` emits (or an RTS-style backward pass).
+      fusion: what ``fuse`` moves into it (``Analysis.describe``); empty when off.
     """
 
     length: int
@@ -59,14 +61,16 @@ class FoundScan:
     inside: tuple[str, ...]
     action: str
     backward: bool = False
+    fusion: str = ""
 
 
 def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
-           blocked: str = "") -> list[FoundScan]:
-    """Every scan in ``jaxpr`` (and its sub-jaxprs), in program order, with what happens to it."""
+           blocked: str = "", fuse: bool = False) -> list[FoundScan]:
+    """Every scan in ``jaxpr`` (and its sub-jaxprs), in program order, with what happens to it
+    (with ``fuse``: what ``analyse`` moves into each rewritten scan)."""
     found: list[FoundScan] = []
     stacked: dict[Any, tuple[int, bool]] = {}  # ys of long scans at this level: (length, reverse)
-    for eqn in jaxpr.eqns:
+    for index, eqn in enumerate(jaxpr.eqns):
         prim, params = eqn.primitive, eqn.params
         if prim is ji.SCAN:
             length, reverse = int(params[ji.LENGTH]), bool(params[ji.REVERSE])
@@ -77,17 +81,36 @@ def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
             backward = length >= min_length and any(
                 stacked.get(v) == (length, not reverse) for v in eqn.invars[start:]
                 if isinstance(v, ji.Var))
+            fusion = ""
+            if fuse and action == REWRITTEN:
+                level = _level(inside)
+                fusion = analyse(jaxpr, index, partial(_heavy, min_length=min_length),
+                                 level).describe()
             found.append(FoundScan(length, nbytes([v.aval for v in carry]),
-                                   ji.user_location(eqn), inside, action, backward))
+                                   ji.user_location(eqn), inside, action, backward, fusion))
             if length >= min_length:
                 stacked.update({v: (length, reverse) for v in eqn.outvars[params[ji.NUM_CARRY]:]})
-            found += survey(params[ji.SCAN_BODY].jaxpr, min_length, (*inside, "scan"), blocked)
+            found += survey(params[ji.SCAN_BODY].jaxpr, min_length, (*inside, "scan"), blocked,
+                            fuse)
         else:
             entered = prim in (ji.JIT, ji.REMAT, ji.COND)
             inner = blocked or ("" if entered else prim.name)
             for sub in ji.sub_jaxprs(params):
-                found += survey(sub, min_length, (*inside, prim.name), inner)
+                found += survey(sub, min_length, (*inside, prim.name), inner, fuse)
     return found
+
+
+def _level(inside: tuple[str, ...]) -> str:
+    """How messages name the jaxpr a scan is in: ``fn`` or the primitive whose body it is."""
+    return f"{inside[-1]} body" if inside else "fn"
+
+
+def _heavy(eqn: ji.JaxprEqn, min_length: int) -> bool:
+    """A long scan, or an equation holding one: never evaluated early, never moved."""
+    if eqn.primitive is ji.SCAN and eqn.params[ji.LENGTH] >= min_length:
+        return True
+    return any(f.length >= min_length for sub in ji.sub_jaxprs(eqn.params)
+               for f in survey(sub, min_length))
 
 
 @dataclass
@@ -96,7 +119,24 @@ class Context:
 
     schedule: Schedule
     min_length: int
+    fuse: bool = False
     _holds: dict[int, bool] = field(default_factory=dict)
+    _plans: dict[int, dict[int, Analysis]] = field(default_factory=dict)
+
+    def plans(self, jaxpr: ji.Jaxpr, level: str) -> dict[int, Analysis]:
+        """The fused long scans of ``jaxpr`` (its own level), by equation index."""
+        key = id(jaxpr)
+        if key not in self._plans:
+            found: dict[int, Analysis] = {}
+            if self.fuse:
+                for i, eqn in enumerate(jaxpr.eqns):
+                    if eqn.primitive is ji.SCAN and eqn.params[ji.LENGTH] >= self.min_length:
+                        plan = analyse(jaxpr, i, partial(_heavy, min_length=self.min_length),
+                                       level)
+                        if plan.fused:
+                            found[i] = plan
+            self._plans[key] = found
+        return self._plans[key]
 
     def holds_long(self, jaxpr: ji.Jaxpr) -> bool:
         key = id(jaxpr)
@@ -122,8 +162,9 @@ def _moved_axis(eqn: ji.JaxprEqn) -> int | None:
 
 
 def evaluate(jaxpr: ji.Jaxpr, consts: Sequence[Any], args: Sequence[Any],
-             ctx: Context) -> list[Any]:
-    """``jaxpr``'s outputs on ``args``, its long scans run under ``ctx.schedule``."""
+             ctx: Context, level: str = "fn") -> list[Any]:
+    """``jaxpr``'s outputs on ``args``, its long scans run under ``ctx.schedule`` (with
+    ``ctx.fuse``, the readouts and losses ``analyse`` finds separable moved into them)."""
     env: dict[Any, Any] = {}
     deferred: dict[Any, ji.JaxprEqn] = {}  # moveaxis(x, k, 0) results, made only if read
     moved: dict[Any, tuple[Any, int]] = {}  # their var -> (x's var, k)
@@ -138,7 +179,22 @@ def evaluate(jaxpr: ji.Jaxpr, consts: Sequence[Any], args: Sequence[Any],
 
     env.update(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
-    for eqn in jaxpr.eqns:
+    plans = ctx.plans(jaxpr, level)
+    skip = frozenset().union(*(p.skip for p in plans.values()))
+    done: set[int] = set()
+    for index, eqn in enumerate(jaxpr.eqns):
+        if index in skip or index in done:
+            continue
+        if index in plans:
+            plan = plans[index]
+            for h in plan.hoisted:  # targets, masks... the step reads: computed first
+                if h not in done and h not in skip:
+                    early = jaxpr.eqns[h]
+                    env.update(zip(early.outvars, ji.bind(early, [read(v) for v in early.invars]),
+                                   strict=True))
+                    done.add(h)
+            env.update(_fused_scan(eqn, read, moved, deferred, ctx, plan, jaxpr))
+            continue
         if eqn.primitive is ji.TRANSPOSE and isinstance(eqn.invars[0], ji.Var):
             axis = _moved_axis(eqn)
             if axis is not None:
@@ -153,8 +209,8 @@ def evaluate(jaxpr: ji.Jaxpr, consts: Sequence[Any], args: Sequence[Any],
     return [read(v) for v in jaxpr.outvars]
 
 
-def _closed(closed: ji.ClosedJaxpr, ctx: Context, *args: Any) -> list[Any]:
-    return evaluate(closed.jaxpr, closed.consts, args, ctx)
+def _closed(closed: ji.ClosedJaxpr, ctx: Context, *args: Any, level: str = "fn") -> list[Any]:
+    return evaluate(closed.jaxpr, closed.consts, args, ctx, level)
 
 
 def _entered(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[Any, int]],
@@ -165,14 +221,15 @@ def _entered(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tupl
     invals = [read(v) for v in eqn.invars]
     with ji.source_context(eqn):
         if prim is ji.JIT:
-            return _closed(params[ji.JIT_BODY], ctx, *invals)
+            return _closed(params[ji.JIT_BODY], ctx, *invals, level="jit body")
         if prim is ji.REMAT:
             body = params[ji.REMAT_BODY]
-            run = jax.checkpoint(lambda *a: evaluate(body, (), a, ctx),
+            run = jax.checkpoint(lambda *a: evaluate(body, (), a, ctx, "checkpoint body"),
                                  policy=params[ji.REMAT_POLICY],
                                  prevent_cse=params[ji.REMAT_PREVENT_CSE])
             return list(run(*invals))
-        branches = [partial(_closed, b, ctx) for b in params[ji.COND_BRANCHES]]
+        branches = [partial(_closed, b, ctx, level="cond body")
+                    for b in params[ji.COND_BRANCHES]]
         return list(lax.switch(invals[0], branches, *invals[1:]))
 
 
@@ -186,7 +243,7 @@ def _scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[A
     init = [read(v) for v in eqn.invars[n_consts:n_consts + n_carry]]
 
     def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
-        out = _closed(body, ctx, *consts, *carry, *x)
+        out = _closed(body, ctx, *consts, *carry, *x, level="scan body")
         return out[:n_carry], out[n_carry:]
 
     x_vars = eqn.invars[n_consts + n_carry:]
@@ -204,3 +261,47 @@ def _scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[A
                               in_axes=axes, out_axes=0,
                               unroll=None if unroll in (1, False) else unroll)
     return [*carry, *ys]
+
+
+def _fused_scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[Any, int]],
+                deferred: dict[Any, ji.JaxprEqn], ctx: Context, plan: Analysis,
+                jaxpr: ji.Jaxpr) -> dict[Any, Any]:
+    """A long scan with ``plan``'s readout and loss in its step: the values it defines."""
+    params = eqn.params
+    n_consts, n_carry = params[ji.NUM_CONSTS], params[ji.NUM_CARRY]
+    body: ji.ClosedJaxpr = params[ji.SCAN_BODY]
+    length, reverse, unroll = int(params[ji.LENGTH]), bool(params[ji.REVERSE]), params[ji.UNROLL]
+    consts = [read(v) for v in eqn.invars[:n_consts]]
+    init = [read(v) for v in eqn.invars[n_consts:n_consts + n_carry]]
+
+    def body_step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        out = _closed(body, ctx, *consts, *carry, *x, level="scan body")
+        return out[:n_carry], out[n_carry:]
+
+    step, sums = fused_step(plan, jaxpr, body_step, read)
+    xs, axes = [], []
+    for v in eqn.invars[n_consts + n_carry:]:
+        source, axis = moved.get(v, (v, 0)) if isinstance(v, ji.Var) else (v, 0)
+        xs.append(read(source))
+        axes.append(axis)
+    for v, axis in plan.aligned:  # targets, masks: sliced per step along their time axis
+        if isinstance(v, ji.Var) and v in deferred:  # a time-major copy not made: the original
+            axis = deferred_perm(deferred, v)[axis]
+            v = moved[v][0]
+        xs.append(read(v))
+        axes.append(axis)
+    with ji.source_context(eqn):
+        carry, ys = scan_axes(step, [*init, *sums], xs, length, schedule=ctx.schedule,
+                              reverse=reverse, in_axes=axes,
+                              out_axes=[a for _, a in plan.stacked],
+                              unroll=None if unroll in (1, False) else unroll)
+    out = dict(zip(eqn.outvars[:n_carry], carry[:n_carry], strict=True))
+    out.update((v, y) for (v, _), y in zip(plan.stacked, ys, strict=True))
+    out.update((jaxpr.eqns[j].outvars[0], acc)
+               for j, acc in zip(plan.sums, carry[n_carry:], strict=True))
+    return out
+
+
+def deferred_perm(deferred: dict[Any, ji.JaxprEqn], v: Any) -> tuple[int, ...]:
+    """The permutation of the (not yet made) time-major copy ``v``."""
+    return tuple(int(p) for p in deferred[v].params[ji.PERMUTATION])
