@@ -6,9 +6,13 @@ A ``jax.custom_vjp`` around the whole loop (Griewank & Walther 2000,
 * forward: one ``lax.scan`` over the ``T`` steps that also writes the carry
   into a buffer of ``s`` slots at the tables' positions -- ``s`` carries, no
   per-step residuals;
-* backward: a ``lax.scan`` over the reversals; each restores a slot,
-  re-advances (``lax.fori_loop``, storing new snapshots on the way) to the
-  step it reverses and runs that step's ``jax.vjp``.
+* backward: one ``lax.scan`` over the ops of ``_revolve.program`` (about
+  ``1.2 T``): each restores a slot where a reversal starts, re-advances a
+  static number of steps (a ``lax.switch`` over fixed-length ``lax.scan``s,
+  storing new snapshots on the way) and, where it ends a reversal, runs that
+  step's ``jax.vjp`` (``lax.cond``). No loop has a dynamic trip count: the
+  step evaluations are exactly the tables', none is masked, and the backward
+  is differentiable again (grad of grad).
 
 Values the step closes over (Flax parameters, ...) are made explicit with
 ``jax.closure_convert`` so their cotangents are summed over the reversals.
@@ -19,6 +23,7 @@ outputs' cotangents are never read.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import types
@@ -32,7 +37,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from autoremat._errors import ScheduleError
-from autoremat._revolve import Tables, tables
+from autoremat._revolve import Tables, program, tables
 
 PyTree = Any
 
@@ -110,15 +115,6 @@ class _Loop:
     def call(self, carry: PyTree, x: list[jax.Array], consts: Sequence[Any]) -> tuple[PyTree, PyTree]:
         return self.fn(carry, x, *consts)
 
-    def advance(self, carry: PyTree, position: jax.Array, count: jax.Array,
-                xs: Sequence[jax.Array], consts: Sequence[Any]) -> tuple[PyTree, jax.Array]:
-        def body(_: Any, state: tuple[PyTree, jax.Array]) -> tuple[PyTree, jax.Array]:
-            c, p = state
-            c, _ = self.call(c, self.x_at(xs, self.index(p)), consts)
-            return c, p + 1
-
-        return lax.fori_loop(0, count, body, (carry, position))
-
     # -- the custom VJP ----------------------------------------------------------
     def run(self, init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:
         """The loop under a ``jax.custom_vjp``; in pure forward mode (``jax.jvp``,
@@ -150,13 +146,6 @@ class _Loop:
             return out, (init_v, xs_v, consts_v, slots, marks)
 
         def bwd(res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
-            if _traced_by("LinearizeTracer", res[:4]):
-                raise ScheduleError(
-                    f"schedule {self.label!r}: the binomial kind's backward pass cannot be "
-                    "differentiated in reverse mode (grad of grad, jax.jacrev of a gradient): "
-                    "its re-advances are loops of dynamic length. Use a nested schedule "
-                    "(e.g. Schedule.root(T, 2)) or forward-over-reverse (jax.jacfwd(jax.grad(f)), "
-                    "jax.hessian).")
             return self.backward(res, cts)
 
         loop.defvjp(fwd, bwd, symbolic_zeros=True)
@@ -202,9 +191,14 @@ class _Loop:
 
 class _Backward:
     """One backward pass of a ``_Loop``: which inputs are differentiated, the
-    residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the tables as
-    arrays. ``run`` scans the reversals; each ``reversal`` ``restore``s a carry,
-    ``readvance``s it to the step it reverses and runs ``vjp_step``."""
+    residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the ops of
+    ``_revolve.program``. ``run`` scans the ops; each ``op`` ``restore``s a
+    carry where a reversal starts, advances a static number of steps
+    (``lax.switch`` over the op lengths; each step stores the carry in a slot
+    where the tables say) and, where the op ends a reversal, runs
+    ``vjp_step`` (``lax.cond``). No loop has a dynamic trip count, so the
+    backward is itself differentiable and runs exactly the tables' advances;
+    the price is one switch and one cond per op (about ``1.2 T`` ops)."""
 
     def __init__(self, loop: _Loop, res: Any) -> None:
         init, self.xs, self.consts, self.slots, (init_m, xs_m, consts_m) = res
@@ -213,13 +207,10 @@ class _Backward:
         self.diff = [_inexact(c) for c in self.carry_leaves]  # carry leaves with a cotangent
         self.x_diff = [m is not None for m in xs_m]
         self.k_diff = [m is not None for m in consts_m]
-        p = loop.tables
-        self.restore_slot = jnp.asarray(p.restore_slot)
-        self.restore_pos = jnp.asarray(p.restore_position)
-        self.pair_start = jnp.asarray(p.pair_start)
-        self.pair_adv = jnp.asarray(np.append(p.pair_advance, 0))  # padded: never empty
-        self.pair_slot = jnp.asarray(np.append(p.pair_slot, -1))
-        self.initial = p.snapshots
+        self.program = program(loop.steps, loop.tables.snapshots)
+        self.store_position = jnp.asarray(self.program.store_position)
+        self.store_slot = jnp.asarray(self.program.store_slot)
+        self.initial = loop.tables.snapshots
 
     def run(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
         ct_carry, ct_ys = cts
@@ -230,56 +221,88 @@ class _Backward:
         ]
         ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
 
-        def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
-            return self.reversal(state, index, ct_y_leaves)
+        def body(state: tuple[Any, ...], row: tuple[jax.Array, ...]) -> tuple[tuple[Any, ...], None]:
+            return self.op(state, row, ct_y_leaves), None
 
         acc = [jnp.zeros_like(k) for k, d in zip(self.consts, self.k_diff, strict=True) if d]
-        (ct_c, _, acc), dxs = lax.scan(
-            body, (ct_c, self.slots, acc), jnp.arange(self.loop.steps, dtype=jnp.int32),
-            reverse=not self.loop.reverse,
-        )
+        dxs = [jnp.zeros_like(jnp.moveaxis(x, a, 0))
+               for x, a, d in zip(self.xs, self.loop.axes, self.x_diff, strict=True) if d]
+        p = self.program
+        rows = tuple(jnp.asarray(a) for a in (p.branch, p.restore_slot, p.restore_position,
+                                              p.reverses, p.store_end))
+        state = ([jnp.zeros_like(c) for c in self.carry_leaves], jnp.int32(0), self.slots,
+                 jnp.int32(0), ct_c, acc, dxs)
+        (_, _, _, _, ct_c, acc, dxs), _ = lax.scan(body, state, rows)
         return self.cotangents(ct_c, dxs, acc)
 
-    def reversal(self, state: tuple[Any, ...], index: jax.Array,
-                 ct_y_leaves: list[Any]) -> tuple[tuple[Any, ...], Any]:
-        """Reverse the step at data index ``index``: ``(ct_c, slots, acc) -> (..., dx)``."""
-        ct_c, slots, acc = state
-        k = self.loop.steps - 1 - self.loop.index(index)  # reversal number
-        carry = self.restore(slots, k)
-        carry, _, slots = lax.fori_loop(self.pair_start[k], self.pair_start[k + 1],
-                                        self.readvance, (carry, self.restore_pos[k], slots))
-        x = self.loop.x_at(self.xs, index)
-        ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
-                for t in ct_y_leaves]
-        ct_y = [t for t in ct_y if _keep_y(t)]
-        ct_c, dx, dk = self.vjp_step(carry, x, ct_c, ct_y)
-        acc = [a + g for a, g in zip(acc, dk, strict=True)]
-        return (ct_c, slots, acc), dx
+    def op(self, state: tuple[Any, ...], row: tuple[jax.Array, ...],
+           ct_y_leaves: list[Any]) -> tuple[Any, ...]:
+        """One op: restore, advance ``lengths[branch]`` steps, maybe reverse a step."""
+        carry, position, slots, j, ct_c, acc, dxs = state
+        branch, slot, restore_position, reverses, store_end = row
+        use = slot >= 0
+        carry = [jnp.where(use, r, c)
+                 for r, c in zip(self.restore(slots, jnp.maximum(slot, 0)), carry, strict=True)]
+        position = jnp.where(use, restore_position, position)
+        branches = [functools.partial(self.advance, n) for n in self.program.lengths]
+        carry, position, slots, j = lax.switch(branch, branches,
+                                               (carry, position, slots, j, store_end))
+        index = self.loop.index(position)
 
-    def restore(self, slots: list[jax.Array], k: jax.Array) -> list[jax.Array]:
-        """The carry leaves reversal ``k`` starts from: a snapshot slot, or ``init``."""
-        slot = self.restore_slot[k]
+        def reverse(operand: tuple[Any, ...]) -> tuple[Any, ...]:
+            ct_c, acc = operand
+            x = self.loop.x_at(self.xs, index)
+            ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
+                    for t in ct_y_leaves]
+            ct_y = [t for t in ct_y if _keep_y(t)]
+            ct_c, dx, dk = self.vjp_step(carry, x, ct_c, ct_y)
+            return ct_c, [a + g for a, g in zip(acc, dk, strict=True)], dx
+
+        def keep(operand: tuple[Any, ...]) -> tuple[Any, ...]:
+            ct_c, acc = operand
+            return ct_c, acc, [jnp.zeros_like(d[0]) for d in dxs]
+
+        ct_c, acc, dx = lax.cond(reverses, reverse, keep, (ct_c, acc))
+        # The T-long cotangent buffers stay outside the cond (updated in place).
+        dxs = [lax.dynamic_update_index_in_dim(
+                   buf, jnp.where(reverses, d, lax.dynamic_index_in_dim(buf, index, 0, False)),
+                   index, 0)
+               for buf, d in zip(dxs, dx, strict=True)]
+        return carry, position, slots, j, ct_c, acc, dxs
+
+    def restore(self, slots: list[jax.Array], slot: jax.Array) -> list[jax.Array]:
+        """The carry leaves in ``slot``: a snapshot, or ``init`` (slot ``s``)."""
         use_init = slot == self.initial
         safe = jnp.minimum(slot, self.initial - 1)
         return [jnp.where(use_init, c0, lax.dynamic_index_in_dim(buf, safe, 0, False))
                 for c0, buf in zip(self.carry_leaves, slots, strict=True)]
 
-    def readvance(self, j: jax.Array, state: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Pair ``j`` of the tables: advance ``pair_adv[j]`` steps, then store the carry
-        in slot ``pair_slot[j]`` (none if ``-1``)."""
-        carry, position, slots = state
-        c, position = self.loop.advance(jax.tree_util.tree_unflatten(self.carry_tree, carry),
-                                        position, self.pair_adv[j], self.xs, self.consts)
-        carry = jax.tree_util.tree_leaves(c)
-        target = self.pair_slot[j]
-        take = target >= 0
-        t = jnp.maximum(target, 0)
-        slots = [
-            lax.dynamic_update_index_in_dim(
-                buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
-            for buf, c in zip(slots, carry, strict=True)
-        ]
-        return carry, position, slots
+    def advance(self, count: int, state: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``count`` (static) steps from the carry before ``position``; before each, the
+        carry goes to slot ``store_slot[j]`` if it is the one before ``store_position[j]``
+        and ``j < store_end`` (then ``j + 1``)."""
+        carry, position, slots, j, store_end = state
+        if count == 0:
+            return carry, position, slots, j
+
+        def body(st: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], None]:
+            c, p, slots, j = st
+            jj = jnp.minimum(j, self.store_position.shape[0] - 1)
+            take = (j < store_end) & (p == self.store_position[jj])
+            t = jnp.maximum(self.store_slot[jj], 0)
+            slots = [
+                lax.dynamic_update_index_in_dim(
+                    buf, jnp.where(take, v, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
+                for buf, v in zip(slots, c, strict=True)
+            ]
+            new, _ = self.loop.call(jax.tree_util.tree_unflatten(self.carry_tree, c),
+                                    self.loop.x_at(self.xs, self.loop.index(p)), self.consts)
+            return (jax.tree_util.tree_leaves(new), p + 1, slots,
+                    j + take.astype(jnp.int32)), None
+
+        (carry, position, slots, j), _ = lax.scan(body, (carry, position, slots, j), None,
+                                                  length=count)
+        return carry, position, slots, j
 
     def vjp_step(self, carry: list[jax.Array], x: list[jax.Array], ct_c: list[jax.Array],
                  ct_y: list[Any]) -> tuple[list[jax.Array], list[jax.Array], list[Any]]:
