@@ -37,22 +37,22 @@ class BinomialSchedule(Schedule):
     ``lax.scan`` unroll of the forward sweep.
 
     Transformations: ``jax.grad``/``vjp`` (also of ``jit``, ``checkpoint``,
-    ``vmap``), forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``, also of
-    a jitted function), ``vmap``, ``jit``, and forward mode (``jvp``,
-    ``jacfwd``) when the JVP reaches the scan as it is traced -- ``jvp(f)``,
-    ``jit(jvp(f))``, ``vmap(jvp(f))``: it runs the plain forward sweep, which
-    stores nothing either. Not: reverse-over-reverse (grad of grad: the
-    backward's re-advances are loops of dynamic length) and ``jax.linearize``
-    (a ``custom_vjp`` has no forward-mode linear map); traced directly, each
-    is a ``ScheduleError`` naming the fix. Forward mode applied *after* the
-    scan was traced (``jvp(jit(f))``, ``jvp(checkpoint(f))``,
-    ``jvp(vmap(f))``, ``linearize(jit(f))``) and grad of grad through ``jit``
-    or ``checkpoint`` cannot be told apart at trace time (the scan sees
-    plain jaxpr tracers): JAX's own errors appear then, "can't apply
-    forward-mode autodiff (jvp) to a custom_vjp function" and
-    "Reverse-mode differentiation does not work for lax.while_loop or
-    lax.fori_loop with dynamic start/stop values". Use a nested schedule for
-    those (or move ``jvp`` inside the ``jit``).
+    ``vmap``), grad of grad (``jax.grad(jax.grad(f))``, ``jacrev`` of a
+    gradient, also of a jitted function: the backward is one ``lax.scan`` of
+    static-length ops, with no loop of dynamic length, so JAX differentiates
+    it; the outer backward then stores residuals for every op),
+    forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``), ``vmap``,
+    ``jit``, and forward mode (``jvp``, ``jacfwd``) when the JVP reaches the
+    scan as it is traced -- ``jvp(f)``, ``jit(jvp(f))``, ``vmap(jvp(f))``: it
+    runs the plain forward sweep, which stores nothing either. Not:
+    ``jax.linearize`` (a ``custom_vjp`` has no forward-mode linear map);
+    traced directly, it is a ``ScheduleError`` naming the fix. Forward mode
+    applied *after* the scan was traced (``jvp(jit(f))``,
+    ``jvp(checkpoint(f))``, ``jvp(vmap(f))``, ``linearize(jit(f))``) cannot be
+    told apart at trace time (the scan sees plain jaxpr tracers): JAX's own
+    error appears then, "can't apply forward-mode autodiff (jvp) to a
+    custom_vjp function". Use a nested schedule for those (or move ``jvp``
+    inside the ``jit``).
 
     Attributes:
       snapshots: how many carries are stored at once (>= 1).
@@ -60,7 +60,7 @@ class BinomialSchedule(Schedule):
 
     kind: ClassVar[str] = "binomial"
     FIELDS: ClassVar[Mapping[str, str]] = {"snapshots": "'snapshots: 16'"}
-    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset({"grad_of_grad", "linearize"})
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset({"linearize"})
 
     snapshots: int
 
