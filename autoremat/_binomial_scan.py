@@ -7,9 +7,9 @@ A ``jax.custom_vjp`` around the whole loop (Griewank & Walther 2000,
   into a buffer of ``s`` slots at the tables' positions -- ``s`` carries, no
   per-step residuals;
 * backward: one ``lax.scan`` over the ops of ``_revolve.program`` (about
-  ``1.2 T``): each restores a slot where a reversal starts, re-advances a
-  static number of steps (a ``lax.switch`` over fixed-length ``lax.scan``s,
-  storing new snapshots on the way) and, where it ends a reversal, runs that
+  ``2 T``): each restores a slot where a reversal starts, re-advances a
+  static number of steps (a ``lax.switch`` over fixed-length ``lax.scan``s),
+  may store the carry in a slot and, where it ends a reversal, runs that
   step's ``jax.vjp`` (``lax.cond``). No loop has a dynamic trip count: the
   step evaluations are exactly the tables', none is masked, and the backward
   is differentiable again (grad of grad).
@@ -198,7 +198,7 @@ class _Backward:
     where the tables say) and, where the op ends a reversal, runs
     ``vjp_step`` (``lax.cond``). No loop has a dynamic trip count, so the
     backward is itself differentiable and runs exactly the tables' advances;
-    the price is one switch and one cond per op (about ``1.2 T`` ops)."""
+    the price is one switch and one cond per op (about ``2 T`` ops)."""
 
     def __init__(self, loop: _Loop, res: Any) -> None:
         init, self.xs, self.consts, self.slots, (init_m, xs_m, consts_m) = res
@@ -208,8 +208,6 @@ class _Backward:
         self.x_diff = [m is not None for m in xs_m]
         self.k_diff = [m is not None for m in consts_m]
         self.program = program(loop.steps, loop.tables.snapshots)
-        self.store_position = jnp.asarray(self.program.store_position)
-        self.store_slot = jnp.asarray(self.program.store_slot)
         self.initial = loop.tables.snapshots
 
     def run(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
@@ -229,24 +227,27 @@ class _Backward:
                for x, a, d in zip(self.xs, self.loop.axes, self.x_diff, strict=True) if d]
         p = self.program
         rows = tuple(jnp.asarray(a) for a in (p.branch, p.restore_slot, p.restore_position,
-                                              p.reverses, p.store_end))
+                                              p.store_slot, p.reverses))
         state = ([jnp.zeros_like(c) for c in self.carry_leaves], jnp.int32(0), self.slots,
-                 jnp.int32(0), ct_c, acc, dxs)
-        (_, _, _, _, ct_c, acc, dxs), _ = lax.scan(body, state, rows)
+                 ct_c, acc, dxs)
+        (_, _, _, ct_c, acc, dxs), _ = lax.scan(body, state, rows)
         return self.cotangents(ct_c, dxs, acc)
 
     def op(self, state: tuple[Any, ...], row: tuple[jax.Array, ...],
            ct_y_leaves: list[Any]) -> tuple[Any, ...]:
-        """One op: restore, advance ``lengths[branch]`` steps, maybe reverse a step."""
-        carry, position, slots, j, ct_c, acc, dxs = state
-        branch, slot, restore_position, reverses, store_end = row
+        """One op: restore, advance ``lengths[branch]`` steps, store, maybe reverse a step."""
+        carry, position, slots, ct_c, acc, dxs = state
+        branch, slot, restore_position, store, reverses = row
         use = slot >= 0
         carry = [jnp.where(use, r, c)
                  for r, c in zip(self.restore(slots, jnp.maximum(slot, 0)), carry, strict=True)]
         position = jnp.where(use, restore_position, position)
         branches = [functools.partial(self.advance, n) for n in self.program.lengths]
-        carry, position, slots, j = lax.switch(branch, branches,
-                                               (carry, position, slots, j, store_end))
+        carry, position = lax.switch(branch, branches, (carry, position))
+        take, t = store >= 0, jnp.maximum(store, 0)
+        slots = [lax.dynamic_update_index_in_dim(
+                     buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
+                 for buf, c in zip(slots, carry, strict=True)]
         index = self.loop.index(position)
 
         def reverse(operand: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -268,7 +269,7 @@ class _Backward:
                    buf, jnp.where(reverses, d, lax.dynamic_index_in_dim(buf, index, 0, False)),
                    index, 0)
                for buf, d in zip(dxs, dx, strict=True)]
-        return carry, position, slots, j, ct_c, acc, dxs
+        return carry, position, slots, ct_c, acc, dxs
 
     def restore(self, slots: list[jax.Array], slot: jax.Array) -> list[jax.Array]:
         """The carry leaves in ``slot``: a snapshot, or ``init`` (slot ``s``)."""
@@ -278,31 +279,17 @@ class _Backward:
                 for c0, buf in zip(self.carry_leaves, slots, strict=True)]
 
     def advance(self, count: int, state: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``count`` (static) steps from the carry before ``position``; before each, the
-        carry goes to slot ``store_slot[j]`` if it is the one before ``store_position[j]``
-        and ``j < store_end`` (then ``j + 1``)."""
-        carry, position, slots, j, store_end = state
+        """``count`` (static) steps from the carry before ``position``."""
         if count == 0:
-            return carry, position, slots, j
+            return state
 
         def body(st: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], None]:
-            c, p, slots, j = st
-            jj = jnp.minimum(j, self.store_position.shape[0] - 1)
-            take = (j < store_end) & (p == self.store_position[jj])
-            t = jnp.maximum(self.store_slot[jj], 0)
-            slots = [
-                lax.dynamic_update_index_in_dim(
-                    buf, jnp.where(take, v, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
-                for buf, v in zip(slots, c, strict=True)
-            ]
+            c, p = st
             new, _ = self.loop.call(jax.tree_util.tree_unflatten(self.carry_tree, c),
                                     self.loop.x_at(self.xs, self.loop.index(p)), self.consts)
-            return (jax.tree_util.tree_leaves(new), p + 1, slots,
-                    j + take.astype(jnp.int32)), None
+            return (jax.tree_util.tree_leaves(new), p + 1), None
 
-        (carry, position, slots, j), _ = lax.scan(body, (carry, position, slots, j), None,
-                                                  length=count)
-        return carry, position, slots, j
+        return lax.scan(body, state, None, length=count)[0]
 
     def vjp_step(self, carry: list[jax.Array], x: list[jax.Array], ct_c: list[jax.Array],
                  ct_y: list[Any]) -> tuple[list[jax.Array], list[jax.Array], list[Any]]:

@@ -224,30 +224,26 @@ class Program:
     """The backward pass of ``Tables`` as a flat list of ops for one static scan.
 
     Op ``i`` restores the carry in slot ``restore_slot[i]`` (``-1``: none; the
-    first op of each reversal restores), then advances ``lengths[branch[i]]``
-    steps -- each step first stores the carry in hand in the next slot of
-    ``store_position``/``store_slot`` when it is the carry before that
-    position, up to store ``store_end[i]`` -- and, where ``reverses[i]``, runs
-    the VJP of the step it has reached. Every op has a static length, so the
-    backward is a scan of ``len(branch)`` ops with a switch over ``lengths``:
-    no loop of dynamic trip count, and exactly the tables' re-advances.
+    first op of each reversal restores; slot ``s`` is the initial carry) and
+    ``restore_position[i]``, advances ``lengths[branch[i]]`` steps, stores the
+    carry in hand in slot ``store_slot[i]`` (``-1``: none) and, where
+    ``reverses[i]``, runs the VJP of the step it has reached. Every op has a
+    static length, so the backward is a scan over the ops with a switch over
+    ``lengths``: no loop of dynamic trip count, and exactly the tables'
+    re-advances (no step is masked).
 
     Attributes:
-      lengths: the advance lengths (the switch's branches): ``0 ..
-        BLOCKS[-1] - 1`` for the op that ends a reversal, then ``BLOCKS``.
-      branch, restore_slot, restore_position, reverses, store_end: per op.
-      store_position, store_slot: every re-advance's snapshot, in order
-        (padded with one ``-1`` so that neither is empty).
+      lengths: the advance lengths (the switch's branches): those of ``0 ..
+        BLOCKS[-1] - 1`` and ``BLOCKS`` that the plan uses.
+      branch, restore_slot, restore_position, store_slot, reverses: per op.
     """
 
     lengths: tuple[int, ...]
     branch: np.ndarray
     restore_slot: np.ndarray
     restore_position: np.ndarray
-    reverses: np.ndarray
-    store_end: np.ndarray
-    store_position: np.ndarray
     store_slot: np.ndarray
+    reverses: np.ndarray
 
     @property
     def advances(self) -> int:
@@ -259,48 +255,46 @@ class Program:
 def program(seq_len: int, snapshots: int, blocks: tuple[int, ...] = BLOCKS) -> Program:
     """The ops of the backward pass of ``tables(seq_len, snapshots)``.
 
-    A reversal re-advancing ``a`` steps becomes ``a // blocks[0]`` ops of
-    ``blocks[0]`` steps, then ops of the next block size for what is left, and
-    one op that advances the remainder (``< blocks[-1]``) and reverses: about
-    ``T + advances / blocks[-1]`` ops (``T = 10^5``, ``s = 17``: 1.17 T).
+    Each (advance, store) pair of a reversal becomes ``a // blocks[0]`` ops of
+    ``blocks[0]`` steps, then ops of the next block sizes for what is left, and
+    one op for the remainder (``< blocks[-1]``); its last op stores, the
+    reversal's last op reverses. About ``T + stores + advances / blocks[-1]``
+    ops (``T = 10^5``, ``s = 17``: 1.9 T).
     """
     t = tables(seq_len, snapshots)
-    small = blocks[-1]
-    lengths = (*range(small), *blocks)
+    lengths = (*range(blocks[-1]), *blocks)
     branch: list[int] = []
     r_slot: list[int] = []
     r_pos: list[int] = []
-    reverses: list[bool] = []
-    store_end: list[int] = []
-    s_pos: list[int] = []
     s_slot: list[int] = []
+    reverses: list[bool] = []
     for k in range(seq_len):
         position = int(t.restore_position[k])
-        advance = 0
-        for j in range(int(t.pair_start[k]), int(t.pair_start[k + 1])):
-            advance += int(t.pair_advance[j])
-            if t.pair_slot[j] >= 0:
-                s_pos.append(position + advance)
-                s_slot.append(int(t.pair_slot[j]))
-        assert position + advance == seq_len - 1 - k, (k, position, advance)
-        assert all(q < seq_len - 1 - k for q in s_pos[store_end[-1] if store_end else 0:])
-        ops = []
-        for size in blocks:
-            ops += [lengths.index(size)] * (advance // size)
-            advance %= size
-        ops.append(advance)
-        for i, b in enumerate(ops):
-            branch.append(b)
-            r_slot.append(int(t.restore_slot[k]) if i == 0 else -1)
-            r_pos.append(position)
-            reverses.append(i == len(ops) - 1)
-            store_end.append(len(s_pos))
+        r_slot.append(int(t.restore_slot[k]))
+        first = len(branch)
+        pairs = range(int(t.pair_start[k]), int(t.pair_start[k + 1]))
+        for j in pairs or [None]:
+            advance = 0 if j is None else int(t.pair_advance[j])
+            position += advance
+            ops = []
+            for size in blocks:
+                ops += [lengths.index(size)] * (advance // size)
+                advance %= size
+            if advance or not ops:
+                ops.append(advance)
+            branch += ops
+            s_slot += [-1] * (len(ops) - 1) + [-1 if j is None else int(t.pair_slot[j])]
+        assert position == seq_len - 1 - k, (k, position)
+        assert s_slot[-1] == -1  # a snapshot is always followed by an advance
+        r_slot += [-1] * (len(branch) - first - 1)
+        r_pos += [int(t.restore_position[k])] * (len(branch) - first)
+        reverses += [False] * (len(branch) - first - 1) + [True]
+    used = sorted(set(branch))  # only the lengths this plan runs: fewer branches to compile
     as_array = functools.partial(np.asarray, dtype=np.int32)
     out = Program(
-        lengths=lengths, branch=as_array(branch), restore_slot=as_array(r_slot),
-        restore_position=as_array(r_pos), reverses=np.asarray(reverses, dtype=bool),
-        store_end=as_array(store_end), store_position=as_array([*s_pos, -1]),
-        store_slot=as_array([*s_slot, -1]),
+        lengths=tuple(lengths[b] for b in used), branch=as_array(np.searchsorted(used, branch)),
+        restore_slot=as_array(r_slot), restore_position=as_array(r_pos),
+        store_slot=as_array(s_slot), reverses=np.asarray(reverses, dtype=bool),
     )
     assert out.advances == t.advances
     return out
