@@ -226,8 +226,8 @@ class _Backward:
         dxs = [jnp.zeros_like(jnp.moveaxis(x, a, 0))
                for x, a, d in zip(self.xs, self.loop.axes, self.x_diff, strict=True) if d]
         p = self.program
-        rows = tuple(jnp.asarray(a) for a in (p.branch, p.restore_slot, p.restore_position,
-                                              p.store_slot, p.reverses))
+        rows = tuple(jnp.asarray(a) for a in (p.branch, p.restore_slot, p.position,
+                                              p.store_position, p.store_slot, p.reverses))
         state = ([jnp.zeros_like(c) for c in self.carry_leaves], jnp.int32(0), self.slots,
                  ct_c, acc, dxs)
         (_, _, _, ct_c, acc, dxs), _ = lax.scan(body, state, rows)
@@ -235,19 +235,20 @@ class _Backward:
 
     def op(self, state: tuple[Any, ...], row: tuple[jax.Array, ...],
            ct_y_leaves: list[Any]) -> tuple[Any, ...]:
-        """One op: restore, advance ``lengths[branch]`` steps, store, maybe reverse a step."""
+        """One op: restore, advance ``lengths[branch]`` steps (keeping the carries to
+        store), store them, maybe reverse a step."""
         carry, position, slots, ct_c, acc, dxs = state
-        branch, slot, restore_position, store, reverses = row
+        branch, slot, position_, store_position, store_slot, reverses = row
         use = slot >= 0
         carry = [jnp.where(use, r, c)
                  for r, c in zip(self.restore(slots, jnp.maximum(slot, 0)), carry, strict=True)]
-        position = jnp.where(use, restore_position, position)
+        position = position_
+        kept = [jnp.zeros((store_position.shape[0], *c.shape), c.dtype) for c in carry]
         branches = [functools.partial(self.advance, n) for n in self.program.lengths]
-        carry, position = lax.switch(branch, branches, (carry, position))
-        take, t = store >= 0, jnp.maximum(store, 0)
-        slots = [lax.dynamic_update_index_in_dim(
-                     buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
-                 for buf, c in zip(slots, carry, strict=True)]
+        carry, kept = lax.switch(branch, branches, (carry, position, kept, store_position))
+        position = position + jnp.asarray(self.program.lengths, jnp.int32)[branch]
+        # Unused entries have slot s: out of bounds, dropped.
+        slots = [buf.at[store_slot].set(v, mode="drop") for buf, v in zip(slots, kept, strict=True)]
         index = self.loop.index(position)
 
         def reverse(operand: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -279,17 +280,23 @@ class _Backward:
                 for c0, buf in zip(self.carry_leaves, slots, strict=True)]
 
     def advance(self, count: int, state: tuple[Any, ...]) -> tuple[Any, ...]:
-        """``count`` (static) steps from the carry before ``position``."""
+        """``count`` (static) steps from the carry before ``position``; the carry before
+        step ``store_position[i]`` goes to ``kept[i]``."""
+        carry, position, kept, store_position = state
         if count == 0:
-            return state
+            return carry, kept
 
         def body(st: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], None]:
-            c, p = st
+            c, p, kept = st
+            hit = store_position == p
+            kept = [jnp.where(hit.reshape((-1,) + (1,) * v.ndim), v[None], k)
+                    for k, v in zip(kept, c, strict=True)]
             new, _ = self.loop.call(jax.tree_util.tree_unflatten(self.carry_tree, c),
                                     self.loop.x_at(self.xs, self.loop.index(p)), self.consts)
-            return (jax.tree_util.tree_leaves(new), p + 1), None
+            return (jax.tree_util.tree_leaves(new), p + 1, kept), None
 
-        return lax.scan(body, state, None, length=count)[0]
+        carry, _, kept = lax.scan(body, (carry, position, kept), None, length=count)[0]
+        return carry, kept
 
     def vjp_step(self, carry: list[jax.Array], x: list[jax.Array], ct_c: list[jax.Array],
                  ct_y: list[Any]) -> tuple[list[jax.Array], list[jax.Array], list[Any]]:

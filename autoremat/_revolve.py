@@ -17,6 +17,7 @@ step ``T - 1``, which the forward pass keeps for the first reversal (Revolve's
 
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass
 
@@ -218,15 +219,19 @@ class _Recorder:
 #: is split into blocks of ``BLOCKS`` steps and a remainder below ``BLOCKS[-1]``.
 BLOCKS: tuple[int, ...] = (64, 8)
 
+#: The most snapshots one op of the backward takes on its way (``program``).
+STORES: int = 4
+
 
 @dataclass(frozen=True, eq=False)
 class Program:
     """The backward pass of ``Tables`` as a flat list of ops for one static scan.
 
     Op ``i`` restores the carry in slot ``restore_slot[i]`` (``-1``: none; the
-    first op of each reversal restores; slot ``s`` is the initial carry) and
-    ``restore_position[i]``, advances ``lengths[branch[i]]`` steps, stores the
-    carry in hand in slot ``store_slot[i]`` (``-1``: none) and, where
+    first op of each reversal restores; slot ``s`` is the initial carry),
+    advances ``lengths[branch[i]]`` steps from the carry before step
+    ``position[i]``, keeping the carries before steps ``store_position[i]``
+    (``-1``: unused) for slots ``store_slot[i]`` (``s``: unused), and, where
     ``reverses[i]``, runs the VJP of the step it has reached. Every op has a
     static length, so the backward is a scan over the ops with a switch over
     ``lengths``: no loop of dynamic trip count, and exactly the tables'
@@ -235,15 +240,17 @@ class Program:
     Attributes:
       lengths: the advance lengths (the switch's branches): those of ``0 ..
         BLOCKS[-1] - 1`` and ``BLOCKS`` that the plan uses.
-      branch, restore_slot, restore_position, store_slot, reverses: per op.
+      branch, restore_slot, position, reverses: per op.
+      store_position, store_slot: per op, ``STORES`` each.
     """
 
     lengths: tuple[int, ...]
     branch: np.ndarray
     restore_slot: np.ndarray
-    restore_position: np.ndarray
-    store_slot: np.ndarray
+    position: np.ndarray
     reverses: np.ndarray
+    store_position: np.ndarray
+    store_slot: np.ndarray
 
     @property
     def advances(self) -> int:
@@ -252,49 +259,53 @@ class Program:
 
 
 @functools.lru_cache(maxsize=32)
-def program(seq_len: int, snapshots: int, blocks: tuple[int, ...] = BLOCKS) -> Program:
+def program(seq_len: int, snapshots: int, blocks: tuple[int, ...] = BLOCKS,
+            stores: int = STORES) -> Program:
     """The ops of the backward pass of ``tables(seq_len, snapshots)``.
 
-    Each (advance, store) pair of a reversal becomes ``a // blocks[0]`` ops of
-    ``blocks[0]`` steps, then ops of the next block sizes for what is left, and
-    one op for the remainder (``< blocks[-1]``); its last op stores, the
-    reversal's last op reverses. About ``T + stores + advances / blocks[-1]``
-    ops (``T = 10^5``, ``s = 17``: 1.9 T).
+    A reversal re-advancing ``a`` steps becomes ops of the largest lengths of
+    ``blocks`` and ``0 .. blocks[-1] - 1`` that fit and take at most
+    ``stores`` snapshots each; its last op reverses. ``T = 10^5``, ``s = 17``:
+    about 1.2 T ops.
     """
     t = tables(seq_len, snapshots)
     lengths = (*range(blocks[-1]), *blocks)
-    branch: list[int] = []
-    r_slot: list[int] = []
-    r_pos: list[int] = []
-    s_slot: list[int] = []
-    reverses: list[bool] = []
+    sizes = sorted(lengths, reverse=True)
+    rows: list[tuple[int, int, int, bool, list[int], list[int]]] = []
     for k in range(seq_len):
         position = int(t.restore_position[k])
-        r_slot.append(int(t.restore_slot[k]))
-        first = len(branch)
-        pairs = range(int(t.pair_start[k]), int(t.pair_start[k + 1]))
-        for j in pairs or [None]:
-            advance = 0 if j is None else int(t.pair_advance[j])
-            position += advance
-            ops = []
-            for size in blocks:
-                ops += [lengths.index(size)] * (advance // size)
-                advance %= size
-            if advance or not ops:
-                ops.append(advance)
-            branch += ops
-            s_slot += [-1] * (len(ops) - 1) + [-1 if j is None else int(t.pair_slot[j])]
-        assert position == seq_len - 1 - k, (k, position)
-        assert s_slot[-1] == -1  # a snapshot is always followed by an advance
-        r_slot += [-1] * (len(branch) - first - 1)
-        r_pos += [int(t.restore_position[k])] * (len(branch) - first)
-        reverses += [False] * (len(branch) - first - 1) + [True]
-    used = sorted(set(branch))  # only the lengths this plan runs: fewer branches to compile
+        end = seq_len - 1 - k
+        todo: dict[int, int] = {}  # position -> slot of this reversal's snapshots
+        at = position
+        for j in range(int(t.pair_start[k]), int(t.pair_start[k + 1])):
+            at += int(t.pair_advance[j])
+            if t.pair_slot[j] >= 0:
+                todo[at] = int(t.pair_slot[j])
+        assert at == end and all(q < end for q in todo), (k, at)
+        restore = int(t.restore_slot[k])
+        marks = sorted(todo)
+        while True:
+            left = end - position
+            first = bisect.bisect_left(marks, position)
+            n = next(n for n in sizes if n <= left and
+                     bisect.bisect_left(marks, position + n) - first <= stores)
+            taken = marks[first:bisect.bisect_left(marks, position + n)]
+            rows.append((lengths.index(n), restore, position, position + n == end,
+                         taken, [todo[q] for q in taken]))
+            restore, position = -1, position + n
+            if position == end:
+                break
+    used = sorted({r[0] for r in rows})  # only the lengths this plan runs
     as_array = functools.partial(np.asarray, dtype=np.int32)
+    pad = lambda v, fill: v + [fill] * (stores - len(v))  # noqa: E731
     out = Program(
-        lengths=tuple(lengths[b] for b in used), branch=as_array(np.searchsorted(used, branch)),
-        restore_slot=as_array(r_slot), restore_position=as_array(r_pos),
-        store_slot=as_array(s_slot), reverses=np.asarray(reverses, dtype=bool),
+        lengths=tuple(lengths[b] for b in used),
+        branch=as_array(np.searchsorted(used, [r[0] for r in rows])),
+        restore_slot=as_array([r[1] for r in rows]), position=as_array([r[2] for r in rows]),
+        reverses=np.asarray([r[3] for r in rows], dtype=bool),
+        store_position=as_array([pad(r[4], -1) for r in rows]).reshape(len(rows), stores),
+        store_slot=as_array([pad(r[5], t.snapshots) for r in rows]).reshape(len(rows), stores),
     )
     assert out.advances == t.advances
+    assert (out.store_position >= 0).sum() == (t.pair_slot >= 0).sum()
     return out
