@@ -7,12 +7,16 @@ A ``jax.custom_vjp`` around the whole loop (Griewank & Walther 2000,
   into a buffer of ``s`` slots at the tables' positions -- ``s`` carries, no
   per-step residuals;
 * backward: one ``lax.scan`` over the ops of ``_revolve.program`` (about
-  ``2 T``): each restores a slot where a reversal starts, re-advances a
-  static number of steps (a ``lax.switch`` over fixed-length ``lax.scan``s),
-  may store the carry in a slot and, where it ends a reversal, runs that
-  step's ``jax.vjp`` (``lax.cond``). No loop has a dynamic trip count: the
-  step evaluations are exactly the tables', none is masked, and the backward
-  is differentiable again (grad of grad).
+  ``1.2 T``): each restores a slot where a reversal starts, re-advances a
+  static number of steps (a ``lax.switch`` over fixed-length ``lax.scan``s,
+  keeping up to ``_revolve.STORES`` carries on the way, which then go into
+  their slots) and, where it ends a reversal, runs that step's ``jax.vjp``
+  (``lax.cond``). No loop has a dynamic trip count: the step evaluations are
+  exactly the tables' (none is masked or padded), the backward is
+  differentiable (grad of grad), and on a GPU no loop predicate is read back
+  by the host (a switch and a cond per op still are, as conditionals).
+  Time: the tables' evaluations plus per op a few dynamic slices and slot
+  writes; memory: the ``s`` slots and ``STORES`` kept carries.
 
 Values the step closes over (Flax parameters, ...) are made explicit with
 ``jax.closure_convert`` so their cotangents are summed over the reversals.
@@ -193,12 +197,13 @@ class _Backward:
     """One backward pass of a ``_Loop``: which inputs are differentiated, the
     residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the ops of
     ``_revolve.program``. ``run`` scans the ops; each ``op`` ``restore``s a
-    carry where a reversal starts, advances a static number of steps
-    (``lax.switch`` over the op lengths; each step stores the carry in a slot
-    where the tables say) and, where the op ends a reversal, runs
-    ``vjp_step`` (``lax.cond``). No loop has a dynamic trip count, so the
-    backward is itself differentiable and runs exactly the tables' advances;
-    the price is one switch and one cond per op (about ``2 T`` ops)."""
+    carry where a reversal starts, ``advance``s a static number of steps
+    (``lax.switch`` over the op lengths), keeping the carries the tables
+    snapshot on the way, writes them into their slots and, where the op ends a
+    reversal, runs ``vjp_step`` (``lax.cond``). No loop has a dynamic trip
+    count, so the backward is itself differentiable and runs exactly the
+    tables' advances; the price is a switch and a cond per op (about ``1.2 T``
+    ops)."""
 
     def __init__(self, loop: _Loop, res: Any) -> None:
         init, self.xs, self.consts, self.slots, (init_m, xs_m, consts_m) = res
@@ -228,22 +233,22 @@ class _Backward:
         p = self.program
         rows = tuple(jnp.asarray(a) for a in (p.branch, p.restore_slot, p.position,
                                               p.store_position, p.store_slot, p.reverses))
-        state = ([jnp.zeros_like(c) for c in self.carry_leaves], jnp.int32(0), self.slots,
-                 ct_c, acc, dxs)
-        (_, _, _, ct_c, acc, dxs), _ = lax.scan(body, state, rows)
+        state = ([jnp.zeros_like(c) for c in self.carry_leaves], self.slots, ct_c, acc, dxs)
+        (_, _, ct_c, acc, dxs), _ = lax.scan(body, state, rows)
         return self.cotangents(ct_c, dxs, acc)
 
     def op(self, state: tuple[Any, ...], row: tuple[jax.Array, ...],
            ct_y_leaves: list[Any]) -> tuple[Any, ...]:
         """One op: restore, advance ``lengths[branch]`` steps (keeping the carries to
         store), store them, maybe reverse a step."""
-        carry, position, slots, ct_c, acc, dxs = state
-        branch, slot, position_, store_position, store_slot, reverses = row
+        carry, slots, ct_c, acc, dxs = state
+        branch, slot, position, store_position, store_slot, reverses = row
         use = slot >= 0
         carry = [jnp.where(use, r, c)
                  for r, c in zip(self.restore(slots, jnp.maximum(slot, 0)), carry, strict=True)]
-        position = position_
-        kept = [jnp.zeros((store_position.shape[0], *c.shape), c.dtype) for c in carry]
+        # From the carry (not jnp.zeros(shape)): inside shard_map it has its manual axes.
+        kept = [jnp.broadcast_to(jnp.zeros_like(c), (store_position.shape[0], *jnp.shape(c)))
+                for c in carry]
         branches = [functools.partial(self.advance, n) for n in self.program.lengths]
         carry, kept = lax.switch(branch, branches, (carry, position, kept, store_position))
         position = position + jnp.asarray(self.program.lengths, jnp.int32)[branch]
@@ -270,7 +275,7 @@ class _Backward:
                    buf, jnp.where(reverses, d, lax.dynamic_index_in_dim(buf, index, 0, False)),
                    index, 0)
                for buf, d in zip(dxs, dx, strict=True)]
-        return carry, position, slots, ct_c, acc, dxs
+        return carry, slots, ct_c, acc, dxs
 
     def restore(self, slots: list[jax.Array], slot: jax.Array) -> list[jax.Array]:
         """The carry leaves in ``slot``: a snapshot, or ``init`` (slot ``s``)."""
