@@ -94,8 +94,11 @@ class BinomialSchedule(Schedule):
         return optimal_cost(seq_len, self.snapshots)
 
     def features(self, seq_len: int) -> Features:
-        """``bookkeeping``: every step (the backward's dynamic restores and indexing);
-        ``terms``: the stored carries and one step's residuals."""
+        """``evaluations``: exact -- the backward's ops re-advance exactly the tables'
+        steps (none masked or padded; ``tests/test_binomial.py`` counts them);
+        ``bookkeeping``: every step (the backward runs about ``1.2 T`` ops, each a
+        switch, a cond and dynamic restores, stores and indexing); ``terms``: the
+        stored carries and one step's residuals."""
         cost = self.cost(seq_len)
         return Features(evaluations=float(cost.evaluations), bookkeeping=float(seq_len),
                         terms=(float(cost.stored_carries), 1.0, 0.0))
