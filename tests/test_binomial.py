@@ -216,3 +216,23 @@ def test_the_backward_has_no_while_loop() -> None:
     text = str(jax.make_jaxpr(jax.grad(f))(_W))
     assert "scan[" in text
     assert "while[" not in text
+
+
+def test_the_backward_ops_run_exactly_the_tables_advances() -> None:
+    """``_revolve.program``: static-length ops that re-advance exactly the tables' steps
+    (none padded), take every snapshot, end each reversal at the step it reverses,
+    and are few (under 1.5 T here)."""
+    import numpy as np
+
+    from autoremat._revolve import program, tables
+
+    for steps, snapshots in [(1, 1), (2, 1), (13, 1), (13, 4), (64, 5), (97, 6), (300, 8),
+                             (1000, 7)]:
+        p, t = program(steps, snapshots), tables(steps, snapshots)
+        lengths = np.asarray(p.lengths)[p.branch]
+        assert int(lengths.sum()) == t.advances
+        assert int((p.store_slot < t.snapshots).sum()) == int((t.pair_slot >= 0).sum())
+        assert int(p.reverses.sum()) == steps
+        ends = (p.position + lengths)[p.reverses]
+        assert list(ends) == list(range(steps - 1, -1, -1))
+        assert len(p.branch) < 1.5 * steps + 1
