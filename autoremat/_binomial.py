@@ -38,9 +38,9 @@ class BinomialSchedule(Schedule):
 
     Transformations: ``jax.grad``/``vjp`` (also of ``jit``, ``checkpoint``,
     ``vmap``), grad of grad (``jax.grad(jax.grad(f))``, ``jacrev`` of a
-    gradient, also of a jitted function: the backward is one ``lax.scan`` of
-    static-length ops, with no loop of dynamic length, so JAX differentiates
-    it; the outer backward then stores residuals for every op),
+    gradient, also of a jitted function: the backward's derivative is that
+    of an equal backward with only scans of static length; the outer
+    backward then stores residuals for every reversal),
     forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``), ``vmap``,
     ``jit``, and forward mode (``jvp``, ``jacfwd``) when the JVP reaches the
     scan as it is traced -- ``jvp(f)``, ``jit(jvp(f))``, ``vmap(jvp(f))``: it
@@ -94,11 +94,10 @@ class BinomialSchedule(Schedule):
         return optimal_cost(seq_len, self.snapshots)
 
     def features(self, seq_len: int) -> Features:
-        """``evaluations``: exact -- the backward's ops re-advance exactly the tables'
-        steps (none masked or padded; ``tests/test_binomial.py`` counts them);
-        ``bookkeeping``: every step (the backward runs about ``1.2 T`` ops, each a
-        switch, a cond and dynamic restores, stores and indexing); ``terms``: the
-        stored carries and one step's residuals."""
+        """``evaluations``: exact -- both implementations of the backward re-advance
+        the tables' steps (none masked or padded; ``tests/test_binomial.py`` counts);
+        ``bookkeeping``: every step (the backward's dynamic restores and indexing);
+        ``terms``: the stored carries and one step's residuals."""
         cost = self.cost(seq_len)
         return Features(evaluations=float(cost.evaluations), bookkeeping=float(seq_len),
                         terms=(float(cost.stored_carries), 1.0, 0.0))

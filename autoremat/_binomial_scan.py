@@ -6,17 +6,19 @@ A ``jax.custom_vjp`` around the whole loop (Griewank & Walther 2000,
 * forward: one ``lax.scan`` over the ``T`` steps that also writes the carry
   into a buffer of ``s`` slots at the tables' positions -- ``s`` carries, no
   per-step residuals;
-* backward: one ``lax.scan`` over the ops of ``_revolve.program`` (about
-  ``1.2 T``): each restores a slot where a reversal starts, re-advances a
-  static number of steps (a ``lax.switch`` over fixed-length ``lax.scan``s,
-  keeping up to ``_revolve.STORES`` carries on the way, which then go into
-  their slots) and, where it ends a reversal, runs that step's ``jax.vjp``
-  (``lax.cond``). No loop has a dynamic trip count: the step evaluations are
-  exactly the tables' (none is masked or padded), the backward is
-  differentiable (grad of grad), and on a GPU no loop predicate is read back
-  by the host (a switch and a cond per op still are, as conditionals).
-  Time: the tables' evaluations plus per op a few dynamic slices and slot
-  writes; memory: the ``s`` slots and ``STORES`` kept carries.
+* backward: a ``lax.scan`` over the reversals (last step first); each
+  restores a slot, re-advances to the step it reverses (storing new snapshots
+  on the way) and runs that step's ``jax.vjp``. Two equal implementations
+  behind a ``jax.custom_jvp`` (``_Loop.backward``): a gradient runs
+  ``_Backward.run_loops``, whose re-advances are ``lax.fori_loop``s of
+  dynamic length (no extra work; XLA hoists the step's constants and moves
+  collectives out of the loop); differentiating the backward (grad of grad,
+  ``jax.hessian``) goes through ``_Backward.run``, which has only scans of
+  static length: per reversal a ``lax.switch`` over its number of ops of
+  ``_revolve.program`` (none for the 3/4 of reversals that re-advance
+  nothing), each op a ``lax.switch`` over fixed-length re-advance scans that
+  keep up to ``_revolve.STORES`` carries for their slots. Both run exactly
+  the tables' step evaluations (none masked; padding ops run no step).
 
 Values the step closes over (Flax parameters, ...) are made explicit with
 ``jax.closure_convert`` so their cotangents are summed over the reversals.
@@ -189,21 +191,49 @@ class _Loop:
         return (carry, ys), slots
 
     def backward(self, res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
-        """The reversals, last step first: restore, re-advance, the step's VJP."""
-        return _Backward(self, res).run(cts)
+        """The reversals, last step first: restore, re-advance, the step's VJP.
+
+        Two equal implementations behind one ``jax.custom_jvp``: the primal is
+        ``_Backward.run_loops`` (re-advances as ``lax.fori_loop``s of dynamic
+        length: what a gradient runs, as fast as before and with XLA's loop
+        optimisations intact -- hoisted constants, collectives after the loop);
+        its derivative is that of ``_Backward.run`` (only scans of static length),
+        so the backward itself can be differentiated, forward or reverse (grad of
+        grad, hessians), also after ``jit``."""
+        marks = res[4]
+        res_leaves, res_tree = jax.tree_util.tree_flatten(res[:4])
+        ct_leaves, ct_tree = jax.tree_util.tree_flatten(cts, is_leaf=_zero)
+        zeros = [_zero(t) for t in ct_leaves]
+        count = len(res_leaves)
+
+        def rebuild(arrays: Sequence[Any]) -> tuple[Any, Any]:
+            it = iter(arrays[count:])
+            c = [t if z else next(it) for t, z in zip(ct_leaves, zeros, strict=True)]
+            return ((*jax.tree_util.tree_unflatten(res_tree, list(arrays[:count])), marks),
+                    jax.tree_util.tree_unflatten(ct_tree, c))
+
+        def loops(*arrays: Any) -> Any:
+            r, c = rebuild(arrays)
+            return _Backward(self, r).run_loops(c)
+
+        def static(*arrays: Any) -> Any:
+            r, c = rebuild(arrays)
+            return _Backward(self, r).run(c)
+
+        f = jax.custom_jvp(loops)
+        f.defjvp(lambda primals, tangents: jax.jvp(static, primals, tangents))
+        return f(*res_leaves, *[t for t, z in zip(ct_leaves, zeros, strict=True) if not z])
 
 
 class _Backward:
     """One backward pass of a ``_Loop``: which inputs are differentiated, the
     residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the ops of
-    ``_revolve.program``. ``run`` scans the ops; each ``op`` ``restore``s a
-    carry where a reversal starts, ``advance``s a static number of steps
-    (``lax.switch`` over the op lengths), keeping the carries the tables
-    snapshot on the way, writes them into their slots and, where the op ends a
-    reversal, runs ``vjp_step`` (``lax.cond``). No loop has a dynamic trip
-    count, so the backward is itself differentiable and runs exactly the
-    tables' advances; the price is a switch and a cond per op (about ``1.2 T``
-    ops)."""
+    ``_revolve.program``. ``run`` scans the reversals; each ``reversal``
+    ``restore``s a carry, runs its ``ops`` (each ``op`` ``advance``s a static
+    number of steps, keeping the carries the tables snapshot, and writes them
+    into their slots) and ``vjp_step``: no loop has a dynamic trip count, so it
+    can be differentiated. ``run_loops`` computes the same with ``fori_loop``s
+    (what a plain gradient runs)."""
 
     def __init__(self, loop: _Loop, res: Any) -> None:
         init, self.xs, self.consts, self.slots, (init_m, xs_m, consts_m) = res
@@ -224,58 +254,116 @@ class _Backward:
         ]
         ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
 
-        def body(state: tuple[Any, ...], row: tuple[jax.Array, ...]) -> tuple[tuple[Any, ...], None]:
-            return self.op(state, row, ct_y_leaves), None
+        def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
+            return self.reversal(state, index, ct_y_leaves)
 
         acc = [jnp.zeros_like(k) for k, d in zip(self.consts, self.k_diff, strict=True) if d]
-        dxs = [jnp.zeros_like(jnp.moveaxis(x, a, 0))
-               for x, a, d in zip(self.xs, self.loop.axes, self.x_diff, strict=True) if d]
-        p = self.program
-        rows = tuple(jnp.asarray(a) for a in (p.branch, p.restore_slot, p.position,
-                                              p.store_position, p.store_slot, p.reverses))
-        state = ([jnp.zeros_like(c) for c in self.carry_leaves], self.slots, ct_c, acc, dxs)
-        (_, _, ct_c, acc, dxs), _ = lax.scan(body, state, rows)
+        (_, ct_c, acc), dxs = lax.scan(
+            body, (self.slots, ct_c, acc), jnp.arange(self.loop.steps, dtype=jnp.int32),
+            reverse=not self.loop.reverse)
         return self.cotangents(ct_c, dxs, acc)
 
-    def op(self, state: tuple[Any, ...], row: tuple[jax.Array, ...],
-           ct_y_leaves: list[Any]) -> tuple[Any, ...]:
-        """One op: restore, advance ``lengths[branch]`` steps (keeping the carries to
-        store), store them, maybe reverse a step."""
-        carry, slots, ct_c, acc, dxs = state
-        branch, slot, position, store_position, store_slot, reverses = row
-        use = slot >= 0
-        carry = [jnp.where(use, r, c)
-                 for r, c in zip(self.restore(slots, jnp.maximum(slot, 0)), carry, strict=True)]
+    def reversal(self, state: tuple[Any, ...], index: jax.Array,
+                 ct_y_leaves: list[Any]) -> tuple[tuple[Any, ...], Any]:
+        """Reverse the step at data index ``index``: restore, its ops (a switch over
+        the bucket sizes), its VJP. ``(slots, ct_c, acc) -> (..., dx)``. The VJP is
+        in no conditional, so XLA treats it as in a plain loop: it hoists what the
+        step computes of its constants (a concatenated kernel, ...) and, under a
+        mesh, sums the constants' cotangents across devices once, after the loop."""
+        slots, ct_c, acc = state
+        p = self.program
+        k = self.loop.steps - 1 - self.loop.index(index)  # reversal number
+        carry = self.restore(slots, jnp.asarray(p.restore_slot)[k])
+        branches = [functools.partial(self.ops, n) for n in p.sizes]
+        carry, slots = lax.switch(jnp.asarray(p.bucket)[k], branches,
+                                  (carry, slots, jnp.asarray(p.start)[k]))
+        x = self.loop.x_at(self.xs, index)
+        ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
+                for t in ct_y_leaves]
+        ct_y = [t for t in ct_y if _keep_y(t)]
+        ct_c, dx, dk = self.vjp_step(carry, x, ct_c, ct_y)
+        acc = [a + g for a, g in zip(acc, dk, strict=True)]
+        return (slots, ct_c, acc), dx
+
+    def ops(self, count: int, state: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Ops ``start .. start + count`` (``count`` static) of the program."""
+        carry, slots, start = state
+        if count == 0:
+            return carry, slots
+        p = self.program
+        table = [jnp.asarray(a) for a in (p.branch, p.position, p.store_position,
+                                          p.store_slot)]
+        if count == 1:
+            return self.op((carry, slots), [a[start] for a in table])
+        rows = [lax.dynamic_slice_in_dim(a, start, count) for a in table]
+
+        def body(st: tuple[Any, ...], row: list[jax.Array]) -> tuple[tuple[Any, ...], None]:
+            return self.op(st, row), None
+
+        return lax.scan(body, (carry, slots), rows)[0]
+
+    def op(self, state: tuple[Any, ...], row: list[jax.Array]) -> tuple[Any, ...]:
+        """One op: advance ``lengths[branch]`` steps, keeping the carries to store, and
+        store them (unused entries have slot ``s``: out of bounds, dropped)."""
+        carry, slots = state
+        branch, position, store_position, store_slot = row
         # From the carry (not jnp.zeros(shape)): inside shard_map it has its manual axes.
         kept = [jnp.broadcast_to(jnp.zeros_like(c), (store_position.shape[0], *jnp.shape(c)))
                 for c in carry]
         branches = [functools.partial(self.advance, n) for n in self.program.lengths]
         carry, kept = lax.switch(branch, branches, (carry, position, kept, store_position))
-        position = position + jnp.asarray(self.program.lengths, jnp.int32)[branch]
-        # Unused entries have slot s: out of bounds, dropped.
         slots = [buf.at[store_slot].set(v, mode="drop") for buf, v in zip(slots, kept, strict=True)]
-        index = self.loop.index(position)
+        return carry, slots
 
-        def reverse(operand: tuple[Any, ...]) -> tuple[Any, ...]:
-            ct_c, acc = operand
+    def run_loops(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
+        """``run`` with the re-advances as ``lax.fori_loop``s over the tables' pairs
+        (dynamic trip counts): the same steps, no padding ops or switches."""
+        ct_carry, ct_ys = cts
+        ct_c = [
+            jnp.zeros_like(c) if _zero(t) else t
+            for c, t, d in zip(self.carry_leaves, jax.tree_util.tree_leaves(
+                ct_carry, is_leaf=_zero), self.diff, strict=True) if d
+        ]
+        ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
+        t = self.loop.tables
+        pair_start, restore_position = jnp.asarray(t.pair_start), jnp.asarray(t.restore_position)
+        pair_adv = jnp.asarray(np.append(t.pair_advance, 0))  # padded: never empty
+        pair_slot = jnp.asarray(np.append(t.pair_slot, -1))
+
+        def readvance(j: jax.Array, state: tuple[Any, ...]) -> tuple[Any, ...]:
+            carry, position, slots = state
+
+            def step(_: Any, st: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
+                c, p = st
+                new, _ = self.loop.call(jax.tree_util.tree_unflatten(self.carry_tree, c),
+                                        self.loop.x_at(self.xs, self.loop.index(p)), self.consts)
+                return jax.tree_util.tree_leaves(new), p + 1
+
+            carry, position = lax.fori_loop(0, pair_adv[j], step, (carry, position))
+            target = pair_slot[j]
+            take, k = target >= 0, jnp.maximum(target, 0)
+            slots = [lax.dynamic_update_index_in_dim(
+                         buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, k, 0, False)), k, 0)
+                     for buf, c in zip(slots, carry, strict=True)]
+            return carry, position, slots
+
+        def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
+            slots, ct_c, acc = state
+            k = self.loop.steps - 1 - self.loop.index(index)  # reversal number
+            carry = self.restore(slots, jnp.asarray(t.restore_slot)[k])
+            carry, _, slots = lax.fori_loop(pair_start[k], pair_start[k + 1], readvance,
+                                            (carry, restore_position[k], slots))
             x = self.loop.x_at(self.xs, index)
             ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
                     for t in ct_y_leaves]
-            ct_y = [t for t in ct_y if _keep_y(t)]
-            ct_c, dx, dk = self.vjp_step(carry, x, ct_c, ct_y)
-            return ct_c, [a + g for a, g in zip(acc, dk, strict=True)], dx
+            ct_c, dx, dk = self.vjp_step(carry, x, ct_c, [t for t in ct_y if _keep_y(t)])
+            return (slots, ct_c, [a + g for a, g in zip(acc, dk, strict=True)]), dx
 
-        def keep(operand: tuple[Any, ...]) -> tuple[Any, ...]:
-            ct_c, acc = operand
-            return ct_c, acc, [jnp.zeros_like(d[0]) for d in dxs]
-
-        ct_c, acc, dx = lax.cond(reverses, reverse, keep, (ct_c, acc))
-        # The T-long cotangent buffers stay outside the cond (updated in place).
-        dxs = [lax.dynamic_update_index_in_dim(
-                   buf, jnp.where(reverses, d, lax.dynamic_index_in_dim(buf, index, 0, False)),
-                   index, 0)
-               for buf, d in zip(dxs, dx, strict=True)]
-        return carry, slots, ct_c, acc, dxs
+        acc = [jnp.zeros_like(k) for k, d in zip(self.consts, self.k_diff, strict=True) if d]
+        (_, ct_c, acc), dxs = lax.scan(
+            body, (self.slots, ct_c, acc), jnp.arange(self.loop.steps, dtype=jnp.int32),
+            reverse=not self.loop.reverse)
+        return self.cotangents(ct_c, dxs, acc)
 
     def restore(self, slots: list[jax.Array], slot: jax.Array) -> list[jax.Array]:
         """The carry leaves in ``slot``: a snapshot, or ``init`` (slot ``s``)."""
