@@ -242,3 +242,26 @@ def test_the_backward_ops_run_exactly_the_tables_advances() -> None:
                 assert lengths[i] == 0 or int(p.position[i]) == position, (steps, k, i)
                 position += int(lengths[i])
             assert position == steps - 1 - k, (steps, snapshots, k)
+
+
+def test_grad_of_grad_with_an_integer_carry_under_vmap_and_jit() -> None:
+    """An int32 counter in the carry (its tangent is float0) and xs, vmapped and jitted."""
+    def loss(w: jax.Array, schedule: Schedule | None) -> jax.Array:
+        def f(c: Any, x: jax.Array) -> tuple[Any, jax.Array]:
+            h, n = c
+            h = jnp.tanh(h @ w + 0.1 * n.astype(jnp.float32) + x)
+            return (h, n + 1), h[0]
+
+        init = (jnp.ones(2), jnp.int32(0))
+        xs = jnp.sin(jnp.arange(46.0)).reshape(23, 2)
+        if schedule is None:
+            (h, _), ys = lax.scan(f, init, xs)
+        else:
+            (h, _), ys = autoremat.scan(f, init, xs, schedule=schedule)
+        return h.sum() + jnp.sum(ys * jnp.arange(23.0))
+
+    def gg(schedule: Schedule | None) -> Any:
+        return jax.vmap(jax.grad(lambda w: jnp.sum(jax.grad(loss)(w, schedule) ** 2)))
+
+    ws = jnp.stack([jnp.array([[0.9, -0.2], [0.3, 0.8]]), jnp.array([[0.4, 0.1], [-0.2, 0.5]])])
+    _assert_close(jax.jit(gg(Schedule.binomial(3)))(ws), gg(None)(ws))
