@@ -43,7 +43,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from autoremat._errors import ScheduleError
-from autoremat._revolve import Tables, program, tables
+from autoremat._revolve import Program, Tables, program, tables
 
 PyTree = Any
 
@@ -242,8 +242,12 @@ class _Backward:
         self.diff = [_inexact(c) for c in self.carry_leaves]  # carry leaves with a cotangent
         self.x_diff = [m is not None for m in xs_m]
         self.k_diff = [m is not None for m in consts_m]
-        self.program = program(loop.steps, loop.tables.snapshots)
         self.initial = loop.tables.snapshots
+
+    @functools.cached_property
+    def program(self) -> Program:
+        """The static ops (built only when ``run`` traces: a gradient does not)."""
+        return program(self.loop.steps, self.loop.tables.snapshots)
 
     def run(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
         ct_carry, ct_ys = cts
