@@ -145,3 +145,123 @@ def test_memory_at_1e5_is_under_5_mb_and_inputs_get_no_cotangent() -> None:
     temp = _temp_bytes(problem, Schedule.binomial(32))
     assert temp <= 5e6, temp
     assert temp < 0.05 * (10 * 100_000 * 32 * 4)
+
+
+# --- the backward is differentiable: grad of grad, hessian-vector products ---------
+
+
+_W = jnp.array([[0.5, -0.4, 0.1], [0.2, 0.6, -0.3], [-0.1, 0.3, 0.7]])
+_XS = jnp.cos(jnp.arange(17 * 3, dtype=jnp.float32)).reshape(17, 3)
+_C0 = jnp.array([1.0, -0.5, 0.25])
+
+
+def _hvp(schedule: Schedule | None, reverse: bool) -> Any:
+    """Reverse-over-reverse hessian-vector products w.r.t. (w, c0, xs): the grad
+    of ``<grad f, v>``, so the backward pass itself is differentiated in reverse."""
+    args = (_W, _C0, _XS)
+    v = jax.tree_util.tree_map(lambda a: jnp.sin(jnp.arange(a.size, dtype=a.dtype)).reshape(
+        a.shape), args)
+
+    def inner(w: jax.Array, c0: jax.Array, xs: jax.Array) -> jax.Array:
+        g = jax.grad(_tanh_loss, argnums=(0, 1, 2))(w, c0, xs, schedule, reverse)
+        return sum(jnp.vdot(a, b) for a, b in zip(g, v, strict=True))
+
+    return jax.grad(inner, argnums=(0, 1, 2))(*args)
+
+
+@pytest.mark.parametrize(("snapshots", "reverse"), [(1, False), (3, False), (4, True), (17, False)])
+def test_grad_of_grad_equals_lax_scan(snapshots: int, reverse: bool) -> None:
+    assert_close(_hvp(Schedule.binomial(snapshots), reverse), _hvp(None, reverse))
+
+
+def test_grad_of_grad_inside_jit_and_of_traced_scans() -> None:
+    """The scan traced before the second grad reaches it (jit, checkpoint) differentiates
+    too: no loop of dynamic length is left in the backward."""
+    schedule = Schedule.binomial(3)
+
+    def f(w: jax.Array, s: Schedule | None) -> jax.Array:
+        return _tanh_loss(w, _C0, _XS, s)
+
+    def total_grad(g: Any) -> Any:
+        return lambda w: jnp.sum(g(w) ** 2)
+
+    want = jax.grad(total_grad(jax.grad(lambda w: f(w, None))))(_W)
+    cases = {
+        "jit(grad(grad))": jax.jit(jax.grad(total_grad(jax.grad(lambda w: f(w, schedule))))),
+        "grad(grad(jit))": jax.grad(total_grad(jax.grad(jax.jit(lambda w: f(w, schedule))))),
+        "grad(jit(grad))": jax.grad(total_grad(jax.jit(jax.grad(lambda w: f(w, schedule))))),
+        "grad(grad(checkpoint))": jax.grad(total_grad(jax.grad(
+            jax.checkpoint(lambda w: f(w, schedule))))),
+    }
+    for name, g in cases.items():
+        got = g(_W)
+        assert jnp.all(jnp.isfinite(got)), name
+        assert_close(got, want)
+
+
+def test_jacrev_of_grad_equals_lax_scan() -> None:
+    def f(w: jax.Array, s: Schedule | None) -> jax.Array:
+        return _tanh_loss(w, _C0, _XS, s)
+
+    want = jax.hessian(lambda w: f(w, None))(_W)
+    got = jax.jit(jax.jacrev(jax.grad(lambda w: f(w, Schedule.binomial(2)))))(_W)
+    assert_close(got, want)
+
+
+def test_the_differentiated_backward_has_no_while_loop() -> None:
+    """Grad of grad runs the backward whose loops are all ``scan``s (static trip
+    counts), none a ``while``; the first-order gradient keeps its ``fori_loop``s."""
+    def f(w: jax.Array) -> jax.Array:
+        return _tanh_loss(w, _C0, _XS, Schedule.binomial(3))
+
+    first = str(jax.make_jaxpr(jax.grad(f))(_W))
+    second = str(jax.make_jaxpr(jax.grad(lambda w: jnp.sum(jax.grad(f)(w) ** 2)))(_W))
+    assert "while[" in first
+    assert "scan[" in second and "while[" not in second
+
+
+def test_the_backward_ops_run_exactly_the_tables_advances() -> None:
+    """``_revolve.program``: static-length ops that re-advance exactly the tables' steps
+    (padding ops run none), take every snapshot, and bring each reversal from the
+    carry it restores to the step it reverses."""
+    import numpy as np
+
+    from autoremat._schedules.revolve import program, tables
+
+    for steps, snapshots in [(1, 1), (2, 1), (13, 1), (13, 4), (64, 5), (97, 6), (300, 8),
+                             (1000, 7)]:
+        p, t = program(steps, snapshots), tables(steps, snapshots)
+        lengths = np.asarray(p.lengths)[p.branch]
+        assert int(lengths.sum()) == t.advances
+        assert int((p.store_slot < t.snapshots).sum()) == int((t.pair_slot >= 0).sum())
+        assert list(p.restore_slot) == list(t.restore_slot)
+        for k in range(steps):
+            rows = range(int(p.start[k]), int(p.start[k]) + p.sizes[int(p.bucket[k])])
+            position = int(t.restore_position[k])
+            for i in rows:
+                assert lengths[i] == 0 or int(p.position[i]) == position, (steps, k, i)
+                position += int(lengths[i])
+            assert position == steps - 1 - k, (steps, snapshots, k)
+
+
+def test_grad_of_grad_with_an_integer_carry_under_vmap_and_jit() -> None:
+    """An int32 counter in the carry (its tangent is float0) and xs, vmapped and jitted."""
+    def loss(w: jax.Array, schedule: Schedule | None) -> jax.Array:
+        def f(c: Any, x: jax.Array) -> tuple[Any, jax.Array]:
+            h, n = c
+            h = jnp.tanh(h @ w + 0.1 * n.astype(jnp.float32) + x)
+            return (h, n + 1), h[0]
+
+        init = (jnp.ones(2), jnp.int32(0))
+        xs = jnp.sin(jnp.arange(46.0)).reshape(23, 2)
+        if schedule is None:
+            (h, _), ys = lax.scan(f, init, xs)
+        else:
+            (h, _), ys = autoremat.scan(f, init, xs, schedule=schedule)
+        return h.sum() + jnp.sum(ys * jnp.arange(23.0))
+
+    def gg(schedule: Schedule | None) -> Any:
+        return jax.vmap(jax.grad(lambda w: jnp.sum(jax.grad(loss)(w, schedule) ** 2)))
+
+    ws = jnp.stack([jnp.array([[0.9, -0.2], [0.3, 0.8]]), jnp.array([[0.4, 0.1], [-0.2, 0.5]])])
+    assert_close(jax.jit(gg(Schedule.binomial(3)))(ws), gg(None)(ws))

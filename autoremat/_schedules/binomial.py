@@ -39,22 +39,22 @@ class BinomialSchedule(Schedule):
     ``lax.scan`` unroll of the forward sweep.
 
     Transformations: ``jax.grad``/``vjp`` (also of ``jit``, ``checkpoint``,
-    ``vmap``), forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``, also of
-    a jitted function), ``vmap``, ``jit``, and forward mode (``jvp``,
-    ``jacfwd``) when the JVP reaches the scan as it is traced -- ``jvp(f)``,
-    ``jit(jvp(f))``, ``vmap(jvp(f))``: it runs the plain forward sweep, which
-    stores nothing either. Not: reverse-over-reverse (grad of grad: the
-    backward's re-advances are loops of dynamic length) and ``jax.linearize``
-    (a ``custom_vjp`` has no forward-mode linear map); traced directly, each
-    is a ``ScheduleError`` naming the fix. Forward mode applied *after* the
-    scan was traced (``jvp(jit(f))``, ``jvp(checkpoint(f))``,
-    ``jvp(vmap(f))``, ``linearize(jit(f))``) and grad of grad through ``jit``
-    or ``checkpoint`` cannot be told apart at trace time (the scan sees
-    plain jaxpr tracers): JAX's own errors appear then, "can't apply
-    forward-mode autodiff (jvp) to a custom_vjp function" and
-    "Reverse-mode differentiation does not work for lax.while_loop or
-    lax.fori_loop with dynamic start/stop values". Use a nested schedule for
-    those (or move ``jvp`` inside the ``jit``).
+    ``vmap``), grad of grad (``jax.grad(jax.grad(f))``, ``jacrev`` of a
+    gradient, also of a jitted function: the backward's derivative is that
+    of an equal backward with only scans of static length; the outer
+    backward then stores residuals for every reversal),
+    forward-over-reverse (``jax.hessian``, ``jacfwd(grad)``), ``vmap``,
+    ``jit``, and forward mode (``jvp``, ``jacfwd``) when the JVP reaches the
+    scan as it is traced -- ``jvp(f)``, ``jit(jvp(f))``, ``vmap(jvp(f))``: it
+    runs the plain forward sweep, which stores nothing either. Not:
+    ``jax.linearize`` (a ``custom_vjp`` has no forward-mode linear map);
+    traced directly, it is a ``ScheduleError`` naming the fix. Forward mode
+    applied *after* the scan was traced (``jvp(jit(f))``,
+    ``jvp(checkpoint(f))``, ``jvp(vmap(f))``, ``linearize(jit(f))``) cannot be
+    told apart at trace time (the scan sees plain jaxpr tracers): JAX's own
+    error appears then, "can't apply forward-mode autodiff (jvp) to a
+    custom_vjp function". Use a nested schedule for those (or move ``jvp``
+    inside the ``jit``).
 
     Attributes:
       snapshots: how many carries are stored at once (>= 1).
@@ -62,7 +62,7 @@ class BinomialSchedule(Schedule):
 
     kind: ClassVar[str] = "binomial"
     FIELDS: ClassVar[Mapping[str, str]] = {"snapshots": "'snapshots: 16'"}
-    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset({"grad_of_grad", "linearize"})
+    UNSUPPORTED: ClassVar[frozenset[str]] = frozenset({"linearize"})
 
     snapshots: int
 
@@ -96,7 +96,9 @@ class BinomialSchedule(Schedule):
         return optimal_cost(seq_len, self.snapshots)
 
     def features(self, seq_len: int) -> Features:
-        """``bookkeeping``: every step (the backward's dynamic restores and indexing);
+        """``evaluations``: exact -- both implementations of the backward re-advance
+        the tables' steps (none masked or padded; ``tests/test_binomial.py`` counts);
+        ``bookkeeping``: every step (the backward's dynamic restores and indexing);
         ``terms``: the stored carries and one step's residuals."""
         cost = self.cost(seq_len)
         return Features(evaluations=float(cost.evaluations), bookkeeping=float(seq_len),

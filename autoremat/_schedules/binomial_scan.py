@@ -6,9 +6,19 @@ A ``jax.custom_vjp`` around the whole loop (Griewank & Walther 2000,
 * forward: one ``lax.scan`` over the ``T`` steps that also writes the carry
   into a buffer of ``s`` slots at the tables' positions -- ``s`` carries, no
   per-step residuals;
-* backward: a ``lax.scan`` over the reversals; each restores a slot,
-  re-advances (``lax.fori_loop``, storing new snapshots on the way) to the
-  step it reverses and runs that step's ``jax.vjp``.
+* backward: a ``lax.scan`` over the reversals (last step first); each
+  restores a slot, re-advances to the step it reverses (storing new snapshots
+  on the way) and runs that step's ``jax.vjp``. Two equal implementations
+  behind a ``jax.custom_jvp`` (``_Loop.backward``): a gradient runs
+  ``_Backward.run_loops``, whose re-advances are ``lax.fori_loop``s of
+  dynamic length (no extra work; XLA hoists the step's constants and moves
+  collectives out of the loop); differentiating the backward (grad of grad,
+  ``jax.hessian``) goes through ``_Backward.run``, which has only scans of
+  static length: per reversal a ``lax.switch`` over its number of ops of
+  ``_revolve.program`` (none for the 3/4 of reversals that re-advance
+  nothing), each op a ``lax.switch`` over fixed-length re-advance scans that
+  keep up to ``_revolve.STORES`` carries for their slots. Both run exactly
+  the tables' step evaluations (none masked; padding ops run no step).
 
 Values the step closes over (Flax parameters, ...) are made explicit with
 ``jax.closure_convert`` so their cotangents are summed over the reversals.
@@ -19,6 +29,7 @@ outputs' cotangents are never read.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import types
@@ -32,7 +43,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.revolve import Tables, tables
+from autoremat._schedules.revolve import Program, Tables, program, tables
 
 PyTree = Any
 
@@ -110,15 +121,6 @@ class _Loop:
     def call(self, carry: PyTree, x: list[jax.Array], consts: Sequence[Any]) -> tuple[PyTree, PyTree]:
         return self.fn(carry, x, *consts)
 
-    def advance(self, carry: PyTree, position: jax.Array, count: jax.Array,
-                xs: Sequence[jax.Array], consts: Sequence[Any]) -> tuple[PyTree, jax.Array]:
-        def body(_: Any, state: tuple[PyTree, jax.Array]) -> tuple[PyTree, jax.Array]:
-            c, p = state
-            c, _ = self.call(c, self.x_at(xs, self.index(p)), consts)
-            return c, p + 1
-
-        return lax.fori_loop(0, count, body, (carry, position))
-
     # -- the custom VJP ----------------------------------------------------------
     def run(self, init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:
         """The loop under a ``jax.custom_vjp``; in pure forward mode (``jax.jvp``,
@@ -150,13 +152,6 @@ class _Loop:
             return out, (init_v, xs_v, consts_v, slots, marks)
 
         def bwd(res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
-            if _traced_by("LinearizeTracer", res[:4]):
-                raise ScheduleError(
-                    f"schedule {self.label!r}: the binomial kind's backward pass cannot be "
-                    "differentiated in reverse mode (grad of grad, jax.jacrev of a gradient): "
-                    "its re-advances are loops of dynamic length. Use a nested schedule "
-                    "(e.g. Schedule.root(T, 2)) or forward-over-reverse (jax.jacfwd(jax.grad(f)), "
-                    "jax.hessian).")
             return self.backward(res, cts)
 
         loop.defvjp(fwd, bwd, symbolic_zeros=True)
@@ -196,15 +191,49 @@ class _Loop:
         return (carry, ys), slots
 
     def backward(self, res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
-        """The reversals, last step first: restore, re-advance, the step's VJP."""
-        return _Backward(self, res).run(cts)
+        """The reversals, last step first: restore, re-advance, the step's VJP.
+
+        Two equal implementations behind one ``jax.custom_jvp``: the primal is
+        ``_Backward.run_loops`` (re-advances as ``lax.fori_loop``s of dynamic
+        length: what a gradient runs, as fast as before and with XLA's loop
+        optimisations intact -- hoisted constants, collectives after the loop);
+        its derivative is that of ``_Backward.run`` (only scans of static length),
+        so the backward itself can be differentiated, forward or reverse (grad of
+        grad, hessians), also after ``jit``."""
+        marks = res[4]
+        res_leaves, res_tree = jax.tree_util.tree_flatten(res[:4])
+        ct_leaves, ct_tree = jax.tree_util.tree_flatten(cts, is_leaf=_zero)
+        zeros = [_zero(t) for t in ct_leaves]
+        count = len(res_leaves)
+
+        def rebuild(arrays: Sequence[Any]) -> tuple[Any, Any]:
+            it = iter(arrays[count:])
+            c = [t if z else next(it) for t, z in zip(ct_leaves, zeros, strict=True)]
+            return ((*jax.tree_util.tree_unflatten(res_tree, list(arrays[:count])), marks),
+                    jax.tree_util.tree_unflatten(ct_tree, c))
+
+        def loops(*arrays: Any) -> Any:
+            r, c = rebuild(arrays)
+            return _Backward(self, r).run_loops(c)
+
+        def static(*arrays: Any) -> Any:
+            r, c = rebuild(arrays)
+            return _Backward(self, r).run(c)
+
+        f = jax.custom_jvp(loops)
+        f.defjvp(lambda primals, tangents: jax.jvp(static, primals, tangents))
+        return f(*res_leaves, *[t for t, z in zip(ct_leaves, zeros, strict=True) if not z])
 
 
 class _Backward:
     """One backward pass of a ``_Loop``: which inputs are differentiated, the
-    residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the tables as
-    arrays. ``run`` scans the reversals; each ``reversal`` ``restore``s a carry,
-    ``readvance``s it to the step it reverses and runs ``vjp_step``."""
+    residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the ops of
+    ``_revolve.program``. ``run`` scans the reversals; each ``reversal``
+    ``restore``s a carry, runs its ``ops`` (each ``op`` ``advance``s a static
+    number of steps, keeping the carries the tables snapshot, and writes them
+    into their slots) and ``vjp_step``: no loop has a dynamic trip count, so it
+    can be differentiated. ``run_loops`` computes the same with ``fori_loop``s
+    (what a plain gradient runs)."""
 
     def __init__(self, loop: _Loop, res: Any) -> None:
         init, self.xs, self.consts, self.slots, (init_m, xs_m, consts_m) = res
@@ -213,13 +242,12 @@ class _Backward:
         self.diff = [_inexact(c) for c in self.carry_leaves]  # carry leaves with a cotangent
         self.x_diff = [m is not None for m in xs_m]
         self.k_diff = [m is not None for m in consts_m]
-        p = loop.tables
-        self.restore_slot = jnp.asarray(p.restore_slot)
-        self.restore_pos = jnp.asarray(p.restore_position)
-        self.pair_start = jnp.asarray(p.pair_start)
-        self.pair_adv = jnp.asarray(np.append(p.pair_advance, 0))  # padded: never empty
-        self.pair_slot = jnp.asarray(np.append(p.pair_slot, -1))
-        self.initial = p.snapshots
+        self.initial = loop.tables.snapshots
+
+    @functools.cached_property
+    def program(self) -> Program:
+        """The static ops (built only when ``run`` traces: a gradient does not)."""
+        return program(self.loop.steps, self.loop.tables.snapshots)
 
     def run(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
         ct_carry, ct_ys = cts
@@ -234,52 +262,138 @@ class _Backward:
             return self.reversal(state, index, ct_y_leaves)
 
         acc = [jnp.zeros_like(k) for k, d in zip(self.consts, self.k_diff, strict=True) if d]
-        (ct_c, _, acc), dxs = lax.scan(
-            body, (ct_c, self.slots, acc), jnp.arange(self.loop.steps, dtype=jnp.int32),
-            reverse=not self.loop.reverse,
-        )
+        (_, ct_c, acc), dxs = lax.scan(
+            body, (self.slots, ct_c, acc), jnp.arange(self.loop.steps, dtype=jnp.int32),
+            reverse=not self.loop.reverse)
         return self.cotangents(ct_c, dxs, acc)
 
     def reversal(self, state: tuple[Any, ...], index: jax.Array,
                  ct_y_leaves: list[Any]) -> tuple[tuple[Any, ...], Any]:
-        """Reverse the step at data index ``index``: ``(ct_c, slots, acc) -> (..., dx)``."""
-        ct_c, slots, acc = state
+        """Reverse the step at data index ``index``: restore, its ops (a switch over
+        the bucket sizes), its VJP. ``(slots, ct_c, acc) -> (..., dx)``. The VJP is
+        in no conditional, so XLA treats it as in a plain loop: it hoists what the
+        step computes of its constants (a concatenated kernel, ...) and, under a
+        mesh, sums the constants' cotangents across devices once, after the loop."""
+        slots, ct_c, acc = state
+        p = self.program
         k = self.loop.steps - 1 - self.loop.index(index)  # reversal number
-        carry = self.restore(slots, k)
-        carry, _, slots = lax.fori_loop(self.pair_start[k], self.pair_start[k + 1],
-                                        self.readvance, (carry, self.restore_pos[k], slots))
+        carry = self.restore(slots, jnp.asarray(p.restore_slot)[k])
+        branches = [functools.partial(self.ops, n) for n in p.sizes]
+        carry, slots = lax.switch(jnp.asarray(p.bucket)[k], branches,
+                                  (carry, slots, jnp.asarray(p.start)[k]))
         x = self.loop.x_at(self.xs, index)
         ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
                 for t in ct_y_leaves]
         ct_y = [t for t in ct_y if _keep_y(t)]
         ct_c, dx, dk = self.vjp_step(carry, x, ct_c, ct_y)
         acc = [a + g for a, g in zip(acc, dk, strict=True)]
-        return (ct_c, slots, acc), dx
+        return (slots, ct_c, acc), dx
 
-    def restore(self, slots: list[jax.Array], k: jax.Array) -> list[jax.Array]:
-        """The carry leaves reversal ``k`` starts from: a snapshot slot, or ``init``."""
-        slot = self.restore_slot[k]
+    def ops(self, count: int, state: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Ops ``start .. start + count`` (``count`` static) of the program."""
+        carry, slots, start = state
+        if count == 0:
+            return carry, slots
+        p = self.program
+        table = [jnp.asarray(a) for a in (p.branch, p.position, p.store_position,
+                                          p.store_slot)]
+        if count == 1:
+            return self.op((carry, slots), [a[start] for a in table])
+        rows = [lax.dynamic_slice_in_dim(a, start, count) for a in table]
+
+        def body(st: tuple[Any, ...], row: list[jax.Array]) -> tuple[tuple[Any, ...], None]:
+            return self.op(st, row), None
+
+        return lax.scan(body, (carry, slots), rows)[0]
+
+    def op(self, state: tuple[Any, ...], row: list[jax.Array]) -> tuple[Any, ...]:
+        """One op: advance ``lengths[branch]`` steps, keeping the carries to store, and
+        store them (unused entries have slot ``s``: out of bounds, dropped)."""
+        carry, slots = state
+        branch, position, store_position, store_slot = row
+        # From the carry (not jnp.zeros(shape)): inside shard_map it has its manual axes.
+        kept = [jnp.broadcast_to(jnp.zeros_like(c), (store_position.shape[0], *jnp.shape(c)))
+                for c in carry]
+        branches = [functools.partial(self.advance, n) for n in self.program.lengths]
+        carry, kept = lax.switch(branch, branches, (carry, position, kept, store_position))
+        slots = [buf.at[store_slot].set(v, mode="drop") for buf, v in zip(slots, kept, strict=True)]
+        return carry, slots
+
+    def run_loops(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
+        """``run`` with the re-advances as ``lax.fori_loop``s over the tables' pairs
+        (dynamic trip counts): the same steps, no padding ops or switches."""
+        ct_carry, ct_ys = cts
+        ct_c = [
+            jnp.zeros_like(c) if _zero(t) else t
+            for c, t, d in zip(self.carry_leaves, jax.tree_util.tree_leaves(
+                ct_carry, is_leaf=_zero), self.diff, strict=True) if d
+        ]
+        ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
+        t = self.loop.tables
+        pair_start, restore_position = jnp.asarray(t.pair_start), jnp.asarray(t.restore_position)
+        pair_adv = jnp.asarray(np.append(t.pair_advance, 0))  # padded: never empty
+        pair_slot = jnp.asarray(np.append(t.pair_slot, -1))
+
+        def readvance(j: jax.Array, state: tuple[Any, ...]) -> tuple[Any, ...]:
+            carry, position, slots = state
+
+            def step(_: Any, st: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
+                c, p = st
+                new, _ = self.loop.call(jax.tree_util.tree_unflatten(self.carry_tree, c),
+                                        self.loop.x_at(self.xs, self.loop.index(p)), self.consts)
+                return jax.tree_util.tree_leaves(new), p + 1
+
+            carry, position = lax.fori_loop(0, pair_adv[j], step, (carry, position))
+            target = pair_slot[j]
+            take, k = target >= 0, jnp.maximum(target, 0)
+            slots = [lax.dynamic_update_index_in_dim(
+                         buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, k, 0, False)), k, 0)
+                     for buf, c in zip(slots, carry, strict=True)]
+            return carry, position, slots
+
+        def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
+            slots, ct_c, acc = state
+            k = self.loop.steps - 1 - self.loop.index(index)  # reversal number
+            carry = self.restore(slots, jnp.asarray(t.restore_slot)[k])
+            carry, _, slots = lax.fori_loop(pair_start[k], pair_start[k + 1], readvance,
+                                            (carry, restore_position[k], slots))
+            x = self.loop.x_at(self.xs, index)
+            ct_y = [t if _zero(t) else lax.dynamic_index_in_dim(t, index, 0, False)
+                    for t in ct_y_leaves]
+            ct_c, dx, dk = self.vjp_step(carry, x, ct_c, [t for t in ct_y if _keep_y(t)])
+            return (slots, ct_c, [a + g for a, g in zip(acc, dk, strict=True)]), dx
+
+        acc = [jnp.zeros_like(k) for k, d in zip(self.consts, self.k_diff, strict=True) if d]
+        (_, ct_c, acc), dxs = lax.scan(
+            body, (self.slots, ct_c, acc), jnp.arange(self.loop.steps, dtype=jnp.int32),
+            reverse=not self.loop.reverse)
+        return self.cotangents(ct_c, dxs, acc)
+
+    def restore(self, slots: list[jax.Array], slot: jax.Array) -> list[jax.Array]:
+        """The carry leaves in ``slot``: a snapshot, or ``init`` (slot ``s``)."""
         use_init = slot == self.initial
         safe = jnp.minimum(slot, self.initial - 1)
         return [jnp.where(use_init, c0, lax.dynamic_index_in_dim(buf, safe, 0, False))
                 for c0, buf in zip(self.carry_leaves, slots, strict=True)]
 
-    def readvance(self, j: jax.Array, state: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Pair ``j`` of the tables: advance ``pair_adv[j]`` steps, then store the carry
-        in slot ``pair_slot[j]`` (none if ``-1``)."""
-        carry, position, slots = state
-        c, position = self.loop.advance(jax.tree_util.tree_unflatten(self.carry_tree, carry),
-                                        position, self.pair_adv[j], self.xs, self.consts)
-        carry = jax.tree_util.tree_leaves(c)
-        target = self.pair_slot[j]
-        take = target >= 0
-        t = jnp.maximum(target, 0)
-        slots = [
-            lax.dynamic_update_index_in_dim(
-                buf, jnp.where(take, c, lax.dynamic_index_in_dim(buf, t, 0, False)), t, 0)
-            for buf, c in zip(slots, carry, strict=True)
-        ]
-        return carry, position, slots
+    def advance(self, count: int, state: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``count`` (static) steps from the carry before ``position``; the carry before
+        step ``store_position[i]`` goes to ``kept[i]``."""
+        carry, position, kept, store_position = state
+        if count == 0:
+            return carry, kept
+
+        def body(st: tuple[Any, ...], _: None) -> tuple[tuple[Any, ...], None]:
+            c, p, kept = st
+            hit = store_position == p
+            kept = [jnp.where(hit.reshape((-1,) + (1,) * v.ndim), v[None], k)
+                    for k, v in zip(kept, c, strict=True)]
+            new, _ = self.loop.call(jax.tree_util.tree_unflatten(self.carry_tree, c),
+                                    self.loop.x_at(self.xs, self.loop.index(p)), self.consts)
+            return (jax.tree_util.tree_leaves(new), p + 1, kept), None
+
+        carry, _, kept = lax.scan(body, (carry, position, kept), None, length=count)[0]
+        return carry, kept
 
     def vjp_step(self, carry: list[jax.Array], x: list[jax.Array], ct_c: list[jax.Array],
                  ct_y: list[Any]) -> tuple[list[jax.Array], list[jax.Array], list[Any]]:

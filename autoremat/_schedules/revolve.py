@@ -17,7 +17,9 @@ step ``T - 1``, which the forward pass keeps for the first reversal (Revolve's
 
 from __future__ import annotations
 
+import bisect
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,3 +214,121 @@ class _Recorder:
             pair_start=as_array(self.pair_start), pair_advance=as_array(self.pair_adv),
             pair_slot=as_array(self.pair_slot), advances=self.advances,
         )
+
+
+#: Advance lengths of the backward's ops (``program``): a reversal's re-advance
+#: is split into blocks of ``BLOCKS`` steps and a remainder below ``BLOCKS[-1]``.
+BLOCKS: tuple[int, ...] = (64, 8)
+
+#: The most snapshots one op of the backward takes on its way (``program``).
+STORES: int = 4
+
+#: A reversal's ops are padded (with ops that do nothing) to a power of this.
+BUCKET_BASE: int = 4
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """The backward pass of ``Tables`` as ops of static lengths, grouped by reversal.
+
+    Reversal ``k`` (of step ``T - 1 - k``) restores the carry in slot
+    ``restore_slot[k]`` (slot ``s``: the initial carry), runs ops ``start[k]
+    ..`` (``sizes[bucket[k]]`` of them; bucket 0 has none: nothing to
+    re-advance), then the VJP of its step. Op ``i`` advances
+    ``lengths[branch[i]]`` steps from the carry before step ``position[i]``,
+    keeping the carries before steps ``store_position[i]`` (``-1``: unused)
+    for slots ``store_slot[i]`` (``s``: unused). A reversal's ops are padded to
+    its bucket's size with ops of length 0. So the backward is a scan over the
+    reversals with a switch over the buckets (each a fixed number of ops, each
+    a switch over ``lengths``): no loop of dynamic trip count, and exactly the
+    tables' re-advances (no step is masked; a padding op runs no step).
+
+    Attributes:
+      lengths: the advance lengths: ``0`` and those of ``1 .. BLOCKS[-1] - 1``
+        and ``BLOCKS`` that the plan uses.
+      sizes: the bucket sizes (ops per reversal): ``0``, then powers of
+        ``BUCKET_BASE``, those used.
+      branch, position, store_position, store_slot: per op (``STORES`` of
+        the last two each).
+      restore_slot, bucket, start: per reversal.
+    """
+
+    lengths: tuple[int, ...]
+    sizes: tuple[int, ...]
+    branch: np.ndarray
+    position: np.ndarray
+    store_position: np.ndarray
+    store_slot: np.ndarray
+    restore_slot: np.ndarray
+    bucket: np.ndarray
+    start: np.ndarray
+
+    @property
+    def advances(self) -> int:
+        """Forward steps the ops run (equal to ``Tables.advances``)."""
+        return int(np.asarray(self.lengths)[self.branch].sum())
+
+    @property
+    def ops(self) -> int:
+        """Ops that run a step or store (the rest is padding)."""
+        return int(((np.asarray(self.lengths)[self.branch] > 0)
+                    | (self.store_position >= 0).any(axis=1)).sum())
+
+
+@functools.lru_cache(maxsize=32)
+def program(seq_len: int, snapshots: int, blocks: tuple[int, ...] = BLOCKS,
+            stores: int = STORES) -> Program:
+    """The ops of the backward pass of ``tables(seq_len, snapshots)``.
+
+    A reversal re-advancing ``a > 0`` steps becomes ops of the largest lengths
+    of ``blocks`` and ``1 .. blocks[-1] - 1`` that fit and take at most
+    ``stores`` snapshots each. ``T = 10^5``, ``s = 17``: 0.26 T reversals
+    re-advance, in 0.48 T ops (0.77 T with the padding).
+    """
+    t = tables(seq_len, snapshots)
+    lengths = (*range(blocks[-1]), *blocks)
+    by_size = sorted(lengths[1:], reverse=True)
+    ops: list[tuple[int, int, list[int], list[int]]] = []
+    size: list[int] = []
+    start: list[int] = []
+    for k in range(seq_len):
+        position = int(t.restore_position[k])
+        end = seq_len - 1 - k
+        todo: dict[int, int] = {}  # position -> slot of this reversal's snapshots
+        at = position
+        for j in range(int(t.pair_start[k]), int(t.pair_start[k + 1])):
+            at += int(t.pair_advance[j])
+            if t.pair_slot[j] >= 0:
+                todo[at] = int(t.pair_slot[j])
+        assert at == end and all(q < end for q in todo), (k, at)
+        marks = sorted(todo)
+        start.append(len(ops))
+        while position < end:
+            first = bisect.bisect_left(marks, position)
+            n = next(n for n in by_size if n <= end - position and
+                     bisect.bisect_left(marks, position + n) - first <= stores)
+            taken = marks[first:bisect.bisect_left(marks, position + n)]
+            ops.append((lengths.index(n), position, taken, [todo[q] for q in taken]))
+            position += n
+        count = len(ops) - start[-1]
+        bucket = 0 if count == 0 else BUCKET_BASE ** math.ceil(
+            round(math.log(count, BUCKET_BASE), 9))
+        ops += [(0, end, [], [])] * (bucket - count)
+        size.append(bucket)
+    used = sorted({0, *(o[0] for o in ops)})  # only the lengths this plan runs
+    sizes = sorted(set(size))
+    as_array = functools.partial(np.asarray, dtype=np.int32)
+    pad = lambda v, fill: v + [fill] * (stores - len(v))  # noqa: E731
+    out = Program(
+        lengths=tuple(lengths[b] for b in used), sizes=tuple(sizes),
+        branch=as_array(np.searchsorted(used, [o[0] for o in ops] or [0])),
+        position=as_array([o[1] for o in ops] or [0]),
+        store_position=as_array([pad(o[2], -1) for o in ops] or [pad([], -1)]).reshape(-1, stores),
+        store_slot=as_array([pad(o[3], t.snapshots) for o in ops] or [pad([], t.snapshots)]
+                            ).reshape(-1, stores),
+        restore_slot=t.restore_slot, bucket=as_array(np.searchsorted(sizes, size)),
+        start=as_array(start),
+    )
+    assert out.advances == t.advances
+    assert (out.store_position >= 0).sum() == (t.pair_slot >= 0).sum()
+    return out
