@@ -135,6 +135,8 @@ def problem(
     optimizer_fn: Callable[[nnx.Module], nnx.Optimizer],
     batch: Sequence[Any],
     seq_len: int,
+    *,
+    fuse: bool = True,
 ) -> Problem:
     """An ``autoremat.Problem`` (for ``autoremat tune --problem``) from an NNX model.
 
@@ -147,6 +149,12 @@ def problem(
         ``lambda m: nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)``.
       batch: example inputs of one training step (arrays), passed to ``loss_fn``.
       seq_len: the sequence length ``T`` the model scans.
+      fuse: move the readout and loss after the scan into the scanned step where they
+        are separable in time (``remat_scans``'s fusion): the model is built with the
+        plain scan (``model_fn(Schedule.plain(seq_len))``) and ``loss_fn`` runs under
+        ``remat_scans(loss_fn, schedule, fuse=True)``, so the ``(T, B, H)`` stacked
+        outputs no schedule removes are not kept. ``False``: the model's own scan runs
+        the schedule (``model_fn(schedule)``) and the readout stays outside.
 
     Returns:
       A ``Problem`` whose step is one training step: ``nnx.value_and_grad`` of
@@ -155,15 +163,16 @@ def problem(
     batch = tuple(batch)
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        model = model_fn(schedule)
+        model = model_fn(Schedule.plain(seq_len) if fuse else schedule)
+        loss = remat_scans(loss_fn, schedule, min_length=seq_len, fuse=True) if fuse else loss_fn
         optimizer = optimizer_fn(model)
         graphdef, state = nnx.split((model, optimizer))
 
         def train_step(state: Any, *batch: Any) -> tuple[Any, jax.Array]:
             model, optimizer = nnx.merge(graphdef, state)
-            loss, grads = nnx.value_and_grad(loss_fn)(model, *batch)
+            value, grads = nnx.value_and_grad(loss)(model, *batch)
             optimizer.update(model, grads)
-            return nnx.state((model, optimizer)), loss
+            return nnx.state((model, optimizer)), value
 
         return train_step, (state, *batch)
 

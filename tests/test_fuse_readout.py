@@ -171,6 +171,36 @@ def test_nnx_rnn_linear_l2() -> None:
     assert temp_bytes(fused) < sum(r.stacked_bytes for r in records)
 
 
+def test_nnx_problem_measures_the_fused_step() -> None:
+    """``autoremat.nnx.problem`` (a model built for a schedule, ``autoremat.nnx.RNN``): with
+    ``fuse`` (the default) one training step gives the unfused step's loss and updated
+    state, and its compiled temp is under the unfused step's stacked outputs."""
+
+    class Model(nnx.Module):
+        def __init__(self, schedule: Schedule, rngs: nnx.Rngs) -> None:
+            self.rnn = autoremat.nnx.RNN(nnx.OptimizedLSTMCell(XD, H, rngs=rngs),
+                                         schedule=schedule)
+            self.head = nnx.Linear(H, Y, rngs=rngs)
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return self.head(self.rnn(x))
+
+    def make(fuse: bool) -> autoremat.Problem:
+        return autoremat.nnx.problem(
+            "nnx", lambda s: Model(s, nnx.Rngs(0)),
+            loss_fn=lambda m, x, y: jnp.mean(optax.l2_loss(m(x), y)),
+            optimizer_fn=lambda m: nnx.Optimizer(m, optax.sgd(0.1), wrt=nnx.Param),
+            batch=(X_BM, Y_BM), seq_len=T, fuse=fuse)
+
+    (step, args), (ref_step, ref_args) = make(True).build(SCHEDULE), make(False).build(SCHEDULE)
+    (state, loss), (ref_state, ref_loss) = jax.jit(step)(*args), jax.jit(ref_step)(*ref_args)
+    assert_close((loss, nnx.to_pure_dict(state)), (ref_loss, nnx.to_pure_dict(ref_state)))
+    fused = jax.jit(step).lower(*args).compile()
+    with record_scans() as records:  # a fresh trace, so the scans report what they stack
+        jax.jit(lambda *a: ref_step(*a)).lower(*ref_args)
+    assert 0 < temp_bytes(fused) < sum(r.stacked_bytes for r in records)
+
+
 def test_custom_jvp_head_and_binary_cross_entropy() -> None:
     # jax.nn.relu and jnp.logaddexp (in log_sigmoid) are custom_jvp functions: they move in
     # with their own derivative rules; log_sigmoid is a jitted helper
