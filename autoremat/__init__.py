@@ -34,7 +34,8 @@ missing here)::
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem
-        tune            the search loop: budget, dedupe, workers
+        tune            the search: open the study, run a worker, confirm, answer
+        worker          one worker's loop: plan, claim (no schedule twice), measure, count
         resume          open a study or resume one; storage: storages, retries, the lock
         study           reading a study: measured trials, the answer, TuneResult
         attrs           the names written into a study: trial attrs, tuned-for meta keys

@@ -35,7 +35,8 @@ from autoremat._search.probe import (
 )
 from autoremat._search.space import neighbours, propose, seed_params, suggest
 from autoremat._search.study import load_study
-from autoremat._search.tune import compile_failed, tune
+from autoremat._search.tune import tune
+from autoremat._search.worker import compile_failed
 from autoremat.cli import main as cli_main
 from tests.tiny_problem import tiny
 
