@@ -31,8 +31,8 @@ from typing import Any
 
 import autoremat
 from autoremat import Schedule, bounds
-from autoremat._measure.measure import compile_schedule
 from autoremat._measure.device import environment
+from autoremat._measure.measure import compile_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 
