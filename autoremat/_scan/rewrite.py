@@ -233,33 +233,60 @@ def _entered(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tupl
         return list(lax.switch(invals[0], branches, *invals[1:]))
 
 
-def _scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[Any, int]],
-          ctx: Context) -> list[Any]:
-    params = eqn.params
-    n_consts, n_carry = params[ji.NUM_CONSTS], params[ji.NUM_CARRY]
-    body: ji.ClosedJaxpr = params[ji.SCAN_BODY]
-    length, reverse, unroll = int(params[ji.LENGTH]), bool(params[ji.REVERSE]), params[ji.UNROLL]
-    consts = [read(v) for v in eqn.invars[:n_consts]]
-    init = [read(v) for v in eqn.invars[n_consts:n_consts + n_carry]]
+@dataclass(frozen=True)
+class _ScanEqn:
+    """A ``scan`` equation's parts, its body re-evaluated (``step``) with ``ctx``."""
 
-    def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
-        out = _closed(body, ctx, *consts, *carry, *x, level="scan body")
-        return out[:n_carry], out[n_carry:]
+    n_carry: int
+    length: int
+    reverse: bool
+    unroll: Any
+    init: list[Any]
+    x_vars: list[Any]
+    step: Callable[[list[Any], list[Any]], tuple[list[Any], list[Any]]]
 
-    x_vars = eqn.invars[n_consts + n_carry:]
-    with ji.source_context(eqn):
-        if length < ctx.min_length:  # a short scan holding a long one: lax.scan over the new body
-            xs = [read(v) for v in x_vars]
-            carry, ys = lax.scan(step, init, xs, length=length, reverse=reverse, unroll=unroll)
-            return [*carry, *ys]
+    @classmethod
+    def of(cls, eqn: ji.JaxprEqn, read: Callable[[Any], Any], ctx: Context) -> _ScanEqn:
+        params = eqn.params
+        n_consts, n_carry = params[ji.NUM_CONSTS], params[ji.NUM_CARRY]
+        body: ji.ClosedJaxpr = params[ji.SCAN_BODY]
+        consts = [read(v) for v in eqn.invars[:n_consts]]
+
+        def step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            out = _closed(body, ctx, *consts, *carry, *x, level="scan body")
+            return out[:n_carry], out[n_carry:]
+
+        return cls(n_carry, int(params[ji.LENGTH]), bool(params[ji.REVERSE]), params[ji.UNROLL],
+                   [read(v) for v in eqn.invars[n_consts:n_consts + n_carry]],
+                   list(eqn.invars[n_consts + n_carry:]), step)
+
+    def scheduled_unroll(self) -> Any:
+        """``unroll`` for ``scan_axes`` (``None``: the schedule's own)."""
+        return None if self.unroll in (1, False) else self.unroll
+
+    def inputs(self, read: Callable[[Any], Any],
+               moved: dict[Any, tuple[Any, int]]) -> tuple[list[Any], list[int]]:
+        """The scanned inputs and their axes (a time-major copy not made: the original)."""
         xs, axes = [], []
-        for v in x_vars:
+        for v in self.x_vars:
             source, axis = moved.get(v, (v, 0)) if isinstance(v, ji.Var) else (v, 0)
             xs.append(read(source))
             axes.append(axis)
-        carry, ys = scan_axes(step, init, xs, length, schedule=ctx.schedule, reverse=reverse,
-                              in_axes=axes, out_axes=0,
-                              unroll=None if unroll in (1, False) else unroll)
+        return xs, axes
+
+
+def _scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[Any, int]],
+          ctx: Context) -> list[Any]:
+    s = _ScanEqn.of(eqn, read, ctx)
+    with ji.source_context(eqn):
+        if s.length < ctx.min_length:  # a short scan holding a long one: lax.scan, new body
+            carry, ys = lax.scan(s.step, s.init, [read(v) for v in s.x_vars], length=s.length,
+                                 reverse=s.reverse, unroll=s.unroll)
+            return [*carry, *ys]
+        xs, axes = s.inputs(read, moved)
+        carry, ys = scan_axes(s.step, s.init, xs, s.length, schedule=ctx.schedule,
+                              reverse=s.reverse, in_axes=axes, out_axes=0,
+                              unroll=s.scheduled_unroll())
     return [*carry, *ys]
 
 
@@ -267,23 +294,10 @@ def _fused_scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, t
                 deferred: dict[Any, ji.JaxprEqn], ctx: Context, plan: Analysis,
                 jaxpr: ji.Jaxpr) -> dict[Any, Any]:
     """A long scan with ``plan``'s readout and loss in its step: the values it defines."""
-    params = eqn.params
-    n_consts, n_carry = params[ji.NUM_CONSTS], params[ji.NUM_CARRY]
-    body: ji.ClosedJaxpr = params[ji.SCAN_BODY]
-    length, reverse, unroll = int(params[ji.LENGTH]), bool(params[ji.REVERSE]), params[ji.UNROLL]
-    consts = [read(v) for v in eqn.invars[:n_consts]]
-    init = [read(v) for v in eqn.invars[n_consts:n_consts + n_carry]]
-
-    def body_step(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
-        out = _closed(body, ctx, *consts, *carry, *x, level="scan body")
-        return out[:n_carry], out[n_carry:]
-
-    step, sums = fused_step(plan, jaxpr, body_step, read)
-    xs, axes = [], []
-    for v in eqn.invars[n_consts + n_carry:]:
-        source, axis = moved.get(v, (v, 0)) if isinstance(v, ji.Var) else (v, 0)
-        xs.append(read(source))
-        axes.append(axis)
+    s = _ScanEqn.of(eqn, read, ctx)
+    n_carry = s.n_carry
+    step, sums = fused_step(plan, jaxpr, s.step, read)
+    xs, axes = s.inputs(read, moved)
     for v, axis in plan.aligned:  # targets, masks: sliced per step along their time axis
         if isinstance(v, ji.Var) and v in deferred:  # a time-major copy not made: the original
             axis = deferred_perm(deferred, v)[axis]
@@ -291,10 +305,10 @@ def _fused_scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, t
         xs.append(read(v))
         axes.append(axis)
     with ji.source_context(eqn):
-        carry, ys = scan_axes(step, [*init, *sums], xs, length, schedule=ctx.schedule,
-                              reverse=reverse, in_axes=axes,
+        carry, ys = scan_axes(step, [*s.init, *sums], xs, s.length, schedule=ctx.schedule,
+                              reverse=s.reverse, in_axes=axes,
                               out_axes=[a for _, a in plan.stacked],
-                              unroll=None if unroll in (1, False) else unroll)
+                              unroll=s.scheduled_unroll())
     out = dict(zip(eqn.outvars[:n_carry], carry[:n_carry], strict=True))
     out.update((v, y) for (v, _), y in zip(plan.stacked, ys, strict=True))
     out.update((jaxpr.eqns[j].outvars[0], acc)

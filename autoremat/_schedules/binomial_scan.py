@@ -249,14 +249,19 @@ class _Backward:
         """The static ops (built only when ``run`` traces: a gradient does not)."""
         return program(self.loop.steps, self.loop.tables.snapshots)
 
-    def run(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
+    def incoming(self, cts: tuple[PyTree, PyTree]) -> tuple[list[Any], list[Any]]:
+        """The differentiated carry leaves' cotangents (zeros for symbolic zeros) and the
+        outputs' cotangent leaves (symbolic zeros kept: never read)."""
         ct_carry, ct_ys = cts
         ct_c = [
             jnp.zeros_like(c) if _zero(t) else t
             for c, t, d in zip(self.carry_leaves, jax.tree_util.tree_leaves(
                 ct_carry, is_leaf=_zero), self.diff, strict=True) if d
         ]
-        ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
+        return ct_c, jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
+
+    def run(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
+        ct_c, ct_y_leaves = self.incoming(cts)
 
         def body(state: tuple[Any, ...], index: jax.Array) -> tuple[tuple[Any, ...], Any]:
             return self.reversal(state, index, ct_y_leaves)
@@ -322,13 +327,7 @@ class _Backward:
     def run_loops(self, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
         """``run`` with the re-advances as ``lax.fori_loop``s over the tables' pairs
         (dynamic trip counts): the same steps, no padding ops or switches."""
-        ct_carry, ct_ys = cts
-        ct_c = [
-            jnp.zeros_like(c) if _zero(t) else t
-            for c, t, d in zip(self.carry_leaves, jax.tree_util.tree_leaves(
-                ct_carry, is_leaf=_zero), self.diff, strict=True) if d
-        ]
-        ct_y_leaves = jax.tree_util.tree_leaves(ct_ys, is_leaf=_zero)
+        ct_c, ct_y_leaves = self.incoming(cts)
         t = self.loop.tables
         pair_start, restore_position = jnp.asarray(t.pair_start), jnp.asarray(t.restore_position)
         pair_adv = jnp.asarray(np.append(t.pair_advance, 0))  # padded: never empty
