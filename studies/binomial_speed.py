@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         ("plain", Schedule.plain(T), None),
         ("nested 3 levels", Schedule.root(T, 3, [remat, remat, stored]), None),
         (f"binomial s={args.snapshots} (this checkout)", binomial, None),
+        (f"binomial s={args.snapshots}, static backward",
+         Schedule.binomial(args.snapshots, backward="static"), None),
     ]
     if args.baseline:
         competitors.append((f"binomial s={args.snapshots} ({args.baseline})", binomial,

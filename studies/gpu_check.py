@@ -9,11 +9,16 @@ and the next one runs) and every result written to ``--out/gpu.md`` as it comes
    readout plain / 100x100 / binomial s=11; last state 100x100 -- each row in a fresh
    process (``--row``), with the estimate (compiled total), the measured runtime peak
    and the compile scratch (``autoremat._measure.device_memory``), the process's peak
-   (``peak_bytes_in_use``) and the step time (median of 3 after a warm-up);
+   (``peak_bytes_in_use``), the step time (median of 3 after a warm-up) and the time
+   per step evaluation against 100x100's;
 2. PyTorch's cuDNN ``nn.LSTM`` on the same shapes (seq2seq and last state), when
    torch is importable: step time and ``torch.cuda.max_memory_allocated``;
 3. ``autoremat tune`` under 4 GB and under 150 MB (``--time-limit``, default 60 s
-   each), then ``autoremat pareto`` of each study.
+   each), then ``autoremat pareto`` of each study;
+4. more rows of the table (``VARIANTS``): fused readout binomial s=11 with its
+   backward static (``BinomialSchedule.backward``: no loop of dynamic length), with
+   the search's ``graph_loops`` (command buffers that capture loops and
+   conditionals), and both -- last, as the time left allows.
 
 A deadline inside the script (``--deadline``, default 450 s from the start) bounds the
 whole run: a stage starts only with time left, and its subprocess is stopped at the
@@ -56,6 +61,12 @@ ROWS: list[tuple[str, str, str]] = [
     ("fused readout", "binomial s=11", "binomial11"),
     ("last state", "100x100", "100x100"),
 ]
+#: The last stage's rows (``variants``): the binomial backward's loop forms on the device.
+VARIANTS: list[tuple[str, str, str]] = [
+    ("fused readout", "binomial s=11, static backward", "binomial11_static"),
+    ("fused readout", "binomial s=11, graph_loops", "binomial11_graphs"),
+    ("fused readout", "binomial s=11, static backward, graph_loops", "binomial11_static_graphs"),
+]
 BUDGETS = ("4GB", "150MB")
 
 
@@ -69,10 +80,14 @@ def schedule_of(name: str, seq_len: int) -> Any:
         return Schedule.nested([seq_len], "nothing_saveable")
     if name == "100x100":
         return Schedule.root(seq_len, 2, "nothing_saveable")
-    if name == "binomial11":
-        return Schedule.binomial(11)
+    if name.startswith("binomial11"):  # _static: backward: static; _graphs: graph_loops
+        from autoremat._search.space import COMPILER_CHOICES
+
+        binomial = Schedule.binomial(11, backward="static" if "_static" in name else "loops")
+        return binomial.with_options(**COMPILER_CHOICES["graph_loops"] if "_graphs" in name
+                                     else {})
     raise ValueError(f"schedule: no row schedule {name!r}; one of plain, per_step, 100x100, "
-                     "binomial11")
+                     "binomial11[_static][_graphs]")
 
 
 # --------------------------------------------------------------------------- child processes
@@ -80,14 +95,15 @@ def schedule_of(name: str, seq_len: int) -> Any:
 
 def row_main(loss: str, schedule: str, seq_len: int, result: Path) -> None:
     """One row, in this (fresh) process: build, measure, write ``result`` (JSON)."""
-    from autoremat import measure, seed_lstm
+    from autoremat import bounds, measure, seed_lstm
     from autoremat._measure.device_memory import process_peak
 
     problem = seed_lstm(seq_len=seq_len, seq2seq=loss != "last state",
                         fused_readout=loss == "fused readout")
     sched = schedule_of(schedule, seq_len)
     m = measure(problem, sched, time_budget=0.0, min_repeats=3, max_repeats=3)
-    out = {**m.to_attrs(), "describe": sched.describe(), "process_peak_end": process_peak()}
+    out = {**m.to_attrs(), "describe": sched.describe(), "process_peak_end": process_peak(),
+           "evaluations": bounds.cost(sched, seq_len).evaluations}
     result.write_text(json.dumps(out))
 
 
@@ -165,14 +181,17 @@ class Report:
                  "estimate: the compiled total (memory_analysis); runtime peak: measured, this "
                  "step alone (memory_stats, the gap to the old mark filled); compile scratch: "
                  "transient, while compiling; process peak: peak_bytes_in_use of the row's "
-                 "process at its end.", "",
+                 "process at its end. Per evaluation: step seconds over step evaluations "
+                 "(`autoremat.bounds.cost`), against the 100x100 row of the same loss.", "",
                  "| loss | schedule | estimate | runtime peak | vs estimate | compile scratch "
-                 "| process peak | step s | vs plain |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+                 "| process peak | step s | vs plain | evaluations / step "
+                 "| per evaluation vs 100x100 |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         plain = {r["kind"]: r.get("step_seconds") for r in self.rows if r["label"] == "plain"}
+        nested = {r["kind"]: _per_eval(r) for r in self.rows if r["label"] == "100x100"}
         for r in self.rows:
             if r.get("error"):
-                lines.append(f"| {r['kind']} | {r['label']} | failed: {r['error']} |||||||")
+                lines.append(f"| {r['kind']} | {r['label']} | failed: {r['error']} |||||||||")
                 continue
             est, run = r.get("total_bytes"), r.get("runtime_peak_bytes")
             vs = f"{100 * (run - est) / est:+.1f}%" if est and run is not None else "-"
@@ -180,12 +199,21 @@ class Report:
             ratio = f"{step / base:.2f}" if step and base else "-"
             peak = r.get("process_peak_end") or r.get("peak_bytes")
             shown = r.get("describe", r["label"])
+            evals, per, base_per = r.get("evaluations"), _per_eval(r), nested.get(r["kind"])
             lines.append(f"| {r['kind']} | {shown} | {_mb(est)} | {_mb(run)} | {vs} | "
                          f"{_mb(r.get('compile_scratch_bytes'))} | {_mb(peak)} | "
-                         f"{'-' if step is None else f'{step:.3f}'} | {ratio} |")
+                         f"{'-' if step is None else f'{step:.3f}'} | {ratio} | "
+                         f"{f'{evals / self.seq_len:.2f}' if evals else '-'} | "
+                         f"{f'{per / base_per:.2f}' if per and base_per else '-'} |")
         for title, text in self.sections:
             lines += ["", f"## {title}", "", "```text", text.rstrip(), "```"]
         return lines
+
+
+def _per_eval(row: dict[str, Any]) -> float | None:
+    """Step seconds per step evaluation, or ``None``."""
+    step, evals = row.get("step_seconds"), row.get("evaluations")
+    return step / evals if step and evals else None
 
 
 def _mb(n: int | None) -> str:
@@ -256,8 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--time-limit", default="60s", help="each tune's --time-limit (60s)")
     p.add_argument("--allow-cpu", action="store_true",
                    help="run without a GPU too (to try the plumbing; no device memory figures)")
-    p.add_argument("--stages", default="rows,torch,tune",
-                   help="comma-separated subset of rows,torch,tune")
+    p.add_argument("--stages", default="rows,torch,tune,variants",
+                   help="comma-separated subset of rows,torch,tune,variants")
     p.add_argument("--row", nargs=2, metavar=("LOSS", "SCHEDULE"), help=argparse.SUPPRESS)
     p.add_argument("--torch", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -288,26 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     me = [sys.executable, str(Path(__file__).resolve()), "--seq-len", str(args.seq_len)]
     with tempfile.TemporaryDirectory() as tmp:
         if "rows" in stages:
-            for loss, label, name in ROWS:
-                result = Path(tmp) / f"row{len(report.rows)}.json"
-                error = run_child([*me, "--row", loss, name, "--result", str(result)],
-                                  deadline, 90.0, env, log=args.out / "gpu_check.log")[0]
-                row: dict[str, Any] = {}
-                if result.is_file():  # the Measurement's attrs (its "loss" is the loss value)
-                    row.update(json.loads(result.read_text()))
-                row.update(kind=loss, label=label)
-                if result.is_file():
-                    if row.get("status") == "error":
-                        row["error"] = row.get("reason", "")[:300]
-                else:
-                    row["error"] = error or "no result written"
-                report.rows.append(row)
-                report.write()
-                print(f"gpu_check: {loss} {label}: "
-                      + (row.get("error") or f"estimate {_mb(row.get('total_bytes'))}, runtime "
-                         f"peak {_mb(row.get('runtime_peak_bytes'))}, compile scratch "
-                         f"{_mb(row.get('compile_scratch_bytes'))}, step "
-                         f"{row.get('step_seconds')}"), flush=True)
+            rows_stage(ROWS, report, me, Path(tmp), deadline, env)
         if "torch" in stages:
             report.sections.append(("PyTorch cuDNN nn.LSTM, same shapes",
                                     torch_stage(me, tmp, deadline, env,
@@ -321,9 +330,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         f"{args.time_limit}", text))
                 report.write()
                 print(f"gpu_check: tune {budget}:\n{text}", flush=True)
+        if "variants" in stages:
+            rows_stage(VARIANTS, report, me, Path(tmp), deadline, env)
     print(f"gpu_check: wrote {args.out / 'gpu.md'} ({args.deadline - deadline.left():.0f} s)",
           flush=True)
     return 0
+
+
+def rows_stage(rows: list[tuple[str, str, str]], report: Report, me: list[str], tmp: Path,
+               deadline: Deadline, env: dict[str, str]) -> None:
+    """Each row in a fresh process (``--row``), into ``report`` as it comes."""
+    for loss, label, name in rows:
+        result = tmp / f"row{len(report.rows)}.json"
+        error = run_child([*me, "--row", loss, name, "--result", str(result)],
+                          deadline, 90.0, env, log=report.out / "gpu_check.log")[0]
+        row: dict[str, Any] = {}
+        if result.is_file():  # the Measurement's attrs (its "loss" is the loss value)
+            row.update(json.loads(result.read_text()))
+        row.update(kind=loss, label=label)
+        if result.is_file():
+            if row.get("status") == "error":
+                row["error"] = row.get("reason", "")[:300]
+        else:
+            row["error"] = error or "no result written"
+        report.rows.append(row)
+        report.write()
+        print(f"gpu_check: {loss} {label}: "
+              + (row.get("error") or f"estimate {_mb(row.get('total_bytes'))}, runtime "
+                 f"peak {_mb(row.get('runtime_peak_bytes'))}, compile scratch "
+                 f"{_mb(row.get('compile_scratch_bytes'))}, step "
+                 f"{row.get('step_seconds')}"), flush=True)
 
 
 def torch_stage(me: list[str], tmp: str, deadline: Deadline, env: dict[str, str],

@@ -92,7 +92,7 @@ def _dp_evaluations(steps: int, snapshots: int) -> int:
     return brute_advances(steps, min(snapshots, steps)) + 1 + steps
 
 
-def _counted_evaluations(steps: int, snapshots: int) -> int:
+def _counted_evaluations(steps: int, snapshots: int, backward: str = "loops") -> int:
     count = [0]
 
     def tick(_: Any) -> None:
@@ -104,7 +104,7 @@ def _counted_evaluations(steps: int, snapshots: int) -> int:
             return jnp.tanh(c * w + 0.1), None
 
         c, _ = autoremat.scan(f, jnp.float32(0.3), None, length=steps,
-                              schedule=Schedule.binomial(snapshots))
+                              schedule=Schedule.binomial(snapshots, backward=backward))
         return c
 
     grad = jax.jit(jax.grad(loss))
@@ -121,6 +121,9 @@ QUICK = [(1, 1), (2, 1), (5, 2), (10, 3), (17, 4), (31, 8), (64, 5), (97, 6), (1
 @pytest.mark.parametrize(("steps", "snapshots"), QUICK)
 def test_counted_evaluations_equal_the_optimum(steps: int, snapshots: int) -> None:
     assert _counted_evaluations(steps, snapshots) == _dp_evaluations(steps, snapshots)
+    if steps in (10, 97):  # the static backward runs the same steps (padding ops run none)
+        assert _counted_evaluations(steps, snapshots, "static") == _dp_evaluations(
+            steps, snapshots)
     assert autoremat.bounds.min_evaluations(steps, min(snapshots, steps)) == _dp_evaluations(
         steps, snapshots)
 
@@ -210,14 +213,28 @@ def test_jacrev_of_grad_equals_lax_scan() -> None:
 
 def test_the_differentiated_backward_has_no_while_loop() -> None:
     """Grad of grad runs the backward whose loops are all ``scan``s (static trip
-    counts), none a ``while``; the first-order gradient keeps its ``fori_loop``s."""
-    def f(w: jax.Array) -> jax.Array:
-        return _tanh_loss(w, _C0, _XS, Schedule.binomial(3))
+    counts), none a ``while``; the first-order gradient keeps its ``fori_loop``s,
+    unless the schedule asks for the static backward."""
+    def f(w: jax.Array, backward: str = "loops") -> jax.Array:
+        return _tanh_loss(w, _C0, _XS, Schedule.binomial(3, backward=backward))
 
     first = str(jax.make_jaxpr(jax.grad(f))(_W))
     second = str(jax.make_jaxpr(jax.grad(lambda w: jnp.sum(jax.grad(f)(w) ** 2)))(_W))
+    static = str(jax.make_jaxpr(jax.grad(lambda w: f(w, "static")))(_W))
     assert "while[" in first
     assert "scan[" in second and "while[" not in second
+    assert "scan[" in static and "while[" not in static and "custom_jvp_call" not in static
+
+
+@pytest.mark.parametrize("snapshots", [1, 4, 17])
+def test_the_static_backward_equals_lax_scan_to_second_order(snapshots: int) -> None:
+    """``backward: static``: the gradient (no loop of dynamic length), and its own
+    derivative, equal ``lax.scan``'s."""
+    schedule = Schedule.binomial(snapshots, backward="static")
+    grad = jax.jit(jax.grad(_tanh_loss, argnums=(0, 1, 2)), static_argnums=(3, 4))
+    for reverse in (False, True):
+        assert_close(grad(_W, _C0, _XS, schedule, reverse), grad(_W, _C0, _XS, None, reverse))
+    assert_close(_hvp(schedule, False), _hvp(None, False))
 
 
 def test_the_backward_ops_run_exactly_the_tables_advances() -> None:

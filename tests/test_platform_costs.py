@@ -92,3 +92,12 @@ def test_a_fit_on_data_overrides_the_prior() -> None:
     model.fit(points)
     got = _predict(model, Schedule.binomial(15))
     assert got < 0.7  # the prior alone, from the plain point: 1.3 s
+
+
+def test_a_gpus_space_chooses_the_binomial_backward_elsewhere_loops() -> None:
+    """``backward: static`` (no loop of dynamic length) is searched on a GPU only."""
+    rng = random.Random(0)
+    for platform, want in (("gpu", {"loops", "static"}), ("cpu", {"loops"}), ("tpu", {"loops"})):
+        got = {s.backward for s in (propose({"kind": "binomial"}, T, platform, rng)[0]
+                                    for _ in range(40)) if isinstance(s, BinomialSchedule)}
+        assert got == want, platform

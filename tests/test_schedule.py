@@ -136,6 +136,10 @@ BAD = [
     ("version: 1\nkind: binomial\nsnapshots: many\n", r"snapshots: expected an integer >= 1"),
     ("version: 1\nkind: binomial\nsnapshots: 4\nlevels: [{length: 2}]\n",
      r"levels: a binomial schedule has no levels"),
+    ("version: 1\nkind: binomial\nsnapshots: 4\nbackward: fori\n",
+     r"backward: expected one of loops, static, got 'fori'"),
+    ("version: 1\nlevels: [{length: 2}]\nbackward: static\n",
+     r"backward: a nested schedule has no backward \(a binomial schedule has\)"),
     ("version: 1\nlevels: [{length: 2}]\nsnapshots: 4\n",
      r"snapshots: a nested schedule has no snapshots \(a binomial schedule has\); remove it or "
      r"set kind: binomial"),
@@ -198,3 +202,13 @@ def test_dump_is_the_documented_shape() -> None:
         ],
         "unroll": 1,
     }
+
+
+def test_the_binomial_backward_is_in_the_yaml_only_when_static() -> None:
+    loops, static = Schedule.binomial(8), Schedule.binomial(8, backward="static")
+    assert "backward" not in yaml.safe_load(dump_schedule(loops))
+    assert yaml.safe_load(dump_schedule(static))["backward"] == "static"
+    assert parse_schedule(dump_schedule(static)) == static
+    assert parse_schedule("version: 1\nkind: binomial\nsnapshots: 8\nbackward: loops\n") == loops
+    assert loops.key() != static.key()
+    assert static.describe() == "binomial s=8 backward=static unroll=1"

@@ -40,18 +40,24 @@ def test_the_report_table(tmp_path: Path) -> None:
         {"kind": "seq2seq", "label": "plain", "describe": "10000 none unroll=1",
          "total_bytes": 750 * 10**6, "runtime_peak_bytes": 760 * 10**6,
          "compile_scratch_bytes": 118 * 10**6, "process_peak_end": 900 * 10**6,
-         "step_seconds": 0.4},
+         "step_seconds": 0.4, "evaluations": 20_000},
         {"kind": "seq2seq", "label": "100x100", "describe": "100x100 nothing/nothing unroll=1",
-         "total_bytes": 137 * 10**6, "runtime_peak_bytes": None, "step_seconds": 0.6},
+         "total_bytes": 137 * 10**6, "runtime_peak_bytes": None, "step_seconds": 0.6,
+         "evaluations": 30_000},
+        {"kind": "seq2seq", "label": "binomial s=11, static backward",
+         "describe": "binomial s=11 backward=static unroll=1", "total_bytes": 122 * 10**6,
+         "step_seconds": 1.5, "evaluations": 63_813},
         {"kind": "last state", "label": "100x100", "error": "exit 1: boom"},
     ]
     report.sections.append(("autoremat tune --budget 4GB", "study: ...\n"))
     report.write()
     text = (tmp_path / "gpu.md").read_text()
     assert ("| seq2seq | 10000 none unroll=1 | 750.0 MB | 760.0 MB | +1.3% | 118.0 MB | "
-            "900.0 MB | 0.400 | 1.00 |") in text
-    assert "| seq2seq | 100x100 nothing/nothing unroll=1 | 137.0 MB | - | - | - | - | 0.600 | 1.50 |" \
-        in text
+            "900.0 MB | 0.400 | 1.00 | 2.00 | 1.00 |") in text
+    assert ("| seq2seq | 100x100 nothing/nothing unroll=1 | 137.0 MB | - | - | - | - | 0.600 | "
+            "1.50 | 3.00 | 1.00 |") in text
+    # 1.5 s / 63,813 evaluations against 0.6 s / 30,000
+    assert "| 1.500 | 3.75 | 6.38 | 1.18 |" in text
     assert "| last state | 100x100 | failed: exit 1: boom |" in text
     assert "## autoremat tune --budget 4GB" in text
     assert json.loads((tmp_path / "gpu.json").read_text())["rows"][0]["label"] == "plain"
@@ -65,3 +71,19 @@ def test_one_row_worker_at_a_tiny_length(tmp_path: Path) -> None:
     assert row["status"] == "ok" and row["describe"] == "8x8 nothing/nothing unroll=1"
     assert row["total_bytes"] > 0 and row["step_seconds"] > 0
     assert row["runtime_peak_bytes"] is None  # a CPU reports no memory_stats
+
+
+def test_the_binomial_rows_schedules() -> None:
+    """The fused rows try the binomial backward as loops and static, with and without
+    command buffers (the search's ``graph_loops``)."""
+    gc = _load()
+    from autoremat._search.space import COMPILER_CHOICES
+
+    graphs = COMPILER_CHOICES["graph_loops"]
+    got = {name: gc.schedule_of(name, 10_000) for _, _, name in gc.ROWS + gc.VARIANTS
+           if "binomial" in name}
+    assert got["binomial11"].describe() == "binomial s=11 unroll=1"
+    assert got["binomial11_static"].to_data()["backward"] == "static"
+    assert dict(got["binomial11_graphs"].compiler_options) == graphs
+    assert got["binomial11_static_graphs"] == gc.schedule_of("binomial11_static", 10).with_options(
+        **graphs)

@@ -59,7 +59,8 @@ register(BinomialSchedule)
 
 def top_keys() -> tuple[str, ...]:
     """Every top-level key of a schedule file, of any kind."""
-    return (*COMMON_KEYS[:2], *(f for k in KINDS.values() for f in k.FIELDS), *COMMON_KEYS[2:])
+    own = (f for k in KINDS.values() for f in (*k.FIELDS, *k.OPTIONAL))
+    return (*COMMON_KEYS[:2], *own, *COMMON_KEYS[2:])
 
 
 def from_data(data: Any) -> Schedule:
@@ -87,8 +88,8 @@ def from_data(data: Any) -> Schedule:
     if kind is None:
         raise ScheduleError(f"kind: unknown kind {_show(name)}; valid: {', '.join(KINDS)}")
     for key in data:
-        if key not in COMMON_KEYS and key not in kind.FIELDS:
-            owner = next(k.kind for k in KINDS.values() if key in k.FIELDS)
+        if key not in COMMON_KEYS and key not in kind.FIELDS and key not in kind.OPTIONAL:
+            owner = next(k.kind for k in KINDS.values() if key in (*k.FIELDS, *k.OPTIONAL))
             raise ScheduleError(
                 f"{key}: a {kind.kind} schedule has no {key} (a {owner} schedule has); "
                 f"remove it or set kind: {owner}")

@@ -141,6 +141,8 @@ class Schedule(ABC):
     kind: ClassVar[str]
     #: The kind's own top-level keys (all required), each with an example.
     FIELDS: ClassVar[Mapping[str, str]]
+    #: The kind's own keys that may be left out (absent: the default), with an example.
+    OPTIONAL: ClassVar[Mapping[str, str]] = {}
     #: JAX transformations of ``autoremat.scan`` this kind cannot do, out of
     #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
     UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
@@ -247,15 +249,17 @@ class Schedule(ABC):
 
     @classmethod
     def binomial(
-        cls, snapshots: int, *, unroll: int = 1, meta: Mapping[str, Any] | None = None
+        cls, snapshots: int, *, backward: str = "loops", unroll: int = 1,
+        meta: Mapping[str, Any] | None = None
     ) -> Schedule:
-        """Binomial (Revolve) checkpointing with ``snapshots`` stored carries.
+        """Binomial (Revolve) checkpointing with ``snapshots`` stored carries
+        (``backward``: ``"loops"`` or ``"static"``, the binomial kind's docstring).
 
         >>> Schedule.binomial(16).describe()
         'binomial s=16 unroll=1'
         """
-        return KINDS["binomial"](snapshots=snapshots, unroll=unroll,  # type: ignore[call-arg]
-                                 meta=dict(meta or {}))
+        return KINDS["binomial"](snapshots=snapshots, backward=backward,  # type: ignore[call-arg]
+                                 unroll=unroll, meta=dict(meta or {}))
 
     @classmethod
     def root(

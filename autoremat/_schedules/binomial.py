@@ -15,12 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+from autoremat._errors import ScheduleError
 from autoremat._schedules.base import Features, Schedule
-from autoremat._schedules.policy import check_int
+from autoremat._schedules.policy import _show, check_int
 from autoremat.bounds import Cost, max_steps, optimal_cost
 
-#: Platforms where no binomial schedule is seeded (``BinomialSchedule.seed_params``).
-SEEDLESS_PLATFORMS: Final = frozenset({"gpu", "cuda", "rocm"})
+#: GPU platforms: no binomial schedule is seeded there (``BinomialSchedule.seed_params``),
+#: and the search chooses the ``backward`` (``BACKWARDS``).
+GPU_PLATFORMS: Final = frozenset({"gpu", "cuda", "rocm"})
+#: The two equal implementations of the backward pass (``BinomialSchedule.backward``).
+BACKWARDS: Final = ("loops", "static")
 #: Binomial schedules re-run a step at most this often (about ``r + 1`` times
 #: the forward work); fewer snapshots than that are never faster than nested.
 MAX_REPETITIONS: Final = 6
@@ -58,27 +62,49 @@ class BinomialSchedule(Schedule):
 
     Attributes:
       snapshots: how many carries are stored at once (>= 1).
+      backward: how the backward pass re-advances from a snapshot; both run
+        exactly the tables' step evaluations and give the same gradients.
+        ``"loops"`` (the default; absent from the YAML): ``lax.fori_loop``s of
+        the length each reversal needs. XLA hoists the step's loop invariants
+        (a concatenated kernel, FSDP parameter gathers) and moves collectives
+        out of them, but on a GPU the host reads every iteration's loop test
+        back (``WhileThunk`` without a known trip count). ``"static"``: no loop
+        of dynamic length -- per reversal a ``lax.switch`` over its number of
+        ops, each op a switch over fixed-length re-advance scans
+        (``_revolve.program``): about 2.4 conditionals per step instead of
+        about 7.7 loop tests, but what the re-advanced step computes from its
+        constants, and its collectives, stay inside the branches (XLA does not
+        hoist out of conditionals), and the step is compiled once per branch.
+        On a CPU it ran at 1.11-1.19x ``"loops"``; the search offers it on a
+        GPU only, where timing decides.
     """
 
     kind: ClassVar[str] = "binomial"
     FIELDS: ClassVar[Mapping[str, str]] = {"snapshots": "'snapshots: 16'"}
+    OPTIONAL: ClassVar[Mapping[str, str]] = {"backward": "'backward: static'"}
     UNSUPPORTED: ClassVar[frozenset[str]] = frozenset({"linearize"})
 
     snapshots: int
+    backward: str = "loops"
 
     def __post_init__(self) -> None:
         check_int("snapshots", self.snapshots)
+        if not isinstance(self.backward, str) or self.backward not in BACKWARDS:
+            raise ScheduleError(f"backward: expected one of {', '.join(BACKWARDS)}, got "
+                                f"{_show(self.backward)}")
         super().__post_init__()
 
     @classmethod
     def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        return {"snapshots": data["snapshots"]}
+        return {"snapshots": data["snapshots"], "backward": data.get("backward", "loops")}
 
     def fields_data(self) -> dict[str, Any]:
-        return {"snapshots": self.snapshots}
+        static = {"backward": self.backward} if self.backward != "loops" else {}
+        return {"snapshots": self.snapshots, **static}
 
     def describe(self) -> str:
-        return f"binomial s={self.snapshots} unroll={self.unroll}{self.options_note()}"
+        static = " backward=static" if self.backward == "static" else ""
+        return f"binomial s={self.snapshots}{static} unroll={self.unroll}{self.options_note()}"
 
     def explain(self) -> list[str]:
         lines = [f"  binomial (Revolve) checkpointing: {self.snapshots} carries stored at "
@@ -88,6 +114,10 @@ class BinomialSchedule(Schedule):
             c = self.cost(seq_len)
             lines.append(f"  at T = {seq_len}: {c.evaluations} step evaluations per training "
                          f"step ({c.recompute_factor:.2f}x the forward)")
+        lines.append(f"  backward: {self.backward} ("
+                     + ("re-advances as loops of the length each needs)" if self.backward == "loops"
+                        else "re-advances as fixed-length scans chosen by lax.switch: "
+                             "no loop of dynamic length)"))
         lines.append(f"  unroll (forward sweep): {self.unroll}")
         return lines
 
@@ -115,18 +145,23 @@ class BinomialSchedule(Schedule):
         from autoremat._schedules.binomial_scan import binomial_scan
 
         return binomial_scan(step, init, leaves, axes, steps, self.snapshots, reverse,
-                             self.unroll, self.describe())
+                             self.unroll, self.describe(), static=self.backward == "static")
 
     @classmethod
     def suggest(cls, trial: Any, seq_len: int, platform: str) -> BinomialSchedule:
-        """``snapshots`` log-uniform in ``snapshot_range(T)``."""
+        """``snapshots`` log-uniform in ``snapshot_range(T)``; on a GPU also the
+        ``backward`` (elsewhere ``"loops"``, measured faster on a CPU)."""
         low, high = snapshot_range(seq_len)
-        return cls(snapshots=trial.suggest_int("snapshots", low, high, log=True))
+        snapshots = trial.suggest_int("snapshots", low, high, log=True)
+        if platform not in GPU_PLATFORMS:
+            return cls(snapshots=snapshots)
+        return cls(snapshots=snapshots,
+                   backward=trial.suggest_categorical("backward", list(BACKWARDS)))
 
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
         """Three repetitions: ``C(s + 3, 3) >= T`` snapshots (none at ``T = 1``);
-        none on a GPU (``SEEDLESS_PLATFORMS``).
+        none on a GPU (``GPU_PLATFORMS``).
 
         A seed is always timed. On a CPU, where the plain scan is bound by memory
         traffic, binomial runs near plain (s=17 at T=10^5: 1.10-1.19x) and its
@@ -138,7 +173,7 @@ class BinomialSchedule(Schedule):
         (the smallest schedules are binomial: the planner times one when no
         nested schedule fits the budget) but is not seeded; the cost model's
         GPU prior (``autoremat._search.predict.PRIORS``) ranks it as slow."""
-        if seq_len < 2 or platform in SEEDLESS_PLATFORMS:
+        if seq_len < 2 or platform in GPU_PLATFORMS:
             return []
         low, high = snapshot_range(seq_len)
         return [{"snapshots": min(max(_fewest_snapshots(seq_len, 3), low), high)}]
@@ -147,7 +182,10 @@ class BinomialSchedule(Schedule):
     def examples(cls) -> Sequence[Schedule]:
         """One snapshot (quadratic work) up to ``s >= T`` (every carry), unrolled."""
         return [cls(snapshots=s) for s in (1, 2, 3, 8, 5)] + [cls(snapshots=9, unroll=4)] + [
-            cls(snapshots=s) for s in (4, 7, 96, 16, 1, 1, 6, 32, 3)]
+            cls(snapshots=s, backward=b) for s, b in ((4, "static"), (7, "loops"), (96, "loops"),
+                                                      (16, "static"), (1, "static"),
+                                                      (1, "loops"), (6, "loops"),
+                                                      (32, "loops"), (3, "static"))]
 
 
 def snapshot_range(seq_len: int) -> tuple[int, int]:

@@ -58,14 +58,16 @@ def binomial_scan(
     reverse: bool,
     unroll: int,
     label: str,
+    static: bool = False,
 ) -> tuple[PyTree, PyTree]:
     """Run ``steps >= 1`` steps of ``step(carry, x_leaves)``; outputs stacked on axis 0.
 
-    ``label`` (the schedule's ``describe()``) names it in errors.
+    ``label`` (the schedule's ``describe()``) names it in errors; ``static``: a
+    gradient runs the static-scan backward too (``BinomialSchedule.backward``).
     """
     x_first = [lax.index_in_dim(x, 0, a, keepdims=False) for x, a in zip(leaves, axes, strict=True)]
     fn, consts = jax.closure_convert(step, init, x_first)
-    loop = _Loop(fn, tables(steps, snapshots), tuple(axes), reverse, unroll, label)
+    loop = _Loop(fn, tables(steps, snapshots), tuple(axes), reverse, unroll, label, static)
     return loop.run(init, leaves, consts)
 
 
@@ -104,9 +106,9 @@ class _Loop:
     """One binomial scan: the step (closure-converted), the Revolve tables, the layout."""
 
     def __init__(self, fn: Callable[..., Any], tables_: Tables, axes: tuple[int, ...],
-                 reverse: bool, unroll: int, label: str) -> None:
+                 reverse: bool, unroll: int, label: str, static: bool) -> None:
         self.fn, self.tables, self.axes = fn, tables_, axes
-        self.reverse, self.unroll, self.label = reverse, unroll, label
+        self.reverse, self.unroll, self.label, self.static = reverse, unroll, label, static
         self.steps = tables_.seq_len
 
     # -- helpers -------------------------------------------------------------
@@ -193,13 +195,17 @@ class _Loop:
     def backward(self, res: Any, cts: tuple[PyTree, PyTree]) -> tuple[Any, Any, Any]:
         """The reversals, last step first: restore, re-advance, the step's VJP.
 
-        Two equal implementations behind one ``jax.custom_jvp``: the primal is
+        With ``static`` (``backward: static``), ``_Backward.run``: only scans of
+        static length, differentiable as it is. Otherwise two equal
+        implementations behind one ``jax.custom_jvp``: the primal is
         ``_Backward.run_loops`` (re-advances as ``lax.fori_loop``s of dynamic
         length: what a gradient runs, as fast as before and with XLA's loop
         optimisations intact -- hoisted constants, collectives after the loop);
         its derivative is that of ``_Backward.run`` (only scans of static length),
         so the backward itself can be differentiated, forward or reverse (grad of
         grad, hessians), also after ``jit``."""
+        if self.static:
+            return _Backward(self, res).run(cts)
         marks = res[4]
         res_leaves, res_tree = jax.tree_util.tree_flatten(res[:4])
         ct_leaves, ct_tree = jax.tree_util.tree_flatten(cts, is_leaf=_zero)
