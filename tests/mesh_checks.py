@@ -38,7 +38,8 @@ from autoremat._measure.mesh import fsdp_axis, make_mesh
 
 T, B, D, H = 16, 8, 4, 8
 KINDS = {"plain": Schedule.plain(T), "nested": Schedule.nested([4, 4]),
-         "binomial": Schedule.binomial(4)}
+         "binomial": Schedule.binomial(4),
+         "binomial_static": Schedule.binomial(4, backward="static")}
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 Loss = Callable[[Any, jax.Array], jax.Array]
 
@@ -281,7 +282,7 @@ def main(front_ends: list[str]) -> None:
             ref_loss, params = FRONT_ENDS[front](None)
             want, ref_hlo = run(context, ref_loss, params, xs)
             for kind, schedule in KINDS.items():
-                if kind == "plain" and front != "scan":  # the nested builder, already covered
+                if kind in ("plain", "binomial_static") and front != "scan":  # same builders
                     continue
                 record: dict[str, Any] = {"front": front, "context": context, "kind": kind}
                 try:

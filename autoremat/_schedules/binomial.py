@@ -72,11 +72,12 @@ class BinomialSchedule(Schedule):
         of dynamic length -- per reversal a ``lax.switch`` over its number of
         ops, each op a switch over fixed-length re-advance scans
         (``_revolve.program``): about 2.4 conditionals per step instead of
-        about 7.7 loop tests, but what the re-advanced step computes from its
-        constants, and its collectives, stay inside the branches (XLA does not
-        hoist out of conditionals), and the step is compiled once per branch.
-        On a CPU it ran at 1.11-1.19x ``"loops"``; the search offers it on a
-        GPU only, where timing decides.
+        about 7.7 loop tests. The re-advanced step is compiled once per branch
+        (slower compiles); under a mesh no collective runs per time step
+        either, but each copy gathers FSDP parameters on its own, once per
+        training step (``tests/test_mesh.py``: 12 gathers vs 6). On a CPU it
+        ran at 1.11-1.19x ``"loops"`` (T=2*10^4..10^5, s=17); the search
+        offers it on a GPU only, where timing decides.
     """
 
     kind: ClassVar[str] = "binomial"
