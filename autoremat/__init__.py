@@ -9,7 +9,8 @@ missing here)::
         policy          checkpoint policies by name, Level, int checks
         safe_yaml       reading YAML safely: one document, plain data, bounded
         nested          the nested kind (Chen et al. 2016); nested_scan: its builder
-        binomial        the binomial kind (Revolve); binomial_scan: its builder
+        binomial        the binomial kind (Revolve); binomial_scan: its builder,
+                        binomial_backward: its backward pass (loops or static)
         revolve         Revolve's tables: where to snapshot, what to redo
     _scan/        -> builder: run a scan under a schedule
         scan            autoremat.scan: lax.scan semantics, dispatch to the kind's run()
