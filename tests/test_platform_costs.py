@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from autoremat._schedules.base import Schedule
-from autoremat._schedules.binomial import BinomialSchedule
+from autoremat._schedules.binomial import STATIC_CONTROL, BinomialSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._search.predict import CPU_PRIOR, GPU_PRIOR, Structure, TimeModel, prior_for
 from autoremat._search.space import propose, seed_params
@@ -101,3 +102,31 @@ def test_a_gpus_space_chooses_the_binomial_backward_elsewhere_loops() -> None:
         got = {s.backward for s in (propose({"kind": "binomial"}, T, platform, rng)[0]
                                     for _ in range(40)) if isinstance(s, BinomialSchedule)}
         assert got == want, platform
+
+
+def _control_counts(seq_len: int, snapshots: int) -> tuple[int, int]:
+    """Data-dependent control decisions of one backward pass: ``(loop tests of the
+    loops backward, conditionals of the static one)``. Loops: per reversal its pair
+    loop's tests (pairs + 1) and each pair's advance loop's (advance + 1); static:
+    per reversal one switch over its op count, and one per op (padding included)."""
+    from autoremat._schedules.revolve import program, tables
+
+    t, p = tables(seq_len, snapshots), program(seq_len, snapshots)
+    pairs = int(np.diff(t.pair_start).sum())
+    loop_tests = seq_len + pairs + int(t.pair_advance.sum()) + pairs
+    conditionals = seq_len + sum(p.sizes[b] for b in p.bucket)
+    return loop_tests, conditionals
+
+
+@pytest.mark.parametrize(("steps", "snapshots"), [(1000, 5), (10_000, 11), (10_000, 40)])
+def test_the_static_backwards_control_is_a_quarter_of_the_loops(steps: int,
+                                                                 snapshots: int) -> None:
+    """``STATIC_CONTROL`` as counted; the GPU prior then ranks the static backward
+    faster (a hypothesis that gets it timed), the CPU prior the same (equal evaluations)."""
+    loops, static = _control_counts(steps, snapshots)
+    assert 4.5 * steps < loops < 8.5 * steps and 1.5 * steps < static < 2.4 * steps
+    assert static / loops == pytest.approx(STATIC_CONTROL, abs=0.08)
+    a, b = Schedule.binomial(11), Schedule.binomial(11, backward="static")
+    gpu, cpu = _fitted("gpu", H200["fused"]["plain"]), _fitted("cpu", H200["fused"]["plain"])
+    assert _predict(gpu, b) < 0.8 * _predict(gpu, a)
+    assert _predict(cpu, b) == pytest.approx(_predict(cpu, a), rel=1e-6)

@@ -25,6 +25,11 @@ from autoremat.bounds import Cost, max_steps, optimal_cost
 GPU_PLATFORMS: Final = frozenset({"gpu", "cuda", "rocm"})
 #: The two equal implementations of the backward pass (``BinomialSchedule.backward``).
 BACKWARDS: Final = ("loops", "static")
+#: Data-dependent control decisions (the host reads each back on a GPU) of the static
+#: backward per step, as a fraction of the loops backward's: counted from the tables
+#: (``tests/test_platform_costs.py``), 1.6-2.3 conditionals against 4.9-8.3 loop tests
+#: per step for T = 10^3..10^5, s = 5..40. ``features``' ``bookkeeping`` uses it.
+STATIC_CONTROL: Final = 0.25
 #: Binomial schedules re-run a step at most this often (about ``r + 1`` times
 #: the forward work); fewer snapshots than that are never faster than nested.
 MAX_REPETITIONS: Final = 6
@@ -71,11 +76,12 @@ class BinomialSchedule(Schedule):
         back (``WhileThunk`` without a known trip count). ``"static"``: no loop
         of dynamic length -- per reversal a ``lax.switch`` over its number of
         ops, each op a switch over fixed-length re-advance scans
-        (``_revolve.program``): about 2.4 conditionals per step instead of
-        about 7.7 loop tests. The re-advanced step is compiled once per branch
-        (slower compiles); under a mesh no collective runs per time step
-        either, but each copy gathers FSDP parameters on its own, once per
-        training step (``tests/test_mesh.py``: 12 gathers vs 6). On a CPU it
+        (``_revolve.program``): about 1.8 conditionals per step instead of
+        7.4-7.7 loop tests (s=11..17, counted from the tables). The
+        re-advanced step is compiled once per branch (slower compiles); under
+        a mesh no collective runs per time step either, but each copy gathers
+        FSDP parameters on its own, once per training step
+        (``tests/test_mesh.py``: 12 gathers vs 6). On a CPU it
         ran at 1.11-1.19x ``"loops"`` (T=2*10^4..10^5, s=17); the search
         offers it on a GPU only, where timing decides.
     """
@@ -129,10 +135,12 @@ class BinomialSchedule(Schedule):
     def features(self, seq_len: int) -> Features:
         """``evaluations``: exact -- both implementations of the backward re-advance
         the tables' steps (none masked or padded; ``tests/test_binomial.py`` counts);
-        ``bookkeeping``: every step (the backward's dynamic restores and indexing);
-        ``terms``: the stored carries and one step's residuals."""
+        ``bookkeeping``: every step (the backward's dynamic restores and indexing,
+        and its data-dependent control: with ``backward: static``, ``STATIC_CONTROL``
+        of a step); ``terms``: the stored carries and one step's residuals."""
         cost = self.cost(seq_len)
-        return Features(evaluations=float(cost.evaluations), bookkeeping=float(seq_len),
+        control = 1.0 if self.backward == "loops" else STATIC_CONTROL
+        return Features(evaluations=float(cost.evaluations), bookkeeping=control * seq_len,
                         terms=(float(cost.stored_carries), 1.0, 0.0))
 
     def timing_length(self, seq_len: int, short: int) -> int:
@@ -205,4 +213,3 @@ def _fewest_snapshots(seq_len: int, reps: int) -> int:
     while max_steps(s, reps) < seq_len:
         s += 1
     return s
-
