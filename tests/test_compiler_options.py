@@ -143,7 +143,7 @@ def test_a_gpu_space_tries_command_buffers_that_capture_loops(platform: str) -> 
     assert not refused.compiler_options
     import optuna
 
-    fixed = optuna.trial.FixedTrial({"kind": "binomial", "snapshots": 20,
+    fixed = optuna.trial.FixedTrial({"kind": "binomial", "snapshots": 20, "backward": "loops",
                                      "compiler": "graph_loops"})
     assert suggest(fixed, 1000, platform) == Schedule.binomial(20).with_options(**GRAPHS)
 
