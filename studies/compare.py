@@ -28,10 +28,13 @@ its own way of running the scan, measured by ``autoremat.measure_step``: compile
 scan's (rtol 1e-5), and so must its gradients (Adam's first moment after one
 step is 0.1 x the gradient; max-norm relative error <= 1e-4).
 
-``--gpu`` (automatic on a gpu backend) also records the device's
-``peak_bytes_in_use`` per row, a process-wide high-water mark, so every row then
-runs in a fresh subprocess (``--isolate``); without memory stats (CPU) it is
-``n/a``. The min-memory and tuned schedules are chosen in the parent.
+``--gpu`` (automatic on a gpu backend) also records, per row and beside the
+compiled estimate (total), the step's own runtime peak and compile scratch
+(``Measurement.runtime_peak_bytes`` / ``compile_scratch_bytes``, isolated
+from compiling and earlier work) and the device's ``peak_bytes_in_use`` (the
+process peak, a process-wide high-water mark, so every row then runs in a
+fresh subprocess, ``--isolate``); without memory stats (CPU) they are ``n/a``.
+The min-memory and tuned schedules are chosen in the parent.
 
 Writes, into ``--out``, after every (T, loss kind): ``compare.md``,
 ``compare.json`` and ``memory_vs_T.png`` (see ``compare_report.py``)::
@@ -280,7 +283,9 @@ def run_spec(group: Group, spec: Spec, *, repeats: int, gpu: bool,
 def _fill(row: report.Row, m: Measurement, gpu: bool) -> report.Row:
     row.total_bytes, row.temp_bytes, row.step_seconds = m.total_bytes, m.temp_bytes, m.step_seconds
     row.compile_seconds, row.loss, row.error = m.compile_seconds, m.loss, m.reason
-    row.peak_bytes = m.peak_bytes if gpu else None
+    if gpu:  # device figures (None on a CPU: no memory stats)
+        row.peak_bytes, row.runtime_peak_bytes = m.peak_bytes, m.runtime_peak_bytes
+        row.compile_scratch_bytes = m.compile_scratch_bytes
     return row
 
 
@@ -357,7 +362,10 @@ def compare_one(seq_len: int, seq2seq: bool, *, batch: int, hidden: int, repeats
         outcome = (run_isolated(group, spec, repeats=repeats, gpu=gpu, timeout=row_timeout) if isolate
                    else run_spec(group, spec, repeats=repeats, gpu=gpu, model=models[spec.fused]))
         r = outcome.row
-        log(f"  {r.method}: total {report.megabytes(r.total_bytes)}, "
+        device = "".join(f", {name} {report.megabytes(b)}" for name, b in (
+            ("runtime peak", r.runtime_peak_bytes), ("compile scratch", r.compile_scratch_bytes),
+            ("process peak", r.peak_bytes)) if b is not None)  # "" on a CPU
+        log(f"  {r.method}: total {report.megabytes(r.total_bytes)}{device}, "
             f"temp {report.megabytes(r.temp_bytes)}, step {report.seconds(r.step_seconds)} "
             f"({time.perf_counter() - t0:.0f} s)" + (f", ERROR {r.error}" if r.error else ""))
         outcomes.append(outcome)
@@ -446,8 +454,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--with-1e5", action="store_true",
                    help="also run T=100,000 (on 2 CPU cores: plain ~6 GB and ~25 s a step)")
     p.add_argument("--gpu", action="store_true",
-                   help="record memory_stats() peak per row, each row in its own process "
-                        "(automatic when jax's default backend is gpu)")
+                   help="record the runtime peak, compile scratch and memory_stats() process "
+                        "peak per row, each row in its own process (automatic when jax's "
+                        "default backend is gpu)")
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="run each row in a fresh subprocess (auto: on with --gpu)")
     p.add_argument("--out", default="studies/results", help="folder for compare.md/.json and the PNG")

@@ -48,7 +48,9 @@ class Row:
     loss_matches: bool | None = None
     grad_error: float | None = None
     grads_match: bool | None = None
-    peak_bytes: int | None = None
+    peak_bytes: int | None = None  # GPU: the row's process peak (peak_bytes_in_use)
+    runtime_peak_bytes: int | None = None  # GPU: the step's own runtime peak, isolated
+    compile_scratch_bytes: int | None = None  # GPU: transient memory compiling it took
     error: str = ""
 
 
@@ -125,17 +127,25 @@ def _md(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *rows])
 
 
+GPU_COLUMNS = ("runtime peak", "compile scratch", "process peak")  # after total, with ``gpu``
+
+
+def _device(r: Row) -> list[str]:
+    """The ``GPU_COLUMNS`` cells of ``r`` (``n/a``: not measured, e.g. no memory stats)."""
+    return ["n/a" if b is None else megabytes(b)
+            for b in (r.runtime_peak_bytes, r.compile_scratch_bytes, r.peak_bytes)]
+
+
 def table(rows: Sequence[Row], gpu: bool = False) -> str:
-    """A markdown table of ``rows``."""
+    """A markdown table of ``rows``; with ``gpu`` the device figures follow the estimate (total)."""
     ok = {True: "yes", False: "NO", None: "-"}
-    head = ["T", "loss on", "method", "schedule", "total", "temp", "step", "vs plain", "compile",
-            "loss ok", "grads ok", *(["device peak"] if gpu else [])]
+    head = ["T", "loss on", "method", "schedule", "total", *(GPU_COLUMNS if gpu else ()), "temp",
+            "step", "vs plain", "compile", "loss ok", "grads ok"]
     body = [[f"{r.seq_len:,}", _kind(r.seq2seq), r.method,
              (r.detail or "") + (f" ERROR {r.error[:80]}" if r.error else ""),
-             megabytes(r.total_bytes), megabytes(r.temp_bytes), seconds(r.step_seconds),
-             "-" if r.ratio is None else f"{r.ratio:.2f}", seconds(r.compile_seconds),
-             ok[r.loss_matches], ok[r.grads_match],
-             *([("n/a" if r.peak_bytes is None else megabytes(r.peak_bytes))] if gpu else [])]
+             megabytes(r.total_bytes), *(_device(r) if gpu else ()), megabytes(r.temp_bytes),
+             seconds(r.step_seconds), "-" if r.ratio is None else f"{r.ratio:.2f}",
+             seconds(r.compile_seconds), ok[r.loss_matches], ok[r.grads_match]]
             for r in rows]
     return _md(head, body)
 
@@ -297,13 +307,18 @@ def report(rows: Sequence[Row], fitted: Sequence[Slope], gpu: bool, command: str
         f"Measured on: {where}.", "",
         *_commands_md(command),
         "Rows of one (T, loss on) run in the same process one after another"
-        + (" (each row in a fresh subprocess, for the device peak)" if isolate else "")
+        + (" (each row in a fresh subprocess, for the process peak)" if isolate else "")
         + "; `vs plain` is the step-time ratio to that group's plain scan. total = argument + output "
         "+ temp - alias of the compiled step (`memory_analysis()`); step = median of the timed runs "
         "after one warm-up; loss ok: the warm-up loss equals plain's (rtol 1e-5); grads ok: Adam's "
         "first moment (0.1 x gradient) equals plain's (max-norm relative error <= 1e-4)"
-        + ("; device peak: `memory_stats()['peak_bytes_in_use']` of the row's process "
-           "(n/a where the backend has no memory stats)" if gpu else "") + ". Memory figures are exact "
+        + ("; total is the compiled estimate; runtime peak: the step's own peak while it ran "
+           "(its arguments plus what its warm-up raised the device's mark above what was live, "
+           "isolated from compiling and earlier work); compile scratch: the transient device "
+           "memory compiling it took, freed before it runs; process peak: "
+           "`memory_stats()['peak_bytes_in_use']` of the row's process (n/a where the backend has "
+           "no memory stats or the figure could not be isolated)" if gpu else "")
+        + ". Memory figures are exact "
         "and reproducible; step times are wall-clock medians on the machine as it was (on a shared "
         "CPU they move by tens of percent between runs), so compare rows of one group.", "",
         table(rows, gpu), "",

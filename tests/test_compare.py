@@ -6,6 +6,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -212,3 +213,47 @@ def test_fused_check_picks_the_fastest_row_under_one_percent() -> None:
     assert "| 10,000 | autoremat fused tuned <=1% temp | 100x100 | 5.00 MB | 685.00 MB | 0.73% | " \
         "0.95x | yes | yes |" in text
     assert report.fused_check(rows[:1]) == []
+
+
+def test_gpu_rows_carry_runtime_peak_and_compile_scratch() -> None:
+    """With ``gpu`` a row carries the step's runtime peak, compile scratch and process peak beside
+    the estimate (a stand-in Measurement: no GPU here); on CPU none of them, and no columns."""
+    from dataclasses import asdict
+
+    from autoremat import Measurement
+
+    compare = _load("compare")
+    report = _load("compare_report")
+    mb = 10**6
+    m = Measurement("k", "ok", total_bytes=700 * mb, temp_bytes=600 * mb, peak_bytes=900 * mb,
+                    runtime_peak_bytes=720 * mb, compile_scratch_bytes=150 * mb,
+                    step_seconds=0.5, compile_seconds=2.0, loss=1.0)
+
+    def row() -> Any:
+        return report.Row(1_000, False, "plain", "plain")
+
+    on_gpu = compare._fill(row(), m, gpu=True)
+    assert (on_gpu.runtime_peak_bytes, on_gpu.compile_scratch_bytes, on_gpu.peak_bytes) == (
+        720 * mb, 150 * mb, 900 * mb)
+    on_cpu = compare._fill(row(), m, gpu=False)
+    assert (on_cpu.runtime_peak_bytes, on_cpu.compile_scratch_bytes, on_cpu.peak_bytes) == (
+        None, None, None)
+    assert on_cpu.total_bytes == on_gpu.total_bytes == 700 * mb
+
+    shown = report.table([on_gpu], gpu=True).splitlines()
+    assert shown[0].startswith("| T | loss on | method | schedule | total | runtime peak | "
+                               "compile scratch | process peak | temp |")
+    assert "| 700.00 MB | 720.00 MB | 150.00 MB | 900.00 MB | 600.00 MB |" in shown[2]
+    # a device that could not isolate the runtime figures: n/a, the process peak still shown
+    partial = compare._fill(row(), Measurement("k", "ok", total_bytes=1, peak_bytes=5 * mb), gpu=True)
+    assert "| n/a | n/a | 5.00 MB |" in report.table([partial], gpu=True)
+    # CPU: the table has none of the device columns
+    plain = report.table([on_cpu])
+    assert not any(c in plain for c in (*report.GPU_COLUMNS, "n/a"))
+    assert plain.splitlines()[0] == ("| T | loss on | method | schedule | total | temp | step | "
+                                     "vs plain | compile | loss ok | grads ok |")
+    # the figures survive compare.json (asdict / Row(**)); a saved row from before them still loads
+    assert report.Row(**asdict(on_gpu)) == on_gpu
+    old = {k: v for k, v in asdict(on_gpu).items()
+           if k not in ("runtime_peak_bytes", "compile_scratch_bytes")}
+    assert report.Row(**old).runtime_peak_bytes is None
