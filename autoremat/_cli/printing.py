@@ -137,6 +137,7 @@ def result_table(result: TuneResult) -> str:
         *(["short runs predicted the step times; confirmed at full length:", *confirmed]
           if confirmed else []),
         *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
+        *([f"  {result.proof}"] if result.proof else []),
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement)] if shown else []),
     ])

@@ -4,18 +4,26 @@
 breakdown splits them further, each part from where it is known exactly:
 
 * arguments: per argument of the step (``Problem.arg_names``: params,
-  optimizer state, inputs, ...), summed from the argument tree's shapes --
-  per device: a sharded array counts its shard (``autoremat._measure.mesh``), and
-  each argument is marked replicated or sharded;
+  optimizer state, inputs, ...), as the device holds them (``on_device_size_in_bytes``:
+  a TPU pads small minor dimensions to (8, 128) tiles) -- per device: a sharded array
+  counts its shard (``autoremat._measure.mesh``), and each argument is marked
+  replicated or sharded;
 * stacked: the per-step outputs every (outermost) autoremat scan stacks and
-  its carry, reported by the scan at trace time (``record_scans``);
+  its carry, reported by the scan at trace time (``record_scans``); on an
+  accelerator each stacked array is sized as the device lays it out (the output
+  size of a compiled array of its shape and dtype);
 * the rest of temp: what the compiled executable needs beyond the stack --
   the residuals the schedule keeps, cotangents, workspace.
 
+Every line adds up to what it prints. Where temp is smaller than the stacked outputs
+(a TPU keeps a small working set in on-chip memory, which temp does not count: 0 B
+for a step whose per-step outputs are 51 MB), the breakdown says so instead of
+placing them inside temp, and leaves them out of the floor.
+
 A schedule only changes the rest of temp: it trades stored residuals for
 recomputation (Chen et al. 2016; Griewank & Walther 2000). Arguments,
-outputs and the stacked per-step outputs are a *floor* under every
-schedule's total. When a budget is under it, the fixes are outside the
+outputs and the stacked per-step outputs (where they are in device memory) are a
+*floor* under every schedule's total. When a budget is under it, the fixes are outside the
 schedule: the readout inside the step (``autoremat.fuse_loss`` stacks
 nothing, ``fuse_head`` only ``(T, B, Y)``; ``remat_scans`` and so
 ``Problem.from_loss`` do it for an unmodified readout separable in time, and
@@ -24,6 +32,7 @@ the floor they report is what remains), a shorter ``T``, a smaller batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
@@ -36,22 +45,24 @@ if TYPE_CHECKING:
 #: The keys a breakdown reads (``Measurement`` fields, and ``Schedule.meta`` keys).
 KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
         "argument_parts", "stacked_bytes", "carry_bytes", "argument_sharding", "devices",
-        "mesh")
+        "mesh", "platform")
 #: The figures measured on a device that reports ``memory_stats()`` (GPU, TPU;
 #: ``autoremat._measure.device_memory``), kept only where measured: on a CPU a
 #: breakdown, a front's JSON and a schedule's meta are as without them.
-DEVICE_KEYS = ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes")
+DEVICE_KEYS = ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes", "fit_proof_bytes",
+               "fit_proof_failed")
 
 
 def breakdown_figures(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """The ``KEYS`` of ``attrs`` (``Measurement.to_attrs``), and its ``DEVICE_KEYS`` that
     were measured."""
     return {k: v for k, v in attrs.items()
-            if k in KEYS or (k in DEVICE_KEYS and v is not None)}
+            if k in KEYS or (k in DEVICE_KEYS and v is not None and v != "")}
 
 
 def _arg_sizes(args: Sequence[Any], names: Sequence[str] | None) -> list[tuple[str, int, str]]:
-    """``(name, per-device bytes, "replicated" | "sharded" | "partly sharded")`` per argument."""
+    """``(name, per-device bytes, "replicated" | "sharded" | "partly sharded")`` per argument,
+    as the device holds them (``device_bytes``)."""
     import jax
 
     if names is None or len(names) != len(args):
@@ -61,8 +72,22 @@ def _arg_sizes(args: Sequence[Any], names: Sequence[str] | None) -> list[tuple[s
         sizes = [leaf_bytes(leaf) for leaf in jax.tree_util.tree_leaves(arg)]
         split = {per < whole for per, whole in sizes if whole}
         how = "partly sharded" if len(split) > 1 else "sharded" if True in split else "replicated"
-        out.append((str(name), sum(per for per, _ in sizes), how))
+        out.append((str(name), sum(device_bytes(leaf) for leaf in jax.tree_util.tree_leaves(arg)),
+                    how))
     return out
+
+
+def device_bytes(leaf: Any) -> int:
+    """One array's bytes on one device as the device lays it out: a placed ``jax.Array``'s
+    ``on_device_size_in_bytes`` per shard (a TPU pads to tiles); else its shape's bytes."""
+    per, _ = leaf_bytes(leaf)
+    size, sharding = getattr(leaf, "on_device_size_in_bytes", None), getattr(leaf, "sharding", None)
+    if size is None or sharding is None:
+        return per
+    try:
+        return int(size()) // max(1, int(sharding.num_devices))
+    except Exception:  # deleted, or not placed: the shape's bytes
+        return per
 
 
 def argument_parts(args: Sequence[Any], names: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
@@ -80,12 +105,38 @@ def argument_sharding(args: Sequence[Any], names: Sequence[str] | None,
     return tuple((name, how) for name, _, how in _arg_sizes(args, names))
 
 
-def scan_figures(records: Sequence[Any]) -> dict[str, int | None]:
-    """``stacked_bytes`` and ``carry_bytes`` summed over the recorded scans (``None``: no scan)."""
+def scan_figures(records: Sequence[Any], platform: str = "cpu") -> dict[str, int | None]:
+    """``stacked_bytes`` and ``carry_bytes`` summed over the recorded scans (``None``: no scan);
+    off a CPU the stacked arrays as ``platform``'s device lays them out (``laid_out_bytes``)."""
     if not records:
         return {"stacked_bytes": None, "carry_bytes": None}
-    return {"stacked_bytes": sum(r.stacked_bytes for r in records),
+    return {"stacked_bytes": sum(_stacked_on_device(r, platform) for r in records),
             "carry_bytes": sum(r.carry_bytes for r in records)}
+
+
+def _stacked_on_device(record: Any, platform: str) -> int:
+    if platform == "cpu" or not record.stacked_shapes:
+        return int(record.stacked_bytes)
+    sizes = [laid_out_bytes(shape, dtype) for shape, dtype in record.stacked_shapes]
+    return int(record.stacked_bytes) if None in sizes else sum(s or 0 for s in sizes)
+
+
+@functools.lru_cache(maxsize=256)
+def laid_out_bytes(shape: tuple[int, ...], dtype: str) -> int | None:
+    """The device bytes of an array of ``shape`` and ``dtype`` on the default device: the
+    output size of a compiled program that makes one (``memory_analysis``), so tiling and
+    padding are the device's own; ``None`` where that cannot be read."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    try:
+        logical = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        made = jax.jit(lambda: jnp.zeros(shape, dtype)).lower().compile()
+        size = getattr(made.memory_analysis(), "output_size_in_bytes", None)
+    except Exception:  # typed PRNG keys (no numpy dtype), a backend without the analysis
+        return None
+    return int(size) if isinstance(size, int) and size >= logical else None
 
 
 def _parts(value: Any) -> list[tuple[str, int]]:
@@ -112,63 +163,86 @@ def _get(fig: Figures, key: str) -> Any:
     return fig.get(key) if isinstance(fig, Mapping) else getattr(fig, key, None)
 
 
+def _on_chip(fig: Figures) -> bool:
+    """Temp is smaller than the stacked per-step outputs: the compiler kept some of them
+    outside device memory's temp (a TPU's on-chip memory), so they are not all there."""
+    stacked, temp = _get(fig, "stacked_bytes"), _get(fig, "temp_bytes")
+    return stacked is not None and temp is not None and int(temp) < int(stacked)
+
+
 def floor_bytes(fig: Figures) -> int | None:
-    """Arguments + outputs - alias + stacked per-step outputs: under every schedule's total.
+    """Arguments + outputs - alias + stacked per-step outputs: under every schedule's total
+    (the stacked outputs left out where this compile kept them on chip, ``_on_chip``).
 
     ``None`` when a part is unknown or no autoremat scan was recorded.
     """
     needed = [_get(fig, k) for k in ("argument_bytes", "output_bytes", "stacked_bytes")]
     if any(v is None for v in needed):
         return None
+    if _on_chip(fig):
+        needed = needed[:2]
     floor = sum(int(v) for v in needed if v is not None) - int(_get(fig, "alias_bytes") or 0)
     total = _get(fig, "total_bytes")
     return floor if total is None else min(floor, int(total))
 
 
 def breakdown_lines(fig: Figures, indent: str = "  ") -> list[str]:
-    """The breakdown as ``autoremat show``/``pareto``/``tune`` print it (empty: no figures)."""
+    """The breakdown as ``autoremat show``/``pareto``/``tune`` print it (empty: no figures).
+    Each line adds up to what it prints."""
     if _get(fig, "total_bytes") is None or _get(fig, "temp_bytes") is None:
         return []
     alias = int(_get(fig, "alias_bytes") or 0)
+    temp = int(_get(fig, "temp_bytes"))
     note = device_note(int(_get(fig, "devices") or 1), str(_get(fig, "mesh") or ""))
     lines = [f"{indent}memory ({note}): total {format_bytes(_get(fig, 'total_bytes'))} = arguments "
              f"{format_bytes(_get(fig, 'argument_bytes'))} + outputs "
              f"{format_bytes(_get(fig, 'output_bytes'))}"
              + (f" - aliased {format_bytes(alias)}" if alias else "")
-             + f" + temp {format_bytes(_get(fig, 'temp_bytes'))}"]
+             + f" + temp {format_bytes(temp)}"]
     parts = _parts(_get(fig, "argument_parts"))
     how = dict(_parts_text(_get(fig, "argument_sharding")))
     if parts:
         lines.append(f"{indent}  arguments: " + ", ".join(
             f"{n} {format_bytes(b)}" + (f" ({how[n]})" if n in how else "") for n, b in parts))
     stacked = _get(fig, "stacked_bytes")
-    if stacked is not None:
-        rest = max(0, int(_get(fig, "temp_bytes")) - int(stacked))
-        lines.append(f"{indent}  temp: per-step outputs stacked by the scan "
-                     f"{format_bytes(stacked)} (carry {format_bytes(_get(fig, 'carry_bytes'))}); "
-                     f"the rest {format_bytes(rest)} (residuals the schedule keeps, cotangents, "
-                     "workspace)")
+    carry = f"(carry {format_bytes(_get(fig, 'carry_bytes'))})"
+    if stacked is not None and _on_chip(fig):
+        lines.append(f"{indent}  temp {format_bytes(temp)} is below the per-step outputs the "
+                     f"scan stacks, {format_bytes(stacked)} {carry}: the compiler keeps them "
+                     "outside temp (in the chip's on-chip memory), so temp holds no part of "
+                     "them that can be told apart")
+    elif stacked is not None:
+        lines.append(f"{indent}  temp = per-step outputs stacked by the scan "
+                     f"{format_bytes(stacked)} {carry} + the rest "
+                     f"{format_bytes(temp - int(stacked))} (residuals the schedule keeps, "
+                     "cotangents, workspace)")
     floor = floor_bytes(fig)
     if floor is not None:
-        lines.append(f"{indent}  floor no schedule removes: {format_bytes(floor)} (arguments + "
-                     "outputs + stacked per-step outputs)")
+        what = ("arguments + outputs; the stacked outputs are on chip here" if _on_chip(fig)
+                else "arguments + outputs + stacked per-step outputs")
+        lines.append(f"{indent}  floor no schedule removes: {format_bytes(floor)} ({what})")
     return lines + device_lines(fig, indent)
 
 
 def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
-    """The estimate next to what the device measured (empty where nothing was: a CPU):
-    the step's runtime peak, the transient compile scratch, the process's peak, and
-    which of estimate and runtime peak decides the fit (the larger)."""
+    """The estimate next to what the device measured (empty on a CPU): the step's runtime
+    peak (``-`` with the reason where the platform's method is not validated), the
+    transient compile scratch, the process's peak, which of estimate and runtime peak
+    decides the fit (the larger), and the proof of fit."""
+    from autoremat._measure.device_memory import unmeasured_reason
+
     total, runtime = _get(fig, "total_bytes"), _get(fig, "runtime_peak_bytes")
     scratch, process = _get(fig, "compile_scratch_bytes"), _get(fig, "peak_bytes")
-    if runtime is None and scratch is None:
+    reason = unmeasured_reason(str(_get(fig, "platform") or ""))
+    proof = proof_text(fig)
+    if runtime is None and scratch is None and not reason and not proof:
         return []
     parts = [f"estimate {format_bytes(total)}"]
     if runtime is not None:
         change = f", {100 * (runtime - total) / total:+.1f}%" if total else ""
         parts.append(f"measured runtime peak {format_bytes(runtime)}{change}")
     else:
-        parts.append("measured runtime peak - (not measured at full length)")
+        parts.append(f"measured runtime peak - ({reason or 'not measured at full length'})")
     if scratch is not None:
         parts.append(f"compile scratch {format_bytes(scratch)} (transient, freed before "
                      "the step runs)")
@@ -176,7 +250,21 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
         parts.append(f"process peak {format_bytes(process)}")
     bound = ("the measured runtime peak" if runtime is not None and total is not None
              and runtime > total else "the estimate")
-    return [f"{indent}  device memory: " + ", ".join(parts) + f"; the fit is bound by {bound}"]
+    return ([f"{indent}  device memory: " + ", ".join(parts) + f"; the fit is bound by {bound}"]
+            + ([f"{indent}  {proof}"] if proof else []))
+
+
+def proof_text(fig: Figures) -> str:
+    """One line on the proof of fit (``""``: none was run)."""
+    proven, failed = _get(fig, "fit_proof_bytes"), _get(fig, "fit_proof_failed")
+    if failed:
+        return f"proof of fit: FAILED ({failed})"
+    if proven is None:
+        return ""
+    args = _get(fig, "argument_bytes")
+    live = f": arguments {format_bytes(args)} live, the rest free" if args is not None else ""
+    return (f"proof of fit: ran once with only {format_bytes(proven)} on the device "
+            f"(the budget{live})")
 
 
 def floor_message(fig: Figures, budget_bytes: int) -> str | None:

@@ -1,42 +1,60 @@
-"""A step's own device memory, on devices that report it (``memory_stats()``: GPU, TPU).
+"""A step's own device memory, read where each platform books it; the proof of fit.
 
-The device's allocator reports ``bytes_in_use`` and ``peak_bytes_in_use``; the peak
-only ever grows over a process (JAX has no reset, jax issue 8096). So in the tuner,
-where every trial runs in one process, the peak after a trial is the high-water mark
-of everything before it: the arrays of earlier trials, and XLA:GPU's compile-time
-autotuning scratch (measured on an H200: compiling a T=10^4 LSTM step lifted the peak
-from 137 to 255-275 MB with nothing more in use, for steps that need 17-137 MB).
+Two ways a device's allocator books a compiled step's memory, so two methods, one per
+platform (``METHODS``), each checked against the truth before its figure is used:
 
-**Method: fill the gap, then watch the mark** (``measured``). Before a piece of work
-(a compile, a warm-up run) each device's gap between ``bytes_in_use`` and
+**TPU: the program's reservation** (``reserved_need``). The TPU runtime books a
+program's temporaries as a reservation at the bottom of HBM (``bytes_reserved``), made
+when the program first runs and held while its executable is loaded; ``bytes_in_use``
+and ``peak_bytes_in_use`` never see them (plain seed LSTM, T=10^4: 984 MB reserved,
+``peak_bytes_in_use`` 21 MB). The reservation is the *largest* over the loaded programs,
+not a sum (measured on a TPU v5e, jax 0.10.2: 984 MB with plain loaded, 83 MB once it
+was deleted and 100x100 ran, 165 MB when remat of each step ran beside it). So a step's
+own need is its outputs (the rise of ``bytes_in_use`` over its first run) plus its
+reservation: ``bytes_reserved`` after that run when it rose -- exact; when it did not,
+a loaded program reserves more and this one's is hidden under it (``None``), unless
+what was reserved before is under ``CHUNK`` (then that is the bound). So before the run,
+executables nobody holds are collected (``gc.collect``) and what loaded programs still
+reserve is taken back: a reservation is given up when an allocation needs its room (a
+filler of all that is not in use, freed at once; seen on a TPU v5e). Compiling takes no
+device memory there.
+
+**GPU: fill the gap, then watch the mark** (``gap_need``). XLA:GPU's allocator books
+everything in ``bytes_in_use``; its ``peak_bytes_in_use`` only ever grows over a process
+(JAX has no reset, jax issue 8096), so the peak after a trial is the high-water mark of
+everything before it, XLA:GPU's compile-time autotuning scratch included. Before a piece
+of work (a compile, a warm-up run) each device's gap between ``bytes_in_use`` and
 ``peak_bytes_in_use`` is filled with a throwaway buffer, held while the work runs, so
 the device is *at* its high-water mark when the work starts: every byte the work
 allocates raises the mark, and ``peak after - in use before`` is exactly what the work
-needed above what was already live (the filler counted as live). The filler is freed
-right after. The filler is allocated in power-of-two chunks of at least ``CHUNK``
-bytes (one small compiled fill per size, cached), so up to ``CHUNK`` of gap may stay
-unfilled: when the mark did not rise, the work needed at most that residual gap, and
-that bound is recorded (it is the figure's resolution).
+needed above what was already live. The filler is allocated in power-of-two chunks of
+at least ``CHUNK`` bytes, so up to ``CHUNK`` of gap may stay unfilled: when the mark did
+not rise, the work needed at most that residual gap (the figure's resolution). A work
+that runs out of memory with a filler held runs once more without it, and its figure
+is recorded only if the mark rose above the old peak anyway (else ``None``).
 
-Why this and not a fresh process per trial: a process costs ~5 s of device start-up
-and imports on a GPU (longer than most trials), and the tuner screens and times in
-one process, sharing compiled executables and arguments; the filler costs one
-allocation and one free per measured piece of work. What it costs instead: while the
-work runs, the device holds the process's old peak plus the work's need, which may
-not fit where the work alone would. A work that runs out of memory with a filler held
-is therefore run once more without it, and its figure is recorded only if the mark
-rose above the old peak anyway (else unknown, ``None``) -- never a number that
-includes earlier trials.
+**The truth both are checked against** (``bisect_need``): the least free memory beyond
+what is live in which the step runs, found by bisection with a filler holding the rest
+(``runs_within``). ``VALIDATED`` names the platforms whose method was checked that way
+on a real device (``studies/device_check.py``; its results in ``studies/results/``):
+``measured`` returns a figure only there -- elsewhere ``None``, and ``unmeasured_reason``
+says why, so an unchecked method never prints a number as measured.
 
-Everything here reads devices through ``meters()``, one ``Meter`` per local device
-that reports ``bytes_in_use`` and ``peak_bytes_in_use``; on a CPU there is none, so
-nothing is filled or recorded and ``measured`` is just a call. Tests replace
-``meters`` with stand-in devices that simulate an allocator (``tests/test_device_memory.py``).
+**The proof of fit** (``runs_within``): the step runs once with only ``free_bytes`` free
+beyond what is live on each device -- a filler holds the rest. ``tune`` runs its pick so
+with only the budget on the device before writing it (``autoremat._search.tune``).
+
+Everything here reads devices through ``meters()``, one ``Meter`` per local device that
+reports ``bytes_in_use`` and ``peak_bytes_in_use``; on a CPU there is none, so nothing is
+filled or recorded and ``measured`` is just a call. Tests replace ``meters`` with
+stand-in devices that simulate an allocator (``tests/test_device_memory.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import gc
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
@@ -48,6 +66,17 @@ T = TypeVar("T")
 #: under the old mark. Chunks are powers of two from here up.
 CHUNK: Final = 1 << 20
 
+#: Platforms whose runtime books a program's temporaries as a reservation
+#: (``bytes_reserved``), not in ``bytes_in_use``: ``reserved_need`` measures there.
+RESERVING_PLATFORMS: Final = frozenset({"tpu"})
+
+#: Platforms whose method was checked against ``bisect_need`` on a real device, and where
+#: that check is written down. ``measured`` gives a figure only on these.
+VALIDATED: Final[Mapping[str, str]] = {
+    "tpu": "studies/results/tpu.md (TPU v5e, jax 0.10.2, 2026-12-05): within 5% of the "
+           "bisected need on every row of studies/device_check.py",
+}
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -56,21 +85,30 @@ class Stats:
     Attributes:
       in_use: ``bytes_in_use``.
       peak: ``peak_bytes_in_use`` (the process's high-water mark).
+      reserved: ``bytes_reserved`` (TPU: the largest loaded program's temporaries).
+      limit: ``bytes_limit`` (what the allocator may hand out in all).
     """
 
     in_use: int
     peak: int
+    reserved: int | None = None
+    limit: int | None = None
 
 
 class Meter(Protocol):
     """One device's memory, as ``measured`` reads and fills it."""
 
+    @property
+    def platform(self) -> str:
+        """The device's platform (``tpu``, ``gpu``, ...): which method measures it."""
+
     def stats(self) -> Stats | None:
         """The allocator's figures now (``None``: unreadable)."""
 
-    def fill(self, nbytes: int) -> Callable[[], None]:
-        """Hold about ``nbytes`` (at most; chunks of ``CHUNK`` and up) on the device;
-        returns the function that frees it. Raises when the device cannot hold it."""
+    def fill(self, nbytes: int, exact: bool = False) -> Callable[[], None]:
+        """Hold about ``nbytes`` on the device (chunks of ``CHUNK`` and up, the rest under
+        ``CHUNK`` left out unless ``exact``); returns the function that frees it. Raises
+        when the device cannot hold it."""
 
 
 class JaxMeter:
@@ -79,10 +117,14 @@ class JaxMeter:
     def __init__(self, device: Any) -> None:
         self.device = device
 
+    @property
+    def platform(self) -> str:
+        return str(self.device.platform)
+
     def stats(self) -> Stats | None:
         return _stats(memory_stats(self.device))
 
-    def fill(self, nbytes: int) -> Callable[[], None]:
+    def fill(self, nbytes: int, exact: bool = False) -> Callable[[], None]:
         import jax
         import jax.numpy as jnp
 
@@ -94,7 +136,7 @@ class JaxMeter:
             held.clear()
 
         try:
-            for size in chunks(nbytes):
+            for size in chunks(nbytes, exact=exact):
                 try:
                     held.append(jnp.zeros((size,), jnp.uint8, device=self.device))
                 except TypeError:  # a jax without zeros(device=...)
@@ -106,20 +148,24 @@ class JaxMeter:
         return free
 
 
-def chunks(nbytes: int) -> list[int]:
-    """``nbytes`` as powers of two of at least ``CHUNK``, largest first (the rest,
-    under ``CHUNK``, is left out)."""
+def chunks(nbytes: int, exact: bool = False) -> list[int]:
+    """``nbytes`` as powers of two of at least ``CHUNK``, largest first; the rest, under
+    ``CHUNK``, is left out -- or, with ``exact``, one last chunk of its own."""
     low = CHUNK.bit_length() - 1
-    return [1 << k for k in range(nbytes.bit_length() - 1, low - 1, -1) if nbytes >> k & 1]
+    sizes = [1 << k for k in range(nbytes.bit_length() - 1, low - 1, -1) if nbytes >> k & 1]
+    rest = nbytes - sum(sizes)
+    return [*sizes, rest] if exact and rest > 0 else sizes
 
 
-def _stats(raw: dict[str, Any] | None) -> Stats | None:
+def _stats(raw: Mapping[str, Any] | None) -> Stats | None:
     if not raw:
         return None
     in_use, peak = raw.get("bytes_in_use"), raw.get("peak_bytes_in_use")
     if not isinstance(in_use, int) or not isinstance(peak, int) or peak <= 0:
         return None
-    return Stats(in_use, max(peak, in_use))
+    reserved, limit = raw.get("bytes_reserved"), raw.get("bytes_limit")
+    return Stats(in_use, max(peak, in_use), reserved if isinstance(reserved, int) else None,
+                 limit if isinstance(limit, int) and limit > 0 else None)
 
 
 def meters() -> list[Meter]:
@@ -138,7 +184,7 @@ def meters() -> list[Meter]:
 def process_peak() -> int | None:
     """The process's high-water mark: the largest ``peak_bytes_in_use`` over the
     ``meters()``, else over every device reporting a peak (``device.peak_bytes_in_use``;
-    ``None`` when none does)."""
+    ``None`` when none does). On a TPU it does not count programs' temporaries."""
     readings = [m.stats() for m in meters()]
     known = [s.peak for s in readings if s is not None]
     return max(known) if known else peak_bytes_in_use()
@@ -148,6 +194,83 @@ def is_out_of_memory(e: BaseException) -> bool:
     """The device ran out of memory (XLA's ``RESOURCE_EXHAUSTED``)."""
     text = str(e)
     return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def unmeasured_reason(platform: str) -> str:
+    """Why a device figure is ``-`` on ``platform`` ("" where it is measured: ``VALIDATED``;
+    on a CPU, which has no device memory to read)."""
+    if platform in VALIDATED or platform in ("", "cpu"):
+        return ""
+    return (f"not measured: the {platform} method ({_method_name(platform)}) has not yet been "
+            "checked against a bisection on the device (studies/device_check.py)")
+
+
+def _method_name(platform: str) -> str:
+    return ("the program's reservation" if platform in RESERVING_PLATFORMS
+            else "fill the gap, watch the mark")
+
+
+def measured(work: Callable[[], T], devices: Sequence[Meter] | None = None, *,
+             compiling: bool = False) -> tuple[T, int | None]:
+    """``work()``, and the device memory it needed above what was live before it: the
+    largest over the devices (module doc). ``None`` on a device without ``memory_stats``
+    (CPU), on a platform whose method is not ``VALIDATED``, or where it could not be
+    isolated. ``compiling``: the work compiles (a TPU compile takes no device memory:
+    ``None`` there).
+    """
+    devices = meters() if devices is None else devices
+    if not devices:
+        return work(), None
+    platform = devices[0].platform
+    if platform not in VALIDATED or (compiling and platform in RESERVING_PLATFORMS):
+        return work(), None
+    return need(work, devices)
+
+
+def need(work: Callable[[], T], devices: Sequence[Meter]) -> tuple[T, int | None]:
+    """``work()`` and its need by its platform's method, validated or not (what
+    ``studies/device_check.py`` checks; ``measured`` is this where it was checked)."""
+    if devices and devices[0].platform in RESERVING_PLATFORMS:
+        return reserved_need(work, devices)
+    return gap_need(work, devices)
+
+
+# --------------------------------------------------------------------------- TPU
+
+
+def reserved_need(work: Callable[[], T], devices: Sequence[Meter]) -> tuple[T, int | None]:
+    """The TPU method (module doc): outputs + the program's reservation, per device."""
+    gc.collect()  # an executable nobody holds gives its reservation back
+    for m in devices:
+        _evict(m)
+    before = [m.stats() for m in devices]
+    result = work()
+    after = [m.stats() for m in devices]
+    needs = [_program_need(b, a) for b, a in zip(before, after, strict=True)]
+    known = [n for n in needs if n is not None]
+    return result, (max(known) if known and len(known) == len(needs) else None)
+
+
+def _evict(meter: Meter) -> None:
+    """Make the runtime give back what loaded programs reserve, where it is over ``CHUNK``:
+    a filler of all that is not in use needs that room (best effort; seen on a TPU v5e)."""
+    s = meter.stats()
+    if s is None or s.limit is None or s.reserved is None or s.reserved < CHUNK:
+        return
+    with contextlib.suppress(Exception):  # no room: the figure says so (None)
+        meter.fill(s.limit - s.in_use - CHUNK)()
+
+
+def _program_need(before: Stats | None, after: Stats | None) -> int | None:
+    if before is None or after is None or before.reserved is None or after.reserved is None:
+        return None
+    outputs = max(0, after.in_use - before.in_use)
+    if after.reserved > before.reserved:
+        return outputs + after.reserved
+    return outputs + before.reserved if before.reserved < CHUNK else None
+
+
+# --------------------------------------------------------------------------- GPU
 
 
 class _Window:
@@ -184,15 +307,9 @@ class _Window:
             self.release = None
 
 
-def measured(work: Callable[[], T], devices: Sequence[Meter] | None = None) -> tuple[T, int | None]:
-    """``work()``, and the device memory it needed above what was live before it: the
-    largest over the devices (module doc). ``None`` on a device without
-    ``memory_stats`` (CPU) or where it could not be isolated.
-
-    A work that runs out of memory with a filler held runs once more without one;
-    anything else it raises is raised.
-    """
-    devices = meters() if devices is None else devices
+def gap_need(work: Callable[[], T], devices: Sequence[Meter]) -> tuple[T, int | None]:
+    """The GPU method (module doc). A work that runs out of memory with a filler held
+    runs once more without one; anything else it raises is raised."""
     if not devices:
         return work(), None
     windows = _open(devices, fill=True)
@@ -226,3 +343,65 @@ def _finish(work: Callable[[], T], windows: list[_Window]) -> tuple[T, int | Non
             w.close()
     known = [r for r in rises if r is not None]
     return result, (max(known) if known and len(known) == len(rises) else None)
+
+
+# --------------------------------------------------------------------------- the truth
+
+
+def runs_within(work: Callable[[], Any], free_bytes: int,
+                devices: Sequence[Meter] | None = None) -> tuple[bool | None, str]:
+    """Run ``work`` once with only ``free_bytes`` free beyond what is live on each device (a
+    filler holds the rest): ``(True, "")`` it ran, ``(False, why)`` it ran out of memory,
+    ``(None, why)`` nothing can be proved here (a CPU; no room for the filler). What else
+    ``work`` raises is raised.
+
+    On a TPU a loaded program's reservation needs no care: it lies inside what is not in
+    use, so the step can reuse at most ``free_bytes`` of it, and a filler that needs its
+    room makes the runtime give it back (seen on a TPU v5e: ``bytes_reserved`` 0 after).
+    """
+    devices = meters() if devices is None else devices
+    if not devices:
+        return None, "no device memory to fill (a CPU)"
+    gc.collect()
+    releases: list[Callable[[], None]] = []
+    try:
+        for m in devices:
+            s = m.stats()
+            if s is None or s.limit is None:
+                return None, "the device reports no bytes_limit"
+            hold = s.limit - s.in_use - free_bytes
+            if hold > 0:
+                try:
+                    releases.append(m.fill(hold, exact=True))
+                except Exception as e:
+                    return None, f"no room for a {hold}-byte filler: {str(e)[:120]}"
+        try:
+            work()
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            text = " ".join(str(e).split())
+            return False, text[max(0, text.find("RESOURCE_EXHAUSTED")):][:300]
+        return True, ""
+    finally:
+        for release in releases:
+            release()
+
+
+def bisect_need(work: Callable[[], Any], high: int, *, resolution: int = 256 << 10,
+                devices: Sequence[Meter] | None = None) -> int | None:
+    """The least free memory beyond what is live in which ``work`` runs, to within
+    ``resolution`` bytes (bisection with ``runs_within``): the truth the methods are
+    checked against. ``high``: a size it surely runs in (checked first). ``None`` where
+    nothing can be proved, or when it does not run in ``high``."""
+    ok, _ = runs_within(work, high, devices)
+    if not ok:
+        return None
+    low = 0  # every step needs some bytes: its outputs at least
+    while high - low > resolution:
+        mid = (low + high) // 2
+        ok, _ = runs_within(work, mid, devices)
+        if ok is None:
+            return None
+        low, high = (low, mid) if ok else (mid, high)
+    return high

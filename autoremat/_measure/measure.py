@@ -27,17 +27,23 @@ so timing takes ``max(time_budget, min_repeats * step)``;
 ``step_seconds`` is the median wall time of those runs, each ended by
 ``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the device's
 ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
-the whole process, so an upper bound for this step.
+the whole process's buffers (on a GPU an upper bound for this step; on a TPU it
+leaves out every program's temporaries, so it bounds nothing: shown as the process's,
+never as the step's).
 
 On a device whose ``memory_stats()`` reports ``bytes_in_use`` and
-``peak_bytes_in_use`` (GPU, TPU), two more figures are measured, each isolated
-from earlier trials in the process (``autoremat._measure.device_memory``: the gap
-to the old high-water mark is filled while the work runs):
+``peak_bytes_in_use`` (GPU, TPU), two more figures are measured where the platform's
+method was checked against the truth (``device_memory.VALIDATED``; elsewhere ``None``,
+and ``device_memory.unmeasured_reason`` says why), each isolated from earlier trials
+in the process (``autoremat._measure.device_memory``: read where the platform books
+it -- a TPU program's reservation, a GPU's high-water mark):
 
 * ``compile_scratch_bytes``: what compiling took on the device (XLA:GPU's
-  autotuning), freed before the step runs -- transient, not part of the step;
-* ``runtime_peak_bytes``: the arguments plus what the warm-up run raised the mark
-  by: the step's own need, to compare with ``total_bytes`` (the estimate).
+  autotuning), freed before the step runs -- transient, not part of the step; none
+  on a TPU, whose compiles take no device memory;
+* ``runtime_peak_bytes``: the arguments plus what the warm-up run needed beyond them
+  (on a TPU its outputs and its program's reservation): the step's own need, to
+  compare with ``total_bytes`` (the estimate).
 
 A step whose runtime peak is over the budget is ``"over_budget"`` after its
 warm-up (not timed further), even when its estimate fits: a schedule fits when
@@ -187,7 +193,8 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
     env: dict[str, Any] = environment()  # str values, passed to the str fields
     env["devices"], env["mesh"] = layout(args)
     try:  # the scratch: what compiling took on the device (None on a CPU)
-        (executable, scans, seconds), scratch = device_memory.measured(compile_now)
+        (executable, scans, seconds), scratch = device_memory.measured(compile_now,
+                                                                            compiling=True)
     except Exception as e:
         return Compiled(Measurement(label, ERROR, f"{_kind_of_failure(e, 'compile')}: "
                                     f"{one_line(e)}", **env))
@@ -195,7 +202,7 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
     figures: dict[str, Any] = {
         # Traced shapes are whole arrays, not one device's: on many devices no scan figure.
         "argument_parts": argument_parts(args, arg_names),
-        **scan_figures(scans if env["devices"] == 1 else []),
+        **scan_figures(scans if env["devices"] == 1 else [], env["platform"]),
         "argument_sharding": argument_sharding(args, arg_names, env["devices"]),
         "compile_seconds": seconds,
         "compile_scratch_bytes": scratch,

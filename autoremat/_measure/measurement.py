@@ -41,7 +41,12 @@ class Measurement:
         predicted from a short run (until confirmed at full length), or when it
         could not be isolated.
       compile_scratch_bytes: the transient device memory compiling the step took
-        (XLA:GPU's autotuning), freed before it runs (GPU/TPU only; same method).
+        (XLA:GPU's autotuning), freed before it runs (GPU only; same method).
+      fit_proof_bytes: the proof of fit passed: the step ran once with only this many
+        bytes on the device -- its arguments live, the rest free, a filler holding all
+        else (``device_memory.runs_within``; ``tune`` proves its pick so, GPU/TPU).
+      fit_proof_failed: why the proof of fit failed (``""``: it did not, or none ran);
+        such a step does not fit, whatever its figures say.
       step_seconds: median wall seconds of one step (``None`` when not run).
       step_samples: every timed run, in seconds.
       compile_seconds: wall seconds of ``lower(...).compile()``.
@@ -102,6 +107,8 @@ class Measurement:
     extrapolated_seconds: float | None = None
     runtime_peak_bytes: int | None = None
     compile_scratch_bytes: int | None = None
+    fit_proof_bytes: int | None = None
+    fit_proof_failed: str = ""
 
     @property
     def cut(self) -> bool:
@@ -162,8 +169,8 @@ class Measurement:
 
     def fits(self, budget_bytes: int) -> bool:
         """Ran (timed), ``total_bytes <= budget_bytes``, and the measured runtime peak too
-        where there is one: the one test of "fits the budget"."""
+        where there is one, and no failed proof of fit: the one test of "fits the budget"."""
         fit = self.fit_bytes
-        return (self.feasible and self.step_seconds is not None
+        return (self.feasible and self.step_seconds is not None and not self.fit_proof_failed
                 and fit is not None and fit <= budget_bytes)
 

@@ -15,12 +15,16 @@ class ScanRecord:
     """What one autoremat scan holds whatever its schedule (``record_scans``).
 
     Attributes:
-      stacked_bytes: its stacked per-step outputs (``T`` x one step's ``y``).
+      stacked_bytes: its stacked per-step outputs (``T`` x one step's ``y``), as the
+        arrays' shapes say (no device padding).
       carry_bytes: one carry.
+      stacked_shapes: ``(shape, dtype name)`` of each stacked array: the measurement
+        stage sizes them as the device lays them out (a TPU pads to tiles).
     """
 
     stacked_bytes: int
     carry_bytes: int
+    stacked_shapes: tuple[tuple[tuple[int, ...], str], ...] = ()
 
 
 SCAN_RECORDS: contextvars.ContextVar[list[ScanRecord] | None] = contextvars.ContextVar(

@@ -113,7 +113,9 @@ def scan_axes(
         carry, ys = _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
     finally:
         SCAN_RECORDS.reset(token)
-    records.append(ScanRecord(nbytes(ys), nbytes(carry)))
+    shapes = tuple((tuple(int(d) for d in y.shape), str(y.dtype))
+                   for y in jax.tree_util.tree_leaves(ys))
+    records.append(ScanRecord(nbytes(ys), nbytes(carry), shapes))
     return carry, ys
 
 

@@ -104,6 +104,10 @@ class MeasuredTrial:
         if confirmed is not None:
             m = replace(Measurement.from_attrs({**attrs, **confirmed}),
                         extrapolated_seconds=m.step_seconds)
+        proof = (study_attrs or {}).get(proof_key(trial.number))
+        if proof is not None:
+            m = replace(m, fit_proof_bytes=proof.get("fit_proof_bytes"),
+                        fit_proof_failed=str(proof.get("fit_proof_failed") or ""))
         return cls(trial.number, from_data(attrs[SCHEDULE]), m)
 
 
@@ -112,6 +116,12 @@ def confirmed_key(number: int) -> str:
     attrs: ``status``, ``reason``, ``step_seconds``, ``step_samples``, ``peak_bytes``,
     ``loss``, ``timed_seq_len``); a finished trial's own attrs cannot change."""
     return f"confirmed:{number}"
+
+
+def proof_key(number: int) -> str:
+    """The study attr holding trial ``number``'s proof of fit (``autoremat._search.proof``):
+    ``{"fit_proof_bytes": budget}`` or ``{"fit_proof_failed": why}``."""
+    return f"fit_proof:{number}"
 
 
 def load_study(study_name: str, storage: str | None = None) -> optuna.Study:
@@ -184,9 +194,10 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
 
 
 def device_memory_meta(m: Measurement) -> dict[str, int]:
-    """The measured device figures for ``meta`` (none on a CPU, so its meta is unchanged)."""
-    return {k: v for k in ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes")
-            if isinstance(v := getattr(m, k), int)}
+    """The measured device figures for ``meta``, and the proof of fit's budget (none on a
+    CPU, so its meta is unchanged)."""
+    return {k: v for k in ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes",
+                           "fit_proof_bytes") if isinstance(v := getattr(m, k), int)}
 
 
 @dataclass(frozen=True)
@@ -207,6 +218,7 @@ class TuneResult:
       confirmed: trials timed on a short run and then at full length
         (``measurement.extrapolated_seconds``: the prediction; ``autoremat._search.confirm``).
       unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
+      proof: what the proof of fit found (``autoremat._search.proof``; "" when none ran).
     """
 
     study_name: str
@@ -223,11 +235,12 @@ class TuneResult:
     mesh: str = ""
     confirmed: tuple[MeasuredTrial, ...] = ()
     unconfirmed: str = ""
+    proof: str = ""
 
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
               measured: int = 0, interrupted: bool = False,
-              unconfirmed: str = "") -> TuneResult:
+              unconfirmed: str = "", proof: str = "") -> TuneResult:
     """The ``TuneResult`` of a study (nothing is measured, nothing written); ``info``: what
     the study was made for, when the caller has it (``tune``), else read from the study."""
     info = info if info is not None else StudyInfo.of(study)
@@ -244,7 +257,7 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
         devices=info.devices, mesh=info.mesh,
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
-        unconfirmed=unconfirmed,
+        unconfirmed=unconfirmed, proof=proof,
     )
 
 

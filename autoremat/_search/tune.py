@@ -25,6 +25,9 @@ Long problems (``T >= short_runs.MIN_SEQ_LEN`` with
 their full-length times predicted (``autoremat._search.short_runs``; the trial attr
 ``timed_seq_len`` says which); before answering, the pick is timed at full
 length (``autoremat._search.confirm``) and the answer is the fastest measured.
+On a GPU or TPU the answer then passes a proof of fit: it runs once with only the
+budget on the device (``autoremat._search.proof``); one that fails it is not written,
+the next fastest that passes is.
 
 * A schedule is measured at most once per study: a trial whose schedule key
   was already measured (or is being measured by another worker) is pruned
@@ -58,7 +61,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._measure.device import arguments_fingerprint, environment
@@ -69,14 +72,12 @@ from autoremat._schedules import save_schedule
 from autoremat._schedules.base import Schedule
 from autoremat._search.confirm import confirm
 from autoremat._search.probe import study_probe
+from autoremat._search.proof import prove_fit
 from autoremat._search.resume import default_study_name, open_study
 from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyLock, open_storage, redact
 from autoremat._search.study import StudyInfo, TuneResult, summarize
 from autoremat._search.worker import OnTrial, Worker
 from autoremat._units import parse_duration
-
-if TYPE_CHECKING:
-    pass
 
 #: ``tune``'s default time limit: the built-in problem at T=10^4 in under 2.5 minutes.
 DEFAULT_TIME_LIMIT: Final = "2m"
@@ -169,10 +170,13 @@ def tune(
     del built
     interrupted = search.run(n_trials, None if limit is None else
                              limit - (time.monotonic() - start))
+    search_measured = search.measured
     unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
                                                  time_budget=time_budget, on_confirm=on_confirm)
-    result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search.measured,
-                       interrupted=interrupted, unconfirmed=unconfirmed)
+    del search  # its executables: what they reserve on a device is not the pick's
+    proof = "" if interrupted else prove_fit(study, problem, budget_bytes, on_confirm)
+    result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
+                       interrupted=interrupted, unconfirmed=unconfirmed, proof=proof)
     if out is not None:
         _write_best(result, out)
     return result

@@ -1,0 +1,91 @@
+"""The proof of fit: before ``tune`` writes its pick, the pick runs once with only the
+budget on the device.
+
+Every figure the search compares with the budget is an estimate or a measurement of
+the step alone; the proof asks the device itself. The pick is compiled again and run
+once with a filler holding all of the device's memory but the budget -- its arguments
+live, ``budget - arguments`` free (``device_memory.runs_within``; per device on a
+mesh). A pick that runs out of memory so is marked (the study attr
+``proof_key(number)``; ``MeasuredTrial.of`` reads it as ``fit_proof_failed``, and
+``Measurement.fits`` is then false), and the next fastest is proved in turn, up to
+``MAX_TRIES`` picks. One that passes records ``fit_proof_bytes`` (the budget), which the
+written schedule's ``meta``, ``autoremat show`` and ``autoremat pareto`` report.
+
+On a CPU there is no device memory to fill: the proof is skipped, and said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from autoremat._errors import one_line
+from autoremat._measure import device_memory
+from autoremat._measure.measure import compile_schedule
+from autoremat._measure.problem import Problem
+from autoremat._search.study import MeasuredTrial, choose, proof_key
+from autoremat._units import format_bytes
+
+if TYPE_CHECKING:
+    import optuna
+
+#: At most this many picks are proved (each a compile and one run).
+MAX_TRIES: Final = 3
+
+
+def prove_fit(study: optuna.Study, problem: Problem, budget_bytes: int,
+              on_line: Callable[[str], None] | None = None) -> str:
+    """Prove the study's pick fits ``budget_bytes`` on the device (module doc). Returns one
+    line saying what was proved ("" when nothing fits)."""
+    if not device_memory.meters():
+        return "proof of fit: skipped (a CPU has no device memory to fill)"
+    for _ in range(MAX_TRIES):
+        best = choose(study)
+        if best is None:
+            return "proof of fit: no pick left that fits"
+        if best.measurement.fit_proof_bytes is not None:
+            return _passed(best, budget_bytes)
+        ok, why = _run(problem, best, budget_bytes)
+        if ok is None:
+            return f"proof of fit: not run ({why})"
+        study.set_user_attr(proof_key(best.number),
+                            {"fit_proof_bytes": budget_bytes} if ok else {"fit_proof_failed": why})
+        if ok:
+            return _passed(best, budget_bytes)
+        if on_line is not None:
+            on_line(f"proof of fit: trial {best.number} ({best.schedule.describe()}) ran out of "
+                    f"memory with only {format_bytes(budget_bytes)} on the device; proving "
+                    "the next fastest")
+    return f"proof of fit: the {MAX_TRIES} fastest picks failed it; nothing is written"
+
+
+def _passed(trial: MeasuredTrial, budget_bytes: int) -> str:
+    return (f"proof of fit: trial {trial.number} ran once with only "
+            f"{format_bytes(budget_bytes)} on the device (its arguments live, the rest free)")
+
+
+def _run(problem: Problem, trial: MeasuredTrial, budget_bytes: int) -> tuple[bool | None, str]:
+    """Compile the trial's schedule and run it once within the budget."""
+    compiled = compile_schedule(problem, trial.schedule)
+    executable, args = compiled.executable, compiled.args
+    arguments = compiled.measurement.argument_bytes
+    compiled.release()
+    if executable is None or arguments is None:
+        return None, f"it did not compile again: {compiled.measurement.reason or 'no sizes'}"
+
+    def once() -> None:
+        _delete(executable(*args))
+
+    try:
+        return device_memory.runs_within(once, budget_bytes - arguments)
+    except Exception as e:
+        return None, f"it failed to run: {one_line(e)}"
+
+
+def _delete(out: Any) -> None:
+    """Free a run's outputs at once (a bisection or proof must not keep them)."""
+    import jax
+
+    for leaf in jax.tree_util.tree_leaves(out):
+        if isinstance(leaf, jax.Array):
+            leaf.delete()
