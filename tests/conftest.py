@@ -1,5 +1,5 @@
 """Shared fixtures: a PostgreSQL server for the tests marked ``postgres``; quick XLA
-compiles for the default suite.
+compiles for the default suite, on the CPU; the accelerator for the tests marked ``device``.
 
 ``.ci/run`` starts a throwaway server on 127.0.0.1 and exports
 ``AUTOREMAT_TEST_POSTGRES_URL``; locally, point it at any server you may
@@ -25,19 +25,28 @@ NO_POSTGRES = f"no PostgreSQL server: set {POSTGRES_ENV} (.ci/run starts one)"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The default suite (no ``-m`` that selects ``slow``) compiles with XLA's LLVM backend at -O0.
+    """Where the suite runs, and how fast it compiles.
 
-    Most of the suite's time is XLA compiling small steps; -O0 cuts that by ~40%
-    and changes nothing a default test checks (values, gradients and compiled
-    memory are decided before the backend's code generation; the generated code
-    runs ~3x slower, and no default test asserts a time). Set in the environment
-    before jax starts, so the CLI subprocesses get it too. ``-m slow`` (the
-    benchmarks) keeps full optimization, and so does an ``XLA_FLAGS`` that sets
-    the level itself.
+    **xdist's workers run on the CPU** (``JAX_PLATFORMS=cpu`` unless set): on a machine
+    with an accelerator the default suite is the same as on any CPU -- its memory
+    assertions are the CPU compiler's, its values compared at the CPU's precision -- and
+    several workers never fight over a device that one process at a time may hold (a
+    TPU). The tests marked ``device`` check the accelerator itself: they run in one
+    process that holds it, ``python -m pytest -m device -p no:xdist``, and skip elsewhere.
+
+    The default suite (no ``-m`` that selects ``slow`` or ``device``) compiles with XLA's
+    LLVM backend at -O0. Most of the suite's time is XLA compiling small steps; -O0 cuts
+    that by ~40% and changes nothing a default test checks (values, gradients and compiled
+    memory are decided before the backend's code generation; the generated code runs ~3x
+    slower, and no default test asserts a time). Set in the environment before jax starts,
+    so the CLI subprocesses get it too. ``-m slow`` (the benchmarks) and ``-m device`` keep
+    full optimization, and so does an ``XLA_FLAGS`` that sets the level itself.
     """
+    if os.environ.get("PYTEST_XDIST_WORKER") and "JAX_PLATFORMS" not in os.environ:
+        os.environ["JAX_PLATFORMS"] = "cpu"
     flags = os.environ.get("XLA_FLAGS", "")
-    selects_slow = "slow" in config.option.markexpr.replace("not slow", "")
-    if not selects_slow and OPT_FLAG not in flags:
+    selects = config.option.markexpr.replace("not slow", "")
+    if "slow" not in selects and "device" not in selects and OPT_FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {OPT_FLAG}=0".strip()
     if CACHE_ENV not in os.environ:  # the first process (xdist's workers inherit it)
         # Many tests compile the same small steps (the tiny and seed problems, the CLI's

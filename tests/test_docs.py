@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.env import module_path
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = re.compile(r"^<!--\s*not run:(.*)-->$")
@@ -101,7 +103,7 @@ def _sandbox(tmp: Path) -> dict[str, str]:
         shim.chmod(0o755)
     env = dict(os.environ)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = module_path()
     env["MPLBACKEND"] = "Agg"
     env.pop("AUTOREMAT_STORAGE", None)  # studies go to the scratch folder's runs/
     return env

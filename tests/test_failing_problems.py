@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from autoremat._schedules import read_schedule
 from autoremat._search.space import seed_schedules
+from tests.env import module_path
 from tests.faulty_problem import FAIL_BUILD, FAIL_COMPILE, FAIL_NAN, FAIL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ REASONS = {
 
 
 def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": module_path()}
     env.pop("AUTOREMAT_STORAGE", None)
     r = subprocess.run(
         [sys.executable, "-m", "autoremat.cli", "tune", "--problem", FAULTY, "--budget", "1MB",

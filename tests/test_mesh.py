@@ -21,6 +21,7 @@ import yaml
 
 import autoremat
 from autoremat.cli import main
+from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOUR = "--xla_force_host_platform_device_count=4"
@@ -34,7 +35,7 @@ CASES = [(f, c, k) for f in FRONTS for c in CONTEXTS
 
 def _env(devices: int) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = module_path()
     # Full optimization (conftest's -O0 rounds differently: a few ulps, past atol 1e-6 on
     # gradients that cancel) -- these compare every front end with lax.scan at rtol 1e-5.
     flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()

@@ -27,6 +27,7 @@ from flax import nnx
 import autoremat
 import autoremat.nnx
 from autoremat import Schedule
+from tests.env import module_path
 from tests.helpers import assert_close
 
 B, T, FEAT, HID, OUT = 2, 23, 3, 8, 2
@@ -322,6 +323,6 @@ def test_problem_tunes_end_to_end_with_the_cli(
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "seed_lstm_nnx.py"), "--schedule",
                         "best.yaml", "--steps", "2", "--seq-len", "24", "--hidden", "8"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": module_path()})
     assert r.returncode == 0, r.stderr
     assert "step 1: loss" in r.stdout

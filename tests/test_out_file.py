@@ -16,6 +16,7 @@ import pytest
 from autoremat._schedules import dump_schedule, read_schedule, save_schedule
 from autoremat._schedules.base import Schedule
 from autoremat._search.tune import tune
+from tests.env import module_path
 from tests.tiny_problem import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
 
 
 def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": module_path()}
     env.pop("AUTOREMAT_STORAGE", None)
     return env
 

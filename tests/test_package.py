@@ -77,11 +77,15 @@ def _build_wheel(src: Path, out: Path) -> Path:
 
 def _see_these_dependencies(python: Path, cwd: Path) -> None:
     """Let the scratch venv import what this interpreter imports (jax, optax, pip, ...): a
-    ``.pth`` file in its site-packages naming ours, as plain paths, so no ``.pth`` file of
-    ours runs there (an editable install of autoremat would shadow the wheel)."""
+    ``.pth`` file in its site-packages naming ours and this run's ``PYTHONPATH`` folders but
+    the checkout, as plain paths, so no ``.pth`` file of ours runs there (an editable install
+    of autoremat would shadow the wheel)."""
     ours = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
     if site.ENABLE_USER_SITE and Path(site.getusersitepackages()).is_dir():
         ours.add(site.getusersitepackages())
+    # where jax itself comes from PYTHONPATH (a TPU machine's): those folders, not the checkout
+    ours |= {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p and Path(p).is_dir() and Path(p).resolve() != ROOT.resolve()}
     theirs = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=cwd)
     assert theirs.returncode == 0, theirs.stderr
     pth = Path(theirs.stdout.strip()) / "_test_dependencies.pth"

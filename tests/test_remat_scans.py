@@ -25,6 +25,7 @@ import autoremat
 import autoremat.linen
 import autoremat.nnx
 from autoremat import Schedule
+from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
 NESTED = Schedule.nested([10, 20])
@@ -141,7 +142,7 @@ def test_problem_from_loss_errors() -> None:
 
 
 def test_tune_the_unmodified_seed_script(tmp_path: Path) -> None:
-    env = {**os.environ, "SEED_SEQ_LEN": "120", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "SEED_SEQ_LEN": "120", "PYTHONPATH": module_path()}
     out = subprocess.run(
         [sys.executable, "-m", "autoremat.cli", "tune", "--problem",
          f"{ROOT / 'examples' / 'seed_unmodified.py'}:problem", "--budget", "1GB",

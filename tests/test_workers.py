@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from autoremat._schedules import read_schedule
 from autoremat._search.study import choose
+from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = f"{ROOT / 'tests' / 'tiny_problem.py'}:tiny"
@@ -31,7 +32,7 @@ TUNE_ARGS = ("--budget", "2.4KB", "--time-budget", "0.02", "--heartbeat", "1", "
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
+    env = {**os.environ, "PYTHONPATH": module_path(), **extra}
     env.pop("AUTOREMAT_STORAGE", None)
     return env
 
