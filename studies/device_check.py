@@ -12,9 +12,10 @@ is rewritten after every result, to ``--out/<platform>.md`` (and ``.json``):
    estimate beyond the arguments (compiled temp + outputs), autoremat's measured need
    (``Measurement.runtime_peak_bytes`` less the arguments: what the tuner records, by
    the platform's method of ``autoremat._measure.device_memory``), the true need --
-   the least free memory beyond the live arguments in which the step runs, bisected
-   with a filler (``device_memory.bisect_need``, 256 KB) -- and the step time (median
-   of 3 after a warm-up);
+   the least free memory beyond the live arguments in which the freshly loaded step
+   runs, bisected with a filler (``device_memory.bisect_need`` of ``fresh_run``, 256 KB;
+   each try a load from JAX's compilation cache) -- and the step time (median of 3
+   after a warm-up);
 2. ``autoremat tune --budget 4GB`` (T=10^4) and, under a budget that binds,
    ``--budget 1GB --seq-len 100000 --fused-readout``, each with ``--time-limit``
    (default 60 s) and its proof of fit; then the 4 GB pick as a row of the table.
@@ -152,9 +153,10 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
         other = compile_schedule(problem, schedule_of("plain", seq_len))
         _delete(other.executable(*other.args))
         keep.append(other.executable)
-    compiled = compile_schedule(problem, schedule)
-    executable, args = compiled.executable, compiled.args
+    step, args = problem.build(schedule)
+    compiled = compile_schedule(problem, schedule, built=(step, args))
     m = time_compiled(compiled, time_budget=0.0, min_repeats=3, max_repeats=3)
+    compiled.release()  # the bisection loads the program afresh each try
     row: dict[str, Any] = {**m.to_attrs(), "describe": schedule.describe(),
                            "evaluations": bounds.cost(schedule, seq_len).evaluations}
     arguments = m.argument_bytes or 0
@@ -164,12 +166,13 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
         row["measured"] = m.runtime_peak_bytes - arguments
     if m.status == "error":
         row["error"] = m.reason[:300]
-    elif executable is not None and device_memory.meters():
+    elif device_memory.meters():
+        gc.collect()
         limit = device_memory.meters()[0].stats()
         room = (limit.limit or 0) - limit.in_use if limit else 0
         high = min(room - (64 << 20), 2 * (row.get("estimate") or 0) + (256 << 20))
         started = time.monotonic()
-        row["true"] = device_memory.bisect_need(lambda: _delete(executable(*args)), high)
+        row["true"] = device_memory.bisect_need(device_memory.fresh_run(step, args), high)
         row["bisect_seconds"] = time.monotonic() - started
     keep.clear()  # plain's program, when it was loaded beside this one
     gc.collect()
@@ -248,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("device_check: no accelerator here (jax's default backend is cpu); nothing "
               "measured, nothing written. Run it on a TPU or GPU machine.", flush=True)
         return 0
+    # each bisection try compiles afresh: from this cache, a load
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="device-check-xla-"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     if platform != "cpu" and platform not in device_memory.VALIDATED:  # what is checked here
         device_memory.VALIDATED[platform] = "being checked by studies/device_check.py"  # type: ignore[index]
     started = time.monotonic()

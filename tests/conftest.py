@@ -32,7 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
     assertions are the CPU compiler's, its values compared at the CPU's precision -- and
     several workers never fight over a device that one process at a time may hold (a
     TPU). The tests marked ``device`` check the accelerator itself: they run in one
-    process that holds it, ``python -m pytest -m device -p no:xdist``, and skip elsewhere.
+    process that holds it, ``python -m pytest -m device -n 0``, and skip elsewhere.
 
     The default suite (no ``-m`` that selects ``slow`` or ``device``) compiles with XLA's
     LLVM backend at -O0. Most of the suite's time is XLA compiling small steps; -O0 cuts

@@ -3,7 +3,7 @@ proof of fit, the breakdown in device bytes, and values at ``highest`` precision
 
 Marked ``device``: skipped without an accelerator (CI, and the default suite, whose
 xdist workers run on the CPU: ``tests/conftest.py``). Run them in one process that
-holds the device: ``python -m pytest -m device -p no:xdist``.
+holds the device: ``python -m pytest -m device -n 0``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from autoremat._search.tune import tune
 
 pytestmark = pytest.mark.device
 
-T = 2_000
+T = 10_000
 MB = 10**6
 SCHEDULES = {
     "plain": Schedule.plain(T),
@@ -37,7 +37,7 @@ def platform() -> str:
     found = jax.devices()[0].platform
     if found == "cpu":
         pytest.skip("no accelerator in this process (the default suite's workers run on the "
-                    "CPU): run `python -m pytest -m device -p no:xdist` on a TPU or GPU machine")
+                    "CPU): run `python -m pytest -m device -n 0` on a TPU or GPU machine")
     return str(found)
 
 
@@ -48,18 +48,20 @@ def _delete(out: Any) -> None:
 
 
 def _true_need(schedule: Schedule) -> tuple[int | None, int | None, Any]:
-    """The method's need, the bisected need, and a runner of the compiled step."""
-    compiled = compile_schedule(seed_lstm(seq_len=T), schedule)
-    executable, args = compiled.executable, compiled.args
+    """The method's need (a first run), the bisected need of the freshly loaded program,
+    and a work that loads and runs it afresh."""
+    problem = seed_lstm(seq_len=T)
+    step, args = problem.build(schedule)
+    compiled = compile_schedule(problem, schedule, built=(step, args))
+    executable = compiled.executable
     assert executable is not None, compiled.measurement.reason
-
-    def once() -> None:
-        _delete(executable(*args))
-
     estimate = (compiled.measurement.total_bytes or 0) - (compiled.measurement.argument_bytes or 0)
-    _, need = device_memory.need(once, device_memory.meters())
-    true = device_memory.bisect_need(once, 2 * estimate + 256 * MB)
-    return need, true, once
+    _, need = device_memory.need(lambda: _delete(executable(*args)), device_memory.meters())
+    compiled.release()
+    executable = None  # unloaded: the bisection loads the program afresh each try
+    fresh = device_memory.fresh_run(step, args)
+    true = device_memory.bisect_need(fresh, 2 * estimate + 256 * MB)
+    return need, true, fresh
 
 
 @pytest.mark.parametrize("name", SCHEDULES)

@@ -11,7 +11,8 @@ and ``peak_bytes_in_use`` never see them (plain seed LSTM, T=10^4: 984 MB reserv
 not a sum (measured on a TPU v5e, jax 0.10.2: 984 MB with plain loaded, 83 MB once it
 was deleted and 100x100 ran, 165 MB when remat of each step ran beside it). So a step's
 own need is its outputs (the rise of ``bytes_in_use`` over its first run) plus its
-reservation: ``bytes_reserved`` after that run when it rose -- exact; when it did not,
+reservation: ``bytes_reserved`` after that run when it rose -- exact (the outputs' rise
+includes the program's code, loaded at its first run); when it did not,
 a loaded program reserves more and this one's is hidden under it (``None``), unless
 what was reserved before is under ``CHUNK`` (then that is the bound). So before the run,
 executables nobody holds are collected (``gc.collect``) and what loaded programs still
@@ -35,8 +36,9 @@ is recorded only if the mark rose above the old peak anyway (else ``None``).
 
 **The truth both are checked against** (``bisect_need``): the least free memory beyond
 what is live in which the step runs, found by bisection with a filler holding the rest
-(``runs_within``). ``VALIDATED`` names the platforms whose method was checked that way
-on a real device (``studies/device_check.py``; its results in ``studies/results/``):
+(``runs_within``), each try a freshly loaded program (``fresh_run``: its code counts).
+``VALIDATED`` names the platforms whose method was checked that way on a real device
+(``studies/device_check.py``; its results in ``studies/results/``):
 ``measured`` returns a figure only there -- elsewhere ``None``, and ``unmeasured_reason``
 says why, so an unchecked method never prints a number as measured.
 
@@ -386,6 +388,29 @@ def runs_within(work: Callable[[], Any], free_bytes: int,
     finally:
         for release in releases:
             release()
+
+
+def fresh_run(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], None]:
+    """A work for ``runs_within``/``bisect_need``: compile ``step`` anew and run it once, then
+    free its outputs and the program. A fresh program is what the truth is about: loading it
+    takes its code as well as its temporaries and outputs (seen on a TPU v5e: ``bytes_in_use``
+    rose by the outputs plus ``generated_code_size_in_bytes`` at the first run), which a
+    loaded one already holds. A new wrapper each time, so no in-process cache hands back a
+    loaded program; with JAX's persistent compilation cache on, each compile is a load."""
+    import jax
+
+    def once() -> None:
+        def fresh(*a: Any) -> Any:
+            return step(*a)
+
+        executable = jax.jit(fresh).lower(*args).compile()
+        for leaf in jax.tree_util.tree_leaves(executable(*args)):
+            if isinstance(leaf, jax.Array):
+                leaf.delete()
+        del executable
+        gc.collect()
+
+    return once
 
 
 def bisect_need(work: Callable[[], Any], high: int, *, resolution: int = 256 << 10,
