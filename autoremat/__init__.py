@@ -28,14 +28,16 @@ missing here)::
         measure         compile -> memory_analysis -> run -> time; measurement: the record
         breakdown       where the memory goes; the floor no schedule removes
         device          the device's facts; mesh: many devices, per-device layout
-        device_memory   a step's own runtime peak and compile scratch (memory_stats)
+        device_memory   a step's own need, read where each platform books it (memory_stats);
+                        the truth it is checked against (bisection); runs within a budget
         stale           is a saved schedule still the one for this problem?
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: trial -> Schedule
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem
-        tune            the search: open the study, run a worker, confirm, answer
+        tune            the search: open the study, run a worker, confirm, prove, answer
+        proof           the proof of fit: the pick runs with only the budget on the device
         worker          one worker's loop: plan, claim (no schedule twice), measure, count
         resume          open a study or resume one; storage: storages, retries, the lock
         study           reading a study: measured trials, the answer, TuneResult

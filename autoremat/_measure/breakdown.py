@@ -36,6 +36,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
+from autoremat._measure.device_memory import unmeasured_reason
 from autoremat._measure.mesh import device_note, leaf_bytes
 from autoremat._units import format_bytes
 
@@ -229,8 +230,6 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
     peak (``-`` with the reason where the platform's method is not validated), the
     transient compile scratch, the process's peak, which of estimate and runtime peak
     decides the fit (the larger), and the proof of fit."""
-    from autoremat._measure.device_memory import unmeasured_reason
-
     total, runtime = _get(fig, "total_bytes"), _get(fig, "runtime_peak_bytes")
     scratch, process = _get(fig, "compile_scratch_bytes"), _get(fig, "peak_bytes")
     reason = unmeasured_reason(str(_get(fig, "platform") or ""))
