@@ -58,7 +58,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._measure.device import arguments_fingerprint, environment
@@ -74,9 +74,6 @@ from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyL
 from autoremat._search.study import StudyInfo, TuneResult, summarize
 from autoremat._search.worker import OnTrial, Worker
 from autoremat._units import parse_duration
-
-if TYPE_CHECKING:
-    pass
 
 #: ``tune``'s default time limit: the built-in problem at T=10^4 in under 2.5 minutes.
 DEFAULT_TIME_LIMIT: Final = "2m"
