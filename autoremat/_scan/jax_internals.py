@@ -40,7 +40,6 @@ JIT = prims.jit_p
 COND = prims.cond_p
 REMAT = remat_p
 TRANSPOSE = prims.transpose_p
-CUSTOM_RULES = (prims.custom_jvp_call_p, prims.custom_vjp_call_p)
 
 # scan's parameters
 SCAN_BODY = "jaxpr"  # a ClosedJaxpr: (consts, carry, x) -> (carry, y)

@@ -48,11 +48,6 @@ def register(kind: type[Schedule]) -> type[Schedule]:
     return kind
 
 
-def unregister(name: str) -> None:
-    """Remove a kind from ``KINDS`` (tests that define a kind of their own)."""
-    KINDS.pop(name, None)
-
-
 register(NestedSchedule)
 register(BinomialSchedule)
 
