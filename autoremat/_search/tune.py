@@ -158,7 +158,7 @@ def tune(
     storage_obj = open_storage(storage, heartbeat=heartbeat)
     name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
     lock = StudyLock(storage_obj, name)
-    study = open_study(storage_obj, name, info, lock, seed)
+    study = open_study(storage_obj, name, info, lock)
     refused = study_probe(study, lock, problem, info.platform or "", on_confirm)
     search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
                      time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
