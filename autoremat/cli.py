@@ -38,6 +38,7 @@ from autoremat._cli.settings import (
     UsageError,
     add_settings,
     check_settings,
+    flag,
     given,
     read_study_file,
     with_defaults,
@@ -244,7 +245,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     remember(result.study_name)
     print(result_table(result))
     if result.best is None:
-        print(f"autoremat: {nothing_fits_message(result)}",
+        print(f"autoremat: {nothing_fits_message(result, flag)}",
               file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
     print(f"wrote {settings['out']}")
