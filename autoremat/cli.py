@@ -170,8 +170,9 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
         if fused_readout and not seq2seq:
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
                              "no outputs, so there is nothing to fuse; drop one of the two")
-        return seed_lstm(seq_len=seq_len or 10_000, batch=batch, hidden=hidden or 128,
-                         seq2seq=seq2seq, fused_readout=fused_readout, mesh=mesh)
+        resized = {k: v for k, v in (("seq_len", seq_len), ("hidden", hidden)) if v is not None}
+        return seed_lstm(**resized, batch=batch, seq2seq=seq2seq, fused_readout=fused_readout,
+                         mesh=mesh)
     sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
              "fused_readout": fused_readout or None, "mesh": mesh}
     named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]

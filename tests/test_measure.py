@@ -64,15 +64,16 @@ def test_seed_train_step_around_lax_scan_is_seed_lstm(seq2seq: bool) -> None:
     import jax
     import jax.numpy as jnp
 
-    model = seed_model(seq_len=16, batch=2, hidden=8, seq2seq=seq2seq)
+    model = seed_model(seq_len=16, batch=2, hidden=8, input_dim=3, output_dim=2, seq2seq=seq2seq)
 
     def run_scan(params: Any, x: Any) -> Any:
         return jax.lax.scan(model.cell_step(params), model.carry0, jnp.moveaxis(x, 1, 0))
 
     ours = jax.jit(model.train_step(run_scan))(*model.args)
-    step, args = seed_lstm(seq_len=16, batch=2, hidden=8, seq2seq=seq2seq).build(Schedule.plain(16))
+    step, args = seed_lstm(seq_len=16, batch=2, hidden=8, input_dim=3, output_dim=2,
+                           seq2seq=seq2seq).build(Schedule.plain(16))
     ref = jax.jit(step)(*args)
-    assert model.problem().name == seed_lstm(16, 2, 8, seq2seq=seq2seq).name
+    assert model.problem().name == seed_lstm(16, 2, 8, 3, 2, seq2seq=seq2seq).name
     assert_close(ours, ref)
 
 
