@@ -7,6 +7,7 @@ missing here)::
         __init__        the registry of kinds; load/parse/dump/save the YAML form
         base            Schedule (knows no kind): fields, key, to_data; Features
         policy          checkpoint policies by name, Level, int checks
+        platforms       platform names (GPU, CUDA, offload), read by the kinds and the search
         safe_yaml       reading YAML safely: one document, plain data, bounded
         nested          the nested kind (Chen et al. 2016); nested_scan: its builder
         binomial        the binomial kind (Revolve); binomial_scan: its builder,

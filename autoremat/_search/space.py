@@ -7,7 +7,7 @@ depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
 A study leaves out the choices its probe refused (``refused``: categorical
 values, e.g. ``offload_dots``; ``autoremat._search.probe``): no trial samples them.
 
-On a GPU (``GPU_PLATFORMS``) every schedule also takes a ``compiler`` choice
+On a GPU (``CUDA_PLATFORMS``) every schedule also takes a ``compiler`` choice
 (``COMPILER_CHOICES``): the XLA options its step is compiled with
 (``Schedule.compiler_options``) -- by default none, or command buffers (CUDA
 graphs) that also capture ``while`` loops and conditionals, so a scan's
@@ -34,9 +34,8 @@ from typing import Any, Final
 
 from autoremat._schedules import KINDS
 from autoremat._schedules.base import Check, Schedule
+from autoremat._schedules.platforms import CUDA_PLATFORMS
 
-#: Platforms whose schedules take a ``compiler`` choice (``Measurement.platform``).
-GPU_PLATFORMS: Final = frozenset({"gpu", "cuda"})
 #: XLA:GPU's default command-buffer types (openxla/xla ``debug_options_flags.cc``,
 #: 2025-26: FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN, DYNAMIC_SLICE_FUSION), plus
 #: the two that put control flow on the device: WHILE and CONDITIONAL (CUDA graph
@@ -62,7 +61,7 @@ def suggest(trial: Any, seq_len: int, platform: str = "cpu",
         trial = _Without(trial, refused)
     kind = trial.suggest_categorical("kind", list(KINDS))
     schedule = KINDS[kind].suggest(trial, seq_len, platform)
-    if platform not in GPU_PLATFORMS:
+    if platform not in CUDA_PLATFORMS:
         return schedule
     label = trial.suggest_categorical("compiler", list(COMPILER_CHOICES))
     return schedule.with_options(**COMPILER_CHOICES[label])
@@ -73,7 +72,7 @@ def checks(seq_len: int, platform: str) -> dict[str, Check]:
     (``autoremat._search.probe``): on a GPU, each non-default ``compiler`` choice on a
     plain scan (its option names and values must exist in this XLA, and it must not
     change the results)."""
-    if platform not in GPU_PLATFORMS:
+    if platform not in CUDA_PLATFORMS:
         return {}
     plain = Schedule.plain(seq_len)
     return {label: Check(plain.with_options(**options))
@@ -101,7 +100,7 @@ def seed_params(seq_len: int, platform: str = "cpu",
                 refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Trial parameters of the obvious candidates, kind by kind, in the order to try
     them (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice."""
-    compiler = {"compiler": DEFAULT_COMPILER} if platform in GPU_PLATFORMS else {}
+    compiler = {"compiler": DEFAULT_COMPILER} if platform in CUDA_PLATFORMS else {}
     return [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
             for p in kind.seed_params(seq_len, platform)
             if not any(isinstance(v, str) and v in refused for v in p.values())]
