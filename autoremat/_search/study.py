@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import TuneError
-from autoremat._measure.breakdown import floor_message, seed_lstm_argument
+from autoremat._measure.breakdown import DEVICE_KEYS, floor_message, seed_lstm_argument
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules import from_data
 from autoremat._schedules.base import Schedule
@@ -185,8 +185,7 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
 
 def device_memory_meta(m: Measurement) -> dict[str, int]:
     """The measured device figures for ``meta`` (none on a CPU, so its meta is unchanged)."""
-    return {k: v for k in ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes")
-            if isinstance(v := getattr(m, k), int)}
+    return {k: v for k in DEVICE_KEYS if isinstance(v := getattr(m, k), int)}
 
 
 @dataclass(frozen=True)
