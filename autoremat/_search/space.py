@@ -5,7 +5,7 @@ of ``autoremat._schedules.KINDS``; then that kind's own parameters
 (``Schedule.suggest``, documented in each kind's module: the nested kind's
 depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
 A study leaves out the choices its probe refused (``refused``: categorical
-values, e.g. ``offload_dots``; ``autoremat._search.probe``): no trial samples them.
+values, e.g. ``offload_dots``; ``autoremat._search.probe``): no candidate uses them.
 
 On a GPU (``CUDA_PLATFORMS``) every schedule also takes a ``compiler`` choice
 (``COMPILER_CHOICES``): the XLA options its step is compiled with
@@ -16,14 +16,14 @@ iterations are not launched one kernel at a time from the host
 finds out, by timing, whether the other helps this problem. On any other
 platform the space is as it was.
 
-``seed_params`` gives the obvious candidates, enqueued before any sampling:
+``seed_params`` gives the obvious candidates, enqueued before the planner's picks:
 each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
 per-step remat, the sqrt(T) and cube-root schedules of Chen et al. 2016,
 and the binomial schedule with three repetitions).
 
-``propose`` and ``neighbours`` draw candidates from the same space without
-Optuna (``ParamTrial``), as parameter dicts the tuner enqueues: random
-schedules, and schedules one parameter away from the best so far.
+``propose`` and ``neighbours`` draw candidates from the same space for the
+planner's pool (``ParamTrial`` stands in for a trial; nothing is sampled by
+Optuna): random schedules, and schedules one parameter away from the best so far.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ class ParamTrial:
     """Stands in for an Optuna trial in ``suggest``: each value from ``wanted``
     (clipped into its range), the rest drawn at random from ``rng``.
 
-    ``params`` is what was chosen (enqueue it: the real trial then suggests the
-    same schedule); ``space`` each parameter's range or choices.
+    ``params`` is what was chosen (the planner keeps it with the candidate);
+    ``space`` each parameter's range or choices.
     """
 
     def __init__(self, wanted: dict[str, Any], rng: random.Random) -> None:
