@@ -21,7 +21,7 @@ missing here)::
         remat_scans     any function's long scans under a schedule; rewrite: the jaxpr pass
         fuse_readout    remat_scans moves the readout and loss after a scan into its step:
                         fuse_rules (per primitive), fuse_calls (jit, custom_jvp), fuse_inline
-        jax_internals   every JAX and Flax private name, in one place
+        jax_internals   the JAX and Flax internals of remat_scans and nnx.scan, in one place
     _flax/        -> builder, for Flax: linen_scan, linen_rnn, nnx_scan, nnx_remat_scans, rnn
     _measure/     -> measure: compiled memory and step time
         problem         Problem: a train step built for a schedule; the seed LSTM

@@ -6,8 +6,9 @@ come from one table (``autoremat._cli.settings``), which also turns a library
 error naming an argument (``storage: ...``) into one naming its flag
 (``--storage: ...``). ``tune`` records the study it ran in
 ``runs/last_study.json``, the default study of ``pareto`` and ``export``.
-Heavy modules (jax, optuna, matplotlib, tqdm) are imported inside the
-commands, so ``autoremat --help`` is instant; the tune command's printing is
+Heavy modules (jax, optuna, matplotlib, tqdm) are imported only inside the
+library functions that use them (no module this one imports loads them), so
+``autoremat --help`` is instant; the tune command's printing is
 ``autoremat._cli.printing``.
 
 Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or

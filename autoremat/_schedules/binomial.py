@@ -74,7 +74,7 @@ class BinomialSchedule(Schedule):
         back (``WhileThunk`` without a known trip count). ``"static"``: no loop
         of dynamic length -- per reversal a ``lax.switch`` over its number of
         ops, each op a switch over fixed-length re-advance scans
-        (``_revolve.program``): about 1.8 conditionals per step instead of
+        (``revolve.program``): about 1.8 conditionals per step instead of
         7.4-7.7 loop tests (s=11..17, counted from the tables). The
         re-advanced step is compiled once per branch (slower compiles); under
         a mesh no collective runs per time step either, but each copy gathers

@@ -37,7 +37,7 @@ length (``autoremat._search.confirm``) and the answer is the fastest measured.
   ``n_trials`` or ``total_trials``: it measured nothing.
 * Before the search, the choices marked risky on this platform (offload policies
   on a GPU or TPU, ``Schedule.checks``; XLA compiler options on a GPU,
-  ``_space.checks``) are probed on a small instance of the problem; those that
+  ``space.checks``) are probed on a small instance of the problem; those that
   fail or change the results are left out of the study's space, recorded in the
   study (``autoremat._search.probe``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
