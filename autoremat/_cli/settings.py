@@ -175,7 +175,8 @@ TUNE_SETTINGS: Final = (
             "and budget, so the same command resumes)", _text(512)),  # Optuna: VARCHAR(512)
     Setting("out", "where to write the chosen schedule ({default})", _text(), str,
             "schedule.yaml"),
-    Setting("seed", "sampler seed ({default})", _integer(0, 2**32 - 1), int, 0),
+    Setting("seed", "seed of the planner's random candidates ({default})", _integer(0, 2**32 - 1),
+            int, 0),
     Setting("time_budget", "seconds of timed runs per schedule ({default})", _seconds, float,
             DEFAULT_TIME_BUDGET),
     Setting("heartbeat", "a running trial records a heartbeat every SECONDS ({default}); one "
