@@ -127,7 +127,10 @@ def in_float64(f: Callable[..., Any], *args: Any) -> Any:
     The exact answer a float32 result is judged against: its rounding is ~1e-16 of the
     terms, far below any float32 tolerance.
     """
-    with jax.enable_x64(True):
+    enable_x64 = getattr(jax, "enable_x64", None)
+    if enable_x64 is None:  # an older jax: the experimental spelling
+        from jax.experimental import enable_x64
+    with enable_x64(True):
         up = jax.tree_util.tree_map(
             lambda a: jnp.asarray(a, jnp.float64) if jnp.asarray(a).dtype == jnp.float32
             else a, args)
