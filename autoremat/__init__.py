@@ -7,6 +7,7 @@ missing here)::
         __init__        the registry of kinds; load/parse/dump/save the YAML form
         base            Schedule (knows no kind): fields, key, to_data; Features
         policy          checkpoint policies by name, Level, int checks
+        platforms       platform names (GPU, CUDA, offload), read by the kinds and the search
         safe_yaml       reading YAML safely: one document, plain data, bounded
         nested          the nested kind (Chen et al. 2016); nested_scan: its builder
         binomial        the binomial kind (Revolve); binomial_scan: its builder,
@@ -20,7 +21,7 @@ missing here)::
         remat_scans     any function's long scans under a schedule; rewrite: the jaxpr pass
         fuse_readout    remat_scans moves the readout and loss after a scan into its step:
                         fuse_rules (per primitive), fuse_calls (jit, custom_jvp), fuse_inline
-        jax_internals   every JAX and Flax private name, in one place
+        jax_internals   the JAX and Flax internals of remat_scans and nnx.scan, in one place
     _flax/        -> builder, for Flax: linen_scan, linen_rnn, nnx_scan, nnx_remat_scans, rnn
     _measure/     -> measure: compiled memory and step time
         problem         Problem: a train step built for a schedule; the seed LSTM

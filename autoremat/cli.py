@@ -6,8 +6,9 @@ come from one table (``autoremat._cli.settings``), which also turns a library
 error naming an argument (``storage: ...``) into one naming its flag
 (``--storage: ...``). ``tune`` records the study it ran in
 ``runs/last_study.json``, the default study of ``pareto`` and ``export``.
-Heavy modules (jax, optuna, matplotlib, tqdm) are imported inside the
-commands, so ``autoremat --help`` is instant; the tune command's printing is
+Heavy modules (jax, optuna, matplotlib, tqdm) are imported only inside the
+library functions that use them (no module this one imports loads them), so
+``autoremat --help`` is instant; the tune command's printing is
 ``autoremat._cli.printing``.
 
 Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or
@@ -38,6 +39,7 @@ from autoremat._cli.settings import (
     UsageError,
     add_settings,
     check_settings,
+    flag,
     given,
     read_study_file,
     with_defaults,
@@ -169,8 +171,9 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
         if fused_readout and not seq2seq:
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
                              "no outputs, so there is nothing to fuse; drop one of the two")
-        return seed_lstm(seq_len=seq_len or 10_000, batch=batch, hidden=hidden or 128,
-                         seq2seq=seq2seq, fused_readout=fused_readout, mesh=mesh)
+        resized = {k: v for k, v in (("seq_len", seq_len), ("hidden", hidden)) if v is not None}
+        return seed_lstm(**resized, batch=batch, seq2seq=seq2seq, fused_readout=fused_readout,
+                         mesh=mesh)
     sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
              "fused_readout": fused_readout or None, "mesh": mesh}
     named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]
@@ -244,7 +247,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     remember(result.study_name)
     print(result_table(result))
     if result.best is None:
-        print(f"autoremat: {nothing_fits_message(result)}",
+        print(f"autoremat: {nothing_fits_message(result, flag)}",
               file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
     print(f"wrote {settings['out']}")

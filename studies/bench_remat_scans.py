@@ -41,8 +41,11 @@ from autoremat._units import format_bytes
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_seed(seq_len: int) -> Any:
-    os.environ["SEED_SEQ_LEN"] = str(seq_len)
+def load_seed(seq_len: int | None = None) -> Any:
+    """``examples/seed_unmodified.py`` as a module (``seq_len``: its ``SEED_SEQ_LEN``; the
+    one loader, ``tests/test_fuse_readout.py`` imports it too)."""
+    if seq_len is not None:
+        os.environ["SEED_SEQ_LEN"] = str(seq_len)
     spec = importlib.util.spec_from_file_location("seed_unmodified",
                                                   ROOT / "examples" / "seed_unmodified.py")
     assert spec is not None and spec.loader is not None

@@ -49,6 +49,7 @@ machine they were measured on).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -67,11 +68,14 @@ import compare_report as report  # studies/compare_report.py: tables, slopes, pl
 
 from autoremat import Measurement, Schedule, load_schedule, measure, measure_step, tune
 from autoremat._measure.device import environment
-from autoremat._measure.problem import SeedModel, Step, seed_model
+from autoremat._measure.mesh import seed_batch
+from autoremat._measure.problem import SeedModel, Step, seed_lstm, seed_model
 from autoremat._schedules import from_data
 from autoremat._schedules.base import root_lengths
 from autoremat._schedules.binomial import snapshot_range
 
+#: ``seed_lstm``'s defaults: the one home of the seed problem's sizes.
+SEED = {k: v.default for k, v in inspect.signature(seed_lstm).parameters.items()}
 EQUINOX = "equinox checkpointed"
 TUNED = "autoremat tuned <=25%"
 
@@ -87,11 +91,12 @@ class Group:
 
     seq_len: int
     seq2seq: bool
-    batch: int = 10
-    hidden: int = 128
+    batch: int
+    hidden: int
 
     def model(self, fused: bool = False) -> SeedModel:
         return seed_model(seq_len=self.seq_len, batch=self.batch, hidden=self.hidden,
+                          input_dim=SEED["input_dim"], output_dim=SEED["output_dim"],
                           seq2seq=self.seq2seq, fused_readout=fused)
 
 
@@ -460,8 +465,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="run each row in a fresh subprocess (auto: on with --gpu)")
     p.add_argument("--out", default="studies/results", help="folder for compare.md/.json and the PNG")
-    p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--batch", type=int, default=seed_batch(None, None))
+    p.add_argument("--hidden", type=int, default=SEED["hidden"])
     p.add_argument("--repeats", type=int, default=3, help="timed runs per row (median)")
     p.add_argument("--trials", type=int, default=8, help="autoremat.tune trials per (T, loss kind)")
     p.add_argument("--max-depth", type=int, default=3, help="deepest min-memory candidate (2 or 3)")

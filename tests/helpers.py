@@ -114,23 +114,73 @@ def _compute_loss_and_grads(
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(params, carry, xs)
 
 
-def assert_close(got: Any, want: Any) -> None:
+#: How many times the reference's own float32 error (against its float64 value) a
+#: schedule's result may differ by. A schedule adds the same terms in another order, so
+#: its rounding is of the same size as the reference's; a wrong gradient (a step counted
+#: twice or left out, a wrong cotangent) is off by a term, thousands of times more.
+ROUNDING_FACTOR = 8
+
+
+def in_float64(f: Callable[..., Any], *args: Any) -> Any:
+    """``f(*args)`` computed in float64 (x64 on for the call; float32 leaves cast up).
+
+    The exact answer a float32 result is judged against: its rounding is ~1e-16 of the
+    terms, far below any float32 tolerance.
+    """
+    enable_x64 = getattr(jax, "enable_x64", None)
+    if enable_x64 is None:  # an older jax: the experimental spelling
+        from jax.experimental import enable_x64
+    with enable_x64(True):
+        up = jax.tree_util.tree_map(
+            lambda a: jnp.asarray(a, jnp.float64) if jnp.asarray(a).dtype == jnp.float32
+            else a, args)
+        return jax.tree_util.tree_map(np.asarray, f(*up))
+
+
+def _key_data(a: Any) -> Any:
+    if jax.dtypes.issubdtype(jnp.asarray(a).dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(a)
+    return a
+
+
+def close_or_why(got: Any, want: Any, exact: Any = None) -> str:
+    """Empty when ``got`` matches ``want`` (see :func:`assert_close`), else the first
+    leaf that does not, by its path."""
+    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+    want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+    if got_tree != want_tree:
+        return f"tree structure differs: {got_tree} vs {want_tree}"
+    exact_leaves = ([None] * len(want_leaves) if exact is None
+                    else jax.tree_util.tree_leaves(exact))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(want)]
+    for path, g, w, e in zip(paths, got_leaves, want_leaves, exact_leaves, strict=True):
+        w = np.asarray(_key_data(w))
+        scale = float(np.max(np.abs(w))) if w.size else 0.0
+        atol = max(ATOL, RTOL * scale)
+        if e is not None and w.size:  # the float32 rounding of the sum behind each entry
+            rounding = float(np.max(np.abs(w.astype(np.float64) - np.asarray(e))))
+            atol = max(atol, ROUNDING_FACTOR * rounding)
+        try:
+            np.testing.assert_allclose(np.asarray(_key_data(g)), w, rtol=RTOL, atol=atol)
+        except AssertionError as err:
+            return f"{path or 'value'}: {' '.join(str(err).split())[:400]}"
+    return ""
+
+
+def assert_close(got: Any, want: Any, exact: Any = None) -> None:
     """Same tree structure; every leaf within rtol 1e-5 and an atol of 1e-5 of the leaf's
     largest magnitude (at least 1e-6); typed PRNG keys compared by their data.
 
-    Parameter gradients are sums over T steps; a nested scan adds them chunk by chunk, so
-    float32 reassociation moves tiny entries by ~1e-6 of the largest. The scale-relative
-    atol accepts exactly that and nothing larger.
+    Parameter gradients are sums over steps (and devices); a schedule adds them in
+    another order, so float32 rounding moves an entry by ~1e-7 of the *terms* summed,
+    which can be far larger than the entry itself when they cancel. The scale-relative
+    atol covers what the leaf's own size shows. ``exact`` (``want`` computed in float64,
+    see :func:`in_float64`) shows the rest: the atol then also covers
+    :data:`ROUNDING_FACTOR` times ``want``'s own largest float32 error, the rounding
+    this very sum makes, and nothing a wrong term would add.
     """
-    got_leaves, got_tree = jax.tree_util.tree_flatten(got)
-    want_leaves, want_tree = jax.tree_util.tree_flatten(want)
-    assert got_tree == want_tree
-    for g, w in zip(got_leaves, want_leaves, strict=True):
-        if jax.dtypes.issubdtype(jnp.asarray(w).dtype, jax.dtypes.prng_key):
-            g, w = jax.random.key_data(g), jax.random.key_data(w)
-        w = np.asarray(w)
-        scale = float(np.max(np.abs(w))) if w.size else 0.0
-        np.testing.assert_allclose(np.asarray(g), w, rtol=RTOL, atol=max(ATOL, RTOL * scale))
+    why = close_or_why(got, want, exact)
+    assert not why, why
 
 
 def _temp_bytes(problem: Any, schedule: Schedule) -> int:

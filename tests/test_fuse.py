@@ -18,7 +18,7 @@ import autoremat
 from autoremat import Schedule
 from autoremat._errors import ProblemError
 from autoremat._measure.measure import measure
-from autoremat._measure.problem import seed_model
+from autoremat._measure.problem import seed_lstm, seed_model
 from autoremat._scan.records import record_scans
 from autoremat.cli import main
 from tests.helpers import assert_close, one_per_kind
@@ -77,13 +77,14 @@ def test_fuse_helpers_reject_non_callables() -> None:
 @pytest.mark.parametrize("schedule", one_per_kind(), ids=lambda s: s.kind)
 def test_seed_fused_readout_is_the_unfused_train_step(schedule: Schedule) -> None:
     """Same loss, updated params and Adam state as the unfused (plain ``lax.scan``) step."""
-    ref = seed_model(seq_len=40, batch=2, hidden=8)
+    ref = seed_model(seq_len=40, batch=2, hidden=8, input_dim=3, output_dim=2)
 
     def run_scan(params: Any, x: Any) -> Any:
         return lax.scan(ref.cell_step(params), ref.carry0, jnp.moveaxis(x, 1, 0))
 
     want = jax.jit(ref.train_step(run_scan))(*ref.args)
-    fused = seed_model(seq_len=40, batch=2, hidden=8, fused_readout=True).problem()
+    fused = seed_model(seq_len=40, batch=2, hidden=8, input_dim=3, output_dim=2,
+                       fused_readout=True).problem()
     assert fused.name.endswith(",seq2seq,fused)") and fused.arg_names == ref.ARG_NAMES
     step, args = fused.build(schedule)
     assert_close(jax.jit(step)(*args), want)
@@ -91,14 +92,14 @@ def test_seed_fused_readout_is_the_unfused_train_step(schedule: Schedule) -> Non
 
 def test_fused_readout_needs_seq2seq() -> None:
     with pytest.raises(ProblemError, match=r"fused_readout: .* seq2seq=True"):
-        seed_model(seq_len=8, seq2seq=False, fused_readout=True)
+        seed_lstm(seq_len=8, seq2seq=False, fused_readout=True)
 
 
 def test_fused_readout_removes_the_stacked_outputs_from_the_breakdown() -> None:
     t, schedule = 200, Schedule.root(200, 2, "nothing_saveable")
-    unfused = measure(seed_model(seq_len=t, batch=2, hidden=8).problem(), schedule, run=False)
-    fused = measure(seed_model(seq_len=t, batch=2, hidden=8, fused_readout=True).problem(),
-                    schedule, run=False)
+    unfused = measure(seed_lstm(seq_len=t, batch=2, hidden=8), schedule, run=False)
+    fused = measure(seed_lstm(seq_len=t, batch=2, hidden=8, fused_readout=True), schedule,
+                    run=False)
     assert unfused.stacked_bytes == t * 2 * 8 * 4  # the (T, B, H) float32 hidden states
     assert fused.stacked_bytes == 0
     assert fused.carry_bytes == unfused.carry_bytes + 4  # + the float32 loss sum

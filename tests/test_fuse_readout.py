@@ -10,7 +10,8 @@ The cases that mix time steps are left as written, are right, and
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,12 +99,10 @@ def test_lax_scan_batch_major_with_bias() -> None:
 
 
 def load_seed() -> Any:
-    spec = importlib.util.spec_from_file_location("seed_unmodified",
-                                                  ROOT / "examples" / "seed_unmodified.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """``examples/seed_unmodified.py``, by ``studies/bench_remat_scans.py``'s loader."""
+    if str(ROOT / "studies") not in sys.path:
+        sys.path.insert(0, str(ROOT / "studies"))
+    return importlib.import_module("bench_remat_scans").load_seed()
 
 
 def test_the_reports_simple_lstm_unmodified() -> None:

@@ -126,6 +126,58 @@ def test_the_module_map_names_every_module() -> None:
     assert missing == []
 
 
+#: Where the package's own words live: its modules (docstrings, comments, messages) and
+#: the pages a user or contributor reads.
+WRITTEN = (*sorted(PACKAGE.rglob("*.py")), *sorted((PACKAGE.parent / "docs").glob("*.md")),
+           *sorted((PACKAGE.parent / "examples").glob("*.py")),
+           PACKAGE.parent / "README.md", PACKAGE.parent / "CONTRIBUTING.md")
+#: ``autoremat.x.y`` (a module, then attributes), ``autoremat/_stage/module.py`` or
+#: ``_stage/module.py``; not a file named ``autoremat.yaml``.
+DOTTED = re.compile(r"(?<![\w./-])autoremat(?:\.\w+)+(?!\.?\w)")
+PATH = re.compile(r"(?<![\w./<>-])(?:autoremat/)?(_[a-z]+/\w+\.py)\b")
+FILE_SUFFIXES = {"yaml", "db", "json", "md"}
+
+
+def missing_names(text: str) -> list[str]:
+    """The ``autoremat`` modules, attributes and module files ``text`` names that do not
+    exist (imported to check: a name must resolve as written)."""
+    import importlib
+
+    missing = []
+    for m in DOTTED.finditer(text):
+        parts = m.group(0).split(".")
+        if parts[-1] in FILE_SUFFIXES:
+            continue
+        i = len(parts)  # the longest prefix that is a module file
+        while i > 1 and not (PACKAGE.parent.joinpath(*parts[:i]).with_suffix(".py").exists()
+                             or PACKAGE.parent.joinpath(*parts[:i], "__init__.py").exists()):
+            i -= 1
+        obj = importlib.import_module(".".join(parts[:i]))
+        for j, attr in enumerate(parts[i:], i):
+            if not hasattr(obj, attr):
+                missing.append(".".join(parts[:j + 1]))
+                break
+            obj = getattr(obj, attr)
+    missing += [m.group(0) for m in PATH.finditer(text) if not (PACKAGE / m.group(1)).exists()]
+    return missing
+
+
+def test_every_autoremat_name_written_exists() -> None:
+    """Docstrings, comments, docs/, README and CONTRIBUTING name only modules and
+    attributes that exist (a module that moved leaves no stale name behind)."""
+    found = [f"{path.relative_to(PACKAGE.parent)}: {name}" for path in WRITTEN
+             for name in missing_names(path.read_text())]
+    assert found == []
+
+
+def test_the_name_check_finds_a_moved_module() -> None:
+    text = ("``autoremat._scan.scan`` and ``autoremat.Schedule.nested`` (`_scan/fuse.py`) "
+            "exist; ``autoremat._schedules.fuse_rules``, ``autoremat.scan_axes`` and "
+            "``_search/sampler.py`` do not; a file ``autoremat.yaml`` is no module.")
+    assert missing_names(text) == ["autoremat._schedules.fuse_rules", "autoremat.scan_axes",
+                                   "_search/sampler.py"]
+
+
 STAGES = ("_schedules", "_scan", "_flax", "_measure", "_search", "_cli")
 
 

@@ -23,9 +23,8 @@ import pytest
 import autoremat
 import autoremat.linen
 from autoremat import Schedule, ScheduleError
+from tests.helpers import RTOL, assert_close
 
-RTOL = 1e-5
-ATOL = 1e-6
 BATCH, FEAT, HID, OUT = 2, 4, 8, 3
 ScanFn = Callable[..., Any]
 
@@ -98,13 +97,6 @@ def reference(seq2seq: bool, steps: int) -> tuple[jax.Array, Any]:
     return reference_runner(seq2seq)(reference_params(), data(steps))
 
 
-def assert_trees_close(a: Any, b: Any) -> None:
-    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-    for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
-        assert jnp.shape(u) == jnp.shape(v)
-        np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=RTOL, atol=ATOL)
-
-
 def shapes(tree: Any) -> Any:
     return jax.tree_util.tree_map(jnp.shape, tree)
 
@@ -140,8 +132,8 @@ def test_seed_lstm_matches_nn_scan(seq2seq: bool, steps: int, schedule: Schedule
 
     y, grads = runner(model)(ref_params, x)  # nn.scan's params load into the autoremat model
     assert y.shape == ref_y.shape
-    assert_trees_close(y, ref_y)
-    assert_trees_close(grads, ref_grads)  # w.r.t. params and inputs
+    assert_close(y, ref_y)
+    assert_close(grads, ref_grads)  # w.r.t. params and inputs
     assert float(jnp.abs(grads[1]).sum()) > 0  # the input gradient is not trivially zero
 
 
@@ -180,10 +172,10 @@ def test_init_values_and_params_load_either_way() -> None:
     model = seed_model(autoremat_scan(Schedule.nested([2, 3])), True)
     ours = jax.jit(model.init)(jax.random.PRNGKey(0), x)
     # The same values as nn.scan's init, not only the same tree ...
-    assert_trees_close(ours, reference_params())
+    assert_close(ours, reference_params())
     # ... and they load into nn.scan's model (the other way is in the test above).
     y, grads = reference_runner(True)(ours, x)
-    assert_trees_close((y, grads), reference(True, steps))
+    assert_close((y, grads), reference(True, steps))
 
 
 def class_model(scan_fn: ScanFn, **kwargs: Any) -> nn.Module:
@@ -218,7 +210,7 @@ def test_module_class_target_reverse() -> None:
     assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(ref_abstract)
     assert shapes(abstract) == shapes(ref_abstract)
     ref_params = cell_params("ScanOptimizedLSTMCell_0")
-    assert_trees_close(jax.jit(ours.apply)(ref_params, x), jax.jit(ref.apply)(ref_params, x))
+    assert_close(jax.jit(ours.apply)(ref_params, x), jax.jit(ref.apply)(ref_params, x))
 
 
 class DropoutCell(nn.Module):
@@ -267,7 +259,7 @@ def test_split_rngs_dropout() -> None:
         assert not np.allclose(np.asarray(y), np.asarray(other))  # the rng is used
         # Per-step keys are split as nn.scan splits them, and every trace sees the
         # same rng counters: nn.scan's dropout masks, whatever the schedule.
-        assert_trees_close(y, ref_y)
+        assert_close(y, ref_y)
 
 
 class Block(nn.Module):
@@ -297,11 +289,11 @@ def test_variable_axes_layer_stack() -> None:
     ref_vars = jax.jit(ref.init)(jax.random.PRNGKey(0), h)
     our_vars = jax.jit(ours.init)(jax.random.PRNGKey(0), h)
     assert shapes(our_vars["params"])["ScanBlock_0"]["Dense_0"]["kernel"] == (5, FEAT, FEAT)
-    assert_trees_close(our_vars, ref_vars)  # per-layer keys split exactly like nn.scan
+    assert_close(our_vars, ref_vars)  # per-layer keys split exactly like nn.scan
     params = {"params": ref_vars["params"]}
     ref_out = ref.apply(params, h, mutable=["intermediates"])
     our_out = ours.apply(params, h, mutable=["intermediates"])
-    assert_trees_close(our_out, ref_out)
+    assert_close(our_out, ref_out)
 
 
 def counter_model(scan_fn: ScanFn) -> nn.Module:
@@ -336,9 +328,9 @@ def test_variable_carry_and_broadcast_argument() -> None:
     for variables, out, state, grad_w in ours:
         assert int(variables["state"]["n"]) == int(ref_vars["state"]["n"]) == 7
         assert int(state["state"]["n"]) == int(ref_state["state"]["n"]) == 14
-        assert_trees_close(out, ref_out)
+        assert_close(out, ref_out)
         np.testing.assert_allclose(np.asarray(out[0]), np.asarray(xs.sum(0) * w), rtol=RTOL)
-        assert_trees_close(grad_w, ref_grad)  # gradient through the broadcast argument
+        assert_close(grad_w, ref_grad)  # gradient through the broadcast argument
 
 
 def test_schedule_file_and_unroll(tmp_path: Path) -> None:
@@ -349,7 +341,7 @@ def test_schedule_file_and_unroll(tmp_path: Path) -> None:
     steps = 13
     model = seed_model(functools.partial(autoremat.linen.scan, schedule=path, unroll=2), True)
     y = jax.jit(model.apply)(reference_params(), data(steps))
-    assert_trees_close(y, reference(True, steps)[0])
+    assert_close(y, reference(True, steps)[0])
 
 
 def test_errors() -> None:
@@ -389,7 +381,7 @@ def test_binomial_layer_stack_gradients_through_scanned_params() -> None:
 
         return jax.jit(jax.value_and_grad(loss))(params)
 
-    assert_trees_close(grads(ours), grads(ref))
+    assert_close(grads(ours), grads(ref))
 
 
 def counted_stack(scan_fn: ScanFn, check: bool) -> tuple[list[int], Any]:
@@ -440,4 +432,4 @@ def test_check_constancy_invariants_traces_and_rngs_as_nn_scan(
     counts, values = counted_stack(autoremat_scan(schedule), check)
     assert ref_counts == ([1, 2] if not check else [2, 4])
     assert counts == ref_counts
-    assert_trees_close(values, reference)
+    assert_close(values, reference)

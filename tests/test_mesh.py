@@ -25,7 +25,6 @@ from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOUR = "--xla_force_host_platform_device_count=4"
-OPT_FLAG = "--xla_backend_optimization_level"
 FRONTS = ("scan", "linen", "nnx")
 CONTEXTS = ("jit_data", "jit_fsdp", "shard_map", "pmap")
 CASES = [(f, c, k) for f in FRONTS for c in CONTEXTS
@@ -36,10 +35,7 @@ CASES = [(f, c, k) for f in FRONTS for c in CONTEXTS
 def _env(devices: int) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = module_path()
-    # Full optimization (conftest's -O0 rounds differently: a few ulps, past atol 1e-6 on
-    # gradients that cancel) -- these compare every front end with lax.scan at rtol 1e-5.
-    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                     if f != FOUR and not f.startswith(OPT_FLAG))
+    flags = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f != FOUR)
     env["XLA_FLAGS"] = f"{flags} {FOUR}".strip() if devices == 4 else flags
     return env
 

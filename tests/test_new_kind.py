@@ -20,7 +20,7 @@ import pytest
 
 import autoremat
 from autoremat import Schedule, ScheduleError, bounds
-from autoremat._schedules import KINDS, parse_schedule, register, unregister
+from autoremat._schedules import KINDS, parse_schedule, register
 from autoremat._schedules.base import Features
 from autoremat._schedules.policy import check_int
 from autoremat._search.tune import tune
@@ -112,7 +112,7 @@ def every_k() -> Iterator[type[_EveryK]]:
     try:
         yield _EveryK
     finally:
-        unregister(_EveryK.kind)
+        KINDS.pop(_EveryK.kind)
     assert "every_k" not in KINDS
 
 

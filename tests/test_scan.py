@@ -24,9 +24,38 @@ from tests.helpers import (
     _loss_and_grads,
     _temp_bytes,
     assert_close,
+    close_or_why,
+    in_float64,
     kind_matrix,
     one_per_kind,
 )
+
+
+def test_tolerance_covers_rounding_of_the_sum_and_not_a_missing_term() -> None:
+    """``assert_close``'s atol grows with the float32 rounding of what each gradient sums
+    (shown by the float64 reference), yet a gradient short of one step still fails."""
+    make, params, carry0 = CELLS["dict"]()
+    xs0 = _inputs("dict", 97, 0)
+
+    def loss(p: Any, carry: Any, xs: Any, drop: int, nested: bool) -> jax.Array:
+        def step(c: Any, tx: Any) -> Any:  # step ``drop`` sees its params as constants
+            t, x = tx
+            q = jax.tree_util.tree_map(lambda a: jnp.where(t == drop, lax.stop_gradient(a), a), p)
+            return make(q)(c, x)
+
+        ts = jnp.arange(97)
+        c, (h, _) = (autoremat.scan(step, carry, (ts, xs), schedule=Schedule.nested([10, 10]))
+                     if nested else lax.scan(step, carry, (ts, xs)))
+        return jnp.sum(c["h"] ** 2) + jnp.sum(jnp.cos(ts)[:, None, None] * h)
+
+    def run(p: Any, carry: Any, xs: Any, drop: int, nested: bool = False) -> Any:
+        return jax.jit(jax.value_and_grad(loss), static_argnums=(3, 4))(p, carry, xs, drop, nested)
+
+    want, exact = run(params, carry0, xs0, -1), in_float64(run, params, carry0, xs0, -1)
+    assert_close(run(params, carry0, xs0, -1, True), want, exact)  # the same sums, reordered
+    wrong = run(params, carry0, xs0, 50)  # step 50's parameter gradient left out
+    assert "[1]['u']" in close_or_why(wrong, want, exact)
+    assert "[1]['w']" in close_or_why((want[0], {**want[1], "w": wrong[1]["w"]}), want, exact)
 
 
 @pytest.mark.parametrize(("cell", "steps", "axis", "reverse", "schedule"), kind_matrix())

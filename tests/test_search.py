@@ -159,7 +159,11 @@ def test_a_budget_under_the_floor_stops_after_the_seeds(in_tmp: Path) -> None:
 
     result = tune(tiny(), 10, time_limit="60s", time_budget=0.02)
     assert result.best is None and 1 <= result.measured <= len(seed_schedules(tiny().seq_len))
-    assert "that no schedule can remove" in nothing_fits_message(result)
+    message = nothing_fits_message(result)
+    assert "that no schedule can remove" in message
+    # In library terms; the CLI words the same settings as its flags (test_fuse.py).
+    assert "seed_lstm(seq_len=...)" in message and "seed_lstm(batch=...)" in message
+    assert " --" not in message
 
 
 def test_an_unseen_problem_gets_the_fastest_measured_schedule_that_fits(

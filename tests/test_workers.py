@@ -85,7 +85,7 @@ def check_study(study: optuna.Study, total: int) -> list[Any]:
 @pytest.mark.postgres
 def test_three_workers_share_one_postgres_study(postgres_url: str, tmp_path: Path) -> None:
     total = 6
-    # The same --seed everywhere: the workers' samplers propose the same schedules,
+    # The same --seed everywhere: the workers' planners propose the same schedules,
     # so the dedupe across processes is really exercised.
     workers = [start_worker(tmp_path, "--problem", TINY, "--storage", postgres_url,
                             "--study-name", "shared", "--total-trials", str(total),

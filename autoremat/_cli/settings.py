@@ -4,12 +4,14 @@ Each ``Setting`` makes one command-line option (``--name-with-dashes``, or
 its own ``flag``) and, for ``tune``, one study-file key (``name``); its
 ``check`` validates the value whichever way it came (study files can hold
 anything), and library errors that name an argument get its flag
-(``with_flag``). Stdlib only: ``autoremat --help`` must stay instant.
+(``with_flag``). It imports no jax (only the jax-free autoremat modules named
+below, and yaml): ``autoremat --help`` must stay instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -18,7 +20,8 @@ from typing import Any, Final
 
 from autoremat._errors import ScheduleError, TuneError
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET
-from autoremat._measure.mesh import SEED_AXES, parse_mesh
+from autoremat._measure.mesh import SEED_AXES, parse_mesh, seed_batch
+from autoremat._measure.problem import seed_lstm
 from autoremat._schedules.safe_yaml import read_yaml_file
 from autoremat._search.storage import DEFAULT_HEARTBEAT
 from autoremat._search.tune import DEFAULT_TIME_LIMIT
@@ -120,11 +123,14 @@ class Setting:
 
 _SIZE = _integer(1, _MAX_SIZE, f"a positive integer up to {_MAX_SIZE}")
 
+#: ``seed_lstm``'s defaults: the one home of the built-in problem's sizes.
+_SEED: Final = {k: v.default for k, v in inspect.signature(seed_lstm).parameters.items()}
+
 #: The built-in problem's sizes (``tune`` and ``show``).
 PROBLEM_SETTINGS: Final = (
-    Setting("seq_len", "built-in problem: sequence length (10000)", _SIZE, int),
-    Setting("batch", "built-in problem: batch size (10)", _SIZE, int),
-    Setting("hidden", "built-in problem: LSTM width (128)", _SIZE, int),
+    Setting("seq_len", f"built-in problem: sequence length ({_SEED['seq_len']})", _SIZE, int),
+    Setting("batch", f"built-in problem: batch size ({seed_batch(None, None)})", _SIZE, int),
+    Setting("hidden", f"built-in problem: LSTM width ({_SEED['hidden']})", _SIZE, int),
     Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
     Setting("fused_readout", "built-in problem: the readout and loss inside the scanned step "
@@ -138,7 +144,8 @@ PROBLEM_SETTINGS: Final = (
 
 PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "
                        f"callable returning one); default: {BUILTIN_PROBLEM}, the seed LSTM "
-                       "(hidden 128, batch 10, T=10,000, seq2seq, Adam)")
+                       f"(hidden {_SEED['hidden']}, batch {seed_batch(None, None)}, "
+                       f"T={_SEED['seq_len']:,}, seq2seq, Adam)")
 
 #: Every ``tune`` setting, in ``--help`` order; the study-file keys.
 TUNE_SETTINGS: Final = (
@@ -168,7 +175,8 @@ TUNE_SETTINGS: Final = (
             "and budget, so the same command resumes)", _text(512)),  # Optuna: VARCHAR(512)
     Setting("out", "where to write the chosen schedule ({default})", _text(), str,
             "schedule.yaml"),
-    Setting("seed", "sampler seed ({default})", _integer(0, 2**32 - 1), int, 0),
+    Setting("seed", "seed of the planner's random candidates ({default})", _integer(0, 2**32 - 1),
+            int, 0),
     Setting("time_budget", "seconds of timed runs per schedule ({default})", _seconds, float,
             DEFAULT_TIME_BUDGET),
     Setting("heartbeat", "a running trial records a heartbeat every SECONDS ({default}); one "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,14 +106,8 @@ def scan(
       ValueError: ``out_axes`` uses ``nn.broadcast``, or ``variable_axes`` has a
         non-integer axis.
     """
-    options = _core_options({
-        "schedule": schedule, "unroll": unroll, "variable_axes": variable_axes,
-        "variable_broadcast": variable_broadcast, "variable_carry": variable_carry,
-        "split_rngs": split_rngs, "in_axes": in_axes, "out_axes": out_axes,
-        "length": length, "reverse": reverse, "data_transform": data_transform,
-        "metadata_params": metadata_params,
-        "check_constancy_invariants": check_constancy_invariants,
-    })
+    given = locals()  # the arguments, before any other name is bound
+    options = _core_options({k: given[k] for k in _OPTIONS})
     if isinstance(methods, Mapping):
         # Per-method overrides of the arguments above (nn.scan takes each
         # method's full argument set here; a full set works the same way).
@@ -148,11 +143,8 @@ def _core_options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-_OPTIONS = frozenset({
-    "schedule", "unroll", "variable_axes", "variable_broadcast", "variable_carry",
-    "split_rngs", "in_axes", "out_axes", "length", "reverse", "data_transform",
-    "metadata_params", "check_constancy_invariants",
-})
+#: ``scan``'s keywords, read from its signature: what ``methods`` may override per method.
+_OPTIONS = frozenset(inspect.signature(scan).parameters) - {"target", "methods"}
 
 
 def _scan_core(

@@ -33,7 +33,7 @@ the floor they report is what remains), a shorter ``T``, a smaller batch.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from autoremat._measure.device_memory import unmeasured_reason
@@ -266,10 +266,19 @@ def proof_text(fig: Figures) -> str:
             f"(the budget{live})")
 
 
-def floor_message(fig: Figures, budget_bytes: int) -> str | None:
+def seed_lstm_argument(name: str) -> str:
+    """How the library sets one of the built-in problem's settings: ``seed_lstm(name=...)``."""
+    return f"seed_lstm({name}=...)"
+
+
+def floor_message(fig: Figures, budget_bytes: int,
+                  setting: Callable[[str], str] = seed_lstm_argument) -> str | None:
     """Why nothing can fit ``budget_bytes`` when it is under the floor, and how to lower it.
 
-    ``None`` when the floor is unknown or within the budget.
+    ``None`` when the floor is unknown or within the budget. The settings that lower it
+    (the built-in problem's ``fused_readout``, ``seq_len``, ``batch``) are worded by
+    ``setting`` (name -> text): the library's ``seed_lstm(seq_len=...)``, or a front
+    end's own (the CLI's ``--seq-len``).
     """
     floor = floor_bytes(fig)
     if floor is None or floor <= budget_bytes:
@@ -283,12 +292,12 @@ def floor_message(fig: Figures, budget_bytes: int) -> str | None:
                + f", outputs {format_bytes(_get(fig, 'output_bytes'))}"
                + (f" (aliased {format_bytes(alias)})" if alias else "")
                + f", per-step outputs stacked by the scan {format_bytes(stacked)}")
-    fixes = ["a shorter sequence (the built-in problem: --seq-len, or seed_lstm(seq_len=...))",
-             "a smaller batch (--batch, or seed_lstm(batch=...))"]
+    fixes = [f"a shorter sequence (the built-in problem: {setting('seq_len')})",
+             f"a smaller batch (the built-in problem: {setting('batch')})"]
     if stacked:
         fixes.insert(0, "the readout inside the scanned step (autoremat.fuse_loss stacks "
                      "nothing, autoremat.fuse_head only its outputs; the built-in problem: "
-                     "--fused-readout, or seed_lstm(fused_readout=True); remat_scans and "
+                     f"{setting('fused_readout')}; remat_scans and "
                      "Problem.from_loss move a readout and loss separable in time by themselves, "
                      "and remat_scans(...).describe(...) names what stopped them)")
     return (f"the budget {format_bytes(budget_bytes)} is under the {format_bytes(floor)} "

@@ -7,8 +7,8 @@ runs its scan with ``autoremat.scan`` / ``autoremat.linen.scan`` under that
 schedule, and ``args`` are example arguments for it.
 
 The built-in problem is the LSTM of the original report (``../shared/seeds``):
-``flax.linen.OptimizedLSTMCell`` (hidden 128), batch 10, input 32, output 4,
-a Dense readout, L2 loss, Adam(1e-3), seq2seq, T=10,000. With
+``flax.linen.OptimizedLSTMCell``, a Dense readout, L2 loss, Adam(1e-3), seq2seq,
+at the sizes ``seed_lstm``'s defaults give (their one home). With
 ``fused_readout=True`` the readout and loss run inside the scanned step
 (``autoremat.fuse_loss``), so no ``(T, B, H)`` stack of states exists and the
 schedule's savings are no longer capped by it (same loss and gradients).
@@ -227,13 +227,12 @@ class SeedModel:
         return cast("jax.Array", self.readout.apply(variables, h))
 
 
-def seed_model(seq_len: int = 10_000, batch: int = 10, hidden: int = 128, input_dim: int = 32,
-               output_dim: int = 4, seq2seq: bool = True,
-               fused_readout: bool = False) -> SeedModel:
+def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim: int,
+               seq2seq: bool = True, fused_readout: bool = False) -> SeedModel:
     """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3) and random data (``PRNGKey(0)``).
 
-    The arguments are ``seed_lstm``'s; the data and parameters do not depend
-    on ``fused_readout``.
+    The arguments are ``seed_lstm``'s, every size given (its defaults are the seed's
+    sizes, in that one place); the data and parameters do not depend on ``fused_readout``.
     """
     if fused_readout and not seq2seq:
         raise ProblemError("fused_readout: the loss on the last state stacks no outputs, so "

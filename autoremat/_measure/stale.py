@@ -13,13 +13,22 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import Any, Final
 
 from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem
 from autoremat._schedules import read_schedule
 from autoremat._schedules.base import Schedule
+
+#: What a tuned schedule's ``meta`` says it was tuned for and where it came from
+#: (``autoremat._search.study.trial_schedule`` writes them, this module reads them
+#: first; the measured figures come with them: ``autoremat._measure.breakdown.KEYS``
+#: and the step and compile times).
+TUNED_FOR: Final = ("problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
+                    "flax_version", "budget_bytes", "study_name", "trial", "storage", "date")
+#: The timing figures a tuned schedule's ``meta`` records.
+TIMING: Final = ("step_seconds", "compile_seconds", "timed_seq_len", "extrapolated_seconds")
 
 
 class StaleScheduleWarning(UserWarning):

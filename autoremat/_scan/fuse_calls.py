@@ -94,7 +94,7 @@ CALLS = ("jit", "pjit", "custom_jvp_call")
 
 
 def step_rule(eqn: Any, axes: Sequence[int | None]) -> PerStep | str:
-    """``_fuse_rules.per_step``, and ``call_rule`` for calls."""
+    """``fuse_rules.per_step``, and ``call_rule`` for calls."""
     return call_rule(eqn, axes) if eqn.primitive.name in CALLS else per_step(eqn, axes)
 
 

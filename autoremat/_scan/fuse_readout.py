@@ -6,7 +6,7 @@ and their own residuals -- memory that grows with ``T`` and that no schedule
 removes (``docs/memory.md``). ``remat_scans`` sees the readout and the loss in
 the same jaxpr as the scan, so it can do what ``autoremat.fuse_loss`` does by
 hand: ``analyse`` follows each stacked output forward and finds the equations
-that act on each time step separately (``_fuse_rules.per_step``) up to a sum
+that act on each time step separately (``fuse_rules.per_step``) up to a sum
 over time; ``fused_step`` builds the scanned step that runs them per step,
 accumulates each sum over time in the carry and stacks only what something
 outside still needs. The memory of the fused scan is then the schedule's

@@ -1,7 +1,7 @@
 """Per-primitive rules: is an equation on time-stacked operands the same computation per step?
 
 ``remat_scans`` moves the readout and the loss that follow a long scan into
-the scanned step (``_fuse_readout``). An equation can move only when it acts
+the scanned step (``fuse_readout``). An equation can move only when it acts
 on each time step independently. ``per_step(eqn, axes)`` decides that for one
 equation, given the time axis of each operand that is stacked along time
 (``None``: the operand does not come from the scan). It returns a ``PerStep``
@@ -72,7 +72,7 @@ class PerStep:
       identity: the per-step equation does nothing (a reduction over time only):
         its one step operand is its result.
       call: for a ``jit`` or ``custom_jvp`` call, how its body runs per step
-        (``_fuse_calls.Call``); the equation is then not re-bound.
+        (``fuse_calls.Call``); the equation is then not re-bound.
     """
 
     params: Mapping[str, Any]

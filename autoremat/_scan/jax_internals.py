@@ -1,4 +1,4 @@
-"""Every JAX and Flax internal autoremat relies on, in one place.
+"""The JAX and Flax internals of ``remat_scans`` and ``autoremat.nnx.scan``, in one place.
 
 ``remat_scans`` re-evaluates a traced function's jaxpr and so must know a few
 primitives (``scan``, ``jit``, ``checkpoint``, ``cond``, the custom-derivative
@@ -11,6 +11,12 @@ oldest jax in ``pyproject.toml`` (0.7.1) as well as the newest.
 ``autoremat.nnx.scan`` is Flax's own ``nnx.scan`` with its loop replaced
 (``nnx_scan_with``, the last section): Flax's checks, errors, graph and tree
 modes and state handling, with the schedule's loop.
+
+Two others live where they are used, each in one function: the binomial builder
+(``autoremat._schedules.binomial_scan._traced_by``, a stage before this one) reads
+the tracer classes of ``jax._src.interpreters.ad``, answering ``False`` on a jax
+without them; ``autoremat.linen.scan`` is built on Flax's scope lifting
+(``flax.core.lift.pack``, ``flax.core.scope``, as ``nn.scan`` itself is).
 """
 
 from __future__ import annotations
@@ -40,7 +46,6 @@ JIT = prims.jit_p
 COND = prims.cond_p
 REMAT = remat_p
 TRANSPOSE = prims.transpose_p
-CUSTOM_RULES = (prims.custom_jvp_call_p, prims.custom_vjp_call_p)
 
 # scan's parameters
 SCAN_BODY = "jaxpr"  # a ClosedJaxpr: (consts, carry, x) -> (carry, y)

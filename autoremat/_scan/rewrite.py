@@ -2,7 +2,7 @@
 
 ``remat_scans`` traces the user's function to a jaxpr and evaluates it again
 with ``evaluate``: every equation is bound as written, except a ``scan`` of
-length ``>= min_length``, which runs through ``autoremat.scan_axes`` (the
+length ``>= min_length``, which runs through ``autoremat._scan.scan.scan_axes`` (the
 schedule's builder) over the same body, and the ``jit`` / ``checkpoint`` /
 ``cond`` / short ``scan`` equations that hold such a scan, whose bodies are
 evaluated the same way. The result is the function's own computation -- same

@@ -41,16 +41,11 @@ DEFAULT_KIND: Final = "nested"
 
 
 def register(kind: type[Schedule]) -> type[Schedule]:
-    """Add a kind to ``KINDS`` (the tuner samples kinds in registration order)."""
+    """Add a kind to ``KINDS`` (the search's seeds and space take kinds in registration order)."""
     if kind.kind in KINDS and KINDS[kind.kind] is not kind:
         raise ValueError(f"kind: {kind.kind!r} is already registered ({KINDS[kind.kind].__name__})")
     KINDS[kind.kind] = kind
     return kind
-
-
-def unregister(name: str) -> None:
-    """Remove a kind from ``KINDS`` (tests that define a kind of their own)."""
-    KINDS.pop(name, None)
 
 
 register(NestedSchedule)

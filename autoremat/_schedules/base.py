@@ -65,7 +65,7 @@ COMMON_KEYS: Final = ("version", "kind", "unroll", "compiler_options", "meta")
 #: ``compiler_options`` names: XLA ``DebugOptions`` fields (what ``XLA_FLAGS`` sets,
 #: without the leading ``--``).
 OPTION_NAME: Final = re.compile(r"xla_[a-z0-9_]+")
-#: ``kind:`` name -> its ``Schedule`` subclass, in the order the tuner samples them.
+#: ``kind:`` name -> its ``Schedule`` subclass, in registration order (the search's order).
 #: Filled by ``autoremat._schedules`` (which imports every kind module); this module
 #: imports none of them.
 KINDS: Final[dict[str, type[Schedule]]] = {}
@@ -198,7 +198,8 @@ class Schedule(ABC):
     @classmethod
     @abstractmethod
     def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
-        """A schedule of this kind sampled from an Optuna trial (``space``)."""
+        """A schedule of this kind from a trial's parameters (``space``: seeds and the
+        planner's candidates; nothing is sampled)."""
 
     @classmethod
     @abstractmethod

@@ -17,14 +17,10 @@ from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
 from autoremat._schedules.base import Features, Schedule
+from autoremat._schedules.platforms import GPU_PLATFORMS
 from autoremat._schedules.policy import _show, check_int
 from autoremat.bounds import Cost, max_steps, optimal_cost
 
-#: GPUs, CUDA or ROCm: the host reads a loop's test back every iteration there, so no
-#: binomial schedule is seeded (``BinomialSchedule.seed_params``) and the search
-#: chooses the ``backward`` (``BACKWARDS``). (The search's ``compiler`` choice,
-#: ``autoremat._search.space.GPU_PLATFORMS``, is CUDA's command buffers: no ROCm.)
-HOST_LOOP_PLATFORMS: Final = frozenset({"gpu", "cuda", "rocm"})
 #: The two equal implementations of the backward pass (``BinomialSchedule.backward``).
 BACKWARDS: Final = ("loops", "static")
 #: Data-dependent control decisions (the host reads each back on a GPU) of the static
@@ -78,7 +74,7 @@ class BinomialSchedule(Schedule):
         back (``WhileThunk`` without a known trip count). ``"static"``: no loop
         of dynamic length -- per reversal a ``lax.switch`` over its number of
         ops, each op a switch over fixed-length re-advance scans
-        (``_revolve.program``): about 1.8 conditionals per step instead of
+        (``revolve.program``): about 1.8 conditionals per step instead of
         7.4-7.7 loop tests (s=11..17, counted from the tables). The
         re-advanced step is compiled once per branch (slower compiles); under
         a mesh no collective runs per time step either, but each copy gathers
@@ -164,7 +160,7 @@ class BinomialSchedule(Schedule):
         ``backward`` (elsewhere ``"loops"``, measured faster on a CPU)."""
         low, high = snapshot_range(seq_len)
         snapshots = trial.suggest_int("snapshots", low, high, log=True)
-        if platform not in HOST_LOOP_PLATFORMS:
+        if platform not in GPU_PLATFORMS:
             return cls(snapshots=snapshots)
         return cls(snapshots=snapshots,
                    backward=trial.suggest_categorical("backward", list(BACKWARDS)))
@@ -172,7 +168,7 @@ class BinomialSchedule(Schedule):
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
         """Three repetitions: ``C(s + 3, 3) >= T`` snapshots (none at ``T = 1``);
-        none on a GPU (``HOST_LOOP_PLATFORMS``).
+        none on a GPU (``GPU_PLATFORMS``).
 
         A seed is always timed. On a CPU, where the plain scan is bound by memory
         traffic, binomial runs near plain (s=17 at T=10^5: 1.10-1.19x) and its
@@ -184,7 +180,7 @@ class BinomialSchedule(Schedule):
         (the smallest schedules are binomial: the planner times one when no
         nested schedule fits the budget) but is not seeded; the cost model's
         GPU prior (``autoremat._search.predict.PRIORS``) ranks it as slow."""
-        if seq_len < 2 or platform in HOST_LOOP_PLATFORMS:
+        if seq_len < 2 or platform in GPU_PLATFORMS:
             return []
         low, high = snapshot_range(seq_len)
         return [{"snapshots": min(max(_fewest_snapshots(seq_len, 3), low), high)}]

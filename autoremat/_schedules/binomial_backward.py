@@ -7,7 +7,7 @@ which run exactly the Revolve tables' step evaluations (Griewank & Walther 2000)
 * ``run_loops``: re-advances as ``lax.fori_loop``s of dynamic length -- XLA
   hoists the step's loop invariants and moves collectives out of them; on a
   GPU the host reads each iteration's loop test back;
-* ``run``: only scans of static length (``_revolve.program``: per reversal a
+* ``run``: only scans of static length (``revolve.program``: per reversal a
   ``lax.switch`` over its number of ops, each op a switch over fixed-length
   re-advance scans), so it can be differentiated (grad of grad) and has no loop
   of dynamic length (``backward: static``).
@@ -40,7 +40,7 @@ def zero(x: Any) -> bool:
 class Backward:
     """One backward pass of a ``_Loop``: which inputs are differentiated, the
     residuals (``init``, ``xs``, ``consts``, the snapshot slots) and the ops of
-    ``_revolve.program``. ``run`` scans the reversals; each ``reversal``
+    ``revolve.program``. ``run`` scans the reversals; each ``reversal``
     ``restore``s a carry, runs its ``ops`` (each ``op`` ``advance``s a static
     number of steps, keeping the carries the tables snapshot, and writes them
     into their slots) and ``vjp_step``: no loop has a dynamic trip count, so it

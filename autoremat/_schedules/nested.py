@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
 from autoremat._schedules.base import Check, Features, Schedule, at, root_lengths, snap
+from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
 from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _show
 from autoremat.bounds import Cost
 
@@ -365,7 +366,7 @@ def _policy_label(policy: Policy) -> str:
 
 def policy_choices(platform: str) -> dict[str, Policy]:
     """Per-level policy labels -> policies; offload only on ``gpu``/``tpu``."""
-    if platform in ("gpu", "cuda", "rocm", "tpu"):
+    if platform in OFFLOAD_PLATFORMS:
         return {**POLICIES, **OFFLOAD_POLICIES}
     return dict(POLICIES)
 

@@ -1,5 +1,6 @@
 """The names autoremat writes into a study, in one place: each trial's user attrs (besides
-its ``Measurement.to_attrs`` figures) and the keys a tuned schedule's ``meta`` records.
+its ``Measurement.to_attrs`` figures). The keys a tuned schedule's ``meta`` records live
+with the first stage that reads them (``autoremat._measure.stale``).
 
 A trial that measured a schedule holds ``SCHEDULE`` (``Schedule.to_data``), ``SCHEDULE_KEY``,
 ``DESCRIBE`` and ``MEASURED`` (and ``COMPILE_FAILED`` when its build or compile failed:
@@ -25,11 +26,3 @@ DUPLICATE_OF: Final = "duplicate_of"
 TOTAL_REACHED: Final = "total_reached"
 RETRY_OF: Final = "retry_of"
 RETRY_REASON: Final = "retry_reason"
-
-#: What a tuned schedule's ``meta`` says it was tuned for and where it came from
-#: (``study.trial_schedule`` writes them; the measured figures come with them,
-#: ``autoremat._measure.breakdown.KEYS`` and the step and compile times).
-TUNED_FOR: Final = ("problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
-                    "flax_version", "budget_bytes", "study_name", "trial", "storage", "date")
-#: The timing figures a tuned schedule's ``meta`` records.
-TIMING: Final = ("step_seconds", "compile_seconds", "timed_seq_len", "extrapolated_seconds")

@@ -27,8 +27,9 @@ from autoremat._errors import TuneError
 from autoremat._measure.breakdown import DEVICE_KEYS, KEYS, breakdown_figures, breakdown_lines
 from autoremat._measure.measurement import OVER_BUDGET
 from autoremat._measure.mesh import device_note
+from autoremat._measure.stale import TIMING, TUNED_FOR
 from autoremat._schedules.base import Schedule
-from autoremat._search.attrs import DUPLICATE_OF, TIMING, TUNED_FOR
+from autoremat._search.attrs import DUPLICATE_OF
 from autoremat._search.study import MeasuredTrial, StudyInfo, choose, measured_trials, trial_schedule
 from autoremat._units import format_bytes
 from autoremat.bounds import cost, distance_to_optimum

@@ -80,7 +80,6 @@ class Candidate:
     structure: Structure
     compiled: Compiled | None = None
     verdict: Verdict = Verdict.UNDECIDED
-    seed: bool = False
 
     @property
     def sized(self) -> Measurement | None:
@@ -123,16 +122,16 @@ class Planner:
         self.time_model = TimeModel(self.platform)  # its prior is the platform's
         seq_len = self.problem.seq_len
         for p in seed_params(seq_len, self.platform, self.refused):
-            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2], seed=True)
+            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2])
         for _ in range(POOL_SIZE):
             self.add(*propose({}, seq_len, self.platform, self.rng, self.refused)[:2])
 
     # -- the pool ----------------------------------------------------------------------
-    def add(self, schedule: Schedule, params: dict[str, Any], *, seed: bool = False) -> None:
+    def add(self, schedule: Schedule, params: dict[str, Any]) -> None:
         key = schedule.key()
         if key not in self.pool:
             self.pool[key] = Candidate(schedule, params,
-                                       Structure.of(schedule, self.problem.seq_len), seed=seed)
+                                       Structure.of(schedule, self.problem.seq_len))
 
     @property
     def best(self) -> tuple[str, int, float] | None:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from autoremat._schedules.base import Schedule
+from autoremat._schedules.platforms import GPU_PLATFORMS
 
 #: The ridge weight pulling the fit towards the prior (relative units).
 _RIDGE = 0.1
@@ -98,7 +99,7 @@ CPU_PRIOR: Final = Prior()
 #: such schedule; from then on the fit has the measured difference.
 GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0, graphs=-1.0)
 #: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
-PRIORS: Final[dict[str, Prior]] = {"gpu": GPU_PRIOR, "cuda": GPU_PRIOR, "rocm": GPU_PRIOR}
+PRIORS: Final[dict[str, Prior]] = dict.fromkeys(GPU_PLATFORMS, GPU_PRIOR)
 
 
 def prior_for(platform: str) -> Prior:

@@ -57,7 +57,7 @@ OFFERED: Final = "offered"
 LEFT_OUT: Final = "left out"
 def checks(seq_len: int, platform: str) -> dict[str, Check]:
     """Every kind's ``Schedule.checks`` at ``seq_len`` on ``platform``, and the space's
-    own (``_space.checks``: the ``compiler`` choices on a GPU)."""
+    own (``space.checks``: the ``compiler`` choices on a GPU)."""
     out: dict[str, Check] = {}
     for kind in KINDS.values():
         out.update(kind.checks(seq_len, platform))

@@ -34,22 +34,20 @@ def default_study_name(problem: Problem, budget_bytes: int, device_kind: str) ->
     return f"{problem.name} on {device_kind} under {budget_bytes}B"
 
 
-def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,
-               seed: int) -> optuna.Study:
+def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock) -> optuna.Study:
     """Load or create the study; the first worker records ``info`` and enqueues the
     seed schedules, the others check that ``info`` matches what it recorded."""
     import optuna
 
     try:
         study = optuna.load_study(study_name=name, storage=storage)
-        n_before = len(study.trials)
     except KeyError:
         study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                     directions=["minimize", "minimize"])
-        n_before = 0
     # Each worker measures what its planner chose or a trial enqueued with its schedule (a
-    # seed, a retry): nothing is sampled.
-    study.sampler = optuna.samplers.RandomSampler(seed=(seed + n_before) % 2**32)
+    # seed, a retry): nothing is sampled. Optuna still consults a sampler for every trial;
+    # RandomSampler reads no history and, with nothing suggested, does nothing.
+    study.sampler = optuna.samplers.RandomSampler()
     attrs = info.to_attrs()
     with lock:  # one worker sets the study up; the others check what it set
         recorded = study.user_attrs

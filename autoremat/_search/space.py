@@ -5,9 +5,9 @@ of ``autoremat._schedules.KINDS``; then that kind's own parameters
 (``Schedule.suggest``, documented in each kind's module: the nested kind's
 depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
 A study leaves out the choices its probe refused (``refused``: categorical
-values, e.g. ``offload_dots``; ``autoremat._search.probe``): no trial samples them.
+values, e.g. ``offload_dots``; ``autoremat._search.probe``): no candidate uses them.
 
-On a GPU (``GPU_PLATFORMS``) every schedule also takes a ``compiler`` choice
+On a GPU (``CUDA_PLATFORMS``) every schedule also takes a ``compiler`` choice
 (``COMPILER_CHOICES``): the XLA options its step is compiled with
 (``Schedule.compiler_options``) -- by default none, or command buffers (CUDA
 graphs) that also capture ``while`` loops and conditionals, so a scan's
@@ -16,14 +16,14 @@ iterations are not launched one kernel at a time from the host
 finds out, by timing, whether the other helps this problem. On any other
 platform the space is as it was.
 
-``seed_params`` gives the obvious candidates, enqueued before any sampling:
+``seed_params`` gives the obvious candidates, enqueued before the planner's picks:
 each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
 per-step remat, the sqrt(T) and cube-root schedules of Chen et al. 2016,
 and the binomial schedule with three repetitions).
 
-``propose`` and ``neighbours`` draw candidates from the same space without
-Optuna (``ParamTrial``), as parameter dicts the tuner enqueues: random
-schedules, and schedules one parameter away from the best so far.
+``propose`` and ``neighbours`` draw candidates from the same space for the
+planner's pool (``ParamTrial`` stands in for a trial; nothing is sampled by
+Optuna): random schedules, and schedules one parameter away from the best so far.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from typing import Any, Final
 
 from autoremat._schedules import KINDS
 from autoremat._schedules.base import Check, Schedule
+from autoremat._schedules.platforms import CUDA_PLATFORMS
 
-#: Platforms whose schedules take a ``compiler`` choice (``Measurement.platform``).
-GPU_PLATFORMS: Final = frozenset({"gpu", "cuda"})
 #: XLA:GPU's default command-buffer types (openxla/xla ``debug_options_flags.cc``,
 #: 2025-26: FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN, DYNAMIC_SLICE_FUSION), plus
 #: the two that put control flow on the device: WHILE and CONDITIONAL (CUDA graph
@@ -62,7 +61,7 @@ def suggest(trial: Any, seq_len: int, platform: str = "cpu",
         trial = _Without(trial, refused)
     kind = trial.suggest_categorical("kind", list(KINDS))
     schedule = KINDS[kind].suggest(trial, seq_len, platform)
-    if platform not in GPU_PLATFORMS:
+    if platform not in CUDA_PLATFORMS:
         return schedule
     label = trial.suggest_categorical("compiler", list(COMPILER_CHOICES))
     return schedule.with_options(**COMPILER_CHOICES[label])
@@ -73,7 +72,7 @@ def checks(seq_len: int, platform: str) -> dict[str, Check]:
     (``autoremat._search.probe``): on a GPU, each non-default ``compiler`` choice on a
     plain scan (its option names and values must exist in this XLA, and it must not
     change the results)."""
-    if platform not in GPU_PLATFORMS:
+    if platform not in CUDA_PLATFORMS:
         return {}
     plain = Schedule.plain(seq_len)
     return {label: Check(plain.with_options(**options))
@@ -101,7 +100,7 @@ def seed_params(seq_len: int, platform: str = "cpu",
                 refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """Trial parameters of the obvious candidates, kind by kind, in the order to try
     them (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice."""
-    compiler = {"compiler": DEFAULT_COMPILER} if platform in GPU_PLATFORMS else {}
+    compiler = {"compiler": DEFAULT_COMPILER} if platform in CUDA_PLATFORMS else {}
     return [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
             for p in kind.seed_params(seq_len, platform)
             if not any(isinstance(v, str) and v in refused for v in p.values())]
@@ -119,8 +118,8 @@ class ParamTrial:
     """Stands in for an Optuna trial in ``suggest``: each value from ``wanted``
     (clipped into its range), the rest drawn at random from ``rng``.
 
-    ``params`` is what was chosen (enqueue it: the real trial then suggests the
-    same schedule); ``space`` each parameter's range or choices.
+    ``params`` is what was chosen (the planner keeps it with the candidate);
+    ``space`` each parameter's range or choices.
     """
 
     def __init__(self, wanted: dict[str, Any], rng: random.Random) -> None:

@@ -12,12 +12,12 @@ the search (``autoremat._search.tune``) or measures anything.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import TuneError
-from autoremat._measure.breakdown import floor_message
+from autoremat._measure.breakdown import DEVICE_KEYS, floor_message, seed_lstm_argument
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules import from_data
 from autoremat._schedules.base import Schedule
@@ -196,8 +196,7 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
 def device_memory_meta(m: Measurement) -> dict[str, int]:
     """The measured device figures for ``meta``, and the proof of fit's budget (none on a
     CPU, so its meta is unchanged)."""
-    return {k: v for k in ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes",
-                           "fit_proof_bytes") if isinstance(v := getattr(m, k), int)}
+    return {k: v for k in DEVICE_KEYS if isinstance(v := getattr(m, k), int)}
 
 
 @dataclass(frozen=True)
@@ -261,15 +260,17 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
     )
 
 
-def nothing_fits_message(result: TuneResult) -> str:
+def nothing_fits_message(result: TuneResult,
+                         setting: Callable[[str], str] = seed_lstm_argument) -> str:
     """One line: the budget, the floor no schedule removes when the budget is under it
-    (what it is made of, how to lower it), and the smallest total measured."""
+    (what it is made of, how to lower it: ``setting`` words the settings, see
+    ``breakdown.floor_message``), and the smallest total measured."""
     s = result.smallest_trial
     if s is None or s.measurement.total_bytes is None:
         return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
                 "measured (see the trials' 'reason')")
     total = s.measurement.total_bytes
-    floor = floor_message(s.measurement, result.budget_bytes)
+    floor = floor_message(s.measurement, result.budget_bytes, setting)
     return (
         f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
         f"the smallest total measured is {format_bytes(total)} ({total} bytes), "

@@ -40,7 +40,7 @@ the next fastest that passes is.
   ``n_trials`` or ``total_trials``: it measured nothing.
 * Before the search, the choices marked risky on this platform (offload policies
   on a GPU or TPU, ``Schedule.checks``; XLA compiler options on a GPU,
-  ``_space.checks``) are probed on a small instance of the problem; those that
+  ``space.checks``) are probed on a small instance of the problem; those that
   fail or change the results are left out of the study's space, recorded in the
   study (``autoremat._search.probe``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
@@ -162,7 +162,7 @@ def tune(
     storage_obj = open_storage(storage, heartbeat=heartbeat)
     name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
     lock = StudyLock(storage_obj, name)
-    study = open_study(storage_obj, name, info, lock, seed)
+    study = open_study(storage_obj, name, info, lock)
     refused = study_probe(study, lock, problem, info.platform or "", on_confirm)
     search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
                      time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
