@@ -171,16 +171,16 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
     checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``)."""
     layer_flags = [s.flag for s in LAYER_SETTINGS if (layers or {}).get(s.name) is not None]
     if ref == LAYER_STACK:
-        seed_only = {"--hidden": hidden, "--last-only": None if seq2seq else True,
+        seed_only: dict[str, object] = {"--hidden": hidden, "--last-only": None if seq2seq else True,
                      "--fused-readout": fused_readout or None, "--mesh": mesh}
         named = [f for f, v in seed_only.items() if v is not None]
         if named:
             raise UsageError(f"{named[0]}: sizes the seed LSTM only; {LAYER_STACK} takes "
                              f"--layers --d-model --heads --mlp --seq-len --batch")
-        sizes = {k: v for k, v in (layers or {}).items() if v is not None}
+        sizes: dict[str, Any] = {k: v for k, v in {**(layers or {}), "seq_len": seq_len,
+                                                   "batch": batch}.items() if v is not None}
         try:
-            return layer_stack(**sizes, **({"seq_len": seq_len} if seq_len else {}),
-                               **({"batch": batch} if batch else {}))
+            return layer_stack(**sizes)
         except AutorematError as e:
             name, _, rest = str(e).partition(": ")
             raise UsageError(f"--{name.replace('_', '-')}: {rest}") from None

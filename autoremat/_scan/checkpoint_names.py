@@ -116,7 +116,7 @@ def _tags(jaxpr: Jaxpr) -> list[TaggedValue]:
         for v in eqn.outvars:
             ancestors[v] = frozenset() if tagged else deps
         if tagged:
-            aval = eqn.outvars[0].aval
+            aval: Any = eqn.outvars[0].aval
             size = math.prod(aval.shape) * aval.dtype.itemsize
             out.append(TaggedValue(str(eqn.params[CHECKPOINT_NAME_PARAM]), int(size),
                                    sum(flops[j] for j in deps)))

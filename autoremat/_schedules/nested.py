@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
@@ -52,8 +53,8 @@ OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
 #: Policies over the problem's own ``checkpoint_name`` tags (label -> policy), offered
 #: beside ``POLICIES`` while a study of that problem searches
 #: (``autoremat._search.names``); the offloading ones only where offload is offered.
-NAMED_POLICIES: Final[ContextVar[Mapping[str, Policy]]] = ContextVar("named_policies",
-                                                                       default={})
+NAMED_POLICIES: Final[ContextVar[Mapping[str, Policy]]] = ContextVar(
+    "named_policies", default=MappingProxyType({}))
 UNROLLS: Final = (1, 2, 4, 8)
 MAX_DEPTH: Final = 4
 

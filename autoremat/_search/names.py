@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from autoremat._schedules.nested import NAMED_POLICIES
+from autoremat._schedules.nested import NAMED_POLICIES, policy_choices
 from autoremat._schedules.policy import Policy
 
 #: Fractions of the ranked tags each family offers (rounded up, duplicates dropped).
@@ -75,8 +75,6 @@ def offered_names(step: Any, args: tuple[Any, ...], seq_len: int,
                   platform: str) -> Iterator[dict[str, Policy]]:
     """While inside, the search space offers ``name_policies`` of the step's tags (none
     when it has none: the space is unchanged)."""
-    from autoremat._schedules.nested import policy_choices
-
     tags = scanned_tags(step, args, seq_len)
     offload = any(p.name.startswith("offload") for p in policy_choices(platform).values())
     policies = name_policies(tags, offload) if tags else {}
