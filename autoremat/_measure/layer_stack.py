@@ -87,11 +87,13 @@ class LayerStack:
                 f"S={self.seq_len},B={self.batch},{dtype})")
 
 
-def decoder(sizes: LayerStack, schedule: Schedule | None) -> Any:
+def decoder(sizes: LayerStack, schedule: Schedule | None, *,
+            flax_policy: Callable[..., Any] | None = None) -> Any:
     """The linen model: ``model.apply({"params": p}, tokens) -> logits (float32)``; its
-    layers scanned by ``autoremat.linen.scan`` under ``schedule``, or by ``flax.linen.scan``
-    over ``nn.remat`` blocks (``nothing_saveable``, MaxText's ``full``) when it is ``None``
-    (the study's peer)."""
+    layers scanned by ``autoremat.linen.scan`` under ``schedule``; when that is ``None``,
+    by ``flax.linen.scan`` as written (the unscheduled model), over ``nn.remat`` blocks
+    when ``flax_policy`` (a ``jax.checkpoint_policies`` member) is given -- MaxText's
+    way, the study's peer. The parameters are the same either way."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -132,8 +134,9 @@ def decoder(sizes: LayerStack, schedule: Schedule | None) -> Any:
     options: dict[str, Any] = {"variable_axes": {"params": 0}, "split_rngs": {"params": True},
                                "length": sizes.layers}
     if schedule is None:
-        stack = nn.scan(nn.remat(Block, prevent_cse=False,
-                                 policy=jax.checkpoint_policies.nothing_saveable), **options)
+        block = Block if flax_policy is None else nn.remat(Block, prevent_cse=False,
+                                                           policy=flax_policy)
+        stack = nn.scan(block, **options)
     else:
         stack = scan(Block, schedule=schedule, **options)
 
@@ -152,8 +155,7 @@ def decoder(sizes: LayerStack, schedule: Schedule | None) -> Any:
 @dataclass(frozen=True)
 class LayerStackModel:
     """The layer stack's parameters, optimizer and tokens, built once; ``train_step``
-    around any way of running the layers (``schedule``: autoremat's; ``None``: flax's
-    ``nn.scan(nn.remat(block))``, the study's peer)."""
+    around any way of running the layers (``decoder``'s ``schedule`` and ``flax_policy``)."""
 
     sizes: LayerStack
     args: tuple[Any, ...]  # (params, opt_state, tokens)
@@ -161,12 +163,13 @@ class LayerStackModel:
 
     ARG_NAMES = ("params", "opt_state", "tokens")
 
-    def loss_fn(self, schedule: Schedule | None) -> Callable[..., Any]:
+    def loss_fn(self, schedule: Schedule | None, *,
+                flax_policy: Callable[..., Any] | None = None) -> Callable[..., Any]:
         """``loss(params, tokens)``: mean next-token cross-entropy, float32."""
         import jax.numpy as jnp
         import optax
 
-        model = decoder(self.sizes, schedule)
+        model = decoder(self.sizes, schedule, flax_policy=flax_policy)
 
         def loss(params: Any, tokens: Any) -> Any:
             logits = model.apply({"params": params}, tokens)
@@ -175,12 +178,13 @@ class LayerStackModel:
 
         return loss
 
-    def train_step(self, schedule: Schedule | None) -> Step:
+    def train_step(self, schedule: Schedule | None, *,
+                   flax_policy: Callable[..., Any] | None = None) -> Step:
         """``train_step(params, opt_state, tokens) -> (params, opt_state, loss)``."""
         import jax
         import optax
 
-        loss = self.loss_fn(schedule)
+        loss = self.loss_fn(schedule, flax_policy=flax_policy)
 
         def train_step(params: Any, opt_state: Any, tokens: Any) -> Any:
             value, grads = jax.value_and_grad(loss)(params, tokens)
