@@ -66,6 +66,7 @@ from autoremat._errors import ProblemError as ProblemError
 from autoremat._errors import RematScansWarning as RematScansWarning
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
+from autoremat._measure.layer_stack import layer_stack as layer_stack
 from autoremat._measure.measure import measure as measure
 from autoremat._measure.measure import measure_step as measure_step
 from autoremat._measure.measurement import Measurement as Measurement
@@ -111,6 +112,7 @@ __all__ = [
     "bounds",
     "fuse_head",
     "fuse_loss",
+    "layer_stack",
     "linen",
     "load_schedule",
     "measure",

@@ -39,12 +39,17 @@ _LABEL_NAMES: Final = 4
 
 def scanned_tags(step: Any, args: tuple[Any, ...], seq_len: int) -> dict[str, Any]:
     """The tags (``TaggedValue`` by name) inside the step's scans of ``seq_len`` steps,
-    from one abstract trace of ``step(*args)`` (nothing is compiled or run)."""
+    from one abstract trace of ``step(*args)`` (nothing is compiled or run); none when
+    that trace fails (the search's first compile then says why)."""
     import jax
 
     from autoremat._scan.checkpoint_names import scanned_values
 
-    return scanned_values(jax.make_jaxpr(step)(*args).jaxpr, seq_len)
+    try:
+        traced = jax.make_jaxpr(step)(*args)
+    except Exception:  # the step's own compile reports it, with the tuner's message
+        return {}
+    return scanned_values(traced.jaxpr, seq_len)
 
 
 def name_policies(tags: Mapping[str, Any], offload: bool) -> dict[str, Policy]:
