@@ -189,3 +189,27 @@ def test_cli_tunes_the_layer_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     ]:
         assert main(["tune", *argv, "--budget", "1GB"]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_remat_scans_checks_tags_against_the_whole_function() -> None:
+    """One schedule serves every long scan: a tag in one of them is not missing in the
+    other; a tag in none is the error."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.ad_checkpoint import checkpoint_name
+
+    def loss(w: jax.Array, xs: jax.Array) -> jax.Array:
+        h, _ = lax.scan(lambda h, x: (jnp.tanh(checkpoint_name(h * w, "gates") + x), None),
+                        jnp.zeros(3), xs)
+        g, _ = lax.scan(lambda g, x: (jnp.sin(g * w + x), None), h, xs)
+        return jnp.sum(g ** 2)
+
+    xs = jnp.linspace(-1.0, 1.0, 24).reshape(8, 3)
+    want = jax.value_and_grad(loss)(0.7, xs)
+    schedule = Schedule.nested([2, 4], ["nothing_saveable", {"save_only_these_names":
+                                                             ["gates"]}])
+    got = jax.value_and_grad(autoremat.remat_scans(loss, schedule, min_length=8))(0.7, xs)
+    assert_close(got, want)
+    wrong = Schedule.nested([8], [{"save_only_these_names": ["gate"]}])
+    with pytest.raises(ScheduleError, match=r"levels\[0\]\.policy: .* names 'gate', .*gates"):
+        jax.value_and_grad(autoremat.remat_scans(loss, wrong, min_length=8))(0.7, xs)

@@ -8,15 +8,19 @@ rematerializing it costs: the matmul FLOPs of everything it depends on inside
 the step (``dot_general`` only; elementwise work is not counted), the work a
 backward pass redoes when the value is not kept and nothing before it is.
 ``check_policy_names`` refuses a schedule whose policies name a tag the step
-lacks: JAX would silently save nothing for it.
+lacks: JAX would silently save nothing for it. Under ``remat_scans`` one schedule
+serves every long scan of the function, so there a tag is checked against the
+whole function's tags (``function_tags``), not each scan's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from autoremat._errors import ScheduleError
 from autoremat._scan.jax_internals import (
@@ -31,6 +35,9 @@ from autoremat._scan.jax_internals import (
 from autoremat._schedules.base import Schedule
 
 _DOT = "dot_general"
+#: The tags of the whole function ``remat_scans`` is evaluating (``function_tags``).
+_FUNCTION_TAGS: Final[ContextVar[frozenset[str]]] = ContextVar("function_tags",
+                                                              default=frozenset())
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ def check_policy_names(jaxpr: Jaxpr, schedule: Schedule) -> None:
     wanted = [(where, policy) for where, policy in schedule.policies() if policy.names]
     if not wanted:
         return
-    have = tagged_values(jaxpr)
+    have = sorted(set(tagged_values(jaxpr)) | _FUNCTION_TAGS.get())
     for where, policy in wanted:
         missing = [n for n in policy.names if n not in have]
         if missing:
@@ -91,6 +98,20 @@ def check_policy_names(jaxpr: Jaxpr, schedule: Schedule) -> None:
                 f"{where}: {policy.name} names {', '.join(map(repr, missing))}, which the "
                 f"scanned step does not tag (its jax.ad_checkpoint.checkpoint_name tags: {tags}); "
                 "name only those tags, or tag the value in the step")
+
+
+@contextlib.contextmanager
+def function_tags(jaxpr: Jaxpr, schedule: Schedule) -> Iterator[None]:
+    """While inside, ``check_policy_names`` also accepts every tag of ``jaxpr`` (the
+    function ``remat_scans`` evaluates: a tag in another of its scans is not missing)."""
+    if not any(policy.names for _, policy in schedule.policies()):
+        yield
+        return
+    token = _FUNCTION_TAGS.set(frozenset(tagged_values(jaxpr)))
+    try:
+        yield
+    finally:
+        _FUNCTION_TAGS.reset(token)
 
 
 def _all_jaxprs(jaxpr: Jaxpr) -> Iterator[Jaxpr]:
