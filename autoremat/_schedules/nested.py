@@ -19,7 +19,14 @@ from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
 from autoremat._schedules.base import Check, Features, Schedule, at, root_lengths, snap
-from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _show
+from autoremat._schedules.policy import (
+    FACTORY_POLICIES,
+    NO_REMAT,
+    Level,
+    Policy,
+    _as_names,
+    _show,
+)
 from autoremat.bounds import Cost
 
 #: More than 64 levels of length >= 2 tile more than 2^64 steps.
@@ -378,18 +385,14 @@ def _add(a: _Terms, b: _Terms) -> _Terms:
 def _policy_label(policy: Policy) -> str:
     if policy.name == "save_and_offload_only_these_names":
         kw = dict(policy.kwargs)
-        saved = ",".join(_names(kw.get("names_which_can_be_saved", ())))
-        moved = ",".join(_names(kw.get("names_which_can_be_offloaded", ())))
+        saved = ",".join(_as_names(kw.get("names_which_can_be_saved", ())))
+        moved = ",".join(_as_names(kw.get("names_which_can_be_offloaded", ())))
         return f"save({saved})+offload({moved})" if policy.kwargs else \
             f"save_and_offload({','.join(policy.args)})"
     if policy.name in FACTORY_POLICIES:
         names = ",".join(policy.args) or ",".join(k for k, _ in policy.kwargs)
         return f"{policy.name}({names})"
     return policy.short
-
-
-def _names(value: Any) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def policy_choices(platform: str) -> dict[str, Policy]:

@@ -206,6 +206,7 @@ class Level:
         if not isinstance(self.policy, Policy):
             object.__setattr__(self, "policy", Policy.from_data(self.policy))
 
+
 def _as_names(value: Any) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
