@@ -17,6 +17,8 @@ missing here)::
         scan            autoremat.scan: lax.scan semantics, dispatch to the kind's run()
         records         what each outermost scan stacks and carries (read by measure)
         step_trace      the step's one cached trace; lax.scan's carry checks
+        checkpoint_names  the step's checkpoint_name tags (bytes, FLOPs); a policy naming
+                        a tag the step lacks is refused
         fuse            fuse_head / fuse_loss: the readout inside the step
         remat_scans     any function's long scans under a schedule; rewrite: the jaxpr pass
         fuse_readout    remat_scans moves the readout and loss after a scan into its step:
@@ -26,6 +28,7 @@ missing here)::
     _measure/     -> measure: compiled memory and step time
         problem         Problem: a train step built for a schedule; the seed LSTM
         from_loss       a Problem from an unmodified loss, params, batch and optimizer
+        layer_stack     the built-in layer stack: a decoder whose layers are one scan
         measure         compile -> memory_analysis -> run -> time; measurement: the record
         breakdown       where the memory goes; the floor no schedule removes
         device          the device's facts; mesh: many devices, per-device layout
@@ -37,6 +40,8 @@ missing here)::
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem
+        names           policies over the problem's own checkpoint_name tags, per level
+        short_scans     short heavy scans (layers): every structure of the space listed
         tune            the search: open the study, run a worker, confirm, prove, answer
         proof           the proof of fit: the pick runs with only the budget on the device
         worker          one worker's loop: plan, claim (no schedule twice), measure, count
@@ -64,6 +69,7 @@ from autoremat._errors import ProblemError as ProblemError
 from autoremat._errors import RematScansWarning as RematScansWarning
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
+from autoremat._measure.layer_stack import layer_stack as layer_stack
 from autoremat._measure.measure import measure as measure
 from autoremat._measure.measure import measure_step as measure_step
 from autoremat._measure.measurement import Measurement as Measurement
@@ -109,6 +115,7 @@ __all__ = [
     "bounds",
     "fuse_head",
     "fuse_loss",
+    "layer_stack",
     "linen",
     "load_schedule",
     "measure",

@@ -32,6 +32,8 @@ from autoremat._atomic import atomic_write_text
 from autoremat._cli.printing import Progress, result_table
 from autoremat._cli.settings import (
     BUILTIN_PROBLEM,
+    LAYER_SETTINGS,
+    LAYER_STACK,
     PROBLEM_SETTINGS,
     STORAGE_ENV,
     STUDY_FILE_KEYS,
@@ -47,6 +49,7 @@ from autoremat._cli.settings import (
 )
 from autoremat._errors import AutorematError, ScheduleError
 from autoremat._measure.device import device_memory_bytes
+from autoremat._measure.layer_stack import layer_stack
 from autoremat._measure.mesh import device_note
 from autoremat._measure.problem import Problem, resolve_problem, seed_lstm
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
@@ -127,7 +130,8 @@ def _parser() -> argparse.ArgumentParser:
                        "tuned on another number of devices or, with --problem, if it no longer "
                        "matches.")
     s.add_argument("path", metavar="PATH", help="a schedule YAML file")
-    s.add_argument("--problem", help=f"compare with this problem ({BUILTIN_PROBLEM} or "
+    s.add_argument("--problem", help=f"compare with this problem ({BUILTIN_PROBLEM}, "
+                   f"{LAYER_STACK} or "
                    "module:name / file.py:name)")
     add_settings(s, PROBLEM_SETTINGS)
     return p
@@ -164,9 +168,27 @@ def _usage_error(e: AutorematError) -> UsageError:
 
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
                  hidden: int | None, seq2seq: bool, fused_readout: bool = False,
-                 mesh: str | None = None) -> Problem:
-    """The built-in seed LSTM (resized), or the problem ``ref`` names (sizes checked
-    by ``check_settings``)."""
+                 mesh: str | None = None, layers: dict[str, int | None] | None = None) -> Problem:
+    """The built-in seed LSTM or layer stack (resized), or the problem ``ref`` names (sizes
+    checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``)."""
+    layer_flags = [s.flag for s in LAYER_SETTINGS if (layers or {}).get(s.name) is not None]
+    if ref == LAYER_STACK:
+        seed_only: dict[str, object] = {"--hidden": hidden, "--last-only": None if seq2seq else True,
+                     "--fused-readout": fused_readout or None, "--mesh": mesh}
+        named = [f for f, v in seed_only.items() if v is not None]
+        if named:
+            raise UsageError(f"{named[0]}: sizes the seed LSTM only; {LAYER_STACK} takes "
+                             f"--layers --d-model --heads --mlp --seq-len --batch")
+        sizes: dict[str, Any] = {k: v for k, v in {**(layers or {}), "seq_len": seq_len,
+                                                   "batch": batch}.items() if v is not None}
+        try:
+            return layer_stack(**sizes)
+        except AutorematError as e:
+            name, _, rest = str(e).partition(": ")
+            raise UsageError(f"--{name.replace('_', '-')}: {rest}") from None
+    if layer_flags:
+        raise UsageError(f"{layer_flags[0]}: sizes the built-in {LAYER_STACK} only; add "
+                         f"--problem {LAYER_STACK}")
     if ref is None or ref == BUILTIN_PROBLEM:
         if fused_readout and not seq2seq:
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
@@ -186,7 +208,8 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
 def _problem_of(settings: dict[str, Any]) -> Problem:
     return make_problem(settings.get("problem"), settings.get("seq_len"), settings.get("batch"),
                         settings.get("hidden"), bool(settings["seq2seq"]),
-                        bool(settings.get("fused_readout")), settings.get("mesh"))
+                        bool(settings.get("fused_readout")), settings.get("mesh"),
+                        {s.name: settings.get(s.name) for s in LAYER_SETTINGS})
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -28,6 +28,8 @@ from autoremat._search.tune import DEFAULT_TIME_LIMIT
 from autoremat._units import parse_duration
 
 BUILTIN_PROBLEM: Final = "seed_lstm"
+#: The built-in transformer whose layers are the scan (``autoremat._measure.layer_stack``).
+LAYER_STACK: Final = "layer_stack"
 STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
 _MAX_SIZE: Final = 2**31 - 1  # lax.scan lengths and array dimensions are int32
 
@@ -126,10 +128,20 @@ _SIZE = _integer(1, _MAX_SIZE, f"a positive integer up to {_MAX_SIZE}")
 #: ``seed_lstm``'s defaults: the one home of the built-in problem's sizes.
 _SEED: Final = {k: v.default for k, v in inspect.signature(seed_lstm).parameters.items()}
 
-#: The built-in problem's sizes (``tune`` and ``show``).
+#: The layer stack's own sizes (``--problem layer_stack``; it shares --seq-len and --batch).
+LAYER_SETTINGS: Final = (
+    Setting("layers", f"{LAYER_STACK}: transformer blocks, the scan's length (24)", _SIZE, int),
+    Setting("d_model", f"{LAYER_STACK}: model width (1024)", _SIZE, int),
+    Setting("heads", f"{LAYER_STACK}: attention heads, dividing --d-model (16)", _SIZE, int),
+    Setting("mlp", f"{LAYER_STACK}: MLP width (4096)", _SIZE, int),
+)
+
+#: The built-in problems' sizes (``tune`` and ``show``).
 PROBLEM_SETTINGS: Final = (
-    Setting("seq_len", f"built-in problem: sequence length ({_SEED['seq_len']})", _SIZE, int),
-    Setting("batch", f"built-in problem: batch size ({seed_batch(None, None)})", _SIZE, int),
+    Setting("seq_len", f"built-in problems: sequence length ({_SEED['seq_len']}; "
+            f"{LAYER_STACK}: tokens, 2048)", _SIZE, int),
+    Setting("batch", f"built-in problems: batch size ({seed_batch(None, None)}; "
+            f"{LAYER_STACK}: 8)", _SIZE, int),
     Setting("hidden", f"built-in problem: LSTM width ({_SEED['hidden']})", _SIZE, int),
     Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
@@ -140,12 +152,15 @@ PROBLEM_SETTINGS: Final = (
             "data=2,fsdp=2 also splits parameters and optimizer state over fsdp (FSDP); the "
             "batch defaults to a multiple of the device count. Every figure and --budget are "
             "then per device", _mesh, str, metavar="AXIS=N[,AXIS=N]"),
+    *LAYER_SETTINGS,
 )
 
 PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "
                        f"callable returning one); default: {BUILTIN_PROBLEM}, the seed LSTM "
                        f"(hidden {_SEED['hidden']}, batch {seed_batch(None, None)}, "
-                       f"T={_SEED['seq_len']:,}, seq2seq, Adam)")
+                       f"T={_SEED['seq_len']:,}, seq2seq, Adam); {LAYER_STACK}: a "
+                       "decoder-only transformer whose scan is over its layers (bfloat16, "
+                       "MaxText's checkpoint names)")
 
 #: Every ``tune`` setting, in ``--help`` order; the study-file keys.
 TUNE_SETTINGS: Final = (

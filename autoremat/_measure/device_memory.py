@@ -61,16 +61,13 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
 from autoremat._measure.device import memory_stats, peak_bytes_in_use
+from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
 T = TypeVar("T")
 
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
 #: under the old mark. Chunks are powers of two from here up.
 CHUNK: Final = 1 << 20
-
-#: Platforms whose runtime books a program's temporaries as a reservation
-#: (``bytes_reserved``), not in ``bytes_in_use``: ``reserved_need`` measures there.
-RESERVING_PLATFORMS: Final = frozenset({"tpu"})
 
 #: Platforms whose method was checked against ``bisect_need`` on a real device, and where
 #: that check is written down. ``measured`` gives a figure only on these.

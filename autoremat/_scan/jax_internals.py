@@ -220,3 +220,8 @@ def nnx_scan_with(loop: Callable[..., Any]) -> Callable[..., Any]:
 #: (0.10) lowers a ``device_put`` to another memory space to nothing, so an offload
 #: policy's lowered step holds none: ``autoremat._search.probe`` reads this.
 HOST_PLACEMENT_CALL = "annotate_device_placement"
+
+#: The primitive ``jax.ad_checkpoint.checkpoint_name`` binds (its parameter ``name``: the
+#: tag a ``save_only_these_names``-style policy refers to); ``autoremat._scan.checkpoint_names``.
+CHECKPOINT_NAME = "name"
+CHECKPOINT_NAME_PARAM = "name"

@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from autoremat._errors import AutorematError, RematScansWarning
+from autoremat._scan.checkpoint_names import function_tags
 from autoremat._scan.fuse_inline import flatten
 from autoremat._scan.rewrite import REWRITTEN, TOO_SHORT, Context, FoundScan, evaluate, survey
 from autoremat._scan.scan import as_schedule
@@ -130,7 +131,8 @@ class RematScans:
         found = survey(closed.jaxpr, self.min_length)
         _warn(found, self.min_length)
         ctx = Context(self.schedule, self.min_length, self.fuse)
-        outs = evaluate(closed.jaxpr, closed.consts, leaves, ctx)
+        with function_tags(closed.jaxpr, self.schedule):
+            outs = evaluate(closed.jaxpr, closed.consts, leaves, ctx)
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
     def describe(self, *args: Any, **kwargs: Any) -> RewriteReport:

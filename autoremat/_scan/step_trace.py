@@ -22,6 +22,7 @@ import jax.extend.core
 import jax.numpy as jnp
 from jax import lax
 
+from autoremat._scan.checkpoint_names import check_policy_names
 from autoremat._scan.jax_internals import trace_cache
 from autoremat._schedules.base import Schedule
 
@@ -98,6 +99,7 @@ def _checked_init(f: Callable[..., Any], treedef: Any, step: Callable[..., Any],
     x_avals = [jax.ShapeDtypeStruct(x.shape[:a] + x.shape[a + 1:], x.dtype)
                for x, a in zip(leaves, axes, strict=True)]
     jaxpr, out = _trace(f, treedef, step, init, x_avals)
+    check_policy_names(jaxpr.jaxpr, schedule)
     where = f"(autoremat.scan with schedule {schedule.describe()})"
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"scan body output must be a pair (carry, y), got {_summary(out)} {where}")

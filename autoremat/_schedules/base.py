@@ -223,6 +223,12 @@ class Schedule(ABC):
         This default has none: every choice is offered."""
         return {}
 
+    def policies(self) -> list[tuple[str, Policy]]:
+        """Each checkpoint policy the schedule applies, with the field it is in (e.g.
+        ``levels[1].policy``); a policy naming ``checkpoint_name`` tags is checked
+        against the traced step. This default has none."""
+        return []
+
     def timing_length(self, seq_len: int, short: int) -> int:
         """The length to time this schedule at so that its step time at ``seq_len``
         can be predicted from it (``autoremat._search.short_runs``): at least ``short``,

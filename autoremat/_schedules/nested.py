@@ -12,23 +12,38 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
 from autoremat._schedules.base import Check, Features, Schedule, at, root_lengths, snap
 from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
-from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _show
+from autoremat._schedules.policy import (
+    FACTORY_POLICIES,
+    NO_REMAT,
+    Level,
+    Policy,
+    _as_names,
+    _show,
+)
 from autoremat.bounds import Cost
 
 #: More than 64 levels of length >= 2 tile more than 2^64 steps.
 MAX_LEVELS: Final = 64
 LEVEL_KEYS: Final = ("length", "policy")
 #: Policies under which a level stores its body's residuals instead of
-#: recomputing them in the backward pass (the cost model).
-_KEEPS_EVERYTHING: Final = ("none", "everything_saveable")
-#: Policies whose re-run skips the matmuls (their outputs are saved): a partial re-run.
-_PARTIAL: Final = ("dots", "offload_dot")
+#: recomputing them in the backward pass (the cost model; the name policies that
+#: keep all but a few tags are counted here).
+_KEEPS_EVERYTHING: Final = ("none", "everything_saveable", "save_anything_except_these_names",
+                            "save_any_names_but_these")
+#: Policies whose re-run skips the matmuls (their outputs are saved): a partial re-run
+#: (a policy keeping some tags is counted as one).
+_PARTIAL: Final = ("dots", "offload_dot", "save_only_these_names",
+                   "save_and_offload_only_these_names")
+#: Of those, the ones whose saved values stay on the device (partial residuals).
+_PARTIAL_ON_DEVICE: Final = ("dots", "save_only_these_names")
 
 # -- the search space ------------------------------------------------------------------
 POLICIES: Final[dict[str, Policy]] = {
@@ -43,6 +58,11 @@ OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
         kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")),
     ),
 }
+#: Policies over the problem's own ``checkpoint_name`` tags (label -> policy), offered
+#: beside ``POLICIES`` while a study of that problem searches
+#: (``autoremat._search.names``); the offloading ones only where offload is offered.
+NAMED_POLICIES: Final[ContextVar[Mapping[str, Policy]]] = ContextVar(
+    "named_policies", default=MappingProxyType({}))
 UNROLLS: Final = (1, 2, 4, 8)
 MAX_DEPTH: Final = 4
 
@@ -108,6 +128,9 @@ class NestedSchedule(Schedule):
                 levels.append(Level(n, Policy.from_data(p)))
         return cls(levels=tuple(levels), unroll=unroll, meta=dict(meta or {}))
 
+    def policies(self) -> list[tuple[str, Policy]]:
+        return [(f"levels[{i}].policy", lv.policy) for i, lv in enumerate(self.levels)]
+
     @property
     def lengths(self) -> tuple[int, ...]:
         return tuple(lv.length for lv in self.levels)
@@ -160,6 +183,9 @@ class NestedSchedule(Schedule):
             where = "outermost" if i == 0 else ("innermost" if i == self.depth - 1 else "")
             lines.append(f"  level {i}: length {lv.length:>7}, policy {lv.policy.to_data()}"
                          + (f"  ({where})" if where and self.depth > 1 else ""))
+            meaning = lv.policy.explain_names()
+            if meaning:
+                lines.append(f"           {meaning}")
         lines.append(f"  unroll (innermost): {self.unroll}")
         return lines
 
@@ -282,7 +308,7 @@ class NestedSchedule(Schedule):
         offered = policy_choices(platform)
         lengths = root_lengths(seq_len, 2) if seq_len >= 4 else (seq_len,)
         return {label: Check(cls.build(lengths, policy), offloads=True)
-                for label, policy in OFFLOAD_POLICIES.items() if label in offered}
+                for label, policy in offered.items() if _offloads(policy)}
 
     @classmethod
     def examples(cls) -> Sequence[Schedule]:
@@ -338,7 +364,7 @@ def _terms(levels: tuple[Level, ...], steps: int) -> tuple[_Terms, _Terms]:
     if name in _KEEPS_EVERYTHING:
         unit: _Terms = (0.0, chunk, 0.0) if not inner else (0.0, 0.0, 0.0)
     else:
-        unit = (1.0, 0.0, chunk if name.startswith("dots") else 0.0)
+        unit = (1.0, 0.0, chunk if name.startswith(_PARTIAL_ON_DEVICE) else 0.0)
     if not inner:
         kept = _scale(unit, n)
         return kept, _add(kept, (0.0, 1.0, 0.0))
@@ -358,6 +384,12 @@ def _add(a: _Terms, b: _Terms) -> _Terms:
 
 
 def _policy_label(policy: Policy) -> str:
+    if policy.name == "save_and_offload_only_these_names":
+        kw = dict(policy.kwargs)
+        saved = ",".join(_as_names(kw.get("names_which_can_be_saved", ())))
+        moved = ",".join(_as_names(kw.get("names_which_can_be_offloaded", ())))
+        return f"save({saved})+offload({moved})" if policy.kwargs else \
+            f"save_and_offload({','.join(policy.args)})"
     if policy.name in FACTORY_POLICIES:
         names = ",".join(policy.args) or ",".join(k for k, _ in policy.kwargs)
         return f"{policy.name}({names})"
@@ -365,10 +397,17 @@ def _policy_label(policy: Policy) -> str:
 
 
 def policy_choices(platform: str) -> dict[str, Policy]:
-    """Per-level policy labels -> policies; offload only on ``gpu``/``tpu``."""
+    """Per-level policy labels -> policies, with the study's ``NAMED_POLICIES``;
+    offload only on ``gpu``/``tpu``."""
+    named = NAMED_POLICIES.get()
     if platform in OFFLOAD_PLATFORMS:
-        return {**POLICIES, **OFFLOAD_POLICIES}
-    return dict(POLICIES)
+        return {**POLICIES, **OFFLOAD_POLICIES, **named}
+    return {**POLICIES, **{label: p for label, p in named.items() if not _offloads(p)}}
+
+
+def _offloads(policy: Policy) -> bool:
+    """The policy moves residuals to host memory (a probe checks it first)."""
+    return policy.name.startswith(("offload", "save_and_offload"))
 
 
 def depths(seq_len: int) -> list[int]:

@@ -16,3 +16,6 @@ GPU_PLATFORMS: Final = frozenset({"gpu", "cuda", "rocm"})
 CUDA_PLATFORMS: Final = frozenset({"gpu", "cuda"})
 #: Accelerators with host memory to offload to: the ``offload_*`` policies.
 OFFLOAD_PLATFORMS: Final = GPU_PLATFORMS | {"tpu"}
+#: Platforms whose runtime books a program's temporaries as a reservation
+#: (``bytes_reserved``), not in ``bytes_in_use`` (``autoremat._measure.device_memory``).
+RESERVING_PLATFORMS: Final = frozenset({"tpu"})

@@ -32,6 +32,21 @@ FACTORY_POLICIES: Final = (
     "save_and_offload_only_these_names",
     "offload_dot_with_no_batch_dims",
 )
+#: The factories whose arguments are ``jax.ad_checkpoint.checkpoint_name`` tags
+#: (``Policy.names``): a schedule naming a tag the step lacks is refused when it
+#: is traced (``autoremat._scan.checkpoint_names``).
+NAME_POLICIES: Final = (
+    "save_only_these_names",
+    "save_any_names_but_these",
+    "save_anything_except_these_names",
+    "save_and_offload_only_these_names",
+)
+#: What a name policy does with the tags it names, for ``autoremat show``.
+_NAMES_MEAN: Final = {
+    "save_only_these_names": "keeps only the tagged {names}; recomputes all else",
+    "save_any_names_but_these": "keeps every tagged value but {names}; recomputes the rest",
+    "save_anything_except_these_names": "keeps everything but the tagged {names}",
+}
 #: ``none`` wraps nothing in ``jax.checkpoint``: that level stores every
 #: residual, exactly like a plain ``lax.scan``.
 NO_REMAT: Final = "none"
@@ -95,6 +110,31 @@ class Policy:
             except TypeError as e:
                 raise ScheduleError(f"policy: bad arguments for {self.name}: {e}") from None
         return member
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The ``checkpoint_name`` tags this policy refers to, in order (empty but for
+        ``NAME_POLICIES``): its list, or its ``names_*`` keyword arguments."""
+        if self.name not in NAME_POLICIES:
+            return ()
+        found = list(self.args)
+        for key, value in self.kwargs:
+            if key.startswith("names"):
+                found.extend(value if isinstance(value, tuple) else (value,))
+        return tuple(dict.fromkeys(found))
+
+    def explain_names(self) -> str | None:
+        """What a name policy keeps, recomputes or offloads, in words (``None``: not one)."""
+        if self.name not in NAME_POLICIES:
+            return None
+        if self.name == "save_and_offload_only_these_names":
+            kw = dict(self.kwargs)
+            saved = ", ".join(_as_names(kw.get("names_which_can_be_saved", ()))) or "nothing"
+            moved = ", ".join(_as_names(kw.get("names_which_can_be_offloaded", ()))) or "nothing"
+            where = kw.get("offload_dst", "pinned_host")
+            return f"keeps the tagged {saved} on the device, offloads {moved} to {where}; " \
+                   "recomputes all else"
+        return _NAMES_MEAN[self.name].format(names=", ".join(self.names) or "nothing")
 
     @property
     def short(self) -> str:
@@ -165,6 +205,11 @@ class Level:
         check_int("length", self.length)
         if not isinstance(self.policy, Policy):
             object.__setattr__(self, "policy", Policy.from_data(self.policy))
+
+
+def _as_names(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
 
 def check_int(name: str, value: Any, low: int = 1, high: int = MAX_LENGTH) -> None:
     """``value`` is an int (not a bool) in ``[low, high]``, else a ``ScheduleError``."""

@@ -1,7 +1,8 @@
 """Which schedule to measure next: screen by compiled memory, predict time, time few.
 
 A worker's ``Planner`` holds a pool of candidate schedules (the space's
-random draws, ``space.propose``, and the neighbours of the best so far,
+random draws, ``space.propose``, every structure of a short scan,
+``short_scans``, and the neighbours of the best so far,
 ``space.neighbours``) and decides, each time the search may measure one
 more, which one it is worth timing:
 
@@ -45,6 +46,7 @@ from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.short_runs import ShortRuns
+from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seed_params
 
 #: Random draws in the initial pool.
@@ -122,6 +124,8 @@ class Planner:
         self.time_model = TimeModel(self.platform)  # its prior is the platform's
         seq_len = self.problem.seq_len
         for p in seed_params(seq_len, self.platform, self.refused):
+            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2])
+        for p in short_scan_params(seq_len, self.platform, self.rng, self.refused):
             self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2])
         for _ in range(POOL_SIZE):
             self.add(*propose({}, seq_len, self.platform, self.rng, self.refused)[:2])

@@ -1,0 +1,150 @@
+"""The names a step tags with ``jax.ad_checkpoint.checkpoint_name``, what each costs.
+
+A policy such as ``save_only_these_names`` refers to values by the tags a model
+gives them (MaxText: ``query_proj``, ``mlpwo``, ...). ``tagged_values`` finds
+them in a traced step (nested ``jit``, ``checkpoint``, ``cond``, inner scans
+included), with what keeping each costs -- its bytes per step -- and what
+rematerializing it costs: the matmul FLOPs of everything it depends on inside
+the step (``dot_general`` only; elementwise work is not counted), the work a
+backward pass redoes when the value is not kept and nothing before it is.
+``check_policy_names`` refuses a schedule whose policies name a tag the step
+lacks: JAX would silently save nothing for it. Under ``remat_scans`` one schedule
+serves every long scan of the function, so there a tag is checked against the
+whole function's tags (``function_tags``), not each scan's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Final
+
+from autoremat._errors import ScheduleError
+from autoremat._scan.jax_internals import (
+    CHECKPOINT_NAME,
+    CHECKPOINT_NAME_PARAM,
+    SCAN,
+    SCAN_BODY,
+    Jaxpr,
+    Literal,
+    sub_jaxprs,
+)
+from autoremat._schedules.base import Schedule
+
+_DOT = "dot_general"
+#: The tags of the whole function ``remat_scans`` is evaluating (``function_tags``).
+_FUNCTION_TAGS: Final[ContextVar[frozenset[str]]] = ContextVar("function_tags",
+                                                              default=frozenset())
+
+
+@dataclass(frozen=True)
+class TaggedValue:
+    """One ``checkpoint_name`` tag of a step.
+
+    Attributes:
+      name: the tag.
+      bytes: bytes of the tagged value per step (the largest if tagged twice).
+      flops: matmul FLOPs (``2 * M * N * K`` per ``dot_general``) the value depends
+        on within its jaxpr since the tagged values before it (the module docstring).
+    """
+
+    name: str
+    bytes: int
+    flops: float
+
+    @property
+    def flops_per_byte(self) -> float:
+        """Recompute work saved per byte kept: the search keeps the dearest first."""
+        return self.flops / max(1, self.bytes)
+
+
+def tagged_values(jaxpr: Jaxpr) -> dict[str, TaggedValue]:
+    """Every tag in ``jaxpr`` and the jaxprs it holds, sorted by name."""
+    found: dict[str, TaggedValue] = {}
+    for inner in _all_jaxprs(jaxpr):
+        for value in _tags(inner):
+            old = found.get(value.name)
+            if old is None or (value.bytes, value.flops) > (old.bytes, old.flops):
+                found[value.name] = value
+    return dict(sorted(found.items()))
+
+
+def scanned_values(jaxpr: Jaxpr, length: int) -> dict[str, TaggedValue]:
+    """The tags inside the bodies of ``jaxpr``'s scans of ``length`` steps: those a
+    schedule for that scan can refer to (a tag outside the scan is not)."""
+    found: dict[str, TaggedValue] = {}
+    for inner in _all_jaxprs(jaxpr):
+        for eqn in inner.eqns:
+            if eqn.primitive is SCAN and eqn.params.get("length") == length:
+                found.update(tagged_values(eqn.params[SCAN_BODY].jaxpr))
+    return dict(sorted(found.items()))
+
+
+def check_policy_names(jaxpr: Jaxpr, schedule: Schedule) -> None:
+    """A ``ScheduleError`` naming the level and the tag when a policy of ``schedule``
+    refers to a tag the step (``jaxpr``) does not have."""
+    wanted = [(where, policy) for where, policy in schedule.policies() if policy.names]
+    if not wanted:
+        return
+    have = sorted(set(tagged_values(jaxpr)) | _FUNCTION_TAGS.get())
+    for where, policy in wanted:
+        missing = [n for n in policy.names if n not in have]
+        if missing:
+            tags = ", ".join(have) if have else "none"
+            raise ScheduleError(
+                f"{where}: {policy.name} names {', '.join(map(repr, missing))}, which the "
+                f"scanned step does not tag (its jax.ad_checkpoint.checkpoint_name tags: {tags}); "
+                "name only those tags, or tag the value in the step")
+
+
+@contextlib.contextmanager
+def function_tags(jaxpr: Jaxpr, schedule: Schedule) -> Iterator[None]:
+    """While inside, ``check_policy_names`` also accepts every tag of ``jaxpr`` (the
+    function ``remat_scans`` evaluates: a tag in another of its scans is not missing)."""
+    if not any(policy.names for _, policy in schedule.policies()):
+        yield
+        return
+    token = _FUNCTION_TAGS.set(frozenset(tagged_values(jaxpr)))
+    try:
+        yield
+    finally:
+        _FUNCTION_TAGS.reset(token)
+
+
+def _all_jaxprs(jaxpr: Jaxpr) -> Iterator[Jaxpr]:
+    yield jaxpr
+    for eqn in jaxpr.eqns:
+        for inner in sub_jaxprs(eqn.params):
+            yield from _all_jaxprs(inner)
+
+
+def _tags(jaxpr: Jaxpr) -> list[TaggedValue]:
+    """The tags of one jaxpr (not its inner ones), with the matmul FLOPs since the tags
+    before them."""
+    ancestors: dict[Any, frozenset[int]] = {}  # var -> the dots since the last tags
+    flops: dict[int, float] = {}
+    out = []
+    for i, eqn in enumerate(jaxpr.eqns):
+        deps = frozenset().union(*(ancestors.get(v, frozenset()) for v in eqn.invars
+                                   if not isinstance(v, Literal)))
+        if eqn.primitive.name == _DOT:
+            flops[i] = _dot_flops(eqn)
+            deps = deps | {i}
+        tagged = eqn.primitive.name == CHECKPOINT_NAME
+        for v in eqn.outvars:
+            ancestors[v] = frozenset() if tagged else deps
+        if tagged:
+            aval: Any = eqn.outvars[0].aval
+            size = math.prod(aval.shape) * aval.dtype.itemsize
+            out.append(TaggedValue(str(eqn.params[CHECKPOINT_NAME_PARAM]), int(size),
+                                   sum(flops[j] for j in deps)))
+    return out
+
+
+def _dot_flops(eqn: Any) -> float:
+    (contract, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval.shape
+    return 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)

@@ -1,0 +1,96 @@
+"""Policies from the problem's own ``checkpoint_name`` tags, for the search to offer.
+
+A model that tags its values (MaxText's ``query_proj``, ``mlpwo``, ...) is
+rematerialized by hand with presets over those tags. A study of such a problem
+finds the tags in its traced step (``autoremat._scan.checkpoint_names``) and
+offers, per level, beside the fixed policies (``autoremat._schedules.nested``):
+
+* ``save_only_these_names`` of the tags that are dearest to recompute per byte
+  kept (``TaggedValue.flops_per_byte``), a chain of ``SUBSETS`` growing prefixes
+  of that ranking (a third, two thirds, all: not the power set);
+* ``save_anything_except_these_names`` of the cheapest tags (a third, two
+  thirds): everything kept but those;
+* where offload is offered (GPU, TPU; each choice probed before the study offers
+  it, ``autoremat._search.probe``), ``save_and_offload_only_these_names``
+  moving the same prefixes to host memory.
+
+The trade-off: the ranking is an estimate from the trace (bytes and matmul
+FLOPs), which keeps the space small -- a few choices per level -- and the
+search's measurements decide among them; a subset outside the chains is not
+offered (write it in a schedule by hand). Labels name the tags, so a study's
+trials read as what they keep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from autoremat._schedules.nested import NAMED_POLICIES, policy_choices
+from autoremat._schedules.policy import Policy
+
+#: Fractions of the ranked tags each family offers (rounded up, duplicates dropped).
+SUBSETS: Final = (1 / 3, 2 / 3, 1.0)
+#: Labels longer than this list the first tags and a count.
+_LABEL_NAMES: Final = 4
+
+
+def scanned_tags(step: Any, args: tuple[Any, ...], seq_len: int) -> dict[str, Any]:
+    """The tags (``TaggedValue`` by name) inside the step's scans of ``seq_len`` steps,
+    from one abstract trace of ``step(*args)`` (nothing is compiled or run); none when
+    that trace fails (the search's first compile then says why)."""
+    import jax
+
+    from autoremat._scan.checkpoint_names import scanned_values
+
+    try:
+        traced = jax.make_jaxpr(step)(*args)
+    except Exception:  # the step's own compile reports it, with the tuner's message
+        return {}
+    return scanned_values(traced.jaxpr, seq_len)
+
+
+def name_policies(tags: Mapping[str, Any], offload: bool) -> dict[str, Policy]:
+    """The choices of the module docstring for these tags: label -> policy."""
+    ranked = sorted(tags.values(), key=lambda t: (-t.flops_per_byte, t.name))
+    names = [t.name for t in ranked]
+    counts = sorted({max(1, math.ceil(f * len(names))) for f in SUBSETS})
+    out: dict[str, Policy] = {}
+    for k in counts:
+        out[_label("save", names[:k])] = Policy("save_only_these_names", args=tuple(names[:k]))
+    for k in counts:
+        if k < len(names):
+            cheap = names[len(names) - k:]
+            out[_label("all_but", cheap)] = Policy("save_anything_except_these_names",
+                                                   args=tuple(cheap))
+    if offload:
+        for k in counts:
+            out[_label("offload", names[:k])] = Policy(
+                "save_and_offload_only_these_names",
+                kwargs=(("names_which_can_be_offloaded", tuple(names[:k])),
+                        ("names_which_can_be_saved", ()), ("offload_dst", "pinned_host"),
+                        ("offload_src", "device")))
+    return out
+
+
+@contextlib.contextmanager
+def offered_names(step: Any, args: tuple[Any, ...], seq_len: int,
+                  platform: str) -> Iterator[dict[str, Policy]]:
+    """While inside, the search space offers ``name_policies`` of the step's tags (none
+    when it has none: the space is unchanged)."""
+    tags = scanned_tags(step, args, seq_len)
+    offload = any(p.name.startswith("offload") for p in policy_choices(platform).values())
+    policies = name_policies(tags, offload) if tags else {}
+    token = NAMED_POLICIES.set(policies)
+    try:
+        yield policies
+    finally:
+        NAMED_POLICIES.reset(token)
+
+
+def _label(family: str, names: list[str]) -> str:
+    shown = names if len(names) <= _LABEL_NAMES else [*names[:_LABEL_NAMES - 1],
+                                                      f"+{len(names) - _LABEL_NAMES + 1}"]
+    return f"{family}({','.join(shown)})"

@@ -1,0 +1,94 @@
+"""Short heavy scans: every structure of the space, enumerated.
+
+A transformer's scan over layers has 12-100 steps of heavy work, not 10^4
+light ones. Its space is small in all but the policies: the depths, the chunk
+lengths (after ``snap``, mostly exact tilings such as 4x6 or 2x3x4 for 24
+layers), the unroll and the binomial snapshots can all be listed. For a scan of
+at most ``SHORT_SCAN`` steps, ``structure_params`` lists every one -- every
+kind, every integer parameter in its range, every ordered choice (``depth``)
+-- and the planner adds each to its pool, ``DRAWS`` times with the other
+choices (policies per level, unroll) drawn at random, beside its usual random
+draws: no structure is missed by chance, and the time and memory models rank
+them all. The neighbours of the best then vary its policies one level at a
+time (``space.neighbours``).
+
+The trade-off: the policies are not enumerated (their product over levels,
+with a model's named tags, is thousands of schedules, each a compile of the
+whole stack); a space with more than ``MAX_STRUCTURES`` structures is left to
+random draws.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Final
+
+from autoremat._schedules import KINDS
+from autoremat._search.space import suggest
+
+#: Scans of at most this many steps have their structures enumerated.
+SHORT_SCAN: Final = 128
+#: A space with more structures than this is not enumerated.
+MAX_STRUCTURES: Final = 400
+#: Random completions (policies, unroll) added per structure.
+DRAWS: Final = 3
+
+
+class _Branch(Exception):
+    """``suggest`` reached a parameter to enumerate: its name and values."""
+
+    def __init__(self, name: str, values: list[Any]) -> None:
+        super().__init__(name)
+        self.name, self.values = name, values
+
+
+class _Enumerate:
+    """A trial that follows ``fixed`` and branches at the first other integer or
+    ordered parameter; any other choice takes its first value."""
+
+    def __init__(self, fixed: dict[str, Any]) -> None:
+        self.fixed = fixed
+
+    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
+        if name not in self.fixed:
+            raise _Branch(name, list(range(low, high + 1)))
+        return int(self.fixed[name])
+
+    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+        if name in self.fixed:
+            return self.fixed[name]
+        if name == "kind" or any(name in kind.ORDERED for kind in KINDS.values()):
+            raise _Branch(name, list(choices))
+        return choices[0]
+
+
+def structure_params(seq_len: int, platform: str,
+                     refused: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
+    """Every structure of a short scan's space as partial trial params (the module
+    docstring), one per distinct schedule; ``None`` when the scan is longer than
+    ``SHORT_SCAN`` or has more than ``MAX_STRUCTURES`` structures."""
+    if seq_len > SHORT_SCAN:
+        return None
+    found: dict[str, dict[str, Any]] = {}
+    pending: list[dict[str, Any]] = [{}]
+    while pending:
+        fixed = pending.pop()
+        try:
+            schedule = suggest(_Enumerate(fixed), seq_len, platform, refused)
+        except _Branch as b:
+            pending.extend({**fixed, b.name: v} for v in reversed(b.values))
+            if len(pending) + len(found) > 50 * MAX_STRUCTURES:
+                return None
+            continue
+        found.setdefault(schedule.key(), fixed)
+        if len(found) > MAX_STRUCTURES:
+            return None
+    return list(found.values())
+
+
+def short_scan_params(seq_len: int, platform: str, rng: random.Random,
+                      refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """``DRAWS`` copies of each of ``structure_params`` (none when it is ``None``), for
+    ``space.propose`` to complete at random."""
+    structures = structure_params(seq_len, platform, refused) or []
+    return [dict(p) for p in structures for _ in range(DRAWS)]
