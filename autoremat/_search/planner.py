@@ -8,7 +8,9 @@ more, which one it is worth timing:
 1. candidates are ranked by predicted step time (``predict.TimeModel``,
    calibrated on the study's own timed trials);
 2. going down that list, a candidate storing at least as much as one already
-   over the budget (``MemoryModel.surely_over``) is skipped unsized; the
+   over the budget, or predicted at least as large as a program the compiler
+   refused for want of memory (``MemoryModel.surely_over``; the size it stated is
+   that schedule's memory, ``Measurement.compiler_bytes``), is skipped unsized; the
    others are compiled and
    sized (``measure.compile_schedule``, a fraction of timing's cost), and the
    executable kept, so a schedule timed later is not compiled twice;
@@ -220,8 +222,9 @@ class Planner:
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
             self.compile_seconds.append(m.compile_seconds)
-        if m.total_bytes is not None:
-            self.memory_model.add(cand.structure, m.total_bytes, m.status == OVER_BUDGET)
+        if m.size_bytes is not None:  # or the size the compiler stated, out of memory
+            self.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
+                                  refused=m.total_bytes is None)
         floor = floor_bytes(m)
         if floor is not None:
             self.floor = floor
