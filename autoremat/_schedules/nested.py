@@ -36,12 +36,29 @@ POLICIES: Final[dict[str, Policy]] = {
     "dots_no_batch": Policy("dots_with_no_batch_dims_saveable"),
     "everything": Policy("everything_saveable"),
 }
+#: The name ``nested_scan`` gives the carry entering each chunk of a level whose policy
+#: names it (``jax.ad_checkpoint.checkpoint_name``): the chunk-boundary carries.
+CARRY_NAME: Final = "autoremat_carry"
+_OFFLOAD_DOTS: Final = Policy(
+    "offload_dot_with_no_batch_dims",
+    kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")))
+#: Offload choices by placement: label -> policy. Each is offered only where it is placed
+#: (``PLACEMENTS``) and probed there on its own (``checks``): XLA:TPU compiles offload of
+#: the innermost level and of each step but not of a value stacked by two loops (an outer
+#: level's residuals; maxtext PR #4995, jax 0.10.2); the outer level offloads only its
+#: chunk-boundary carries, by name, as MaxText (``decoder_layer_input``) and Haliax
+#: (``save_carries="offload"``) do.
 OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
-    "offload_dots": Policy(
-        "offload_dot_with_no_batch_dims",
-        kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")),
-    ),
+    "offload_step": _OFFLOAD_DOTS,  # remat of each step (depth 1)
+    "offload_dots": _OFFLOAD_DOTS,  # the innermost level of a nested schedule
+    "offload_carries": Policy("save_and_offload_only_these_names", kwargs=(
+        ("names_which_can_be_offloaded", (CARRY_NAME,)), ("names_which_can_be_saved", ()),
+        ("offload_dst", "pinned_host"), ("offload_src", "device"))),  # an outer level
 }
+#: Where each offload label may be placed: ``"step"`` (the one level of depth 1),
+#: ``"innermost"`` or ``"outer"`` (any level but the innermost).
+PLACEMENTS: Final[dict[str, str]] = {"offload_step": "step", "offload_dots": "innermost",
+                                     "offload_carries": "outer"}
 UNROLLS: Final = (1, 2, 4, 8)
 MAX_DEPTH: Final = 4
 
@@ -219,9 +236,9 @@ class NestedSchedule(Schedule):
         snapped to a divisor of what is left of ``T`` when one is within 25%
         (``snap``); the outermost count is ``ceil(T / prod(inner))``; one
         policy per level; the innermost ``unroll`` in ``UNROLLS``."""
-        choices = policy_choices(platform)
         depth = trial.suggest_categorical("depth", depths(seq_len))
         if depth == 1:
+            choices = policy_choices(platform, "step")
             label = trial.suggest_categorical("d1_policy", [NO_REMAT, *choices])
             policy = Policy(NO_REMAT) if label == NO_REMAT else choices[label]
             unroll = trial.suggest_categorical("d1_unroll", list(UNROLLS))
@@ -235,8 +252,10 @@ class NestedSchedule(Schedule):
             inner.append(length)
             remaining = math.ceil(remaining / length)
         lengths = [remaining, *reversed(inner)]
-        policies = [choices[trial.suggest_categorical(f"d{depth}_p{i}", list(choices))]
-                    for i in range(depth)]  # outermost first
+        outer, innermost = policy_choices(platform, "outer"), policy_choices(platform, "innermost")
+        policies = [(c := innermost if i == depth - 1 else outer)[
+            trial.suggest_categorical(f"d{depth}_p{i}", list(c))]
+            for i in range(depth)]  # outermost first
         unroll = trial.suggest_categorical(f"d{depth}_unroll", list(UNROLLS))
         return cls.build(lengths, policies, unroll=min(unroll, lengths[-1]))
 
@@ -273,15 +292,25 @@ class NestedSchedule(Schedule):
 
     @classmethod
     def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
-        """The offload policies this platform offers (``policy_choices``), each in
-        a two-level schedule using it on both levels (``root_lengths``): XLA:GPU
-        has refused them in a scan's backward ("Expected instruction to have
-        shape equal to ...", jax 0.11.2 on an H200) and has given wrong gradients
-        for offloaded scan residuals (openxla/xla 46231, fixed by 46308)."""
+        """Each offload placement this platform offers (``policy_choices``), on its own:
+        remat of each step under ``offload_step``; two levels (``root_lengths``) with the
+        innermost under ``offload_dots``, or the outer under ``offload_carries`` (the
+        other level ``nothing``). XLA:GPU has refused offload in a scan's backward
+        ("Expected instruction to have shape equal to ...", jax 0.11.2 on an H200) and
+        given wrong gradients for offloaded scan residuals (openxla/xla 46231, fixed by
+        46308); XLA:TPU refuses a value offloaded at two loops' depth (maxtext PR 4995)."""
         offered = policy_choices(platform)
-        lengths = root_lengths(seq_len, 2) if seq_len >= 4 else (seq_len,)
-        return {label: Check(cls.build(lengths, policy), offloads=True)
-                for label, policy in OFFLOAD_POLICIES.items() if label in offered}
+        two = root_lengths(seq_len, 2) if seq_len >= 4 else None
+        nothing = Policy("nothing_saveable")
+        schedules: dict[str, Schedule | None] = {
+            "offload_step": cls.build([seq_len], [OFFLOAD_POLICIES["offload_step"]]),
+            "offload_dots": None if two is None else cls.build(
+                two, [nothing, OFFLOAD_POLICIES["offload_dots"]]),
+            "offload_carries": None if two is None else cls.build(
+                two, [OFFLOAD_POLICIES["offload_carries"], nothing]),
+        }
+        return {label: Check(schedule, offloads=True) for label, schedule in schedules.items()
+                if label in offered and schedule is not None}
 
     @classmethod
     def examples(cls) -> Sequence[Schedule]:
@@ -363,10 +392,13 @@ def _policy_label(policy: Policy) -> str:
     return policy.short
 
 
-def policy_choices(platform: str) -> dict[str, Policy]:
-    """Per-level policy labels -> policies; offload only on ``gpu``/``tpu``."""
+def policy_choices(platform: str, where: str | None = None) -> dict[str, Policy]:
+    """Per-level policy labels -> policies; offload only on ``gpu``/``tpu``, each label
+    only at its placement (``where``: ``"step"``, ``"innermost"``, ``"outer"``; ``None``:
+    every placement's)."""
     if platform in ("gpu", "cuda", "rocm", "tpu"):
-        return {**POLICIES, **OFFLOAD_POLICIES}
+        return {**POLICIES, **{label: policy for label, policy in OFFLOAD_POLICIES.items()
+                               if where is None or PLACEMENTS[label] == where}}
     return dict(POLICIES)
 
 
