@@ -124,10 +124,12 @@ class Planner:
         self.rng = random.Random(self.seed)
         self.time_model = TimeModel(self.platform)  # its prior is the platform's
         seq_len = self.problem.seq_len
-        for p in seed_params(seq_len, self.platform, self.refused):
-            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2], seed=True)
+        fuse = self.problem.fuse_choice
+        for p in seed_params(seq_len, self.platform, self.refused, fuse):
+            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused, fuse)[:2],
+                     seed=True)
         for _ in range(POOL_SIZE):
-            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused)[:2])
+            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused, fuse)[:2])
 
     # -- the pool ----------------------------------------------------------------------
     def add(self, schedule: Schedule, params: dict[str, Any], *, seed: bool = False) -> None:
@@ -177,7 +179,7 @@ class Planner:
             if self.pool[best[0]].params:
                 for schedule, params in neighbours(self.pool[best[0]].params,
                                                    self.problem.seq_len, self.platform, self.rng,
-                                                   self.refused):
+                                                   self.refused, self.problem.fuse_choice):
                     self.add(schedule, params)
 
     def stop_ratio(self, cand: Candidate | None = None) -> float:
