@@ -299,6 +299,11 @@ def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
     smaller_unroll = Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"])
     nn = Schedule.nested([100, 100], ["nothing_saveable", "nothing_saveable"], unroll=2)
     assert not memory.surely_over(s(smaller_unroll)) and not memory.surely_over(s(nn))
+    # unfused (the readout's stack kept) stores at least what fused stores; not the reverse
+    assert memory.surely_over(s(ne.with_fuse(False)))
+    unfused = MemoryModel()
+    unfused.add(s(ne.with_fuse(False)), 7 * 2**30, over_budget=True)
+    assert not unfused.surely_over(s(ne.with_fuse(True)))
     # predicted at least as large as a program the compiler refused: not compiled
     sized = MemoryModel()
     ne = lambda n: s(Schedule.nested([seq_len // n, n],  # noqa: E731

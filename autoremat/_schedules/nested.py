@@ -17,7 +17,14 @@ from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
 from autoremat._schedules.base import Check, Features, Schedule, at, root_lengths, snap
-from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _show
+from autoremat._schedules.policy import (
+    CARRY_NAME,
+    FACTORY_POLICIES,
+    NO_REMAT,
+    Level,
+    Policy,
+    _show,
+)
 from autoremat.bounds import Cost
 
 #: More than 64 levels of length >= 2 tile more than 2^64 steps.
@@ -36,9 +43,6 @@ POLICIES: Final[dict[str, Policy]] = {
     "dots_no_batch": Policy("dots_with_no_batch_dims_saveable"),
     "everything": Policy("everything_saveable"),
 }
-#: The name ``nested_scan`` gives the carry entering each chunk of a level whose policy
-#: names it (``jax.ad_checkpoint.checkpoint_name``): the chunk-boundary carries.
-CARRY_NAME: Final = "autoremat_carry"
 _OFFLOAD_DOTS: Final = Policy(
     "offload_dot_with_no_batch_dims",
     kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")))

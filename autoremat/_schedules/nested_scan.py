@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from autoremat._schedules.policy import NO_REMAT, Level
+from autoremat._schedules.policy import CARRY_NAME, NO_REMAT, Level
 
 PyTree = Any
 
@@ -51,9 +51,7 @@ def nested_scan(
 
 
 def _names_carry(level: Level) -> bool:
-    """The level's policy names the chunk-boundary carry (``nested.CARRY_NAME``)."""
-    from autoremat._schedules.nested import CARRY_NAME
-
+    """The level's policy names the chunk-boundary carry (``policy.CARRY_NAME``)."""
     return any(CARRY_NAME in v for _, v in level.policy.kwargs if isinstance(v, tuple))
 
 
@@ -62,8 +60,6 @@ def _named(carry: Any, level: Level) -> Any:
     offloads it by that name (else as it is)."""
     if not _names_carry(level):
         return carry
-    from autoremat._schedules.nested import CARRY_NAME
-
     return jax.tree_util.tree_map(lambda c: checkpoint_name(c, CARRY_NAME), carry)
 
 

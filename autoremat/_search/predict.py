@@ -156,10 +156,13 @@ class Structure:
                    unroll=0 if saves == (_PLAIN,) else schedule.unroll)
 
     def stores_at_least(self, other: Structure) -> bool:
-        """Surely needs at least ``other``'s memory: the same kind (and fusion), at least
-        its unroll, and at least as much of every stored term -- or the same level
-        lengths with each level's policy saving at least as much (``_SAVES``)."""
-        if self.kind != other.kind or self.unroll < other.unroll:
+        """Surely needs at least ``other``'s memory: the same kind (unfused where it is
+        fused, or as it is), at least its unroll, and at least as much of every stored
+        term -- or the same level lengths with each level's policy saving at least as
+        much (``_SAVES``)."""
+        if self.kind not in (other.kind, other.kind.split("/")[0] + "/unfused"):
+            return False
+        if self.unroll < other.unroll:
             return False
         if all(a >= b for a, b in zip(self.terms, other.terms, strict=True)):
             return True
