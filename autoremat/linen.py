@@ -83,7 +83,7 @@ __all__ = ["RNN", "problem", "scan"]
 def problem(name: str, model: Any, params: Any, batch: Sequence[Any],
             optimizer: optax.GradientTransformation,
             loss: Callable[..., Any] | None = None, *,
-            min_length: int = DEFAULT_MIN_LENGTH, fuse: bool = True) -> Problem:
+            min_length: int = DEFAULT_MIN_LENGTH, fuse: bool | None = None) -> Problem:
     """An ``autoremat.Problem`` from a Flax linen model left as written.
 
     Args:
@@ -97,7 +97,9 @@ def problem(name: str, model: Any, params: Any, batch: Sequence[Any],
         loss (``optax.l2_loss(...).mean()``), as in the original report.
       min_length: scans shorter than this are left as written.
       fuse: move the readout and the loss into the scan where they are
-        separable in time (``autoremat.remat_scans(fuse=...)``).
+        separable in time (``autoremat.remat_scans(fuse=...)``); ``None`` (default):
+        fused and unfused are both candidates of the search where fusing applies
+        (``Problem.from_loss``), and the tuned schedule records which won.
 
     The model's scans (``nn.scan``, ``nn.RNN``, ...) run under each trial's
     schedule through ``autoremat.remat_scans`` (``Problem.from_loss``).

@@ -136,7 +136,7 @@ def problem(
     batch: Sequence[Any],
     seq_len: int,
     *,
-    fuse: bool = True,
+    fuse: bool | None = None,
 ) -> Problem:
     """An ``autoremat.Problem`` (for ``autoremat tune --problem``) from an NNX model.
 
@@ -154,7 +154,9 @@ def problem(
         plain scan (``model_fn(Schedule.plain(seq_len))``) and ``loss_fn`` runs under
         ``remat_scans(loss_fn, schedule, fuse=True)``, so the ``(T, B, H)`` stacked
         outputs no schedule removes are not kept. ``False``: the model's own scan runs
-        the schedule (``model_fn(schedule)``) and the readout stays outside.
+        the schedule (``model_fn(schedule)``) and the readout stays outside. ``None``
+        (default): both are candidates of the search (``Problem.fuse_choice``); each
+        schedule's ``fuse`` decides (absent: fused), and the tuned one records it.
 
     Returns:
       A ``Problem`` whose step is one training step: ``nnx.value_and_grad`` of
@@ -163,8 +165,9 @@ def problem(
     batch = tuple(batch)
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        model = model_fn(Schedule.plain(seq_len) if fuse else schedule)
-        loss = remat_scans(loss_fn, schedule, min_length=seq_len, fuse=True) if fuse else loss_fn
+        fused = fuse if fuse is not None else schedule.fuse is not False
+        model = model_fn(Schedule.plain(seq_len) if fused else schedule)
+        loss = remat_scans(loss_fn, schedule, min_length=seq_len, fuse=True) if fused else loss_fn
         optimizer = optimizer_fn(model)
         graphdef, state = nnx.split((model, optimizer))
 
@@ -176,4 +179,4 @@ def problem(
 
         return train_step, (state, *batch)
 
-    return Problem(name=name, seq_len=seq_len, build=build)
+    return Problem(name=name, seq_len=seq_len, build=build, fuse_choice=fuse is None)

@@ -10,8 +10,14 @@ import pytest
 
 from autoremat._errors import ProblemError
 from autoremat._measure.device import arguments_fingerprint
-from autoremat._measure.measure import _memory_parts, _total, measure, measure_step
-from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET
+from autoremat._measure.measure import (
+    _memory_parts,
+    _total,
+    measure,
+    measure_step,
+    stated_bytes,
+)
+from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, seed_lstm, seed_model
 from autoremat._schedules.base import Schedule
 from tests.helpers import assert_close
@@ -197,3 +203,45 @@ def test_argument_parts_count_typed_prng_keys() -> None:
     keys = jax.random.split(jax.random.key(0), 3)
     assert argument_parts([keys, np.zeros(4, np.float32)], ["rngs", "x"]) == (
         ("rngs", 3 * keys.dtype.itemsize), ("x", 16))
+
+
+# Messages XLA gave on the TPU v5e (jax 0.10.2), verbatim starts.
+TPU_COMPILE_OOM = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. ... the total memory "
+                   "required for HLO temporaries (64.06G) exceeds available HBM (15.75G)")
+TPU_LOAD_OOM = ("RESOURCE_EXHAUSTED: E0101: RuntimeProgramAllocationFailure:\nError loading "
+                "program 'jit_train_step': Attempting to reserve 938.52M at the bottom of "
+                "memory. That ...")
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    (TPU_COMPILE_OOM, int(64.06 * 2**30)),  # XLA's "G" is GiB
+    (TPU_LOAD_OOM, int(938.52 * 2**20)),
+    ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123456 bytes.", 123456),
+    ("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 17.50G of 15.75G hbm.",
+     int(17.5 * 2**30)),
+    ("RESOURCE_EXHAUSTED: out of memory", None),  # no size stated
+    ("INTERNAL: async-start expects the shape of operand 0 to match", None),
+])
+def test_stated_bytes_reads_the_compilers_size(text: str, size: int | None) -> None:
+    assert stated_bytes(RuntimeError(text)) == size
+
+
+def _raising(message: str) -> Any:
+    """A stand-in for a compile that fails on a device (raised while tracing, inside
+    ``compile_step``'s compile): the CPU never runs out of memory at compile."""
+    def step(x: Any) -> Any:
+        raise RuntimeError(message)
+    return step
+
+
+def test_out_of_memory_at_compile_is_a_size_another_failure_is_not() -> None:
+    oom = measure_step(_raising(TPU_COMPILE_OOM), (np.ones(3, np.float32),), budget_bytes=10**9)
+    assert oom.status == OVER_BUDGET and not oom.feasible
+    assert oom.compiler_bytes == int(64.06 * 2**30) and oom.size_bytes == oom.compiler_bytes
+    assert oom.total_bytes is None and oom.step_seconds is None
+    assert oom.reason.startswith("out of memory at compile") and "64.06G" in oom.reason
+    assert Measurement.from_attrs(oom.to_attrs()) == oom
+    for message in ("RESOURCE_EXHAUSTED: out of memory", "INTERNAL: something else"):
+        failed = measure_step(_raising(message), (np.ones(3, np.float32),))
+        assert failed.status == ERROR and failed.compiler_bytes is None
+        assert failed.size_bytes is None

@@ -282,3 +282,69 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
     memory.add(structures[4], 75_000_000, over_budget=False)
     guess = memory.predict(Structure.of(Schedule.plain(seq_len), seq_len))
     assert guess is not None and guess > 5 * memory.predict(narrower)
+
+
+def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
+    """More saved policies at the same lengths, a larger unroll, plain at any unroll:
+    each stores at least what a schedule over the budget stored."""
+    from autoremat._search.predict import MemoryModel, Structure
+
+    seq_len = 10_000
+    s = lambda sched: Structure.of(sched, seq_len)  # noqa: E731
+    memory = MemoryModel()
+    memory.add(s(Schedule.plain(seq_len)), 64 * 2**30, over_budget=True, refused=True)
+    for u in (1, 2, 8):
+        assert memory.surely_over(s(Schedule.nested([seq_len], "none", unroll=u)))
+    ne = Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"], unroll=2)
+    memory.add(s(ne), 7 * 2**30, over_budget=True)
+    ee = Schedule.nested([100, 100], ["everything_saveable", "everything_saveable"], unroll=2)
+    de = Schedule.nested([100, 100], ["dots_saveable", "everything_saveable"], unroll=4)
+    assert memory.surely_over(s(ee)) and memory.surely_over(s(de))
+    smaller_unroll = Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"])
+    nn = Schedule.nested([100, 100], ["nothing_saveable", "nothing_saveable"], unroll=2)
+    assert not memory.surely_over(s(smaller_unroll)) and not memory.surely_over(s(nn))
+    # unfused (the readout's stack kept) stores at least what fused stores; not the reverse
+    assert memory.surely_over(s(ne.with_fuse(False)))
+    unfused = MemoryModel()
+    unfused.add(s(ne.with_fuse(False)), 7 * 2**30, over_budget=True)
+    assert not unfused.surely_over(s(ne.with_fuse(True)))
+    # predicted at least as large as a program the compiler refused: not compiled
+    sized = MemoryModel()
+    ne = lambda n: s(Schedule.nested([seq_len // n, n],  # noqa: E731
+                                     ["nothing_saveable", "everything_saveable"]))
+    for n in (100, 200, 500):  # bytes: 1 MB per step of stored residuals
+        sized.add(ne(n), 10**6 * int(ne(n).terms[1]), over_budget=False)
+    sized.add(ne(1000), 10**6 * int(ne(1000).terms[1]), over_budget=True, refused=True)
+    assert ne(2000).terms[0] < ne(1000).terms[0]  # stores less of a term: not dominated
+    assert sized.surely_over(ne(2000)) and not sized.surely_over(ne(50))
+
+
+def _plain_out_of_memory(problem: Problem, compiles: list[str]) -> Problem:
+    """A stand-in for a device that cannot hold the plain scan (the CPU never runs out
+    of memory at compile): a plain scan's step, at any unroll, raises XLA:TPU's
+    compile-time message while it is traced; every compile is logged."""
+    def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
+        step, args = problem.build(schedule)
+        compiles.append(schedule.describe())
+        if schedule.describe().startswith(f"{problem.seq_len} none"):
+            def refused(*a: Any) -> Any:
+                raise RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. The "
+                                   "total memory required for HLO temporaries (64.06G) "
+                                   "exceeds available HBM (15.75G)")
+            return refused, args
+        return step, args
+
+    return Problem(problem.name, problem.seq_len, build, problem.arg_names)
+
+
+def test_tune_compiles_one_plain_scan_the_device_refused() -> None:
+    compiles: list[str] = []
+    result = tune(_plain_out_of_memory(tiny(), compiles), BUDGET, time_budget=0.02,
+                  time_limit=None, study_name="refused")
+    plain = [c for c in compiles if c.startswith("32 none")]
+    assert len(plain) == 1, plain  # at unroll 2, 4, 8 it is surely over
+    trials = measured_trials(load_study("refused"))
+    refused = [t for t in trials if t.measurement.compiler_bytes is not None]
+    assert len(refused) == 1 and refused[0].measurement.status == "over_budget"
+    assert refused[0].measurement.compiler_bytes == int(64.06 * 2**30)
+    assert result.best_trial is not None and result.best_trial.measurement.fits(BUDGET)

@@ -67,3 +67,35 @@ def test_one_row_at_a_tiny_length() -> None:
     assert row["estimate"] > 0 and row["step_seconds"] > 0
     assert "measured" not in row and "true" not in row  # a CPU reports no memory_stats
     assert dc.schedule_of("root_ne", 10_000).describe() == "100x100 nothing/everything unroll=1"
+
+
+SEARCH_TPU = Path(__file__).resolve().parents[1] / "studies" / "search_tpu.py"
+
+
+def test_search_tpu_runs_every_stage_at_tiny_sizes_on_a_cpu(tmp_path: Path) -> None:
+    """The TPU search script's plumbing (issue 36), at --small sizes on this CPU: one
+    line per stage, each stage's result in the JSON and the Markdown as it finishes.
+    Its figures are not measurements of anything (the sizes are not the issue's)."""
+    out = tmp_path / "results"
+    off = subprocess.run([sys.executable, str(SEARCH_TPU), "--out", str(out)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert off.returncode == 0 and "no TPU here" in off.stdout and not out.exists()
+    proc = subprocess.run([sys.executable, str(SEARCH_TPU), "--out", str(out), "--allow-cpu",
+                           "--small", "--stages", "a,b,d,e"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = [line for line in proc.stdout.splitlines() if line[:2] in ("a.", "b.", "d.", "e.")]
+    assert len(printed) == 4 and not any("FAILED" in line for line in printed), proc.stdout
+    data = json.loads((out / "search_tpu.json").read_text())
+    stages = data["stages"]
+    assert set(stages) == {"a", "b", "d", "e"}
+    assert all("error" not in r for r in stages.values())
+    assert stages["a"]["compiles"] >= 1 and stages["a"]["pick"] is not None
+    for label in ("from_loss", "built_in"):  # fusion was a choice in both
+        b = stages["b"][label]
+        assert b["pick"] is not None and b["fuse"] in (True, False)
+        assert {row["fused"] for row in b["grid"]} == {True, False}
+    assert set(stages["d"]["probe"]) == {"offload_step", "offload_dots", "offload_carries"}
+    assert "loop" in stages["e"]
+    md = (out / "search_tpu.md").read_text()
+    assert all(f"## {k}" in md for k in "abde") and "target 1.05x" in md

@@ -32,8 +32,9 @@ Build = Callable[[Schedule], tuple[Callable[..., Any], tuple[Any, ...]]]
 def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
                  optimizer: optax.GradientTransformation, *,
                  min_length: int | None = None,
-                 fuse: bool = True) -> tuple[int, Build, tuple[str, ...]]:
-    """``(seq_len, build, arg_names)`` of ``Problem.from_loss`` (see there)."""
+                 fuse: bool | None = None) -> tuple[int, Build, tuple[str, ...], bool]:
+    """``(seq_len, build, arg_names, fuse_choice)`` of ``Problem.from_loss`` (see there);
+    ``fuse_choice``: ``fuse`` is ``None`` and fusing moves something into a long scan."""
     min_length = DEFAULT_MIN_LENGTH if min_length is None else min_length
     if not callable(loss_fn):
         raise ProblemError(f"loss_fn: expected a callable loss_fn(params, *batch), got "
@@ -55,9 +56,15 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
         raise ProblemError(f"loss_fn: no scan of length >= min_length={min_length} to schedule; "
                            "lower min_length or check that the model scans over time")
     opt_state = optimizer.init(params)
+    fusing = RematScans(loss_fn, Schedule.plain(1), min_length=min_length, fuse=True)
+    choice = fuse is None and any(  # ``Analysis.describe`` of a fused scan
+        s.fusion.startswith("fused into the step")
+        for s in fusing.describe(params, *batch).scans)
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        loss = remat_scans(loss_fn, schedule, min_length=min_length, fuse=fuse)
+        # fixed, else the schedule's choice (fused where it makes none)
+        loss = remat_scans(loss_fn, schedule, min_length=min_length,
+                           fuse=fuse if fuse is not None or choice else True)
 
         def train_step(params: Any, opt_state: Any, *batch: Any) -> Any:
             value, grads = jax.value_and_grad(loss)(params, *batch)
@@ -66,7 +73,8 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
 
         return train_step, (params, opt_state, *batch)
 
-    return max(long), build, ("params", "opt_state", *_batch_names(loss_fn, len(batch)))
+    return (max(long), build, ("params", "opt_state", *_batch_names(loss_fn, len(batch))),
+            choice)
 
 
 def time_axes(batch: Sequence[Any], seq_len: int) -> list[int | None] | None:

@@ -17,7 +17,9 @@ or a competitor's), compiles it ahead of time with
   trace time); the rest of temp is the schedule's.
 
 A step whose total is over the budget is not run (``status`` is
-``"over_budget"``). Otherwise the step runs once as a warm-up (its loss and
+``"over_budget"``); so is one the compiler refused for want of device memory when
+its message states the size (``compiler_bytes``, ``stated_bytes``) -- any other
+compile failure is an ``"error"`` with no size. Otherwise the step runs once as a warm-up (its loss and
 every floating output must be finite), then ``repeats`` more times, where
 ``repeats`` adapts to the warm-up time so timing one schedule takes about
 ``time_budget`` seconds (between ``min_repeats`` and ``max_repeats`` runs;
@@ -63,6 +65,7 @@ as ``None`` and ``total_bytes`` falls back to ``peak_bytes`` when that exists.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -196,8 +199,12 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         (executable, scans, seconds), scratch = device_memory.measured(compile_now,
                                                                             compiling=True)
     except Exception as e:
-        return Compiled(Measurement(label, ERROR, f"{_kind_of_failure(e, 'compile')}: "
-                                    f"{one_line(e)}", **env))
+        why = f"{_kind_of_failure(e, 'compile')}: {one_line(e)}"
+        stated = stated_bytes(e) if device_memory.is_out_of_memory(e) else None
+        if stated is None:  # another failure is no size
+            return Compiled(Measurement(label, ERROR, why, **env))
+        # The compiler refused it for want of memory and said how much: a size.
+        return Compiled(Measurement(label, OVER_BUDGET, why, compiler_bytes=stated, **env))
     parts = _memory_parts(executable)
     figures: dict[str, Any] = {
         # Traced shapes are whole arrays, not one device's: on many devices no scan figure.
@@ -401,6 +408,31 @@ def _check_finite(out: Any) -> tuple[float | None, str]:
         if not np.isfinite(arr).all():
             return loss, f"output {jax.tree_util.keystr(path) or '()'} has NaN/inf"
     return loss, ""
+
+
+#: Where XLA states a size when it runs out of device memory: the first number is the
+#: size asked for ("the total memory required for HLO temporaries (64.06G) exceeds
+#: available HBM (15.75G)" at compile on a TPU; "Attempting to reserve 938.52M at the
+#: bottom of memory" loading a program there; "... to allocate 123456 bytes").
+_STATED: Final = (
+    re.compile(r"memory required for [^()]*\((\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\)"),
+    re.compile(r"Used\s+(\d+(?:\.\d+)?)([KMGT]?)(?:i?B)? of "),
+    re.compile(r"(?:reserve|allocate)\s+(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B|\s*bytes)?\b"),
+)
+#: XLA prints sizes with binary units (tsl ``HumanReadableNumBytes``: "G" is 2^30 bytes,
+#: not 10^9), so "64.06G" is 64.06 GiB.
+_UNITS: Final = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def stated_bytes(e: BaseException | str) -> int | None:
+    """The size XLA says a program needed when it ran out of device memory (bytes, the
+    first size its message states; ``_STATED``), or ``None``: the message names none."""
+    text = str(e)
+    for pattern in _STATED:
+        match = pattern.search(text)
+        if match:
+            return int(float(match.group(1)) * _UNITS[match.group(2)])
+    return None
 
 
 def _kind_of_failure(e: BaseException, stage: str) -> str:

@@ -27,7 +27,8 @@ class Measurement:
     Attributes:
       schedule_key: ``Schedule.key()`` of what was measured.
       status: ``"ok"`` (compiled, fits, ran, finite), ``"over_budget"``
-        (compiled; total over the budget; not run) or ``"error"`` (build,
+        (compiled, total over the budget, not run; or refused by the compiler for
+        want of device memory, with the size it stated: ``compiler_bytes``) or ``"error"`` (build,
         compile or run failed, out of memory, or a non-finite loss).
       reason: why it is not ``ok`` (empty when it is).
       total_bytes: argument + output + temp - alias, in bytes (see module doc).
@@ -109,6 +110,7 @@ class Measurement:
     compile_scratch_bytes: int | None = None
     fit_proof_bytes: int | None = None
     fit_proof_failed: str = ""
+    compiler_bytes: int | None = None
 
     @property
     def cut(self) -> bool:
@@ -149,6 +151,13 @@ class Measurement:
     def predicted(self, seq_len: int) -> bool:
         """The step time is predicted from a run shorter than ``seq_len``, not measured."""
         return self.timed_seq_len is not None and self.timed_seq_len < seq_len
+
+    @property
+    def size_bytes(self) -> int | None:
+        """The schedule's memory: ``fit_bytes``, else the size the compiler stated when
+        it ran out of memory (``compiler_bytes``; a lower bound of the total)."""
+        fit = self.fit_bytes
+        return fit if fit is not None else self.compiler_bytes
 
     @property
     def fit_bytes(self) -> int | None:

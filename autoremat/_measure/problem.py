@@ -52,6 +52,10 @@ class Problem:
         first ``n < seq_len`` steps of the data. With it the tuner times long
         problems on short runs and predicts the full step time from them
         (``autoremat._search.short_runs``); without it every timing runs at ``seq_len``.
+      fuse_choice: fusing the readout and loss into the scanned step is a choice of
+        the search (``Schedule.fuse``): ``build`` applies the schedule's, and the
+        tuner offers fused and unfused schedules (``Problem.from_loss``, ``linen``,
+        ``nnx``, ``seed_lstm`` with ``fuse=None`` / ``fused_readout=None``).
     """
 
     name: str
@@ -59,6 +63,7 @@ class Problem:
     build: Callable[[Schedule], tuple[Step, tuple[Any, ...]]]
     arg_names: tuple[str, ...] | None = None
     at_length: Callable[[int], Problem] | None = None
+    fuse_choice: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
@@ -75,7 +80,7 @@ class Problem:
     @classmethod
     def from_loss(cls, name: str, loss_fn: Callable[..., Any], params: Any,
                   batch: tuple[Any, ...], optimizer: optax.GradientTransformation, *,
-                  min_length: int | None = None, fuse: bool = True) -> Problem:
+                  min_length: int | None = None, fuse: bool | None = None) -> Problem:
         """A problem from an unmodified loss: ``loss_fn(params, *batch) -> scalar``.
 
         The step is ``value_and_grad`` of ``autoremat.remat_scans(loss_fn,
@@ -86,7 +91,10 @@ class Problem:
         ``min_length``: shorter scans are left as written (default
         ``remat_scans``'s, 64). ``fuse``: the readout and loss after the scan
         move into its step where they are separable in time (``remat_scans``),
-        so the measured step -- and the breakdown's floor -- is the fused one.
+        so the measured step -- and the breakdown's floor -- is the fused one;
+        ``False``: never; ``None`` (default): a choice of the search where fusing
+        moves anything (``fuse_choice``) -- fused needs less memory, unfused was
+        faster on a TPU -- recorded in the tuned schedule (``fuse:``).
 
         ``at_length(n)`` cuts every batch array with an axis of length ``seq_len``
         to its first ``n`` steps along it (none when an array has two such axes);
@@ -95,22 +103,25 @@ class Problem:
         """
         from autoremat._measure.from_loss import first_steps, loss_problem, time_axes  # imports jax
 
-        seq_len, build, arg_names = loss_problem(loss_fn, params, batch, optimizer,
-                                                 min_length=min_length, fuse=fuse)
+        seq_len, build, arg_names, choice = loss_problem(loss_fn, params, batch, optimizer,
+                                                         min_length=min_length, fuse=fuse)
         axes = time_axes(batch, seq_len)
 
         def at_length(n: int) -> Problem:
             assert axes is not None
-            got, short_build, _ = loss_problem(loss_fn, params, first_steps(batch, axes, n),
-                                               optimizer, min_length=min_length, fuse=fuse)
+            got, short_build, _, _ = loss_problem(loss_fn, params, first_steps(batch, axes, n),
+                                                  optimizer, min_length=min_length,
+                                                  fuse=fuse if fuse is not None or choice
+                                                  else True)
             if got != n:
                 raise ProblemError(
                     f"at_length: on the first {n} of the batch's {seq_len} steps the loss's "
                     f"longest scan has {got} steps, not {n}: its length does not follow the "
                     "batch's time axis, so it cannot be timed on a short run")
-            return cls(name, n, short_build, arg_names)
+            return cls(name, n, short_build, arg_names, fuse_choice=choice)
 
-        return cls(name, seq_len, build, arg_names, None if axes is None else at_length)
+        return cls(name, seq_len, build, arg_names, None if axes is None else at_length,
+                   fuse_choice=choice)
 
 
 #: ``run_scan(params, x) -> (final_carry, hs)``: how a train step runs the LSTM
@@ -129,6 +140,7 @@ class SeedModel:
     it with ``autoremat.scan``; ``studies/compare.py`` with its competitors.
     ``fused_readout``: the readout and per-step loss run inside the scanned
     step (``cell_step``, ``autoremat.fuse_loss``); nothing is stacked.
+    ``fuse_choice``: each schedule's ``fuse`` decides instead (``None``: fused).
     """
 
     cell: nn.OptimizedLSTMCell
@@ -138,6 +150,7 @@ class SeedModel:
     args: tuple[Any, ...]  # (params, opt_state, x, y)
     seq2seq: bool
     fused_readout: bool = False
+    fuse_choice: bool = False
 
     #: What ``args`` hold, for the memory breakdown.
     ARG_NAMES = ("params", "opt_state", "x", "y")
@@ -152,20 +165,24 @@ class SeedModel:
         def build(schedule: Schedule) -> tuple[Step, tuple[Any, ...]]:
             from autoremat._scan.scan import scan
 
+            model = self if not self.fuse_choice else replace(
+                self, fused_readout=schedule.fuse is not False, fuse_choice=False)
+
             def run_scan(params: Any, x: Any) -> tuple[Any, Any]:
-                return scan(self.cell_step(params), self.scan_init(), x, schedule=schedule,
+                return scan(model.cell_step(params), model.scan_init(), x, schedule=schedule,
                             axis=1, out_axis=0)
 
-            return self.train_step(run_scan), self.args
+            return model.train_step(run_scan), self.args
 
         batch = self.args[2].shape[0]
         kind = "seq2seq" if self.seq2seq else "last"
-        kind += ",fused" if self.fused_readout else ""
+        kind += ",fuse chosen" if self.fuse_choice else ",fused" if self.fused_readout else ""
         _, mesh = layout(self.args)
         kind += f",mesh {mesh}" if mesh else ""
         name = f"seed_lstm(T={self.seq_len},B={batch},H={self.cell.features},{kind})"
         return Problem(name=name, seq_len=self.seq_len, build=build, arg_names=self.ARG_NAMES,
-                       at_length=lambda n: self.first_steps(n).problem())
+                       at_length=lambda n: self.first_steps(n).problem(),
+                       fuse_choice=self.fuse_choice)
 
     def first_steps(self, n: int) -> SeedModel:
         """The same model and parameters on the first ``n`` steps of ``x`` (and ``y``)."""
@@ -228,13 +245,13 @@ class SeedModel:
 
 
 def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim: int,
-               seq2seq: bool = True, fused_readout: bool = False) -> SeedModel:
+               seq2seq: bool = True, fused_readout: bool | None = False) -> SeedModel:
     """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3) and random data (``PRNGKey(0)``).
 
     The arguments are ``seed_lstm``'s, every size given (its defaults are the seed's
     sizes, in that one place); the data and parameters do not depend on ``fused_readout``.
     """
-    if fused_readout and not seq2seq:
+    if fused_readout is not False and not seq2seq:
         raise ProblemError("fused_readout: the loss on the last state stacks no outputs, so "
                            "there is nothing to fuse; use it with seq2seq=True")
     import flax.linen as nn
@@ -254,7 +271,7 @@ def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim
         "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
     }
     return SeedModel(cell, readout, tx, carry0, (params, tx.init(params), x, y), seq2seq,
-                     fused_readout)
+                     fused_readout is not False, fused_readout is None)
 
 
 def seed_lstm(
@@ -264,7 +281,7 @@ def seed_lstm(
     input_dim: int = 32,
     output_dim: int = 4,
     seq2seq: bool = True,
-    fused_readout: bool = False,
+    fused_readout: bool | None = False,
     mesh: str | jax.sharding.Mesh | None = None,
 ) -> Problem:
     """The seed's LSTM train step (``OptimizedLSTMCell`` + Dense, L2, Adam 1e-3).
@@ -275,7 +292,9 @@ def seed_lstm(
     ``fused_readout=True`` (seq2seq only) the readout and L2 loss run inside the
     scanned step and the loss is summed in the carry: the ``(T, B, H)`` stack of
     states, its cotangent and the readout's residual -- memory no schedule can
-    remove -- do not exist; loss and gradients are the unfused step's.
+    remove -- do not exist; loss and gradients are the unfused step's. With
+    ``fused_readout=None`` (seq2seq only) it is a choice of the search
+    (``Problem.fuse_choice``): each schedule's ``fuse`` decides.
 
     ``mesh`` (``"data=4"``, ``"data=2,fsdp=2"`` or a ``jax.sharding.Mesh``
     with those axis names): the batch is split over every mesh axis and, with

@@ -77,7 +77,7 @@ class RewriteReport:
 
 def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
                 min_length: int = DEFAULT_MIN_LENGTH,
-                static_argnums: int | Sequence[int] = (), fuse: bool = True) -> RematScans:
+                static_argnums: int | Sequence[int] = (), fuse: bool | None = None) -> RematScans:
     """``fn`` with every scan of length ``>= min_length`` run under ``schedule``.
 
     Args:
@@ -91,7 +91,8 @@ def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[s
         step (``autoremat._scan.fuse_readout``): the ``(T, B, H)`` stacked outputs, their
         cotangent and the readout's residuals are then not kept, so memory goes below
         the floor of the unfused scan, for the same values and gradients; ``False``
-        runs every equation after the scan as written.
+        runs every equation after the scan as written. ``None`` (default): what the
+        schedule records (``Schedule.fuse``, where the tuner chose), else ``True``.
 
     Returns:
       A callable with ``fn``'s signature; ``.describe(*args)`` reports which
@@ -106,7 +107,7 @@ class RematScans:
 
     def __init__(self, fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[str], *,
                  min_length: int = DEFAULT_MIN_LENGTH,
-                 static_argnums: int | Sequence[int] = (), fuse: bool = True) -> None:
+                 static_argnums: int | Sequence[int] = (), fuse: bool | None = None) -> None:
         if not callable(fn):
             raise AutorematError(f"fn: expected a callable, got {type(fn).__name__}")
         _refuse_derivative(fn)
@@ -119,9 +120,11 @@ class RematScans:
         self.schedule = as_schedule(schedule)
         self.min_length = min_length
         self.static_argnums = statics
-        if not isinstance(fuse, bool):
-            raise AutorematError(f"fuse: expected True or False, got {fuse!r}")
-        self.fuse = fuse
+        if fuse is not None and not isinstance(fuse, bool):
+            raise AutorematError(f"fuse: expected True, False or None (the schedule's "
+                                 f"choice), got {fuse!r}")
+        tuned = self.schedule.fuse
+        self.fuse: bool = fuse if fuse is not None else tuned if tuned is not None else True
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

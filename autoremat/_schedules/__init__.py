@@ -94,7 +94,8 @@ def from_data(data: Any) -> Schedule:
     meta = data.get("meta")
     return kind(**kind.parse_fields(data), unroll=data.get("unroll", 1),
                 meta={} if meta is None else meta,
-                compiler_options=check_options(data.get("compiler_options")))
+                compiler_options=check_options(data.get("compiler_options")),
+                fuse=data.get("fuse"))
 
 
 

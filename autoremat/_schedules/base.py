@@ -20,6 +20,12 @@ or, for binomial (Revolve) checkpointing (``autoremat._schedules.binomial``)::
     snapshots: 16                 # carries stored at once (>= 1)
     unroll: 1                     # lax.scan unroll of the forward sweep
 
+Either may carry ``fuse`` (absent: not a choice, the old behaviour): whether
+``remat_scans`` moves the readout and loss after the scan into its step, where the
+tuner chose it (``Schedule.fuse``)::
+
+    fuse: false
+
 Either may carry ``compiler_options`` (absent when empty): XLA options for the
 compile of the whole jitted step (``Schedule.compiler_options``), e.g.::
 
@@ -61,7 +67,7 @@ KNOWN_VERSIONS: Final = (1,)
 #: The transformations of ``autoremat.scan`` the tests check for every kind.
 TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
 #: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
-COMMON_KEYS: Final = ("version", "kind", "unroll", "compiler_options", "meta")
+COMMON_KEYS: Final = ("version", "kind", "unroll", "fuse", "compiler_options", "meta")
 #: ``compiler_options`` names: XLA ``DebugOptions`` fields (what ``XLA_FLAGS`` sets,
 #: without the leading ``--``).
 OPTION_NAME: Final = re.compile(r"xla_[a-z0-9_]+")
@@ -136,6 +142,11 @@ class Schedule(ABC):
         empty by default. An unknown name or a bad value fails at that compile
         (XLA: "No such compile option"); options of another backend (``xla_gpu_*``
         on a CPU) are accepted and ignored there (jax 0.10.2, tested).
+      fuse: ``True``/``False`` where fusing the readout and loss into the scanned
+        step was a choice the tuner made (``remat_scans`` and the problems made from
+        a loss apply it unless told otherwise); ``None`` (the default, absent from
+        the YAML): not a choice. Fused needs less memory (no ``(T, B, H)`` stack);
+        unfused was faster on a TPU at the same memory. Part of ``key()``.
     """
 
     kind: ClassVar[str]
@@ -154,9 +165,13 @@ class Schedule(ABC):
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
     compiler_options: Mapping[str, bool | int | float | str] = field(default_factory=dict,
                                                                      hash=False)
+    fuse: bool | None = None
 
     def __post_init__(self) -> None:
         check_int("unroll", self.unroll)
+        if self.fuse is not None and not isinstance(self.fuse, bool):
+            raise ScheduleError(f"fuse: expected true or false (or leave it out: not a "
+                                f"choice), got {_show(self.fuse)}")
         if not isinstance(self.meta, Mapping):
             raise ScheduleError(f"meta: expected a mapping, got {_show(self.meta)}")
         object.__setattr__(self, "compiler_options", check_options(self.compiler_options))
@@ -301,12 +316,18 @@ class Schedule(ABC):
         """A copy whose ``compiler_options`` are exactly ``options``."""
         return replace(self, compiler_options=options)
 
+    def with_fuse(self, fuse: bool | None) -> Schedule:
+        """A copy whose ``fuse`` choice is ``fuse``."""
+        return replace(self, fuse=fuse)
+
     def options_note(self) -> str:
-        """``""``, or `` xla{name=value,...}`` for ``describe``: the options, briefly."""
+        """``""``, or `` fused``/`` unfused`` (``fuse``) and `` xla{name=value,...}``
+        (the options, briefly), for ``describe``."""
+        note = "" if self.fuse is None else (" fused" if self.fuse else " unfused")
         if not self.compiler_options:
-            return ""
+            return note
         shown = ",".join(f"{k.removeprefix('xla_')}={v}" for k, v in self.compiler_options.items())
-        return f" xla{{{shown}}}"
+        return f"{note} xla{{{shown}}}"
 
     def key(self) -> str:
         """A canonical string of what affects execution (not ``meta``)."""
@@ -318,6 +339,8 @@ class Schedule(ABC):
         """The YAML-safe mapping form (see the module docstring)."""
         data = {"version": SCHEDULE_VERSION, "kind": self.kind, **self.fields_data(),
                 "unroll": self.unroll}
+        if self.fuse is not None:
+            data["fuse"] = self.fuse
         if self.compiler_options:
             data["compiler_options"] = dict(self.compiler_options)
         if self.meta:

@@ -21,6 +21,7 @@ from autoremat._errors import ScheduleError
 from autoremat._schedules.base import Check, Features, Schedule, at, root_lengths, snap
 from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
 from autoremat._schedules.policy import (
+    CARRY_NAME,
     FACTORY_POLICIES,
     NO_REMAT,
     Level,
@@ -52,17 +53,32 @@ POLICIES: Final[dict[str, Policy]] = {
     "dots_no_batch": Policy("dots_with_no_batch_dims_saveable"),
     "everything": Policy("everything_saveable"),
 }
+_OFFLOAD_DOTS: Final = Policy(
+    "offload_dot_with_no_batch_dims",
+    kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")))
+#: Offload choices by placement: label -> policy. Each is offered only where it is placed
+#: (``PLACEMENTS``) and probed there on its own (``checks``): XLA:TPU compiles offload of
+#: the innermost level and of each step but not of a value stacked by two loops (an outer
+#: level's residuals; maxtext PR #4995, jax 0.10.2); the outer level offloads only its
+#: chunk-boundary carries, by name, as MaxText (``decoder_layer_input``) and Haliax
+#: (``save_carries="offload"``) do.
 OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
-    "offload_dots": Policy(
-        "offload_dot_with_no_batch_dims",
-        kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")),
-    ),
+    "offload_step": _OFFLOAD_DOTS,  # remat of each step (depth 1)
+    "offload_dots": _OFFLOAD_DOTS,  # the innermost level of a nested schedule
+    "offload_carries": Policy("save_and_offload_only_these_names", kwargs=(
+        ("names_which_can_be_offloaded", (CARRY_NAME,)), ("names_which_can_be_saved", ()),
+        ("offload_dst", "pinned_host"), ("offload_src", "device"))),  # an outer level
 }
 #: Policies over the problem's own ``checkpoint_name`` tags (label -> policy), offered
 #: beside ``POLICIES`` while a study of that problem searches
 #: (``autoremat._search.names``); the offloading ones only where offload is offered.
 NAMED_POLICIES: Final[ContextVar[Mapping[str, Policy]]] = ContextVar(
     "named_policies", default=MappingProxyType({}))
+
+#: Where each offload label may be placed: ``"step"`` (the one level of depth 1),
+#: ``"innermost"`` or ``"outer"`` (any level but the innermost).
+PLACEMENTS: Final[dict[str, str]] = {"offload_step": "step", "offload_dots": "innermost",
+                                     "offload_carries": "outer"}
 UNROLLS: Final = (1, 2, 4, 8)
 MAX_DEPTH: Final = 4
 
@@ -246,9 +262,9 @@ class NestedSchedule(Schedule):
         snapped to a divisor of what is left of ``T`` when one is within 25%
         (``snap``); the outermost count is ``ceil(T / prod(inner))``; one
         policy per level; the innermost ``unroll`` in ``UNROLLS``."""
-        choices = policy_choices(platform)
         depth = trial.suggest_categorical("depth", depths(seq_len))
         if depth == 1:
+            choices = policy_choices(platform, "step")
             label = trial.suggest_categorical("d1_policy", [NO_REMAT, *choices])
             policy = Policy(NO_REMAT) if label == NO_REMAT else choices[label]
             unroll = trial.suggest_categorical("d1_unroll", list(UNROLLS))
@@ -262,8 +278,10 @@ class NestedSchedule(Schedule):
             inner.append(length)
             remaining = math.ceil(remaining / length)
         lengths = [remaining, *reversed(inner)]
-        policies = [choices[trial.suggest_categorical(f"d{depth}_p{i}", list(choices))]
-                    for i in range(depth)]  # outermost first
+        outer, innermost = policy_choices(platform, "outer"), policy_choices(platform, "innermost")
+        policies = [(c := innermost if i == depth - 1 else outer)[
+            trial.suggest_categorical(f"d{depth}_p{i}", list(c))]
+            for i in range(depth)]  # outermost first
         unroll = trial.suggest_categorical(f"d{depth}_unroll", list(UNROLLS))
         return cls.build(lengths, policies, unroll=min(unroll, lengths[-1]))
 
@@ -300,15 +318,28 @@ class NestedSchedule(Schedule):
 
     @classmethod
     def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
-        """The offload policies this platform offers (``policy_choices``), each in
-        a two-level schedule using it on both levels (``root_lengths``): XLA:GPU
-        has refused them in a scan's backward ("Expected instruction to have
-        shape equal to ...", jax 0.11.2 on an H200) and has given wrong gradients
-        for offloaded scan residuals (openxla/xla 46231, fixed by 46308)."""
+        """Each offload placement this platform offers (``policy_choices``), on its own:
+        remat of each step under ``offload_step``; two levels (``root_lengths``) with the
+        innermost under ``offload_dots``, or the outer under ``offload_carries`` (the
+        other level ``nothing``). XLA:GPU has refused offload in a scan's backward
+        ("Expected instruction to have shape equal to ...", jax 0.11.2 on an H200) and
+        given wrong gradients for offloaded scan residuals (openxla/xla 46231, fixed by
+        46308); XLA:TPU refuses a value offloaded at two loops' depth (maxtext PR 4995)."""
         offered = policy_choices(platform)
-        lengths = root_lengths(seq_len, 2) if seq_len >= 4 else (seq_len,)
-        return {label: Check(cls.build(lengths, policy), offloads=True)
-                for label, policy in offered.items() if _offloads(policy)}
+        two = root_lengths(seq_len, 2) if seq_len >= 4 else None
+        nothing = Policy("nothing_saveable")
+        schedules: dict[str, Schedule | None] = {
+            "offload_step": cls.build([seq_len], [OFFLOAD_POLICIES["offload_step"]]),
+            "offload_dots": None if two is None else cls.build(
+                two, [nothing, OFFLOAD_POLICIES["offload_dots"]]),
+            "offload_carries": None if two is None else cls.build(
+                two, [OFFLOAD_POLICIES["offload_carries"], nothing]),
+        }
+        for label, policy in offered.items():  # the problem's own names: innermost
+            if label not in schedules and _offloads(policy) and two is not None:
+                schedules[label] = cls.build(two, [nothing, policy])
+        return {label: Check(schedule, offloads=True) for label, schedule in schedules.items()
+                if label in offered and schedule is not None}
 
     @classmethod
     def examples(cls) -> Sequence[Schedule]:
@@ -396,12 +427,18 @@ def _policy_label(policy: Policy) -> str:
     return policy.short
 
 
-def policy_choices(platform: str) -> dict[str, Policy]:
-    """Per-level policy labels -> policies, with the study's ``NAMED_POLICIES``;
-    offload only on ``gpu``/``tpu``."""
+def policy_choices(platform: str, where: str | None = None) -> dict[str, Policy]:
+    """Per-level policy labels -> policies, with the study's ``NAMED_POLICIES``; offload
+    only on ``gpu``/``tpu``, each label only at its placement (``where``: ``"step"``,
+    ``"innermost"``, ``"outer"``; ``None``: every placement's; the problem's own
+    offloading names at the innermost level, as ``offload_dots``)."""
     named = NAMED_POLICIES.get()
     if platform in OFFLOAD_PLATFORMS:
-        return {**POLICIES, **OFFLOAD_POLICIES, **named}
+        offload = {label: policy for label, policy in OFFLOAD_POLICIES.items()
+                   if where is None or PLACEMENTS[label] == where}
+        return {**POLICIES, **offload,
+                **{label: p for label, p in named.items()
+                   if not _offloads(p) or where in (None, "innermost")}}
     return {**POLICIES, **{label: p for label, p in named.items() if not _offloads(p)}}
 
 

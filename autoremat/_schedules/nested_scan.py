@@ -21,8 +21,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
-from autoremat._schedules.policy import NO_REMAT, Level
+from autoremat._schedules.policy import CARRY_NAME, NO_REMAT, Level
 
 PyTree = Any
 
@@ -47,6 +48,19 @@ def nested_scan(
     if len(ys_parts) == 1:
         return carry, ys_parts[0]
     return carry, jax.tree_util.tree_map(lambda *p: jnp.concatenate(p, axis=0), *ys_parts)
+
+
+def _names_carry(level: Level) -> bool:
+    """The level's policy names the chunk-boundary carry (``policy.CARRY_NAME``)."""
+    return any(CARRY_NAME in v for _, v in level.policy.kwargs if isinstance(v, tuple))
+
+
+def _named(carry: Any, level: Level) -> Any:
+    """The carry entering a chunk, named ``CARRY_NAME`` when the level's policy saves or
+    offloads it by that name (else as it is)."""
+    if not _names_carry(level):
+        return carry
+    return jax.tree_util.tree_map(lambda c: checkpoint_name(c, CARRY_NAME), carry)
 
 
 def _checkpoint(fn: Callable[..., Any], level: Level) -> Callable[..., Any]:
@@ -100,7 +114,7 @@ def _run_piece(
                 x_chunk[i] = lax.dynamic_index_in_dim(x, offset, axes[i], keepdims=False)
         if not inner:
             return step(c, x_chunk)
-        return _nested(step, c, x_chunk, inner, unroll, reverse)
+        return _nested(step, _named(c, levels[0]), x_chunk, inner, unroll, reverse)
 
     body = _checkpoint(body, levels[0])
     indices = jnp.arange(count, dtype=jnp.int32)
@@ -128,7 +142,7 @@ def _nested(
     shaped = [x.reshape((head.length, chunk, *x.shape[1:])) for x in x_leaves]
 
     def body(c: Any, xs: list[jax.Array]) -> tuple[Any, PyTree]:
-        return _nested(step, c, xs, inner, unroll, reverse)
+        return _nested(step, _named(c, head), xs, inner, unroll, reverse)
 
     carry, ys = lax.scan(_checkpoint(body, head), carry, shaped, length=head.length,
                          reverse=reverse)

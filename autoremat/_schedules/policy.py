@@ -50,6 +50,9 @@ _NAMES_MEAN: Final = {
 #: ``none`` wraps nothing in ``jax.checkpoint``: that level stores every
 #: residual, exactly like a plain ``lax.scan``.
 NO_REMAT: Final = "none"
+#: The name the nested builder gives the carry entering each chunk of a level whose
+#: policy names it (``jax.ad_checkpoint.checkpoint_name``): the chunk-boundary carries.
+CARRY_NAME: Final = "autoremat_carry"
 ALL_POLICY_NAMES: Final = (NO_REMAT, *ZERO_ARG_POLICIES, *FACTORY_POLICIES)
 
 #: Limits of a valid schedule: a level's length and ``unroll`` are ``lax.scan``

@@ -355,7 +355,9 @@ def describe_schedule(schedule: Schedule) -> str:
         lines.append(f"  step time measured at T={seq_len}; short runs had predicted "
                      f"{format_seconds(meta['extrapolated_seconds'])}")
     lines += breakdown_lines(meta)
-    known = {*TUNED_FOR, *TIMING, *KEYS, *DEVICE_KEYS}
+    if meta.get("fuse_why"):  # fusing the readout was a choice of the search
+        lines.append(f"  fuse: {meta['fuse_why']}")
+    known = {*TUNED_FOR, *TIMING, *KEYS, *DEVICE_KEYS, "fuse_why"}
     extra = {k: v for k, v in meta.items() if k not in known}
     if extra:
         lines.append(f"other meta: {extra}")

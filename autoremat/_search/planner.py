@@ -9,7 +9,9 @@ more, which one it is worth timing:
 1. candidates are ranked by predicted step time (``predict.TimeModel``,
    calibrated on the study's own timed trials);
 2. going down that list, a candidate storing at least as much as one already
-   over the budget (``MemoryModel.surely_over``) is skipped unsized; the
+   over the budget, or predicted at least as large as a program the compiler
+   refused for want of memory (``MemoryModel.surely_over``; the size it stated is
+   that schedule's memory, ``Measurement.compiler_bytes``), is skipped unsized; the
    others are compiled and
    sized (``measure.compile_schedule``, a fraction of timing's cost), and the
    executable kept, so a schedule timed later is not compiled twice;
@@ -123,12 +125,13 @@ class Planner:
         self.rng = random.Random(self.seed)
         self.time_model = TimeModel(self.platform)  # its prior is the platform's
         seq_len = self.problem.seq_len
-        for p in seed_params(seq_len, self.platform, self.refused):
-            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2])
+        fuse = self.problem.fuse_choice
+        for p in seed_params(seq_len, self.platform, self.refused, fuse):
+            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused, fuse)[:2])
         for p in short_scan_params(seq_len, self.platform, self.rng, self.refused):
-            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused)[:2])
+            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused, fuse)[:2])
         for _ in range(POOL_SIZE):
-            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused)[:2])
+            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused, fuse)[:2])
 
     # -- the pool ----------------------------------------------------------------------
     def add(self, schedule: Schedule, params: dict[str, Any]) -> None:
@@ -178,7 +181,7 @@ class Planner:
             if self.pool[best[0]].params:
                 for schedule, params in neighbours(self.pool[best[0]].params,
                                                    self.problem.seq_len, self.platform, self.rng,
-                                                   self.refused):
+                                                   self.refused, self.problem.fuse_choice):
                     self.add(schedule, params)
 
     def stop_ratio(self, cand: Candidate | None = None) -> float:
@@ -223,8 +226,9 @@ class Planner:
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
             self.compile_seconds.append(m.compile_seconds)
-        if m.total_bytes is not None:
-            self.memory_model.add(cand.structure, m.total_bytes, m.status == OVER_BUDGET)
+        if m.size_bytes is not None:  # or the size the compiler stated, out of memory
+            self.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
+                                  refused=m.total_bytes is None)
         floor = floor_bytes(m)
         if floor is not None:
             self.floor = floor

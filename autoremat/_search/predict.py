@@ -28,6 +28,8 @@ binomial's bookkeeping cost far more than the step's arithmetic, and the
 seeds cannot tell (they all have ``unroll=1``, and binomial is not seeded
 there), so the prior carries what an H200 measured on the seed LSTM at
 T=10^4 (``docs/tuning.md``).
+On a TPU (``TPU_PRIOR``) a loop trip costs a third of a step evaluation and
+binomial's evaluations are priced as plain's (a TPU v5e, main 35adef1).
 ``TimeModel.predict`` corrects the fit towards the measured / fitted ratio
 of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
 ``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
@@ -98,8 +100,21 @@ CPU_PRIOR: Final = Prior()
 #: loop save half a trip's launch cost (-1.0), enough that the planner times one
 #: such schedule; from then on the fit has the measured difference.
 GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0, graphs=-1.0)
+#: A TPU v5e's, jax 0.10.2, seed LSTM train step at T=10^4, seq2seq (main 35adef1,
+#: ``shared/reference/tpu.md``'s table), in the units of ``Structure``, as for the GPU:
+#: plain ran 61.2 ms at unroll=1 and 48 ms at unroll=8 (4-32 alike), so
+#: ``10^4 e + 10^4 l = 61.2`` and ``10^4 e + 1250 l = 48``: a loop trip ``l`` (1.51 us)
+#: costs 0.33 of a step evaluation ``e`` (4.61 us). Binomial s=11 (loops backward) ran
+#: 226 ms, 3.7x plain: its 63,813 evaluations at plain's ``e`` already make 294 ms (plain's
+#: evaluation stores residuals; binomial's re-runs store nothing), so no bookkeeping cost
+#: is left to price (0): the prior ranks binomial 4.8x plain -- slow, as measured -- and
+#: the fit takes over once a binomial schedule is timed. THE SLOT FOR THE TPU RUN:
+#: ``studies/search_tpu.py`` (stage ``priors``) re-measures plain at unroll 1 and 8 and
+#: binomial s=11 and prints these two figures; replace them here with its output
+#: (``studies/results/search_tpu.md``) and name that run.
+TPU_PRIOR: Final = Prior(loop=0.33, bookkeeping=0.0)
 #: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
-PRIORS: Final[dict[str, Prior]] = dict.fromkeys(GPU_PLATFORMS, GPU_PRIOR)
+PRIORS: Final[dict[str, Prior]] = {**dict.fromkeys(GPU_PLATFORMS, GPU_PRIOR), "tpu": TPU_PRIOR}
 
 
 def prior_for(platform: str) -> Prior:
@@ -121,20 +136,65 @@ class Structure:
     loop: float
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     graphs: float = 0.0
+    lengths: tuple[int, ...] = ()
+    saves: tuple[int, ...] = ()
+    unroll: int = 1
 
     @classmethod
     def of(cls, schedule: Schedule, seq_len: int) -> Structure:
         f = schedule.features(seq_len)
         loop = seq_len / max(1, schedule.unroll)
-        return cls(kind=schedule.kind, evaluations=f.evaluations - f.partial,
+        lengths, saves = _saves(schedule)
+        fuse = getattr(schedule, "fuse", None)
+        return cls(kind=schedule.kind + ("/unfused" if fuse is False else ""),
+                   evaluations=f.evaluations - f.partial,
                    partial=f.partial, boundaries=f.boundaries, bookkeeping=f.bookkeeping,
                    loop=loop, terms=f.terms,
-                   graphs=loop if schedule.compiler_options else 0.0)
+                   graphs=loop if schedule.compiler_options else 0.0,
+                   lengths=lengths, saves=saves,
+                   # a plain scan stores every step's residuals at any unroll
+                   unroll=0 if saves == (_PLAIN,) else schedule.unroll)
+
+    def stores_at_least(self, other: Structure) -> bool:
+        """Surely needs at least ``other``'s memory: the same kind (unfused where it is
+        fused, or as it is), at least its unroll, and at least as much of every stored
+        term -- or the same level lengths with each level's policy saving at least as
+        much (``_SAVES``)."""
+        if self.kind not in (other.kind, other.kind.split("/")[0] + "/unfused"):
+            return False
+        if self.unroll < other.unroll:
+            return False
+        if all(a >= b for a, b in zip(self.terms, other.terms, strict=True)):
+            return True
+        return (bool(self.saves) and self.lengths == other.lengths
+                and len(self.saves) == len(other.saves)
+                and all(a >= b for a, b in zip(self.saves, other.saves, strict=True)))
 
     def row(self, total_bytes: float) -> list[float]:
         """The time model's features, in ``TimeModel`` column order."""
         return [self.evaluations, self.partial, total_bytes, self.boundaries, self.bookkeeping,
                 self.loop, self.graphs, 1.0]
+
+
+#: How much a nested level's policy saves, in order: a level under a policy further
+#: down this table stores at least what it would store under one above (``Structure
+#: .saves``). Policies not named (offload, names) are not ordered.
+_SAVES: Final = {"nothing_saveable": 0, "dots_with_no_batch_dims_saveable": 1,
+                 "checkpoint_dots_with_no_batch_dims": 1, "dots_saveable": 2,
+                 "checkpoint_dots": 2, "everything_saveable": 3, "none": 3}
+_PLAIN: Final = _SAVES["none"]
+
+
+def _saves(schedule: Schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A nested schedule's level lengths and each level's ``_SAVES`` rank (``((), ())``:
+    another kind, or a policy not in the table)."""
+    levels = getattr(schedule, "levels", None)
+    if not levels:
+        return (), ()
+    ranks = [_SAVES.get(level.policy.name) for level in levels]
+    if any(r is None for r in ranks):
+        return (), ()
+    return tuple(level.length for level in levels), tuple(r for r in ranks if r is not None)
 
 
 def _dot(coef: Sequence[float], row: Sequence[float]) -> float:
@@ -266,23 +326,36 @@ class MemoryModel:
 
     ``predict``: a least-squares fit of bytes on the terms over the schedules
     sized so far (to rank them; ``None`` before two were sized).
-    ``surely_over``: a schedule of the same kind storing at least as much of
-    every term as one already over the budget -- it is not compiled.
+    ``surely_over``: a schedule that stores at least as much as one already over
+    the budget (``Structure.stores_at_least``: more saved policies at the same
+    lengths, a larger unroll, plain at any unroll once plain is over), or one
+    predicted at least as large as a program the compiler refused for want of
+    device memory (``refused``: the size it stated) -- it is not compiled.
     """
 
     def __init__(self) -> None:
         self.points: list[tuple[Structure, float]] = []
         self.over: list[Structure] = []
+        self.refused: list[float] = []  # sizes the compiler stated, out of memory
 
-    def add(self, structure: Structure, total_bytes: int, over_budget: bool) -> None:
+    def add(self, structure: Structure, total_bytes: int, over_budget: bool,
+            refused: bool = False) -> None:
+        """One sized schedule; ``refused``: ``total_bytes`` is the size the compiler
+        stated when it ran out of memory (over the budget too)."""
         self.points.append((structure, float(total_bytes)))
-        if over_budget:
+        if over_budget or refused:
             self.over.append(structure)
+        if refused:
+            self.refused.append(float(total_bytes))
         self._coef: list[float] | None = None
 
     def surely_over(self, structure: Structure) -> bool:
-        return any(o.kind == structure.kind and all(
-            a >= b for a, b in zip(structure.terms, o.terms, strict=True)) for o in self.over)
+        if any(structure.stores_at_least(o) for o in self.over):
+            return True
+        if not self.refused:
+            return False
+        guess = self.predict(structure)
+        return guess is not None and guess >= min(self.refused)
 
     def predict(self, structure: Structure) -> float | None:
         if len(self.points) < 2:

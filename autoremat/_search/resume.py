@@ -65,6 +65,7 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock)
             for k, v in attrs.items():
                 study.set_user_attr(k, v)
             if not study.trials:
-                for schedule in seed_schedules(info.seq_len, info.platform or "cpu"):
+                for schedule in seed_schedules(info.seq_len, info.platform or "cpu",
+                                               info.fuse_choice):
                     study.enqueue_trial({}, user_attrs={SCHEDULE: schedule.to_data()})
     return study

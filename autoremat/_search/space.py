@@ -21,6 +21,9 @@ each kind's ``Schedule.seed_params``, kind by kind (e.g. plain scan,
 per-step remat, the sqrt(T) and cube-root schedules of Chen et al. 2016,
 and the binomial schedule with three repetitions).
 
+Where fusing the readout into the step is a choice (``Problem.fuse_choice``),
+every schedule also takes ``fuse`` (``FUSE_CHOICES``; ``Schedule.fuse``).
+
 ``propose`` and ``neighbours`` draw candidates from the same space for the
 planner's pool (``ParamTrial`` stands in for a trial; nothing is sampled by
 Optuna): random schedules, and schedules one parameter away from the best so far.
@@ -51,16 +54,22 @@ COMPILER_CHOICES: Final[dict[str, dict[str, bool | int | float | str]]] = {
                     "xla_gpu_graph_min_graph_size": 1},
 }
 DEFAULT_COMPILER: Final = "default"
+#: The ``fuse`` choice's labels (``Schedule.fuse``), for a problem where it is one.
+FUSE_CHOICES: Final = {"fused": True, "unfused": False}
 
 
 def suggest(trial: Any, seq_len: int, platform: str = "cpu",
-            refused: frozenset[str] = frozenset()) -> Schedule:
+            refused: frozenset[str] = frozenset(), fuse: bool = False) -> Schedule:
     """Sample a schedule for a length-``seq_len`` scan from an Optuna trial; no
-    categorical choice in ``refused`` is ever offered to the trial."""
+    categorical choice in ``refused`` is ever offered to the trial. ``fuse``: fusing
+    the readout into the step is a choice (``Problem.fuse_choice``): ``fuse`` too."""
     if refused:
         trial = _Without(trial, refused)
     kind = trial.suggest_categorical("kind", list(KINDS))
     schedule = KINDS[kind].suggest(trial, seq_len, platform)
+    if fuse:
+        schedule = schedule.with_fuse(
+            FUSE_CHOICES[trial.suggest_categorical("fuse", list(FUSE_CHOICES))])
     if platform not in CUDA_PLATFORMS:
         return schedule
     label = trial.suggest_categorical("compiler", list(COMPILER_CHOICES))
@@ -96,22 +105,30 @@ class _Without:
         return getattr(self.trial, name)
 
 
-def seed_params(seq_len: int, platform: str = "cpu",
-                refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+def seed_params(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozenset(),
+                fuse: bool = False) -> list[dict[str, Any]]:
     """Trial parameters of the obvious candidates, kind by kind, in the order to try
-    them (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice."""
+    them (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice.
+    ``fuse`` (a choice): each seed fused (less memory; faster on a CPU) and, off a CPU,
+    each nested seed of two levels or more unfused too (on a TPU unfused ran faster at
+    the same memory: ``docs/tuning.md``)."""
     compiler = {"compiler": DEFAULT_COMPILER} if platform in CUDA_PLATFORMS else {}
-    return [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
-            for p in kind.seed_params(seq_len, platform)
-            if not any(isinstance(v, str) and v in refused for v in p.values())]
+    seeds = [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
+             for p in kind.seed_params(seq_len, platform)
+             if not any(isinstance(v, str) and v in refused for v in p.values())]
+    if not fuse:
+        return seeds
+    unfused = [{**p, "fuse": "unfused"} for p in seeds
+               if platform != "cpu" and p["kind"] == "nested" and p.get("depth", 1) >= 2]
+    return [{**p, "fuse": "fused"} for p in seeds] + unfused
 
 
-def seed_schedules(seq_len: int, platform: str = "cpu") -> list[Schedule]:
+def seed_schedules(seq_len: int, platform: str = "cpu", fuse: bool = False) -> list[Schedule]:
     """The schedules of ``seed_params`` (what the first trials will measure)."""
     import optuna
 
-    return [suggest(optuna.trial.FixedTrial(p), seq_len, platform)
-            for p in seed_params(seq_len, platform)]
+    return [suggest(optuna.trial.FixedTrial(p), seq_len, platform, fuse=fuse)
+            for p in seed_params(seq_len, platform, fuse=fuse)]
 
 
 class ParamTrial:
@@ -145,20 +162,22 @@ class ParamTrial:
 
 
 def propose(wanted: dict[str, Any], seq_len: int, platform: str, rng: random.Random,
-            refused: frozenset[str] = frozenset()) -> tuple[Schedule, dict[str, Any], ParamTrial]:
+            refused: frozenset[str] = frozenset(),
+            fuse: bool = False) -> tuple[Schedule, dict[str, Any], ParamTrial]:
     """The schedule of ``wanted`` (missing values random, ``refused`` choices
     replaced), its exact params, the trial."""
     trial = ParamTrial(wanted, rng)
-    schedule = suggest(trial, seq_len, platform, refused)
+    schedule = suggest(trial, seq_len, platform, refused, fuse)
     return schedule, trial.params, trial
 
 
 def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.Random,
-               refused: frozenset[str] = frozenset()) -> list[tuple[Schedule, dict[str, Any]]]:
+               refused: frozenset[str] = frozenset(),
+               fuse: bool = False) -> list[tuple[Schedule, dict[str, Any]]]:
     """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
     each choice swapped for every other, or for the choice before or after it in
     the kind's ``Schedule.ORDERED`` parameters (e.g. the nested depth)."""
-    _, _, trial = propose(params, seq_len, platform, rng, refused)
+    _, _, trial = propose(params, seq_len, platform, rng, refused, fuse)
     ordered = KINDS[trial.params["kind"]].ORDERED
     out = []
     for name, space in trial.space.items():
@@ -170,6 +189,6 @@ def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.
         else:
             values = [c for c in space if c != params[name]]
         for v in values:
-            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng, refused)
+            schedule, p, _ = propose({**params, name: v}, seq_len, platform, rng, refused, fuse)
             out.append((schedule, p))
     return out

@@ -45,6 +45,7 @@ class StudyInfo:
       storage: the storage URL, password redacted.
       devices, mesh: how many devices the step spans and their mesh (``data=4``;
         ``""``: none); the budget and every figure are per device.
+      fuse_choice: fusing the readout was a choice of the search (``Problem.fuse_choice``).
     """
 
     budget_bytes: int
@@ -56,6 +57,7 @@ class StudyInfo:
     storage: str = ""
     devices: int = 1
     mesh: str = ""
+    fuse_choice: bool = False
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudyInfo:
@@ -246,6 +248,9 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
     trials = measured_trials(study)
     best_trial = _choose(trials, info.budget_bytes, info.seq_len)
     best = trial_schedule(study, best_trial, info) if best_trial is not None else None
+    if best is not None and best_trial is not None and best.fuse is not None:
+        best = best.with_meta(fuse_why=fuse_why(trials, best_trial, info.budget_bytes,
+                                                info.seq_len))
     plain_key = Schedule.plain(info.seq_len).key()
     sized = [t for t in trials if t.measurement.total_bytes is not None]
     return TuneResult(
@@ -258,6 +263,25 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
         unconfirmed=unconfirmed, proof=proof,
     )
+
+
+def fuse_why(trials: list[MeasuredTrial], best: MeasuredTrial, budget_bytes: int,
+             seq_len: int) -> str:
+    """Why the answer is fused or unfused (``Schedule.fuse``, a choice of the search): the
+    time against the best of the other choice that fits, or the budget none of it fit."""
+    picked = best.schedule.fuse
+    name, other = ("fused", "unfused") if picked else ("unfused", "fused")
+    others = [t for t in trials if t.schedule.fuse is (not picked)]
+    rival = _choose(others, budget_bytes, seq_len)
+    if rival is not None:
+        mine, theirs = best.measurement.step_seconds, rival.measurement.step_seconds
+        return (f"{name}: faster than the best {other} schedule that fits "
+                f"({(mine or 0) * 1e3:.4g} ms against {(theirs or 0) * 1e3:.4g} ms, "
+                f"{rival.schedule.describe()})")
+    if others:
+        return (f"{name}: no {other} schedule measured fits the budget "
+                f"({format_bytes(budget_bytes)}; {len(others)} measured)")
+    return f"{name}: no {other} schedule was measured"
 
 
 def nothing_fits_message(result: TuneResult,

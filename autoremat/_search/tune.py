@@ -201,7 +201,7 @@ def _study_info(problem: Problem, budget_bytes: int, storage: str | None,
     info = StudyInfo(budget_bytes=budget_bytes, seq_len=problem.seq_len, problem=problem.name,
                      fingerprint=arguments_fingerprint(args), device_kind=env["device_kind"],
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
-                     devices=devices, mesh=mesh)
+                     devices=devices, mesh=mesh, fuse_choice=problem.fuse_choice)
     return info, (plain.key(), step, args)
 
 

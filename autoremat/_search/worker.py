@@ -178,12 +178,15 @@ class Worker:
         if compile_failed(m):
             trial.set_user_attr(COMPILE_FAILED, True)  # not one of n_trials
         trial.set_user_attr(MEASURED, True)
-        if m.fit_bytes is not None:  # the estimate, or a larger measured runtime peak
-            trial.set_constraint("memory", float(m.fit_bytes - budget))
-        if m.status == ERROR or m.total_bytes is None:
+        size = m.size_bytes  # the estimate, a larger runtime peak, or the compiler's (OOM)
+        if size is not None:  # refused by the compiler: over, whatever the budget says
+            over = float(size - budget)
+            trial.set_constraint("memory", max(over, 1.0) if m.total_bytes is None else over)
+        if m.status == ERROR or size is None:
             raise MeasurementFailed(m.reason)
         seconds = m.step_seconds if m.step_seconds is not None else m.cut_seconds
-        return float(m.total_bytes), (seconds if seconds is not None else math.inf)
+        return float(m.total_bytes if m.total_bytes is not None else size), (
+            seconds if seconds is not None else math.inf)
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Count the finished trial, then call ``on_trial``."""
