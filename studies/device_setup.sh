@@ -11,4 +11,8 @@ if [ ! -d /tmp/site/optuna ]; then
 fi
 # the machine's jax first, then what was installed, then this checkout
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/tmp/site:$PWD"
+# the console script `pip install -e .` would make (tests/test_cli.py runs `autoremat`)
+mkdir -p /tmp/site/bin
+printf '#!/bin/sh\nexec python3 -m autoremat.cli "$@"\n' > /tmp/site/bin/autoremat
+chmod +x /tmp/site/bin/autoremat
 export PATH="/tmp/site/bin:$PATH"

@@ -28,8 +28,8 @@ binomial's bookkeeping cost far more than the step's arithmetic, and the
 seeds cannot tell (they all have ``unroll=1``, and binomial is not seeded
 there), so the prior carries what an H200 measured on the seed LSTM at
 T=10^4 (``docs/tuning.md``).
-On a TPU (``TPU_PRIOR``) a loop trip costs a third of a step evaluation and
-binomial's evaluations are priced as plain's (a TPU v5e, main 35adef1).
+On a TPU (``TPU_PRIOR``) a loop trip costs 0.31 of a step evaluation and
+binomial's evaluations are priced as plain's (a TPU v5e, ``studies/search_tpu.py``).
 ``TimeModel.predict`` corrects the fit towards the measured / fitted ratio
 of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
 ``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
@@ -100,19 +100,17 @@ CPU_PRIOR: Final = Prior()
 #: loop save half a trip's launch cost (-1.0), enough that the planner times one
 #: such schedule; from then on the fit has the measured difference.
 GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0, graphs=-1.0)
-#: A TPU v5e's, jax 0.10.2, seed LSTM train step at T=10^4, seq2seq (main 35adef1,
-#: ``shared/reference/tpu.md``'s table), in the units of ``Structure``, as for the GPU:
-#: plain ran 61.2 ms at unroll=1 and 48 ms at unroll=8 (4-32 alike), so
-#: ``10^4 e + 10^4 l = 61.2`` and ``10^4 e + 1250 l = 48``: a loop trip ``l`` (1.51 us)
-#: costs 0.33 of a step evaluation ``e`` (4.61 us). Binomial s=11 (loops backward) ran
-#: 226 ms, 3.7x plain: its 63,813 evaluations at plain's ``e`` already make 294 ms (plain's
-#: evaluation stores residuals; binomial's re-runs store nothing), so no bookkeeping cost
-#: is left to price (0): the prior ranks binomial 4.8x plain -- slow, as measured -- and
-#: the fit takes over once a binomial schedule is timed. THE SLOT FOR THE TPU RUN:
-#: ``studies/search_tpu.py`` (stage ``priors``) re-measures plain at unroll 1 and 8 and
-#: binomial s=11 and prints these two figures; replace them here with its output
-#: (``studies/results/search_tpu.md``) and name that run.
-TPU_PRIOR: Final = Prior(loop=0.33, bookkeeping=0.0)
+#: A TPU v5e's, jax 0.10.2, seed LSTM train step at T=10^4, seq2seq, in the units of
+#: ``Structure``, as for the GPU, from ``studies/search_tpu.py``'s priors stage
+#: (2026-12-05, ``studies/results/search_tpu.md``): plain ran 60.46 ms at unroll=1 and
+#: 47.93 ms at unroll=8, so ``10^4 e + 10^4 l = 60.46`` and ``10^4 e + 1250 l = 47.93``:
+#: a loop trip ``l`` (1.43 us) costs 0.31 of a step evaluation ``e`` (4.61 us).
+#: Binomial s=11 (loops backward) ran 224.2 ms, 3.71x plain: its 63,813 evaluations at
+#: plain's ``e`` already make more than that (plain's evaluation stores residuals,
+#: binomial's re-runs store nothing), so no bookkeeping cost is left to price (0; the
+#: fit gave -1.83): the prior ranks binomial slow, as measured, and the fit takes over
+#: once a binomial schedule is timed.
+TPU_PRIOR: Final = Prior(loop=0.31, bookkeeping=0.0)
 #: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
 PRIORS: Final[dict[str, Prior]] = {**dict.fromkeys(GPU_PLATFORMS, GPU_PRIOR), "tpu": TPU_PRIOR}
 

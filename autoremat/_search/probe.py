@@ -15,9 +15,9 @@ search, ``probe`` runs each on the problem at ``PROBE_LENGTH`` steps
    move to nothing, so the policy compiles but only repeats
    ``dots_with_no_batch_dims_saveable`` -- left out as such;
 3. run it and the plain scan once and compare every output of the step (the
-   loss and what the gradients updated) within rtol ``RTOL`` (atol ``RTOL``
-   times the output's largest magnitude: float32 sums over ``T`` steps
-   reassociate), both at ``"highest"`` matmul precision (a TPU's default float32
+   loss and what the gradients updated) within rtol ``RTOL`` (atol
+   ``ATOL_FRACTION`` of the output's largest magnitude: float32 sums over ``T``
+   steps reassociate), both at ``"highest"`` matmul precision (a TPU's default float32
    matmul agrees to about 3 digits); a mismatch or a run failure leaves it out.
 
 Offload is probed per placement (``nested.OFFLOAD_POLICIES``: each step, the
@@ -56,6 +56,12 @@ if TYPE_CHECKING:
 PROBE_LENGTH: Final = 64
 #: Outputs must match the plain scan's within this relative tolerance (CONTRIBUTING).
 RTOL: Final = 1e-5
+#: atol as a fraction of an output's largest magnitude. On a TPU v5e at ``highest``
+#: precision an offloaded 8x8 schedule's Adam state differed from the plain scan's by
+#: 1.8e-8 where the largest value was 1e-3 (1.8e-5 of it: float32 sums reassociated,
+#: ``studies/results/search_tpu.md``), which 1e-5 refused; a miscompiled offload is off
+#: by the size of the values, far past 1e-4 (the tests check exactness, not this).
+ATOL_FRACTION: Final = 1e-4
 #: The study user attr holding the outcome: choice label -> one line.
 PROBE_ATTR: Final = "probe"
 OFFERED: Final = "offered"
@@ -171,7 +177,7 @@ def _mismatch(got: list[Any], want: list[Any]) -> str:
                 return f"output {i} differs"
             continue
         scale = float(np.max(np.abs(w))) if w.size and np.isfinite(w).all() else 0.0
-        if not np.allclose(g, w, rtol=RTOL, atol=RTOL * scale, equal_nan=False):
+        if not np.allclose(g, w, rtol=RTOL, atol=ATOL_FRACTION * scale, equal_nan=False):
             err = float(np.max(np.abs(g - w))) if np.isfinite(g).all() else float("nan")
             return f"output {i}: max abs difference {err:.3g} (largest value {scale:.3g})"
     return ""
