@@ -155,7 +155,7 @@ def test_a_placement_that_fails_is_left_out_alone(monkeypatch: pytest.MonkeyPatc
     assert outcome["offload_step"].startswith(f"{OFFERED}: ")
     assert outcome["offload_dots"].startswith(f"{OFFERED}: ")
     assert outcome["offload_carries"].startswith(
-        f"{LEFT_OUT}: compile failed (8x8 save_and_offload_only_these_names")
+        f"{LEFT_OUT}: compile failed (8x8 save()+offload(autoremat_carry)")
     assert "async-start" in outcome["offload_carries"]
     no = refused(outcome)
     assert no == {"offload_carries"}

@@ -33,6 +33,7 @@ from autoremat._scan.jax_internals import (
     sub_jaxprs,
 )
 from autoremat._schedules.base import Schedule
+from autoremat._schedules.policy import CARRY_NAME
 
 _DOT = "dot_general"
 #: The tags of the whole function ``remat_scans`` is evaluating (``function_tags``).
@@ -90,8 +91,8 @@ def check_policy_names(jaxpr: Jaxpr, schedule: Schedule) -> None:
     if not wanted:
         return
     have = sorted(set(tagged_values(jaxpr)) | _FUNCTION_TAGS.get())
-    for where, policy in wanted:
-        missing = [n for n in policy.names if n not in have]
+    for where, policy in wanted:  # the builder tags the chunk-boundary carry itself
+        missing = [n for n in policy.names if n not in have and n != CARRY_NAME]
         if missing:
             tags = ", ".join(have) if have else "none"
             raise ScheduleError(
