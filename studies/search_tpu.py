@@ -40,9 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import importlib.util
 import json
-import os
 import sys
 import tempfile
 import time
@@ -210,13 +208,9 @@ def _row_line(r: dict[str, Any]) -> str:
 
 def _seed_unmodified(seq_len: int) -> Any:
     """``examples/seed_unmodified.py``'s ``problem()`` at ``seq_len`` (its env knob)."""
-    os.environ["SEED_SEQ_LEN"] = str(seq_len)
-    spec = importlib.util.spec_from_file_location("seed_unmodified",
-                                                  ROOT / "examples" / "seed_unmodified.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.problem()
+    from bench_remat_scans import load_seed  # studies/, beside this script
+
+    return load_seed(seq_len).problem()
 
 
 # -- the stages ------------------------------------------------------------------------
