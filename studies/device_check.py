@@ -151,7 +151,7 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
     keep: list[Any] = []
     if beside_plain:
         other = compile_schedule(problem, schedule_of("plain", seq_len))
-        _delete(other.executable(*other.args))
+        device_memory.free_outputs(other.executable(*other.args))
         keep.append(other.executable)
     step, args = problem.build(schedule)
     compiled = compile_schedule(problem, schedule, built=(step, args))
@@ -178,13 +178,6 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
     gc.collect()
     return row
 
-
-def _delete(out: Any) -> None:
-    import jax
-
-    for leaf in jax.tree_util.tree_leaves(out):
-        if isinstance(leaf, jax.Array):
-            leaf.delete()
 
 
 def tune_section(cli_args: list[str], seq_len: int, time_limit: str, out: Path,

@@ -41,11 +41,6 @@ def platform() -> str:
     return str(found)
 
 
-def _delete(out: Any) -> None:
-    for leaf in jax.tree_util.tree_leaves(out):
-        if isinstance(leaf, jax.Array):
-            leaf.delete()
-
 
 def _true_need(schedule: Schedule) -> tuple[int | None, int | None, Any]:
     """The method's need (a first run), the bisected need of the freshly loaded program,
@@ -56,7 +51,8 @@ def _true_need(schedule: Schedule) -> tuple[int | None, int | None, Any]:
     executable = compiled.executable
     assert executable is not None, compiled.measurement.reason
     estimate = (compiled.measurement.total_bytes or 0) - (compiled.measurement.argument_bytes or 0)
-    _, need = device_memory.need(lambda: _delete(executable(*args)), device_memory.meters())
+    _, need = device_memory.need(lambda: device_memory.free_outputs(executable(*args)),
+                                 device_memory.meters())
     compiled.release()
     executable = None  # unloaded: the bisection loads the program afresh each try
     fresh = device_memory.fresh_run(step, args)

@@ -388,6 +388,15 @@ def runs_within(work: Callable[[], Any], free_bytes: int,
             release()
 
 
+def free_outputs(out: Any) -> None:
+    """Free a run's outputs at once: a proof or a bisection try must not keep them."""
+    import jax
+
+    for leaf in jax.tree_util.tree_leaves(out):
+        if isinstance(leaf, jax.Array):
+            leaf.delete()
+
+
 def fresh_run(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], None]:
     """A work for ``runs_within``/``bisect_need``: compile ``step`` anew and run it once, then
     free its outputs and the program. A fresh program is what the truth is about: loading it
@@ -402,9 +411,7 @@ def fresh_run(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], Non
             return step(*a)
 
         executable = jax.jit(fresh).lower(*args).compile()
-        for leaf in jax.tree_util.tree_leaves(executable(*args)):
-            if isinstance(leaf, jax.Array):
-                leaf.delete()
+        free_outputs(executable(*args))
         del executable
         gc.collect()
 

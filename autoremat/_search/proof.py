@@ -17,7 +17,7 @@ On a CPU there is no device memory to fill: the proof is skipped, and said.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from autoremat._errors import one_line
 from autoremat._measure import device_memory
@@ -74,18 +74,10 @@ def _run(problem: Problem, trial: MeasuredTrial, budget_bytes: int) -> tuple[boo
         return None, f"it did not compile again: {compiled.measurement.reason or 'no sizes'}"
 
     def once() -> None:
-        _delete(executable(*args))
+        device_memory.free_outputs(executable(*args))
 
     try:
         return device_memory.runs_within(once, budget_bytes - arguments)
     except Exception as e:
         return None, f"it failed to run: {one_line(e)}"
 
-
-def _delete(out: Any) -> None:
-    """Free a run's outputs at once (a bisection or proof must not keep them)."""
-    import jax
-
-    for leaf in jax.tree_util.tree_leaves(out):
-        if isinstance(leaf, jax.Array):
-            leaf.delete()
