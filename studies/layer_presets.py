@@ -29,10 +29,12 @@ A stage starts only when the time left (``--deadline`` seconds from the start) c
 hold it; a compile or run in flight is not interrupted, so leave a margin. Without an
 accelerator it says so and exits 0; ``--small --allow-cpu`` runs every stage at a
 tiny size on a CPU (``tests/test_layer_presets.py``). On the TPU machine (one process
-holds the chip; optuna from carried wheels in ``/tmp/site``)::
+holds the chip; ``.device`` carried, made by ``studies/device_wheels.sh``; a run that
+came back in ``.device/layer_presets`` carries on where it stopped)::
 
-    PYTHONPATH=$PYTHONPATH:/tmp/site:$PWD python3 studies/layer_presets.py \\
-        --out .tpu/layer_presets --deadline 540 && cp -r .tpu/layer_presets "$OUT"/
+    source studies/device_setup.sh && mkdir -p /tmp/lp && cp -rn .device/layer_presets/. /tmp/lp/
+    python3 studies/layer_presets.py --out /tmp/lp --deadline 480 --tune-limit 200
+    cp -r /tmp/lp "$OUT"/layer_presets
 """
 
 from __future__ import annotations

@@ -100,6 +100,18 @@ def test_the_step_tags_maxtexts_names_with_sizes_and_costs(tags: dict[str, Any])
     assert tags["decoder_layer_input"].flops == 0  # the layer's input: nothing to recompute
 
 
+def test_the_probes_instance_is_the_same_stack_small(model: Any) -> None:
+    sizes = LayerStack(24, 1024, 16, 4096, 2048, 8).small()
+    assert (sizes.layers, sizes.d_model, sizes.heads, sizes.seq_len, sizes.batch) == (
+        24, 128, 16, 16, 1)
+    problem = model.problem()
+    assert problem.small is not None
+    small = problem.small()
+    assert small.seq_len == problem.seq_len == LAYERS and small.name != problem.name
+    step, args = small.build(Schedule.plain(LAYERS))
+    assert set(scanned_tags(step, args, LAYERS)) == set(CHECKPOINT_NAMES)
+
+
 def test_name_policies_are_chains_not_the_power_set(tags: dict[str, Any]) -> None:
     offered = name_policies(tags, offload=False)
     save = [p for p in offered.values() if p.name == "save_only_these_names"]

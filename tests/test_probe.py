@@ -210,6 +210,30 @@ def test_the_probe_runs_on_a_short_instance_when_the_problem_has_one() -> None:
     assert f"at T={PROBE_LENGTH})" in got["c"]
 
 
+def test_the_probe_runs_on_the_problems_own_small_instance_first() -> None:
+    own = Problem("big", 1000, tiny(1000).build, at_length=lambda n: tiny(n),
+                  small=lambda: tiny(12))
+    assert small(own).seq_len == 12  # not at_length's PROBE_LENGTH
+    got = probe(own, "gpu", choices={"c": Check(Schedule.nested([3, 4]))})
+    assert got["c"].startswith(OFFERED) and "at T=12)" in got["c"]
+
+
+def test_where_the_plain_scan_fails_the_probe_compares_with_remat_of_each_step() -> None:
+    base = tiny(16)
+
+    def build(s: Schedule) -> tuple[Any, tuple[Any, ...]]:
+        if s == Schedule.plain(16):
+            raise RuntimeError("RESOURCE_EXHAUSTED: the plain scan does not fit")
+        return base.build(s)
+
+    too_big = Problem("too big for plain", 16, build)
+    got = probe(too_big, "gpu", choices={"c": Check(Schedule.nested([4, 4], "dots_saveable"))})
+    assert got["c"].startswith(OFFERED), got["c"]
+    nothing = Problem("nothing runs", 16, lambda s: (_ for _ in ()).throw(RuntimeError("no")))
+    got = probe(nothing, "gpu", choices={"c": Check(Schedule.nested([4, 4]))})
+    assert got["c"].startswith(f"{LEFT_OUT}: no reference ran at T=16: "), got["c"]
+
+
 class _Lock(contextlib.nullcontext):
     """Stands in for ``StudyLock`` (one process)."""
 

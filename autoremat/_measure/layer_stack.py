@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from autoremat._errors import ProblemError
@@ -79,6 +79,13 @@ class LayerStack:
                                f"e.g. heads={math.gcd(self.d_model, 16)}")
         if self.dtype not in DTYPES:
             raise ProblemError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    def small(self) -> LayerStack:
+        """The same layers, heads and dtype at a size whose plain scan runs anywhere in
+        moments (``Problem.small``: the probe's instance): 8 dimensions a head, 16
+        tokens, one sequence."""
+        return replace(self, d_model=8 * self.heads, mlp=32 * self.heads,
+                       seq_len=min(self.seq_len, 16), batch=1, vocab=min(self.vocab, 64))
 
     @property
     def name(self) -> str:
@@ -200,7 +207,8 @@ class LayerStackModel:
             return self.train_step(schedule), self.args
 
         return Problem(name=self.sizes.name, seq_len=self.sizes.layers, build=build,
-                       arg_names=self.ARG_NAMES)
+                       arg_names=self.ARG_NAMES,
+                       small=lambda: layer_stack_model(self.sizes.small()).problem())
 
 
 def layer_stack_model(sizes: LayerStack) -> LayerStackModel:

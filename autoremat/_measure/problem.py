@@ -52,6 +52,11 @@ class Problem:
         first ``n < seq_len`` steps of the data. With it the tuner times long
         problems on short runs and predicts the full step time from them
         (``autoremat._search.short_runs``); without it every timing runs at ``seq_len``.
+      small: optional ``small() -> Problem``: the same step, the same ``seq_len``, at
+        a size where even the plain scan compiles and runs in moments (fewer
+        tokens, a narrower model). The probe checks risky choices (offload) on it
+        (``autoremat._search.probe``); without it the probe cuts the problem with
+        ``at_length``, or checks it as it is -- where the plain scan may not fit.
       fuse_choice: fusing the readout and loss into the scanned step is a choice of
         the search (``Schedule.fuse``): ``build`` applies the schedule's, and the
         tuner offers fused and unfused schedules (``Problem.from_loss``, ``linen``,
@@ -64,6 +69,7 @@ class Problem:
     arg_names: tuple[str, ...] | None = None
     at_length: Callable[[int], Problem] | None = None
     fuse_choice: bool = False
+    small: Callable[[], Problem] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
@@ -72,6 +78,8 @@ class Problem:
             raise ProblemError("build: expected a callable build(schedule) -> (step, args)")
         if self.at_length is not None and not callable(self.at_length):
             raise ProblemError("at_length: expected None or a callable at_length(n) -> Problem")
+        if self.small is not None and not callable(self.small):
+            raise ProblemError("small: expected None or a callable small() -> Problem")
         names = self.arg_names
         if names is not None and (not isinstance(names, tuple)
                                   or not all(isinstance(n, str) and n for n in names)):

@@ -6,16 +6,18 @@ compile in every trial on an H200 (jax 0.11.2, "INTERNAL: ... Expected
 instruction to have shape equal to ..."), and XLA:GPU gave silently wrong
 gradients for offloaded scan residuals until openxla/xla 46308. A kind names
 such choices (``Schedule.checks``: label -> a schedule using it); before the
-search, ``probe`` runs each on the problem at ``PROBE_LENGTH`` steps
-(``Problem.at_length``; the problem itself when it has none or refuses):
+search, ``probe`` runs each on a small instance of the problem: its own
+(``Problem.small``), else the problem cut to ``PROBE_LENGTH`` steps
+(``Problem.at_length``), else the problem itself:
 
 1. compile it (a failure leaves the choice out, with XLA's first line);
 2. for a choice that offloads, check that the lowered step places something in
    host memory (``jax_internals.HOST_PLACEMENT_CALL``): on a CPU jax lowers the
    move to nothing, so the policy compiles but only repeats
    ``dots_with_no_batch_dims_saveable`` -- left out as such;
-3. run it and the plain scan once and compare every output of the step (the
-   loss and what the gradients updated) within rtol ``RTOL`` (atol
+3. run it and the plain scan once (remat of each step where the plain scan
+   fails: a problem too large to keep every step's residuals) and compare every
+   output of the step (the loss and what the gradients updated) within rtol ``RTOL`` (atol
    ``ATOL_FRACTION`` of the output's largest magnitude: float32 sums over ``T``
    steps reassociate), both at ``"highest"`` matmul precision (a TPU's default float32
    matmul agrees to about 3 digits); a mismatch or a run failure leaves it out.
@@ -77,14 +79,17 @@ def checks(seq_len: int, platform: str) -> dict[str, Check]:
 
 
 def small(problem: Problem, length: int = PROBE_LENGTH) -> Problem:
-    """``problem.at_length(length)`` when it is longer and has one (and it does not
-    refuse: ``ProblemError``, or fail), else ``problem`` itself."""
-    if problem.at_length is None or problem.seq_len <= length:
-        return problem
+    """``problem.small()`` when it has one; else ``problem.at_length(length)`` when it is
+    longer and has one; else (or when that refuses: ``ProblemError``, or fails)
+    ``problem`` itself."""
     try:
-        return problem.at_length(length)
-    except Exception:  # ProblemError, or worse: a probe at full length is slower, not wrong
-        return problem
+        if problem.small is not None:
+            return problem.small()
+        if problem.at_length is not None and problem.seq_len > length:
+            return problem.at_length(length)
+    except Exception:  # ProblemError, or worse: a probe at full size is slower, not wrong
+        pass
+    return problem
 
 
 def probe(problem: Problem, platform: str, *, length: int = PROBE_LENGTH,
@@ -107,17 +112,21 @@ def probe(problem: Problem, platform: str, *, length: int = PROBE_LENGTH,
 
 def _probe_all(target: Problem, choices: Mapping[str, Check]) -> dict[str, str]:
     """Each choice's verdict, against the plain scan run once (``probe``)."""
-    reference: list[Any] | None = None
-    outcome: dict[str, str] = {}
-    for label, check in choices.items():
-        if reference is None:
-            try:
-                reference = _run(target, Schedule.plain(target.seq_len), False)[1]
-            except Exception as e:  # the plain scan itself fails: nothing to compare with
-                why = f"the plain scan failed at T={target.seq_len}: {one_line(e)}"
-                return {lb: f"{LEFT_OUT}: {why}" for lb in choices}
-        outcome[label] = _verdict(target, check, reference)
-    return outcome
+    try:
+        reference = _reference(target)
+    except Exception as e:  # neither runs: nothing to compare with
+        why = f"no reference ran at T={target.seq_len}: {one_line(e)}"
+        return {label: f"{LEFT_OUT}: {why}" for label in choices}
+    return {label: _verdict(target, check, reference) for label, check in choices.items()}
+
+
+def _reference(problem: Problem) -> list[Any]:
+    """The plain scan's outputs; where it fails (a problem too large to keep every
+    step's residuals), those of remat of each step, which any fitting problem runs."""
+    try:
+        return _run(problem, Schedule.plain(problem.seq_len), False)[1]
+    except Exception:
+        return _run(problem, Schedule.nested([problem.seq_len]), False)[1]
 
 
 def _verdict(problem: Problem, check: Check, reference: list[Any]) -> str:
