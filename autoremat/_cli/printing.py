@@ -130,7 +130,8 @@ def result_table(result: TuneResult) -> str:
         + (f"{'runtime peak':>13} {'compile scr.':>13} {'bound':>13} " if device else "")
         + f"{'temp':>10} {'step':>10} {'vs plain':>9}  schedule",
         *(["  total: the estimate; runtime peak: measured, the step alone; compile scratch: "
-           "transient while compiling; bound: which decided the fit (both must fit)"]
+           "transient while compiling; bound: which decided the fit (the runtime peak where "
+           "measured)"]
           if device else []),
         row(f"best (trial {best.number})" if best else "best", best),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),

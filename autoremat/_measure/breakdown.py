@@ -229,7 +229,7 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
     """The estimate next to what the device measured (empty on a CPU): the step's runtime
     peak (``-`` with the reason where the platform's method is not validated), the
     transient compile scratch, the process's peak, which of estimate and runtime peak
-    decides the fit (the larger), and the proof of fit."""
+    decides the fit (the runtime peak where measured), and the proof of fit."""
     total, runtime = _get(fig, "total_bytes"), _get(fig, "runtime_peak_bytes")
     scratch, process = _get(fig, "compile_scratch_bytes"), _get(fig, "peak_bytes")
     reason = unmeasured_reason(str(_get(fig, "platform") or ""))
@@ -247,8 +247,7 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
                      "the step runs)")
     if process is not None:
         parts.append(f"process peak {format_bytes(process)}")
-    bound = ("the measured runtime peak" if runtime is not None and total is not None
-             and runtime > total else "the estimate")
+    bound = "the measured runtime peak" if runtime is not None else "the estimate"
     return ([f"{indent}  device memory: " + ", ".join(parts) + f"; the fit is bound by {bound}"]
             + ([f"{indent}  {proof}"] if proof else []))
 

@@ -47,9 +47,12 @@ it -- a TPU program's reservation, a GPU's high-water mark):
   (on a TPU its outputs and its program's reservation): the step's own need, to
   compare with ``total_bytes`` (the estimate).
 
-A step whose runtime peak is over the budget is ``"over_budget"`` after its
-warm-up (not timed further), even when its estimate fits: a schedule fits when
-both do (``Measurement.fits``). On a CPU neither figure exists and nothing changes.
+Where the runtime peak is measured it decides the fit (``Measurement.fit_bytes``): a
+step whose estimate is over the budget still compiles and runs its warm-up there (the
+estimate can be a third over the truth on a TPU), and one whose runtime peak is over
+the budget is ``"over_budget"`` after its warm-up (not timed further), whatever its
+estimate. On a CPU, and on a platform whose method is not validated, the estimate
+decides, and a step over it is not run.
 
 On many devices (arguments placed with a ``NamedSharding``), JAX's SPMD
 partitioner compiles one program per device and every figure above is one
@@ -126,8 +129,9 @@ def measure_step(
     Args:
       step, args: the un-jitted step and example arguments for it; compiled
         with ``jax.jit(step).lower(*args).compile()``.
-      budget_bytes: when given, a step whose ``total_bytes`` exceeds it is
-        not run (``status="over_budget"``).
+      budget_bytes: when given, a step over it is ``status="over_budget"``: not
+        run when its ``total_bytes`` exceeds it and no runtime peak is measured on
+        this platform, else after its warm-up when its runtime peak does.
       time_budget: about how many seconds the timed runs may take in all.
       min_repeats, max_repeats: bounds on the number of timed runs (equal
         bounds: exactly that many); by default 3, or none when the warm-up
@@ -220,7 +224,8 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         "total_bytes": _total(parts),
     }
     total = figures["total_bytes"]
-    if budget_bytes is not None and total is not None and total > budget_bytes:
+    if (budget_bytes is not None and total is not None and total > budget_bytes
+            and env["platform"] not in device_memory.VALIDATED):
         return Compiled(Measurement(
             label, OVER_BUDGET,
             f"over budget: total {total} bytes > budget {budget_bytes} bytes (not run)",
@@ -339,7 +344,7 @@ class _Timing:
         if budget_bytes is None or runtime is None or runtime <= budget_bytes:
             return ""
         return (f"over budget: measured runtime peak {runtime} bytes > budget {budget_bytes} "
-                f"bytes (the estimate, {total} bytes, fits); not timed further")
+                f"bytes (the estimate: {total} bytes); not timed further")
 
     def timed(self, samples: list[float], loss: float | None,
               budget_bytes: int | None) -> Measurement:
@@ -354,9 +359,10 @@ class _Timing:
             return self.measurement(
                 ERROR, "no memory figure: memory_analysis() and memory_stats() gave none",
                 loss=loss)
-        if budget_bytes is not None and total > budget_bytes:
-            return self.measurement(OVER_BUDGET, "over budget: peak bytes in use > budget",
-                                    peak_bytes=peak)
+        fit = self.figures["runtime_peak_bytes"] or total
+        if budget_bytes is not None and fit > budget_bytes:
+            return self.measurement(OVER_BUDGET, f"over budget: {fit} bytes > budget "
+                                    f"{budget_bytes} bytes", peak_bytes=peak)
         return self.measurement(OK, peak_bytes=peak, step_seconds=statistics.median(samples),
                                 step_samples=tuple(samples), loss=loss)
 

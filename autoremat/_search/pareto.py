@@ -6,8 +6,8 @@ of timed runs. The front is the set of trials within the study's budget that
 no other such trial beats on both (a trial is dominated when another has
 ``total <=`` and ``step <=``, one of them strictly). On a device that reports
 ``memory_stats()`` the memory of a point is the figure its fit was decided by
-(``Measurement.fit_bytes``: the larger of the estimate and the measured runtime
-peak), and the table shows both, with the transient compile scratch.
+(``Measurement.fit_bytes``: the measured runtime peak, the estimate where nothing
+was measured), and the table shows both, with the transient compile scratch.
 
 Next to the measurements, each point shows its *recompute factor* (step
 evaluations per step, ``autoremat.bounds.cost``: 1 plain, 2 per-step remat)
@@ -104,7 +104,7 @@ def pareto_front(study: optuna.Study) -> list[FrontPoint]:
 
 def _point(t: MeasuredTrial) -> tuple[float, float]:
     """``(fit_bytes, step_seconds)`` of a trial that fits (so both are measured):
-    ``total_bytes`` unless a measured runtime peak is larger."""
+    the measured runtime peak where there is one, else ``total_bytes``."""
     m = t.measurement
     assert m.fit_bytes is not None and m.step_seconds is not None
     return float(m.fit_bytes), float(m.step_seconds)
@@ -138,8 +138,9 @@ def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "",
                  "fewest any schedule storing as many carries needs (autoremat.bounds)")
     if device:
         lines.append("  total: the estimate (memory_analysis); runtime peak: measured, this step "
-                     "alone (memory_stats); compile scratch: transient, while compiling; a "
-                     "schedule fits when estimate and runtime peak both do (bound: the larger)")
+                     "alone (memory_stats); compile scratch: transient, while compiling; the "
+                     "fit is decided by the runtime peak where measured (bound), else the "
+                     "estimate")
     for p in points:
         memory = breakdown_lines(p.breakdown) if p.chosen else []
         if memory:
@@ -154,7 +155,7 @@ def _device_cells(p: FrontPoint) -> str:
     """The runtime peak, compile scratch and bound cells of a point's row."""
     runtime = p.breakdown.get("runtime_peak_bytes")
     scratch = p.breakdown.get("compile_scratch_bytes")
-    bound = "runtime peak" if runtime is not None and runtime > p.total_bytes else "estimate"
+    bound = "runtime peak" if runtime is not None else "estimate"
     return (f"{format_bytes(runtime) if runtime is not None else '-':>12}  "
             f"{format_bytes(scratch) if scratch is not None else '-':>12}  {bound:>12}  ")
 
@@ -308,8 +309,7 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
     ax.set_ylim(bottom=0, top=ymax * 1.08)
     ax.set_xlabel("total memory, bytes (argument + output + temp - alias; log scale)"
                   if not any(p.breakdown.get("runtime_peak_bytes") for p in front) else
-                  "memory, bytes: the larger of the estimate and the measured runtime peak "
-                  "(log scale)")
+                  "memory, bytes: the measured runtime peak, else the estimate (log scale)")
     ax.set_ylabel("step time, s (median)")
     ax.set_title(f"{info.problem or study.study_name} on {info.device_kind}"
                  + (f"  ({failed} failed)" if failed else ""), fontsize=9)
@@ -324,7 +324,8 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
 
 def _memory(p: FrontPoint) -> int:
     """A front point's memory as plotted: the figure its fit was decided by."""
-    return max(p.total_bytes, int(p.breakdown.get("runtime_peak_bytes") or 0))
+    runtime = p.breakdown.get("runtime_peak_bytes")
+    return int(runtime) if runtime is not None else p.total_bytes
 
 
 def describe_schedule(schedule: Schedule) -> str:

@@ -142,7 +142,7 @@ class Planner:
 
     @property
     def best(self) -> tuple[str, int, float] | None:
-        """``(key, total_bytes, step_seconds)`` of the fastest timed schedule that fits."""
+        """``(key, fit_bytes, step_seconds)`` of the fastest timed schedule that fits."""
         fits = [(s, b, k) for k, (b, s) in self.timed.items() if b <= self.budget_bytes]
         if not fits:
             return None
@@ -165,10 +165,13 @@ class Planner:
             cand.verdict = Verdict.MEASURED
         if cand.compiled is not None:
             cand.compiled.release()
-        if m.step_seconds is not None and m.total_bytes is not None:
-            self.timed[key] = (m.total_bytes, m.step_seconds)
-        elif m.cut_seconds is not None and m.total_bytes is not None:
-            self.cut[key] = (m.total_bytes, m.cut_seconds)
+        fit = m.fit_bytes  # the measured runtime peak where there is one
+        if m.step_seconds is not None and fit is not None:
+            self.timed[key] = (fit, m.step_seconds)
+        elif m.cut_seconds is not None and fit is not None:
+            self.cut[key] = (fit, m.cut_seconds)
+        if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
+            self.memory_model.over.append(cand.structure)  # over by its run, not its compile
         if refit:
             self._refit()
 

@@ -2,8 +2,8 @@
 
 ``tune`` records every measured schedule as a trial of an Optuna study with
 two objectives, ``total_bytes`` and ``step_seconds`` (``measure``); the
-budget is a constraint, ``total_bytes - budget <= 0`` (``Measurement.fit_bytes``:
-a larger measured runtime peak on GPU/TPU; ``trial.set_constraint``, Optuna 5), so
+budget is a constraint, ``fit_bytes - budget <= 0`` (``Measurement.fit_bytes``: the
+measured runtime peak where there is one; ``trial.set_constraint``, Optuna 5), so
 the whole measured front stays available (``autoremat pareto``). The answer is the
 fastest trial that fits
 (``autoremat._search.study.choose``).

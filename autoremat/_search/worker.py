@@ -178,7 +178,7 @@ class Worker:
         if compile_failed(m):
             trial.set_user_attr(COMPILE_FAILED, True)  # not one of n_trials
         trial.set_user_attr(MEASURED, True)
-        size = m.size_bytes  # the estimate, a larger runtime peak, or the compiler's (OOM)
+        size = m.size_bytes  # the runtime peak, else the estimate, or the compiler's (OOM)
         if size is not None:  # refused by the compiler: over, whatever the budget says
             over = float(size - budget)
             trial.set_constraint("memory", max(over, 1.0) if m.total_bytes is None else over)
