@@ -18,7 +18,6 @@ import optuna
 import pytest
 
 import autoremat
-from autoremat import Schedule
 from autoremat._errors import ScheduleError
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import seed_lstm
@@ -34,7 +33,7 @@ X = jax.random.normal(KEYS[0], (T, B, XD))
 YS = jax.random.normal(KEYS[1], (T, B, Y))
 P = {"w": jax.random.normal(KEYS[2], (H, H)) * 0.3, "u": jax.random.normal(KEYS[3], (XD, H)),
      "o": jax.random.normal(KEYS[4], (H, Y))}
-NESTED = Schedule.nested([8, 8])
+NESTED = autoremat.nested([8, 8])
 
 
 def seq2seq_loss(p: Any, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -110,11 +109,11 @@ def test_the_seed_problem_offers_both_with_fused_readout_none() -> None:
     assert not seed_lstm(seq_len=32, batch=2, hidden=8).fuse_choice
     with pytest.raises(autoremat.ProblemError, match="fused_readout"):
         seed_lstm(seq_len=32, batch=2, hidden=8, seq2seq=False, fused_readout=None)
-    schedule = Schedule.nested([4, 8])
+    schedule = autoremat.nested([4, 8])
     outs = [jax.jit(step)(*args) for step, args in
             (choice.build(schedule.with_fuse(f)) for f in (True, False))]
-    want = jax.jit(seed_lstm(seq_len=32, batch=2, hidden=8).build(Schedule.plain(32))[0])(
-        *choice.build(Schedule.plain(32))[1])
+    want = jax.jit(seed_lstm(seq_len=32, batch=2, hidden=8).build(autoremat.plain(32))[0])(
+        *choice.build(autoremat.plain(32))[1])
     assert_close(outs[0], want)
     assert_close(outs[1], want)
     fused, unfused = (compile_schedule(choice, schedule.with_fuse(f)).measurement

@@ -16,6 +16,7 @@ import jax
 import optuna
 import pytest
 
+import autoremat
 from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules import from_data
@@ -172,7 +173,7 @@ def test_on_a_cpu_offload_compiles_and_matches_but_places_nothing_on_the_host() 
     ``device_put`` to a memory space only on GPU and TPU). So the probe leaves it out
     as a duplicate of ``dots_with_no_batch_dims_saveable``, saying why."""
     problem = tiny(PROBE_LENGTH)
-    two_level = Schedule.nested([8, 8], OFFLOAD)
+    two_level = autoremat.nested([8, 8], OFFLOAD)
     matched = probe(problem, "gpu", choices={"offload_dots": Check(two_level)})
     assert matched["offload_dots"].startswith(f"{OFFERED}: compiles, loss and gradients match")
     outcome = probe(problem, "gpu")  # the platform string of a GPU, on this CPU
@@ -190,8 +191,8 @@ def test_on_a_cpu_offload_compiles_and_matches_but_places_nothing_on_the_host() 
     ("differ", f"{LEFT_OUT}: loss or gradients differ from the plain scan (8x8 "),
 ])
 def test_a_choice_that_fails_or_differs_is_left_out_with_one_line(how: str, reason: str) -> None:
-    risky = Schedule.nested([8, 8], "dots_saveable")  # STAND-IN for an offload policy
-    fine = Schedule.nested([8, 8], "nothing_saveable")
+    risky = autoremat.nested([8, 8], "dots_saveable")  # STAND-IN for an offload policy
+    fine = autoremat.nested([8, 8], "nothing_saveable")
     outcome = probe(_odd_one(risky, how), "gpu",
                     choices={"risky": Check(risky), "fine": Check(fine)})
     assert outcome["risky"].startswith(reason), outcome["risky"]
@@ -206,7 +207,7 @@ def test_the_probe_runs_on_a_short_instance_when_the_problem_has_one() -> None:
     assert small(long).seq_len == PROBE_LENGTH
     assert small(tiny(1000)).seq_len == 1000  # no at_length: the problem itself
     assert small(tiny(32)).seq_len == 32  # already short
-    got = probe(long, "gpu", choices={"c": Check(Schedule.nested([8, 8]))})
+    got = probe(long, "gpu", choices={"c": Check(autoremat.nested([8, 8]))})
     assert f"at T={PROBE_LENGTH})" in got["c"]
 
 
@@ -214,7 +215,7 @@ def test_the_probe_runs_on_the_problems_own_small_instance_first() -> None:
     own = Problem("big", 1000, tiny(1000).build, at_length=lambda n: tiny(n),
                   small=lambda: tiny(12))
     assert small(own).seq_len == 12  # not at_length's PROBE_LENGTH
-    got = probe(own, "gpu", choices={"c": Check(Schedule.nested([3, 4]))})
+    got = probe(own, "gpu", choices={"c": Check(autoremat.nested([3, 4]))})
     assert got["c"].startswith(OFFERED) and "at T=12)" in got["c"]
 
 
@@ -222,15 +223,15 @@ def test_where_the_plain_scan_fails_the_probe_compares_with_remat_of_each_step()
     base = tiny(16)
 
     def build(s: Schedule) -> tuple[Any, tuple[Any, ...]]:
-        if s == Schedule.plain(16):
+        if s == autoremat.plain(16):
             raise RuntimeError("RESOURCE_EXHAUSTED: the plain scan does not fit")
         return base.build(s)
 
     too_big = Problem("too big for plain", 16, build)
-    got = probe(too_big, "gpu", choices={"c": Check(Schedule.nested([4, 4], "dots_saveable"))})
+    got = probe(too_big, "gpu", choices={"c": Check(autoremat.nested([4, 4], "dots_saveable"))})
     assert got["c"].startswith(OFFERED), got["c"]
     nothing = Problem("nothing runs", 16, lambda s: (_ for _ in ()).throw(RuntimeError("no")))
-    got = probe(nothing, "gpu", choices={"c": Check(Schedule.nested([4, 4]))})
+    got = probe(nothing, "gpu", choices={"c": Check(autoremat.nested([4, 4]))})
     assert got["c"].startswith(f"{LEFT_OUT}: no reference ran at T=16: "), got["c"]
 
 
@@ -241,7 +242,7 @@ class _Lock(contextlib.nullcontext):
 def test_the_study_records_the_outcome_once_and_a_resumed_study_reads_it() -> None:
     study = optuna.create_study(directions=["minimize", "minimize"])
     notes: list[str] = []
-    risky = Schedule.nested([8, 8], "dots_saveable")
+    risky = autoremat.nested([8, 8], "dots_saveable")
     odd = _odd_one(risky, "compile")
     monkey = pytest.MonkeyPatch()
     monkey.setattr("autoremat._search.probe.checks",
@@ -301,7 +302,7 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
     (``checks`` patched) and its probe schedule fails to compile on this problem. The
     study records why, says so once, and no trial uses ``dots_saveable``."""
     monkeypatch.chdir(tmp_path)
-    risky = Schedule.nested([8, 8], "dots_saveable")
+    risky = autoremat.nested([8, 8], "dots_saveable")
     monkeypatch.setattr("autoremat._search.probe.checks",
                         lambda n, platform: {"dots": Check(risky)})
     notes: list[str] = []

@@ -42,8 +42,9 @@ forward steps any schedule can with ``s`` carries: ``O(log T)`` memory for
 
 This module imports no jax at import time, so the CLI's ``--help`` stays
 instant; ``Policy.resolve`` imports it when a policy is actually built. It
-imports no kind either: ``autoremat._schedules`` imports the kind modules, fills
-``KINDS`` and reads and writes the YAML.
+names no kind either: ``autoremat._schedules`` imports the kind modules, holds
+``KINDS`` and the constructors (``nested``, ``binomial``, ``root``, ``plain``)
+and reads and writes the YAML.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from typing import Any, ClassVar, Final
 import yaml
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.policy import NO_REMAT, Policy, _show, check_int
+from autoremat._schedules.policy import Policy, _show, check_int
 from autoremat.bounds import Cost
 
 SCHEDULE_VERSION: Final = 1
@@ -71,10 +72,6 @@ COMMON_KEYS: Final = ("version", "kind", "unroll", "fuse", "compiler_options", "
 #: ``compiler_options`` names: XLA ``DebugOptions`` fields (what ``XLA_FLAGS`` sets,
 #: without the leading ``--``).
 OPTION_NAME: Final = re.compile(r"xla_[a-z0-9_]+")
-#: ``kind:`` name -> its ``Schedule`` subclass, in registration order (the search's order).
-#: Filled by ``autoremat._schedules`` (which imports every kind module); this module
-#: imports none of them.
-KINDS: Final[dict[str, type[Schedule]]] = {}
 
 
 @dataclass(frozen=True)
@@ -122,8 +119,8 @@ class Check:
 class Schedule(ABC):
     """How to rematerialize a scan; one subclass per kind (``autoremat._schedules``).
 
-    Build one with ``Schedule.nested`` / ``.binomial`` / ``.root`` /
-    ``.plain``, or from its YAML mapping with ``autoremat._schedules.from_data``. Each
+    Build one with ``autoremat.nested`` / ``binomial`` / ``root`` / ``plain``, or
+    from its YAML mapping with ``autoremat._schedules.from_data``. Each
     kind's docstring defines its semantics (the one place they are defined;
     ``autoremat.scan`` follows it); every kind gives the loss and gradients
     of a plain ``lax.scan`` and differs only in memory and time.
@@ -253,61 +250,6 @@ class Schedule(ABC):
         return seq_len
 
     # -- shared ----------------------------------------------------------------
-    @classmethod
-    def nested(
-        cls,
-        lengths: Sequence[int],
-        policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
-        *,
-        unroll: int = 1,
-        meta: Mapping[str, Any] | None = None,
-    ) -> Schedule:
-        """Nested levels of the given lengths, with one policy or one per level.
-
-        >>> Schedule.nested([100, 100]).describe()
-        '100x100 nothing/nothing unroll=1'
-        """
-        return KINDS["nested"].build(lengths, policies, unroll=unroll, meta=meta)  # type: ignore[attr-defined]
-
-    @classmethod
-    def binomial(
-        cls, snapshots: int, *, backward: str = "loops", unroll: int = 1,
-        meta: Mapping[str, Any] | None = None
-    ) -> Schedule:
-        """Binomial (Revolve) checkpointing with ``snapshots`` stored carries
-        (``backward``: ``"loops"`` or ``"static"``, the binomial kind's docstring).
-
-        >>> Schedule.binomial(16).describe()
-        'binomial s=16 unroll=1'
-        """
-        return KINDS["binomial"](snapshots=snapshots, backward=backward,  # type: ignore[call-arg]
-                                 unroll=unroll, meta=dict(meta or {}))
-
-    @classmethod
-    def root(
-        cls,
-        seq_len: int,
-        depth: int,
-        policies: str | Policy | Sequence[str | Policy] = "nothing_saveable",
-        *,
-        unroll: int = 1,
-        meta: Mapping[str, Any] | None = None,
-    ) -> Schedule:
-        """``depth`` levels, each about ``seq_len ** (1 / depth)`` long (``root_lengths``).
-
-        The classic sqrt(T) (``depth=2``) and cube-root (``depth=3``) schedules
-        of Chen et al. 2016: ``O(depth * T^(1/depth))`` stored carries.
-
-        >>> Schedule.root(10_000, 2).describe()
-        '100x100 nothing/nothing unroll=1'
-        """
-        return cls.nested(root_lengths(seq_len, depth), policies, unroll=unroll, meta=meta)
-
-    @classmethod
-    def plain(cls, length: int) -> Schedule:
-        """The reference: one plain ``lax.scan`` with no remat (linear memory)."""
-        return cls.nested([length], NO_REMAT)
-
     def with_meta(self, **meta: Any) -> Schedule:
         """A copy with ``meta`` updated by the given keys."""
         return replace(self, meta={**self.meta, **meta})

@@ -130,7 +130,7 @@ class NestedSchedule(Schedule):
     def build(cls, lengths: Sequence[int],
               policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
               *, unroll: int = 1, meta: Mapping[str, Any] | None = None) -> NestedSchedule:
-        """``Schedule.nested``: one policy for every level, or one per level."""
+        """``autoremat.nested``: one policy for every level, or one per level."""
         lengths = tuple(lengths)
         if isinstance(policies, (str, Policy)):
             policies = (policies,) * len(lengths)

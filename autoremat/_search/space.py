@@ -35,7 +35,7 @@ import math
 import random
 from typing import Any, Final
 
-from autoremat._schedules import KINDS
+from autoremat._schedules import KINDS, plain
 from autoremat._schedules.base import Check, Schedule
 from autoremat._schedules.platforms import CUDA_PLATFORMS
 
@@ -83,8 +83,8 @@ def checks(seq_len: int, platform: str) -> dict[str, Check]:
     change the results)."""
     if platform not in CUDA_PLATFORMS:
         return {}
-    plain = Schedule.plain(seq_len)
-    return {label: Check(plain.with_options(**options))
+    reference = plain(seq_len)
+    return {label: Check(reference.with_options(**options))
             for label, options in COMPILER_CHOICES.items() if options}
 
 
