@@ -37,7 +37,7 @@ missing here)::
                         the truth it is checked against (bisection); runs within a budget
         stale           is a saved schedule still the one for this problem?
     _search/      -> search (Optuna) -> Pareto front -> schedule
-        space           what the search can choose: trial -> Schedule
+        space           what the search can choose: parameters -> Schedule; the seeds
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem

@@ -22,7 +22,7 @@ from autoremat._measure.measure import compile_schedule, measure
 from autoremat._measure.measurement import ERROR, OK
 from autoremat._schedules import dump_schedule, from_data, parse_schedule
 from autoremat._search.predict import Structure
-from autoremat._search.space import COMPILER_CHOICES, GRAPH_TYPES, propose, seed_params, suggest
+from autoremat._search.space import COMPILER_CHOICES, GRAPH_TYPES, build, propose, seeds
 from tests.tiny_problem import tiny
 
 GRAPHS = COMPILER_CHOICES["graph_loops"]
@@ -124,10 +124,10 @@ def test_users_compile_their_step_with_the_options() -> None:
 def test_the_cpu_space_has_no_compiler_choice() -> None:
     rng = random.Random(0)
     for _ in range(100):
-        schedule, params, _ = propose({}, 1000, "cpu", rng)
+        schedule, params = propose({}, 1000, "cpu", rng)
         assert not schedule.compiler_options and "compiler" not in params
-    assert all("compiler" not in p for p in seed_params(1000, "cpu"))
-    assert all(p["compiler"] == "default" for p in seed_params(1000, "gpu"))
+    assert all("compiler" not in p for _, p in seeds(1000, "cpu"))
+    assert all(p["compiler"] == "default" for _, p in seeds(1000, "gpu"))
 
 
 @pytest.mark.parametrize("platform", ["gpu", "cuda"])
@@ -141,11 +141,8 @@ def test_a_gpu_space_tries_command_buffers_that_capture_loops(platform: str) -> 
     refused = propose({"compiler": "graph_loops"}, 1000, platform, rng,
                       frozenset({"graph_loops"}))[0]
     assert not refused.compiler_options
-    import optuna
-
-    fixed = optuna.trial.FixedTrial({"kind": "binomial", "snapshots": 20, "backward": "loops",
-                                     "compiler": "graph_loops"})
-    assert suggest(fixed, 1000, platform) == autoremat.binomial(20).with_options(**GRAPHS)
+    fixed = {"kind": "binomial", "snapshots": 20, "backward": "loops", "compiler": "graph_loops"}
+    assert build(fixed, 1000, platform) == autoremat.binomial(20).with_options(**GRAPHS)
 
 
 def test_the_cost_model_sees_the_options_as_graph_captured_trips() -> None:

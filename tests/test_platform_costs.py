@@ -23,7 +23,7 @@ from autoremat._search.predict import (
     TimeModel,
     prior_for,
 )
-from autoremat._search.space import propose, seed_params
+from autoremat._search.space import propose, seeds
 
 T = 10_000
 #: step seconds measured on the H200 (seed LSTM, T=10^4)
@@ -35,7 +35,7 @@ H200_UNROLL8 = 0.149  # seq2seq, plain (``everything``), unroll=8
 @pytest.mark.parametrize("platform", ["gpu", "cuda", "rocm"])
 def test_no_binomial_seed_on_a_gpu_and_the_same_nested_seeds(platform: str) -> None:
     for seq_len in (32, 1000, T, 10**6):
-        cpu, gpu = seed_params(seq_len, "cpu"), seed_params(seq_len, platform)
+        cpu, gpu = ([p for _, p in seeds(seq_len, pf)] for pf in ("cpu", platform))
         # the same nested seeds, compiled with XLA's default options (``_space``)
         compiler = {"compiler": "default"} if platform in ("gpu", "cuda") else {}
         assert [{**p, **compiler} for p in cpu if p["kind"] == "nested"] == gpu

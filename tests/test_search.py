@@ -19,8 +19,8 @@ from autoremat._errors import TuneError
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
+from autoremat._search import space
 from autoremat._search.pareto import pareto_front
-from autoremat._search.space import seed_schedules
 from autoremat._search.study import MeasuredTrial, load_study, measured_trials
 from autoremat._search.tune import tune
 from autoremat._units import parse_duration
@@ -75,7 +75,7 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
     assert all(b is not None and b <= BUDGET for _, b in timed)  # never over the budget
     assert autoremat.plain(32).key() not in {k for k, _ in timed}
     trials = sorted(measured_trials(load_study("s")), key=lambda t: t.number)
-    seeds = {s.key() for s in seed_schedules(32)}
+    seeds = {s.key() for s, _ in space.seeds(32)}
     for i, t in enumerate(trials):
         m = t.measurement
         if m.total_bytes is not None and m.total_bytes > BUDGET:
@@ -159,7 +159,7 @@ def test_a_budget_under_the_floor_stops_after_the_seeds(in_tmp: Path) -> None:
     from autoremat._search.study import nothing_fits_message
 
     result = tune(tiny(), 10, time_limit="60s", time_budget=0.02)
-    assert result.best is None and 1 <= result.measured <= len(seed_schedules(tiny().seq_len))
+    assert result.best is None and 1 <= result.measured <= len(space.seeds(tiny().seq_len))
     message = nothing_fits_message(result)
     assert "that no schedule can remove" in message
     # In library terms; the CLI words the same settings as its flags (test_fuse.py).
@@ -184,7 +184,7 @@ def test_an_unseen_problem_gets_the_fastest_measured_schedule_that_fits(
     out = capsys.readouterr().out
     trials = measured_trials(load_study("gru"))
     assert "6 measured now" in out
-    seeds = {s.key() for s in seed_schedules(problem.seq_len)}
+    seeds = {s.key() for s, _ in space.seeds(problem.seq_len)}
     assert seeds <= {t.schedule.key() for t in trials}  # the seeds are always measured
     fits = [t for t in trials if t.measurement.fits(budget)]
     assert fits and all(t.measurement.step_seconds is not None for t in fits)
@@ -212,7 +212,7 @@ def test_the_pick_is_as_fast_as_the_best_seed_when_retimed(name: str, tmp_path: 
         result = tune(problem, budget, n_trials=8, time_budget=1.0, study_name=name)
     assert result.best_trial is not None
     pick = result.best_trial.schedule
-    seeds = [s for s in seed_schedules(problem.seq_len) if s.key() != pick.key()]
+    seeds = [s for s, _ in space.seeds(problem.seq_len) if s.key() != pick.key()]
     runs = {}
     for schedule in (pick, *seeds):
         c = compile_schedule(problem, schedule, budget_bytes=budget)

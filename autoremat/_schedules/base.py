@@ -50,6 +50,7 @@ and reads and writes the YAML.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from abc import ABC, abstractmethod
@@ -115,6 +116,29 @@ class Check:
     offloads: bool = False
 
 
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the search space (``Schedule.parameters``): a choice among
+    ``choices`` or, with none, an integer in ``low..high``.
+
+    Attributes:
+      name: its key in a candidate's params (a kind's names do not clash with another
+        kind's, nor with the space's own: ``kind``, ``fuse``, ``compiler``).
+      choices: the values to choose from, in order; empty: an integer.
+      low, high: the integer's range, both included.
+      log: the integer spans orders of magnitude: a random one is log-uniform.
+      ordered: the choices are ordered (e.g. the nested depth): a neighbour
+        (``space.neighbours``) takes the one before or after, not any other.
+    """
+
+    name: str
+    choices: tuple[Any, ...] = ()
+    low: int = 0
+    high: int = 0
+    log: bool = False
+    ordered: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schedule(ABC):
     """How to rematerialize a scan; one subclass per kind (``autoremat._schedules``).
@@ -154,9 +178,6 @@ class Schedule(ABC):
     #: JAX transformations of ``autoremat.scan`` this kind cannot do, out of
     #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
     UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
-    #: Categorical parameters of ``suggest`` whose choices are ordered: a neighbour
-    #: (``space.neighbours``) takes the choice before or after, not any other.
-    ORDERED: ClassVar[frozenset[str]] = frozenset()
 
     unroll: int = 1
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -209,14 +230,21 @@ class Schedule(ABC):
 
     @classmethod
     @abstractmethod
-    def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
-        """A schedule of this kind from a trial's parameters (``space``: seeds and the
-        planner's candidates; nothing is sampled)."""
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+        """This kind's parameters of the search space (``autoremat._search.space``) at
+        ``T = seq_len`` on ``platform``, in the order they are chosen, as far as the
+        values ``chosen`` so far fix them: a parameter whose range depends on an
+        earlier one's value is listed once that value is chosen."""
+
+    @classmethod
+    @abstractmethod
+    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str) -> Schedule:
+        """The schedule of a value for each of ``parameters`` (a candidate's params)."""
 
     @classmethod
     @abstractmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
-        """Trial parameters of this kind's obvious candidates (without ``kind``) on
+        """The params of this kind's obvious candidates (without ``kind``) on
         ``platform`` (``"cpu"``, ``"gpu"``/``"cuda"``/``"rocm"``, ``"tpu"``): the seeds
         are always timed, so a kind that costs much more on a platform seeds less there."""
 
@@ -227,9 +255,9 @@ class Schedule(ABC):
 
     @classmethod
     def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
-        """Choices of ``suggest`` on ``platform`` that a study checks before offering
-        them: choice label (a categorical value ``suggest`` passes to the trial) ->
-        a ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
+        """Choices of ``parameters`` on ``platform`` that a study checks before offering
+        them: choice label (a value of one of ``parameters``' ``choices``) -> a
+        ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
         small instance of its problem and leaves out of its space every one that
         fails to compile or changes the loss or gradients (``autoremat._search.probe``).
         This default has none: every choice is offered."""
@@ -332,6 +360,7 @@ def divisors(n: int) -> list[int]:
 SNAP_TOLERANCE: Final = 0.25
 
 
+@functools.lru_cache(maxsize=4096)  # the search snaps the same lengths again and again
 def snap(length: int, remaining: int) -> int:
     """The divisor of ``remaining`` nearest ``length`` if within 25%, else ``length``."""
     best = min(divisors(remaining), key=lambda k: (abs(k - length), k))

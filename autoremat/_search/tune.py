@@ -9,7 +9,7 @@ fastest trial that fits
 (``autoremat._search.study.choose``).
 
 What gets measured is decided by ``autoremat._search.planner.Planner``, not by a
-sampler: the obvious candidates (``space.seed_schedules``) are enqueued first, each
+sampler: the obvious candidates (``space.seeds``) are enqueued first, each
 trial holding its schedule, and always measured (they calibrate the cost model); after
 them the planner hands its candidate straight to the trial that measures it; candidates
 are sized by compiling them (cheap), ranked by a time model calibrated on the
