@@ -39,15 +39,13 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock)
     seed schedules, the others check that ``info`` matches what it recorded."""
     import optuna
 
+    # Nothing is sampled (a trial measures what the planner chose, or the schedule it was
+    # enqueued with): Optuna's default sampler, asked for no parameter, does nothing.
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                     directions=["minimize", "minimize"])
-    # Each worker measures what its planner chose or a trial enqueued with its schedule (a
-    # seed, a retry): nothing is sampled. Optuna still consults a sampler for every trial;
-    # RandomSampler reads no history and, with nothing suggested, does nothing.
-    study.sampler = optuna.samplers.RandomSampler()
     attrs = info.to_attrs()
     with lock:  # one worker sets the study up; the others check what it set
         recorded = study.user_attrs
