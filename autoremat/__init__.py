@@ -4,8 +4,9 @@ The pipeline, one package per stage (``tests/test_imports.py`` fails when a modu
 missing here)::
 
     _schedules/   schedule (YAML): what a remat schedule is
-        __init__        the registry of kinds; load/parse/dump/save the YAML form
-        base            Schedule (knows no kind): fields, key, to_data; Features
+        __init__        the registry of kinds, their constructors (nested, binomial, root,
+                        plain); load/parse/dump/save the YAML form
+        base            Schedule (knows no kind): fields, key, to_data; Features; Param
         policy          checkpoint policies by name, Level, int checks
         platforms       platform names (GPU, CUDA, offload), read by the kinds and the search
         safe_yaml       reading YAML safely: one document, plain data, bounded
@@ -36,7 +37,7 @@ missing here)::
                         the truth it is checked against (bisection); runs within a budget
         stale           is a saved schedule still the one for this problem?
     _search/      -> search (Optuna) -> Pareto front -> schedule
-        space           what the search can choose: trial -> Schedule
+        space           what the search can choose: parameters -> Schedule; the seeds
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem
@@ -79,6 +80,10 @@ from autoremat._measure.stale import StaleScheduleWarning as StaleScheduleWarnin
 from autoremat._measure.stale import load_schedule as load_schedule
 from autoremat._scan.fuse import fuse_head as fuse_head
 from autoremat._scan.fuse import fuse_loss as fuse_loss
+from autoremat._schedules import binomial as binomial
+from autoremat._schedules import nested as nested
+from autoremat._schedules import plain as plain
+from autoremat._schedules import root as root
 from autoremat._schedules import save_schedule as save_schedule
 from autoremat._schedules.base import Schedule as Schedule
 from autoremat._schedules.policy import Level as Level
@@ -112,6 +117,7 @@ __all__ = [
     "StaleScheduleWarning",
     "TuneError",
     "TuneResult",
+    "binomial",
     "bounds",
     "fuse_head",
     "fuse_loss",
@@ -120,10 +126,13 @@ __all__ = [
     "load_schedule",
     "measure",
     "measure_step",
+    "nested",
     "nnx",
     "pareto_front",
     "parse_bytes",
+    "plain",
     "remat_scans",
+    "root",
     "save_schedule",
     "scan",
     "seed_lstm",

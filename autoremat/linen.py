@@ -25,7 +25,7 @@ a method decorator and on a Module class, like ``nn.scan``::
     ...         self.cell = nn.OptimizedLSTMCell(self.hidden_size)
     ...     @functools.partial(autoremat.linen.scan, variable_broadcast="params",
     ...                        in_axes=1, out_axes=1, split_rngs={"params": False},
-    ...                        schedule=autoremat.Schedule.nested([10, 10]))
+    ...                        schedule=autoremat.nested([10, 10]))
     ...     def forward(self, carry, x):
     ...         return self.cell(carry, x)
     ...     def __call__(self, x):
@@ -37,7 +37,7 @@ a method decorator and on a Module class, like ``nn.scan``::
     (2, 100, 8)
     >>> ScanCell = autoremat.linen.scan(
     ...     nn.OptimizedLSTMCell, variable_broadcast="params", split_rngs={"params": False},
-    ...     in_axes=1, out_axes=1, schedule=autoremat.Schedule.nested([10, 10]))
+    ...     in_axes=1, out_axes=1, schedule=autoremat.nested([10, 10]))
     >>> ScanCell.__name__
     'ScanOptimizedLSTMCell'
 

@@ -16,14 +16,14 @@ arXiv 1604.06174); a binomial schedule keeps a fixed number of carries
     >>> import autoremat, autoremat.nnx
     >>> cell = nnx.OptimizedLSTMCell(3, 8, rngs=nnx.Rngs(0))
     >>> @autoremat.nnx.scan(in_axes=(nnx.Carry, None, 1), out_axes=(nnx.Carry, 1),
-    ...                     schedule=autoremat.Schedule.nested([10, 10]))
+    ...                     schedule=autoremat.nested([10, 10]))
     ... def forward(carry, cell, x):
     ...     return cell(carry, x)
     >>> x = jnp.ones((2, 100, 3))                      # (batch, time, features)
     >>> carry, ys = forward(cell.initialize_carry((2, 3), nnx.Rngs(0)), cell, x)
     >>> ys.shape
     (2, 100, 8)
-    >>> rnn = autoremat.nnx.RNN(cell, schedule=autoremat.Schedule.binomial(8))
+    >>> rnn = autoremat.nnx.RNN(cell, schedule=autoremat.binomial(8))
     >>> rnn(x).shape
     (2, 100, 8)
 
@@ -58,6 +58,7 @@ from autoremat._flax.nnx_scan import scan
 from autoremat._flax.rnn import finish, prepare, scan_body
 from autoremat._measure.problem import Problem
 from autoremat._scan.scan import as_schedule
+from autoremat._schedules import plain
 from autoremat._schedules.base import Schedule
 
 __all__ = ["RNN", "problem", "remat_scans", "scan"]
@@ -151,7 +152,7 @@ def problem(
       seq_len: the sequence length ``T`` the model scans.
       fuse: move the readout and loss after the scan into the scanned step where they
         are separable in time (``remat_scans``'s fusion): the model is built with the
-        plain scan (``model_fn(Schedule.plain(seq_len))``) and ``loss_fn`` runs under
+        plain scan (``model_fn(autoremat.plain(seq_len))``) and ``loss_fn`` runs under
         ``remat_scans(loss_fn, schedule, fuse=True)``, so the ``(T, B, H)`` stacked
         outputs no schedule removes are not kept. ``False``: the model's own scan runs
         the schedule (``model_fn(schedule)``) and the readout stays outside. ``None``
@@ -166,7 +167,7 @@ def problem(
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         fused = fuse if fuse is not None else schedule.fuse is not False
-        model = model_fn(Schedule.plain(seq_len) if fused else schedule)
+        model = model_fn(plain(seq_len) if fused else schedule)
         loss = remat_scans(loss_fn, schedule, min_length=seq_len, fuse=True) if fused else loss_fn
         optimizer = optimizer_fn(model)
         graphdef, state = nnx.split((model, optimizer))

@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="split parameters too (data=2,fsdp=2)")
     a = parser.parse_args()
     problem = lstm_problem(a.seq_len, a.batch, a.hidden, a.fsdp)
-    for schedule in (autoremat.Schedule.plain(a.seq_len), autoremat.Schedule.nested([10, 20])):
+    for schedule in (autoremat.plain(a.seq_len), autoremat.nested([10, 20])):
         m = autoremat.measure(problem, schedule, run=False)
         if not m.feasible:
             raise SystemExit(f"{schedule.describe()}: {m.reason}")

@@ -83,10 +83,10 @@ def make_model(schedule: autoremat.Schedule, hidden_size: int, output_dim: int,
 
 def parse_schedule_arg(value: str | None, seq_len: int) -> autoremat.Schedule:
     if value == "plain":
-        return autoremat.Schedule.plain(seq_len)
+        return autoremat.plain(seq_len)
     if value:
         return autoremat.load_schedule(value)
-    return autoremat.Schedule.root(seq_len, 2)
+    return autoremat.root(seq_len, 2)
 
 
 def main(argv: list[str] | None = None) -> int:

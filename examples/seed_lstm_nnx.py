@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.batch, args.input_dim, args.output_dim, args.seq2seq = 10, 32, 4, True
     try:
-        schedule = (autoremat.Schedule.plain(args.seq_len) if args.schedule == "plain"
+        schedule = (autoremat.plain(args.seq_len) if args.schedule == "plain"
                     else autoremat.load_schedule(args.schedule) if args.schedule
-                    else autoremat.Schedule.root(args.seq_len, 2))
+                    else autoremat.root(args.seq_len, 2))
     except autoremat.ScheduleError as e:
         print(f"error: --schedule: {e}", file=sys.stderr)
         return 2

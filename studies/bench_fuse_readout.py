@@ -54,7 +54,7 @@ def problems(seq_len: int) -> tuple[Any, Any, Any]:
     unmodified = seed.problem()
     model = seed.SimpleLSTM(hidden_size=seed.hidden_size, output_dim=seed.output_dim,
                             seq2seq=seed.seq2seq)
-    params, _, x, y = unmodified.build(autoremat.Schedule.plain(seq_len))[1]
+    params, _, x, y = unmodified.build(autoremat.plain(seq_len))[1]
     unfused = autoremat.linen.problem("unfused", model, params, (x, y), optax.adam(1e-3),
                                       fuse=False)
     hand = seed_model(seq_len, seed.batch_size, seed.hidden_size, seed.input_dim,
@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     T = args.seq_len
     named = dict(zip(("unmodified", "unfused", "hand-fused"), problems(T), strict=True))
-    schedules = [("nested", autoremat.Schedule.nested([100, 100]) if T == 10_000
-                  else autoremat.Schedule.root(T, 2)),
-                 ("binomial", autoremat.Schedule.binomial(16))]
+    schedules = [("nested", autoremat.nested([100, 100]) if T == 10_000
+                  else autoremat.root(T, 2)),
+                 ("binomial", autoremat.binomial(16))]
     rows = []
     for kind, schedule in schedules:
         built = {n: p.build(schedule) for n, p in named.items()}
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     long = args.long_seq_len
     seed, as_written, _ = problems(long)
-    nested = autoremat.Schedule.root(long, 2)
-    plain = autoremat.Schedule.plain(long)
+    nested = autoremat.root(long, 2)
+    plain = autoremat.plain(long)
     m_long = {
         "nested": autoremat.measure_step(*seed.build(nested), run=False,
                                          arg_names=seed.arg_names),
@@ -161,7 +161,7 @@ def report(args: Any, rows: list[Any], long: int, nested: Any, m_long: dict[str,
         f"At T={long} (compiled, not run): the unmodified model under `{nested.describe()}` "
         f"needs {format_bytes(m_nested.total_bytes)} in total (temp "
         f"{format_bytes(m_nested.temp_bytes)}, arguments {format_bytes(args_bytes)}); the "
-        f"model as written with a plain scan (`fuse=False`, `Schedule.plain`: what "
+        f"model as written with a plain scan (`fuse=False`, `autoremat.plain`: what "
         f"`jax.jit(jax.value_and_grad(loss))` compiles) {format_bytes(m_plain.total_bytes)} "
         f"(temp {format_bytes(m_plain.temp_bytes)}): "
         f"**{100 * m_nested.total_bytes / m_plain.total_bytes:.2f}%** of plain's. Against the "

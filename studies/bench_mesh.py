@@ -27,22 +27,21 @@ import argparse
 from pathlib import Path
 
 import autoremat
-from autoremat import Schedule
 from autoremat._atomic import atomic_write_text
 from autoremat._measure.device import environment
 from autoremat._units import format_bytes
 
 T, BATCH, MESH = 10_000, 12, "data=4"
-SCHEDULES = {"plain": Schedule.plain(T),
-             "nested": Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"]),
-             "binomial": Schedule.binomial(16)}
+SCHEDULES = {"plain": autoremat.plain(T),
+             "nested": autoremat.nested([100, 100], ["nothing_saveable", "everything_saveable"]),
+             "binomial": autoremat.binomial(16)}
 
 
 def replicated_plus_sharded(problem: autoremat.Problem) -> tuple[int, int]:
     """``(replicated bytes, sharded bytes)`` of the problem's arguments, whole arrays."""
     import jax
 
-    _, args = problem.build(Schedule.plain(T))
+    _, args = problem.build(autoremat.plain(T))
     replicated = sharded = 0
     for leaf in jax.tree_util.tree_leaves(args):
         if leaf.sharding.is_fully_replicated:

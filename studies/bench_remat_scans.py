@@ -104,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     T = args.seq_len
     # fuse=False: the readout stays after the scan, as in the explicit model (the fused
     # unmodified model is compared with the hand-fused one in bench_fuse_readout.py)
-    params, _, x, y = seed.problem().build(autoremat.Schedule.plain(T))[1]
+    params, _, x, y = seed.problem().build(autoremat.plain(T))[1]
     model = seed.SimpleLSTM(hidden_size=seed.hidden_size, output_dim=seed.output_dim,
                             seq2seq=seed.seq2seq)
     problem = autoremat.linen.problem(f"seed_unmodified(T={T})", model, params, (x, y),
                                       optax.adam(1e-3), fuse=False)
-    depth2 = autoremat.Schedule.root(T, 2)
-    schedules = [("nested", depth2), ("binomial", autoremat.Schedule.binomial(16))]
+    depth2 = autoremat.root(T, 2)
+    schedules = [("nested", depth2), ("binomial", autoremat.binomial(16))]
     rows = []
     for kind, schedule in schedules:
         wrapped, step_args = problem.build(schedule)

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import autoremat
 from autoremat._measure.measure import compile_schedule, time_compiled
 from autoremat._measure.measurement import Measurement
 from autoremat._measure.problem import Problem, seed_lstm
@@ -72,44 +73,44 @@ def top_grid(seq_len: int) -> list[Schedule]:
     three = ("nothing_saveable", "nothing_saveable", "everything_saveable")
     three_dots = ("nothing_saveable", "dots_saveable", "everything_saveable")
     return [
-        Schedule.nested([seq_len // 1000, 1000], list(ne)),
-        Schedule.nested([seq_len // 1000, 1000], list(nde)),
-        Schedule.nested([seq_len // 100, 10, 10], list(three)),
-        Schedule.nested([seq_len // 100, 10, 10], list(three_dots)),
-        Schedule.nested([seq_len // 1000, 100, 10], list(three)),
-        Schedule.nested([100, 100, 100], list(three)),
-        Schedule.nested([seq_len // 1000, 10, 10, 10], ["nothing_saveable"] * 3
-                        + ["everything_saveable"]),
-        Schedule.binomial(16),
-        Schedule.binomial(64),
-        Schedule.binomial(256),
+        autoremat.nested([seq_len // 1000, 1000], list(ne)),
+        autoremat.nested([seq_len // 1000, 1000], list(nde)),
+        autoremat.nested([seq_len // 100, 10, 10], list(three)),
+        autoremat.nested([seq_len // 100, 10, 10], list(three_dots)),
+        autoremat.nested([seq_len // 1000, 100, 10], list(three)),
+        autoremat.nested([100, 100, 100], list(three)),
+        autoremat.nested([seq_len // 1000, 10, 10, 10], ["nothing_saveable"] * 3
+                         + ["everything_saveable"]),
+        autoremat.binomial(16),
+        autoremat.binomial(64),
+        autoremat.binomial(256),
     ]
 
 
 def grid(seq_len: int) -> list[Schedule]:
     """The exhaustive grid (see the module doc); lengths scale with ``T``."""
     scale = seq_len / 10_000
-    out = [Schedule.nested([seq_len], [p]) for p in
+    out = [autoremat.nested([seq_len], [p]) for p in
            ("none", "nothing_saveable", "dots_saveable", "everything_saveable")]
-    out.append(Schedule.nested([seq_len], ["none"], unroll=2))
+    out.append(autoremat.nested([seq_len], ["none"], unroll=2))
     for inner in (10, 25, 50, 100, 200, 400, 1000):
         n = max(2, round(inner * math.sqrt(scale)))
         for pair in PAIRS:
-            out.append(Schedule.nested([math.ceil(seq_len / n), n], list(pair)))
+            out.append(autoremat.nested([math.ceil(seq_len / n), n], list(pair)))
     for mid, inner in ((10, 10), (20, 20), (25, 40), (50, 20), (10, 100), (100, 10)):
         lengths = [max(2, round(x * scale ** (1 / 3))) for x in (mid, inner)]
         for pols in DEEP:
-            out.append(Schedule.nested([math.ceil(seq_len / math.prod(lengths)), *lengths],
-                                       list(pols)))
+            out.append(autoremat.nested([math.ceil(seq_len / math.prod(lengths)), *lengths],
+                                        list(pols)))
     for quad in ((10, 10, 10), (5, 10, 20), (20, 10, 5)):
         lengths = [max(2, round(x * scale ** 0.25)) for x in quad]
         for pols in (("nothing_saveable",) * 3 + ("everything_saveable",),
                      ("nothing_saveable",) * 2 + ("dots_saveable", "everything_saveable")):
-            out.append(Schedule.nested([math.ceil(seq_len / math.prod(lengths)), *lengths],
-                                       list(pols)))
+            out.append(autoremat.nested([math.ceil(seq_len / math.prod(lengths)), *lengths],
+                                        list(pols)))
     low, high = snapshot_range(seq_len)
     ladder = sorted({round(low * (high / low) ** (i / 9)) for i in range(10)})
-    out += [Schedule.binomial(s) for s in ladder]
+    out += [autoremat.binomial(s) for s in ladder]
     return out
 
 
@@ -182,7 +183,7 @@ def _problem(case: str) -> tuple[Problem, int, str]:
     seq_len, loss, budget = CASES[case]
     problem = seed_lstm(seq_len=seq_len, seq2seq=loss != "last", fused_readout=loss == "fused")
     if budget < 1:
-        plain = compile_schedule(problem, Schedule.plain(seq_len)).measurement
+        plain = compile_schedule(problem, autoremat.plain(seq_len)).measurement
         assert plain.total_bytes is not None, plain.reason
         return (problem, int(budget * plain.total_bytes),
                 f"T={seq_len}, {loss}, {budget * 100:g}% of plain")

@@ -49,14 +49,14 @@ class Row:
 def candidates(seq_len: int, quick: bool) -> list[tuple[str, Schedule]]:
     stored, remat = "everything_saveable", "nothing_saveable"
     out = [
-        ("plain scan", Schedule.plain(seq_len)),
-        ("per-step remat", Schedule.nested([seq_len], remat)),
-        ("sqrt 2 levels", Schedule.root(seq_len, 2, [remat, stored])),
-        ("cube 3 levels", Schedule.root(seq_len, 3, [remat, remat, stored])),
-        ("deep 4 levels", Schedule.root(seq_len, 4, remat)),
+        ("plain scan", autoremat.plain(seq_len)),
+        ("per-step remat", autoremat.nested([seq_len], remat)),
+        ("sqrt 2 levels", autoremat.root(seq_len, 2, [remat, stored])),
+        ("cube 3 levels", autoremat.root(seq_len, 3, [remat, remat, stored])),
+        ("deep 4 levels", autoremat.root(seq_len, 4, remat)),
     ]
     snapshots = (8, 32, 128) if quick else (4, 8, 16, 32, 64, 128, 256)
-    out += [(f"binomial s={s}", Schedule.binomial(s)) for s in snapshots if s < seq_len]
+    out += [(f"binomial s={s}", autoremat.binomial(s)) for s in snapshots if s < seq_len]
     return out
 
 

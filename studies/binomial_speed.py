@@ -103,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     T = args.seq_len
     problem = autoremat.seed_lstm(seq_len=T, seq2seq=args.seq2seq)
     remat, stored = "nothing_saveable", "everything_saveable"
-    binomial = Schedule.binomial(args.snapshots)
+    binomial = autoremat.binomial(args.snapshots)
     competitors: list[tuple[str, Schedule, Any]] = [
-        ("plain", Schedule.plain(T), None),
-        ("nested 3 levels", Schedule.root(T, 3, [remat, remat, stored]), None),
+        ("plain", autoremat.plain(T), None),
+        ("nested 3 levels", autoremat.root(T, 3, [remat, remat, stored]), None),
         (f"binomial s={args.snapshots} (this checkout)", binomial, None),
         (f"binomial s={args.snapshots}, static backward",
-         Schedule.binomial(args.snapshots, backward="static"), None),
+         autoremat.binomial(args.snapshots, backward="static"), None),
     ]
     if args.baseline:
         competitors.append((f"binomial s={args.snapshots} ({args.baseline})", binomial,

@@ -1,14 +1,14 @@
 """Side-by-side remat benchmarks on the seed LSTM train step (issue 6).
 
 On the seed's LSTM train step (loss on the last state and on all steps), for
-each sequence length T, the rows are: ``plain`` (``Schedule.plain(T)``);
-``per-cell remat`` (``Schedule.nested([T], 'nothing_saveable')``); ``flax
+each sequence length T, the rows are: ``plain`` (``autoremat.plain(T)``);
+``per-cell remat`` (``autoremat.nested([T], 'nothing_saveable')``); ``flax
 nn.scan(nn.remat)`` (Flax's FAQ recipe); ``equinox checkpointed``
 (``equinox.internal.scan(kind='checkpointed')``, default ``checkpoints``; the
 optional ``bench`` extra, else skipped with a message); ``hand sqrt(T) nested``
 (two ``lax.scan`` levels, ``jax.checkpoint`` on the chunk body, no autoremat);
 ``autoremat min-memory`` (the smallest compiled total of a few 2/3-level
-``Schedule.root`` schedules and the binomial (Revolve) schedule with the fewest
+``autoremat.root`` schedules and the binomial (Revolve) schedule with the fewest
 snapshots the tuner tries); ``autoremat tuned <=25%`` (``autoremat.tune`` under
 25% of the plain row's total, re-measured here); and any ``--extra-schedule
 LABEL=FILE.yaml`` or ``SCHEDULE_ROWS`` entry (how new schedule kinds get a row).
@@ -66,6 +66,7 @@ from typing import Any
 
 import compare_report as report  # studies/compare_report.py: tables, slopes, plot, docs page
 
+import autoremat
 from autoremat import Measurement, Schedule, load_schedule, measure, measure_step, tune
 from autoremat._measure.device import environment
 from autoremat._measure.mesh import seed_batch
@@ -80,7 +81,7 @@ EQUINOX = "equinox checkpointed"
 TUNED = "autoremat tuned <=25%"
 
 # Extra rows that are just an autoremat schedule: (method, factory(seq_len) -> Schedule, or None to
-# skip that T), e.g. SCHEDULE_ROWS.append(("autoremat binomial s=32", lambda t: Schedule.binomial(32))).
+# skip that T), e.g. SCHEDULE_ROWS.append(("autoremat binomial s=32", lambda t: autoremat.binomial(32))).
 # Methods starting with "autoremat" are compared against every competitor in the ratio table.
 SCHEDULE_ROWS: list[tuple[str, Callable[[int], Any]]] = []
 
@@ -207,15 +208,15 @@ def schedule_spec(method: str, schedule: Schedule, fused: bool = False) -> Spec:
 
 
 def min_memory_candidates(seq_len: int, max_depth: int = 3) -> list[Schedule]:
-    """2/3-level ``Schedule.root`` schedules (inner level remat or stored), and binomial."""
+    """2/3-level ``autoremat.root`` schedules (inner level remat or stored), and binomial."""
     cands = []
     for depth in range(2, max_depth + 1):
         if 2**depth <= seq_len:  # every level at least 2 long
-            cands.append(Schedule.root(seq_len, depth, "nothing_saveable"))
-            cands.append(Schedule.root(seq_len, depth, ["nothing_saveable"] * (depth - 1) + ["none"]))
+            cands.append(autoremat.root(seq_len, depth, "nothing_saveable"))
+            cands.append(autoremat.root(seq_len, depth, ["nothing_saveable"] * (depth - 1) + ["none"]))
     if seq_len >= 2:
-        cands.append(Schedule.binomial(snapshot_range(seq_len)[0]))
-    return cands or [Schedule.nested([seq_len], "nothing_saveable")]
+        cands.append(autoremat.binomial(snapshot_range(seq_len)[0]))
+    return cands or [autoremat.nested([seq_len], "nothing_saveable")]
 
 
 # --------------------------------------------------------------------------- one (T, seq2seq)
@@ -225,8 +226,8 @@ def fixed_specs(group: Group, extra: Sequence[tuple[str, Any]], wanted: Callable
                 log: Callable[[str], None]) -> list[Spec]:
     """The rows chosen before measuring anything (all but min-memory and tuned)."""
     t = group.seq_len
-    specs = [schedule_spec(report.PLAIN, Schedule.plain(t)),
-             schedule_spec("per-cell remat", Schedule.nested([t], "nothing_saveable")),
+    specs = [schedule_spec(report.PLAIN, autoremat.plain(t)),
+             schedule_spec("per-cell remat", autoremat.nested([t], "nothing_saveable")),
              Spec("flax nn.scan(nn.remat)", "flax", None, "remat each cell")]
     version = equinox_version() if wanted(EQUINOX) else None
     if wanted(EQUINOX) and version is None:
@@ -402,9 +403,9 @@ def add_fused_rows(model: SeedModel, plain: report.Row, add: Callable[[Spec], No
                    log: Callable[[str], None]) -> None:
     """The fused-readout rows (see the module doc), after the unfused ones."""
     t = model.seq_len
-    for spec in (schedule_spec(report.FUSED_PLAIN, Schedule.plain(t), True),
+    for spec in (schedule_spec(report.FUSED_PLAIN, autoremat.plain(t), True),
                  schedule_spec(f"{report.FUSED} sqrt(T) nested",
-                               Schedule.root(t, 2, "nothing_saveable"), True)):
+                               autoremat.root(t, 2, "nothing_saveable"), True)):
         if wanted(spec.method):
             add(spec)
     if wanted(report.FUSED_MIN_MEMORY):

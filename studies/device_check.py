@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import autoremat
+
 ROOT = Path(__file__).resolve().parent.parent
 MB = 10**6
 #: A row: (loss, label, schedule name for ``schedule_of``, T as a multiple of --seq-len).
@@ -68,18 +70,17 @@ TUNES: list[tuple[str, list[str], int]] = [
 
 def schedule_of(name: str, seq_len: int) -> Any:
     """A row's schedule at ``seq_len`` (100x100 scales as sqrt(T) x sqrt(T))."""
-    from autoremat import Schedule
 
     if name == "plain":
-        return Schedule.plain(seq_len)
+        return autoremat.plain(seq_len)
     if name == "per_step":
-        return Schedule.nested([seq_len], "nothing_saveable")
+        return autoremat.nested([seq_len], "nothing_saveable")
     if name.startswith("100x100"):
-        return Schedule.root(seq_len, 2, "nothing_saveable")
+        return autoremat.root(seq_len, 2, "nothing_saveable")
     if name == "root_ne":
-        return Schedule.root(seq_len, 2, ["nothing_saveable", "everything_saveable"])
+        return autoremat.root(seq_len, 2, ["nothing_saveable", "everything_saveable"])
     if name == "binomial11":
-        return Schedule.binomial(11)
+        return autoremat.binomial(11)
     raise ValueError(f"schedule: no row schedule {name!r}; one of plain, per_step, 100x100, "
                      "root_ne, binomial11")
 

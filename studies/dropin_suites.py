@@ -23,7 +23,7 @@ time; they are CPU-heavy) with the original's name swapped for autoremat's:
   by autoremat's or JAX's own code still reach the original).
 
 Kinds: ``original`` (nothing swapped: the baseline), ``nested``
-(``Schedule.nested([4, 3])``) and ``binomial`` (``Schedule.binomial(3)``).
+(``autoremat.nested([4, 3])``) and ``binomial`` (``autoremat.binomial(3)``).
 The script prints every failing test with its error's first line, the
 counts per suite and kind, and the failures grouped by error; ``--markdown``
 writes that as a table.
@@ -76,8 +76,8 @@ def _schedule(kind: str) -> Any:
     import autoremat
 
     if kind == "nested":
-        return autoremat.Schedule.nested([4, 3])
-    return autoremat.Schedule.binomial(3)
+        return autoremat.nested([4, 3])
+    return autoremat.binomial(3)
 
 
 class _Proxy:

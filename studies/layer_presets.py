@@ -48,6 +48,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import autoremat
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -85,9 +87,8 @@ CHECK = {"layers": 6, "d_model": 128, "heads": 4, "mlp": 256, "seq_len": 128, "b
 
 
 def schedule_of(policy: Any, layers: int) -> Any:
-    from autoremat import Schedule
 
-    return Schedule.nested([layers], [policy])
+    return autoremat.nested([layers], [policy])
 
 
 class Deadline:

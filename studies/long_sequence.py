@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import autoremat
+
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from autoremat import Schedule, measure
@@ -50,10 +52,10 @@ LOSSES = {"last": {"seq2seq": False}, "seq2seq fused": {"seq2seq": True, "fused_
 def candidates(seq_len: int) -> dict[str, list[Schedule]]:
     """Nested (2 and 3 levels) and binomial schedules worth sizing at ``seq_len``."""
     nothing, none = "nothing_saveable", "none"
-    nested = [Schedule.root(seq_len, 2, [nothing, none]),
-              Schedule.root(seq_len, 3, [nothing, nothing, none]),
-              Schedule.root(seq_len, 3, nothing)]
-    binomial = [Schedule.binomial(s) for s in (64, 1024, 4096) if s < seq_len]
+    nested = [autoremat.root(seq_len, 2, [nothing, none]),
+              autoremat.root(seq_len, 3, [nothing, nothing, none]),
+              autoremat.root(seq_len, 3, nothing)]
+    binomial = [autoremat.binomial(s) for s in (64, 1024, 4096) if s < seq_len]
     return {"nested": nested, "binomial": binomial}
 
 
@@ -93,9 +95,9 @@ def reference(out: Path, seq_len: int, batch: int) -> None:
     """Replace ``out``'s reference section with compile-only sizes (see the module doc)."""
     rows = []
     nested = candidates(seq_len)["nested"][0]
-    cases = [("last", {"seq2seq": False}, Schedule.plain(seq_len)),
-             ("seq2seq fused", LOSSES["seq2seq fused"], Schedule.plain(seq_len)),
-             ("seq2seq (unfused)", {"seq2seq": True}, Schedule.plain(seq_len)),
+    cases = [("last", {"seq2seq": False}, autoremat.plain(seq_len)),
+             ("seq2seq fused", LOSSES["seq2seq fused"], autoremat.plain(seq_len)),
+             ("seq2seq (unfused)", {"seq2seq": True}, autoremat.plain(seq_len)),
              ("seq2seq (unfused)", {"seq2seq": True}, nested)]
     for loss, kwargs, s in cases:
         m = measure(seed_lstm(seq_len=seq_len, batch=batch, **kwargs), s, run=False)

@@ -2,7 +2,7 @@
 
 The seed LSTM (``OptimizedLSTMCell``, hidden 128, batch 10, input 32, output
 4, loss on the last hidden state, Adam 1e-3) at T=10^4 under
-``Schedule.nested([100, 100])``. For each pair it prints the compiled train
+``autoremat.nested([100, 100])``. For each pair it prints the compiled train
 step's ``memory_analysis().temp_size_in_bytes`` and the ratio; the goal is
 <= 3% of the original's. Run once (a few minutes on 2 CPUs):
 
@@ -51,7 +51,7 @@ def nnx_step(make_rnn: Callable[[nnx.Module], nnx.Module],
     p = autoremat.nnx.problem("nnx", lambda _: Model(nnx.Rngs(0)), loss_fn,
                               lambda m: nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param),
                               (x, y), x.shape[1])
-    return p.build(autoremat.Schedule.plain(x.shape[1]))
+    return p.build(autoremat.plain(x.shape[1]))
 
 
 class Scanned(nnx.Module):
@@ -100,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=10_000)
     seq_len = parser.parse_args().seq_len
-    schedule = autoremat.Schedule.nested([100, 100])
+    schedule = autoremat.nested([100, 100])
     x = jax.random.normal(jax.random.key(0), (B, seq_len, IN))
     y = jax.random.normal(jax.random.key(1), (B, OUT))
     pairs = {

@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import autoremat
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("a", "b", "c", "d", "e")
 #: The fixed grid of stage b (``grid_schedule``), each timed fused and unfused.
@@ -74,18 +76,17 @@ def _sizes(small: bool) -> dict[str, Any]:
 
 def grid_schedule(label: str, seq_len: int) -> Any:
     """A grid label's schedule at ``seq_len`` (``AxB``: ``A = T / B`` outer chunks)."""
-    from autoremat import Schedule
 
     if label == "plain":
-        return Schedule.plain(seq_len)
+        return autoremat.plain(seq_len)
     if label.startswith("binomial s="):
-        return Schedule.binomial(int(label.split("=")[1]))
+        return autoremat.binomial(int(label.split("=")[1]))
     shape, pols = label.split()
     inner = int(shape.split("x")[1])
     if seq_len < 10_000:  # --small: the same shape, scaled
         inner = max(2, round(inner * (seq_len / 10_000) ** 0.5))
     names = {"n": "nothing_saveable", "e": "everything_saveable", "d": "dots_saveable"}
-    return Schedule.nested([-(-seq_len // inner), inner], [names[p] for p in pols.split("/")])
+    return autoremat.nested([-(-seq_len // inner), inner], [names[p] for p in pols.split("/")])
 
 
 class Report:
@@ -314,15 +315,14 @@ def stage_d(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str],
     shapes = {k: c.schedule for k, c in checks(64, "tpu").items() if k in OFFLOAD_POLICIES}
     offloaded = []
     for label, probe_schedule in shapes.items():
-        from autoremat import Schedule
 
         levels = getattr(probe_schedule, "levels", ())
         policies = [lv.policy for lv in levels]
         if len(levels) == 1:
-            schedule = Schedule.nested([n], policies)
+            schedule = autoremat.nested([n], policies)
         else:
             inner = grid_schedule("100x100 n/n", n).lengths[1]
-            schedule = Schedule.nested([-(-n // inner), inner], policies)
+            schedule = autoremat.nested([-(-n // inner), inner], policies)
         r = _measure(problem, schedule, budget, s["time_budget"])
         r["placement"], r["offered"] = label, label in offered
         offloaded.append(r)
@@ -341,14 +341,14 @@ def stage_d(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str],
 
 
 def stage_e(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str], str]:
-    from autoremat import Schedule, seed_lstm
+    from autoremat import seed_lstm
     from autoremat._search.predict import Structure
 
     n = s["prior_len"]
     problem = seed_lstm(seq_len=n)
-    schedules = {"plain": Schedule.plain(n),
-                 "plain_unroll8": Schedule.nested([n], "none", unroll=8),
-                 "binomial11": Schedule.binomial(11)}
+    schedules = {"plain": autoremat.plain(n),
+                 "plain_unroll8": autoremat.nested([n], "none", unroll=8),
+                 "binomial11": autoremat.binomial(11)}
     rows = {k: _measure(problem, v, None, max(s["time_budget"], 0.5) if n >= 10_000
                         else s["time_budget"]) for k, v in schedules.items()}
     t1, t8, tb = (rows[k]["step_s"] for k in schedules)

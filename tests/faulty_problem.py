@@ -31,10 +31,10 @@ def faulty(seq_len: int = 32) -> Problem:
     import jax
     import jax.numpy as jnp
 
-    from autoremat._search.space import seed_schedules
+    from autoremat._search.space import seeds
 
     base = tiny(seq_len)
-    keys = [s.key() for s in seed_schedules(seq_len)]
+    keys = [s.key() for s, _ in seeds(seq_len)]
 
     def explode(x: Any) -> Any:
         raise RuntimeError("step exploded at run time")

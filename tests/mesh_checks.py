@@ -39,9 +39,9 @@ from autoremat._measure.mesh import fsdp_axis, make_mesh
 from tests.helpers import close_or_why, in_float64
 
 T, B, D, H = 16, 8, 4, 8
-KINDS = {"plain": Schedule.plain(T), "nested": Schedule.nested([4, 4]),
-         "binomial": Schedule.binomial(4),
-         "binomial_static": Schedule.binomial(4, backward="static")}
+KINDS = {"plain": autoremat.plain(T), "nested": autoremat.nested([4, 4]),
+         "binomial": autoremat.binomial(4),
+         "binomial_static": autoremat.binomial(4, backward="static")}
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 Loss = Callable[[Any, jax.Array], jax.Array]
 
@@ -227,9 +227,9 @@ def problem_checks() -> None:
     prints = {}
     for mesh in (None, "data=4", "data=2,fsdp=2"):
         problem = seed_lstm(seq_len=24, batch=8, hidden=8, mesh=mesh)
-        _, args = problem.build(Schedule.plain(24))
+        _, args = problem.build(autoremat.plain(24))
         prints[mesh] = arguments_fingerprint(args)
-        m = measure(problem, Schedule.nested([4, 6]), run=False)
+        m = measure(problem, autoremat.nested([4, 6]), run=False)
         whole = [a.nbytes for a in jax.tree_util.tree_leaves(args)]
         split = [a.sharding.shard_shape(a.shape) != a.shape for a in jax.tree_util.tree_leaves(args)]
         expected = sum(w // 4 if s else w for w, s in zip(whole, split, strict=True))
@@ -246,7 +246,7 @@ def problem_checks() -> None:
                 "params": "replicated", "opt_state": "replicated", "x": "sharded",
                 "y": "sharded"}, str(m.argument_sharding))
     emit("fingerprints differ by mesh", len(set(prints.values())) == 3, str(prints))
-    tuned = Schedule.nested([4, 6]).with_meta(devices=4, mesh="data=4", fingerprint=prints["data=4"])
+    tuned = autoremat.nested([4, 6]).with_meta(devices=4, mesh="data=4", fingerprint=prints["data=4"])
     fsdp = seed_lstm(seq_len=24, batch=8, hidden=8, mesh="data=2,fsdp=2")
     found = schedule_mismatches(tuned, fsdp)
     emit("stale names both meshes", any("mesh data=4" in f and "mesh data=2,fsdp=2" in f

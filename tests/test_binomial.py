@@ -44,7 +44,7 @@ def test_every_snapshot_count_from_1_to_T() -> None:
     for reverse, snapshots in ((False, [*range(1, steps + 1), 40]), (True, [1, 4, steps])):
         want = grad(w, c0, xs, None, reverse)
         for s in snapshots:
-            assert_close(grad(w, c0, xs, Schedule.binomial(s), reverse), want)
+            assert_close(grad(w, c0, xs, autoremat.binomial(s), reverse), want)
 
 
 def test_xs_none_and_integer_carry() -> None:
@@ -67,7 +67,7 @@ def test_xs_none_and_integer_carry() -> None:
     want = jax.value_and_grad(loss, has_aux=True)(w, None)
     for s in (1, 3, 23):
         got = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(
-            w, Schedule.binomial(s))
+            w, autoremat.binomial(s))
         assert_close(got, want)
         assert int(got[0][1]) == 23
 
@@ -78,7 +78,7 @@ def test_only_what_is_differentiated_gets_a_cotangent() -> None:
     xs = jnp.sin(jnp.arange(60.0)).reshape(20, 3)
     c0 = jnp.ones(3)
     want = jax.grad(_tanh_loss)(w, c0, xs, None)
-    got = jax.jit(jax.grad(_tanh_loss), static_argnums=3)(w, c0, xs, Schedule.binomial(4))
+    got = jax.jit(jax.grad(_tanh_loss), static_argnums=3)(w, c0, xs, autoremat.binomial(4))
     assert_close(got, want)
 
 
@@ -104,7 +104,7 @@ def _counted_evaluations(steps: int, snapshots: int, backward: str = "loops") ->
             return jnp.tanh(c * w + 0.1), None
 
         c, _ = autoremat.scan(f, jnp.float32(0.3), None, length=steps,
-                              schedule=Schedule.binomial(snapshots, backward=backward))
+                              schedule=autoremat.binomial(snapshots, backward=backward))
         return c
 
     grad = jax.jit(jax.grad(loss))
@@ -145,7 +145,7 @@ def test_memory_at_1e5_is_under_5_mb_and_inputs_get_no_cotangent() -> None:
     The 128 MB input is not differentiated: no T-long cotangent buffer exists.
     """
     problem = seed_lstm(seq_len=100_000, seq2seq=False)
-    temp = _temp_bytes(problem, Schedule.binomial(32))
+    temp = _temp_bytes(problem, autoremat.binomial(32))
     assert temp <= 5e6, temp
     assert temp < 0.05 * (10 * 100_000 * 32 * 4)
 
@@ -174,13 +174,13 @@ def _hvp(schedule: Schedule | None, reverse: bool) -> Any:
 
 @pytest.mark.parametrize(("snapshots", "reverse"), [(1, False), (3, False), (4, True), (17, False)])
 def test_grad_of_grad_equals_lax_scan(snapshots: int, reverse: bool) -> None:
-    assert_close(_hvp(Schedule.binomial(snapshots), reverse), _hvp(None, reverse))
+    assert_close(_hvp(autoremat.binomial(snapshots), reverse), _hvp(None, reverse))
 
 
 def test_grad_of_grad_inside_jit_and_of_traced_scans() -> None:
     """The scan traced before the second grad reaches it (jit, checkpoint) differentiates
     too: no loop of dynamic length is left in the backward."""
-    schedule = Schedule.binomial(3)
+    schedule = autoremat.binomial(3)
 
     def f(w: jax.Array, s: Schedule | None) -> jax.Array:
         return _tanh_loss(w, _C0, _XS, s)
@@ -207,7 +207,7 @@ def test_jacrev_of_grad_equals_lax_scan() -> None:
         return _tanh_loss(w, _C0, _XS, s)
 
     want = jax.hessian(lambda w: f(w, None))(_W)
-    got = jax.jit(jax.jacrev(jax.grad(lambda w: f(w, Schedule.binomial(2)))))(_W)
+    got = jax.jit(jax.jacrev(jax.grad(lambda w: f(w, autoremat.binomial(2)))))(_W)
     assert_close(got, want)
 
 
@@ -216,7 +216,7 @@ def test_the_differentiated_backward_has_no_while_loop() -> None:
     counts), none a ``while``; the first-order gradient keeps its ``fori_loop``s,
     unless the schedule asks for the static backward."""
     def f(w: jax.Array, backward: str = "loops") -> jax.Array:
-        return _tanh_loss(w, _C0, _XS, Schedule.binomial(3, backward=backward))
+        return _tanh_loss(w, _C0, _XS, autoremat.binomial(3, backward=backward))
 
     first = str(jax.make_jaxpr(jax.grad(f))(_W))
     second = str(jax.make_jaxpr(jax.grad(lambda w: jnp.sum(jax.grad(f)(w) ** 2)))(_W))
@@ -230,7 +230,7 @@ def test_the_differentiated_backward_has_no_while_loop() -> None:
 def test_the_static_backward_equals_lax_scan_to_second_order(snapshots: int) -> None:
     """``backward: static``: the gradient (no loop of dynamic length), and its own
     derivative, equal ``lax.scan``'s."""
-    schedule = Schedule.binomial(snapshots, backward="static")
+    schedule = autoremat.binomial(snapshots, backward="static")
     grad = jax.jit(jax.grad(_tanh_loss, argnums=(0, 1, 2)), static_argnums=(3, 4))
     for reverse in (False, True):
         assert_close(grad(_W, _C0, _XS, schedule, reverse), grad(_W, _C0, _XS, None, reverse))
@@ -281,4 +281,4 @@ def test_grad_of_grad_with_an_integer_carry_under_vmap_and_jit() -> None:
         return jax.vmap(jax.grad(lambda w: jnp.sum(jax.grad(loss)(w, schedule) ** 2)))
 
     ws = jnp.stack([jnp.array([[0.9, -0.2], [0.3, 0.8]]), jnp.array([[0.4, 0.1], [-0.2, 0.5]])])
-    assert_close(jax.jit(gg(Schedule.binomial(3)))(ws), gg(None)(ws))
+    assert_close(jax.jit(gg(autoremat.binomial(3)))(ws), gg(None)(ws))

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from autoremat import Schedule, bounds
+import autoremat
+from autoremat import bounds
 from autoremat._schedules.revolve import tables
 from tests.helpers import brute_advances
 
@@ -89,24 +90,24 @@ def test_large_plans(steps: int, snapshots: int) -> None:
 
 def test_cost_of_nested_schedules() -> None:
     T = 10_000
-    plain = bounds.cost(Schedule.plain(T), T)
+    plain = bounds.cost(autoremat.plain(T), T)
     assert (plain.evaluations, plain.stored_carries, plain.recompute_factor) == (T, T, 1.0)
-    per_step = bounds.cost(Schedule.nested([T], "nothing_saveable"), T)
+    per_step = bounds.cost(autoremat.nested([T], "nothing_saveable"), T)
     assert per_step.recompute_factor == 2.0 and per_step.stored_carries == T
-    two = bounds.cost(Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"]), T)
+    two = bounds.cost(autoremat.nested([100, 100], ["nothing_saveable", "everything_saveable"]), T)
     assert two.recompute_factor == 2.0 and two.stored_carries == 200
-    three = bounds.cost(Schedule.nested([25, 20, 20], "nothing_saveable"), T)
+    three = bounds.cost(autoremat.nested([25, 20, 20], "nothing_saveable"), T)
     assert three.recompute_factor == 4.0 and three.stored_carries == 65
     # The mixed-radix remainder of 1009 = 10 * 100 + 9: ten chunks, nine single steps.
-    odd = bounds.cost(Schedule.nested([10, 100], ["nothing_saveable", "none"]), 1009)
+    odd = bounds.cost(autoremat.nested([10, 100], ["nothing_saveable", "none"]), 1009)
     assert odd.evaluations == 1000 * 2 + 9 * 1
     assert odd.stored_carries == 10 + 9 + 100
 
 
 def test_binomial_is_the_optimum_and_nested_is_measured_against_it() -> None:
     T = 10_000
-    assert bounds.distance_to_optimum(Schedule.binomial(16), T) == 1.0
-    three = Schedule.nested([25, 20, 20], "nothing_saveable")
+    assert bounds.distance_to_optimum(autoremat.binomial(16), T) == 1.0
+    three = autoremat.nested([25, 20, 20], "nothing_saveable")
     assert bounds.distance_to_optimum(three, T) > 1.0  # 4 T runs where 65 carries need fewer
     opt = bounds.optimal_cost(T, 65)
     assert opt.evaluations < bounds.cost(three, T).evaluations
@@ -117,4 +118,4 @@ def test_bad_arguments_name_the_argument() -> None:
     with pytest.raises(ValueError, match="snapshots: expected an integer >= 1"):
         bounds.min_advances(10, 0)
     with pytest.raises(ValueError, match="seq_len"):
-        bounds.cost(Schedule.binomial(3), 0)
+        bounds.cost(autoremat.binomial(3), 0)

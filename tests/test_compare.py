@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+import autoremat
+
 SCRIPT = Path(__file__).resolve().parents[1] / "studies" / "compare.py"
 HAS_EQUINOX = importlib.util.find_spec("equinox") is not None
 
@@ -134,12 +136,11 @@ def test_isolated_row_matches_in_process_and_records_peak() -> None:
     """The GPU path (a fresh process per row, device peak) works on CPU: peak is n/a, figures agree."""
     import jax
 
-    from autoremat import Schedule
 
     compare = _load("compare")
 
     group = compare.Group(seq_len=16, seq2seq=True, batch=2, hidden=8)
-    spec = compare.schedule_spec("plain", Schedule.plain(16))
+    spec = compare.schedule_spec("plain", autoremat.plain(16))
     here = compare.run_spec(group, spec, repeats=1, gpu=True)
     there = compare.run_isolated(group, spec, repeats=1, gpu=True, timeout=300)
     assert not there.row.error, there.row.error

@@ -16,13 +16,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import autoremat
 from autoremat._errors import ScheduleError
 from autoremat._measure.measure import compile_schedule, measure
 from autoremat._measure.measurement import ERROR, OK
 from autoremat._schedules import dump_schedule, from_data, parse_schedule
-from autoremat._schedules.base import Schedule
 from autoremat._search.predict import Structure
-from autoremat._search.space import COMPILER_CHOICES, GRAPH_TYPES, propose, seed_params, suggest
+from autoremat._search.space import COMPILER_CHOICES, GRAPH_TYPES, build, propose, seeds
 from tests.tiny_problem import tiny
 
 GRAPHS = COMPILER_CHOICES["graph_loops"]
@@ -32,7 +32,7 @@ cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="what a CPU
 def test_without_options_the_yaml_and_the_key_are_unchanged() -> None:
     """The keys of schedules saved before ``compiler_options`` existed (reference:
     this checkout's parent, 11db895)."""
-    nested, binomial = Schedule.nested([100, 100]), Schedule.binomial(7, unroll=2)
+    nested, binomial = autoremat.nested([100, 100]), autoremat.binomial(7, unroll=2)
     assert nested.key() == ("{kind: nested, levels: [{length: 100, policy: nothing_saveable}, "
                             "{length: 100, policy: nothing_saveable}],\n  unroll: 1, version: 1}")
     assert binomial.key() == "{kind: binomial, snapshots: 7, unroll: 2, version: 1}"
@@ -41,7 +41,7 @@ def test_without_options_the_yaml_and_the_key_are_unchanged() -> None:
 
 
 def test_options_round_trip_and_are_part_of_the_key() -> None:
-    plain = Schedule.binomial(9)
+    plain = autoremat.binomial(9)
     tuned = plain.with_options(**GRAPHS)
     text = dump_schedule(tuned)
     assert "compiler_options:" in text and "xla_gpu_graph_min_graph_size: 1" in text
@@ -54,7 +54,7 @@ def test_options_round_trip_and_are_part_of_the_key() -> None:
             "compiler_options": options}
     loaded = from_data(data)
     assert list(loaded.compiler_options) == sorted(options)
-    assert from_data({**data, "compiler_options": None}) == Schedule.nested([4])
+    assert from_data({**data, "compiler_options": None}) == autoremat.nested([4])
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -73,7 +73,7 @@ def test_bad_options_name_the_field_and_the_fix(value: object, message: str) -> 
         from_data(data)
     assert message in str(err.value)
     with pytest.raises(ScheduleError):
-        Schedule.binomial(3).with_options(**{"xla foo": 1})
+        autoremat.binomial(3).with_options(**{"xla foo": 1})
 
 
 @cpu_only
@@ -81,7 +81,7 @@ def test_the_cpu_accepts_gpu_options_and_ignores_them() -> None:
     """jax 0.10.2 on a CPU: XLA:GPU's options are ``DebugOptions`` fields like any other,
     so the compile accepts them; the step is the same (same bytes, same outputs)."""
     problem = tiny(32)
-    plain = Schedule.nested([4, 8])
+    plain = autoremat.nested([4, 8])
     a = measure(problem, plain, time_budget=0.01)
     b = measure(problem, plain.with_options(**GRAPHS), time_budget=0.01)
     assert a.status == b.status == OK
@@ -98,7 +98,7 @@ def test_the_measurement_compiles_with_the_options(options: dict[str, object],
                                                    reason: str) -> None:
     """They reach ``compile(compiler_options=...)``: XLA refuses a bad one at the compile
     (a failed compile, recorded; the tuner does not count it as a trial)."""
-    m = compile_schedule(tiny(16), Schedule.nested([16]).with_options(**options)).measurement  # type: ignore[arg-type]
+    m = compile_schedule(tiny(16), autoremat.nested([16]).with_options(**options)).measurement  # type: ignore[arg-type]
     assert m.status == ERROR and m.reason.startswith("compile failed: ") and reason in m.reason
 
 
@@ -107,7 +107,7 @@ def test_users_compile_their_step_with_the_options() -> None:
     are the whole step's), ``jax.jit(step, compiler_options=...)`` does."""
     import autoremat
 
-    schedule = Schedule.nested([4, 4]).with_options(xla_gpu_graph_min_graph_size=1)
+    schedule = autoremat.nested([4, 4]).with_options(xla_gpu_graph_min_graph_size=1)
 
     def loss(w: jax.Array, xs: jax.Array) -> jax.Array:
         h, _ = autoremat.scan(lambda h, x: (jnp.tanh(h * w + x), None), jnp.zeros(3), xs,
@@ -124,10 +124,10 @@ def test_users_compile_their_step_with_the_options() -> None:
 def test_the_cpu_space_has_no_compiler_choice() -> None:
     rng = random.Random(0)
     for _ in range(100):
-        schedule, params, _ = propose({}, 1000, "cpu", rng)
+        schedule, params = propose({}, 1000, "cpu", rng)
         assert not schedule.compiler_options and "compiler" not in params
-    assert all("compiler" not in p for p in seed_params(1000, "cpu"))
-    assert all(p["compiler"] == "default" for p in seed_params(1000, "gpu"))
+    assert all("compiler" not in p for _, p in seeds(1000, "cpu"))
+    assert all(p["compiler"] == "default" for _, p in seeds(1000, "gpu"))
 
 
 @pytest.mark.parametrize("platform", ["gpu", "cuda"])
@@ -141,15 +141,12 @@ def test_a_gpu_space_tries_command_buffers_that_capture_loops(platform: str) -> 
     refused = propose({"compiler": "graph_loops"}, 1000, platform, rng,
                       frozenset({"graph_loops"}))[0]
     assert not refused.compiler_options
-    import optuna
-
-    fixed = optuna.trial.FixedTrial({"kind": "binomial", "snapshots": 20, "backward": "loops",
-                                     "compiler": "graph_loops"})
-    assert suggest(fixed, 1000, platform) == Schedule.binomial(20).with_options(**GRAPHS)
+    fixed = {"kind": "binomial", "snapshots": 20, "backward": "loops", "compiler": "graph_loops"}
+    assert build(fixed, 1000, platform) == autoremat.binomial(20).with_options(**GRAPHS)
 
 
 def test_the_cost_model_sees_the_options_as_graph_captured_trips() -> None:
-    plain = Schedule.nested([1000])
+    plain = autoremat.nested([1000])
     assert Structure.of(plain, 1000).graphs == 0.0
     assert Structure.of(plain.with_options(**GRAPHS), 1000).graphs == 1000.0
-    assert Structure.of(Schedule.nested([1000], unroll=4).with_options(**GRAPHS), 1000).graphs == 250.0
+    assert Structure.of(autoremat.nested([1000], unroll=4).with_options(**GRAPHS), 1000).graphs == 250.0

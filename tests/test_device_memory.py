@@ -23,6 +23,7 @@ import jax
 import optuna
 import pytest
 
+import autoremat
 from autoremat._cli.printing import result_table
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import breakdown_lines
@@ -173,7 +174,7 @@ def test_a_cpu_has_no_meter_and_nothing_is_measured() -> None:
 def step_with(dev: StandInDevice, *, scratch: int, need: int) -> tuple[Any, tuple[Any, ...]]:
     """tiny()'s step, and a stand-in allocation: ``scratch`` when traced (compiling),
     ``need`` each time it runs (a host callback inside the compiled step)."""
-    step, args = tiny().build(Schedule.plain(32))
+    step, args = tiny().build(autoremat.plain(32))
 
     def run_needs(loss: jax.Array) -> jax.Array:
         def on_run(x: Any) -> Any:
@@ -204,7 +205,7 @@ def test_measure_records_runtime_peak_and_compile_scratch_apart(
     step, args = step_with(standin, scratch=118 * MB, need=3 * MB)
     m = measure_step(step, args, min_repeats=2, max_repeats=2)
     monkeypatch.setattr(device_memory, "meters", lambda: [])  # this CPU, as it is
-    cpu = measure_step(*tiny().build(Schedule.plain(32)), min_repeats=1, max_repeats=1)
+    cpu = measure_step(*tiny().build(autoremat.plain(32)), min_repeats=1, max_repeats=1)
     assert m.status == "ok" and m.step_seconds is not None
     assert m.total_bytes == cpu.total_bytes and m.argument_bytes is not None  # the estimate
     assert m.compile_scratch_bytes == 118 * MB
@@ -268,7 +269,7 @@ def needy(dev: StandInDevice, budget: int) -> Problem:
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
         step, args = base.build(schedule)
-        need = 5 * budget if schedule.key() == Schedule.plain(32).key() else budget // 10
+        need = 5 * budget if schedule.key() == autoremat.plain(32).key() else budget // 10
 
         def wrapped(*a: Any) -> Any:
             w, loss = step(*a)
@@ -291,7 +292,7 @@ def test_tune_pareto_and_show_on_a_stand_in_device(standin: StandInDevice, tmp_p
     budget = 10 * MB
     tune(needy(standin, budget), budget, n_trials=5, time_budget=0.02, study_name="s")
     study = load_study("s")
-    plain_key = Schedule.plain(32).key()
+    plain_key = autoremat.plain(32).key()
     trials = {t.schedule.key(): t for t in _measured(study)}
     plain = trials[plain_key].measurement
     assert plain.status == "over_budget" and "measured runtime peak" in plain.reason

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autoremat._schedules import read_schedule
-from autoremat._search.space import seed_schedules
+from autoremat._search.space import seeds
 from tests.env import module_path
 from tests.faulty_problem import FAIL_BUILD, FAIL_COMPILE, FAIL_NAN, FAIL_RUN
 
@@ -41,10 +41,10 @@ def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Pat
     study = optuna.load_study(study_name="faulty",
                               storage=f"sqlite:///{tmp_path / 'runs' / 'autoremat.db'}")
     trials = study.get_trials()
-    seeds = [s.key() for s in seed_schedules(32)]
+    keys = [s.key() for s, _ in seeds(32)]
     for i, reason in REASONS.items():
         t = trials[i]
-        assert t.user_attrs["schedule_key"] == seeds[i]
+        assert t.user_attrs["schedule_key"] == keys[i]
         assert t.state == TrialState.FAIL and t.user_attrs["measured"]
         assert t.user_attrs["status"] == "error" and not t.user_attrs["feasible"]
         assert t.user_attrs["reason"].startswith(reason), t.user_attrs["reason"]

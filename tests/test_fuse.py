@@ -96,7 +96,7 @@ def test_fused_readout_needs_seq2seq() -> None:
 
 
 def test_fused_readout_removes_the_stacked_outputs_from_the_breakdown() -> None:
-    t, schedule = 200, Schedule.root(200, 2, "nothing_saveable")
+    t, schedule = 200, autoremat.root(200, 2, "nothing_saveable")
     unfused = measure(seed_lstm(seq_len=t, batch=2, hidden=8), schedule, run=False)
     fused = measure(seed_lstm(seq_len=t, batch=2, hidden=8, fused_readout=True), schedule,
                     run=False)
@@ -110,10 +110,10 @@ def test_fused_readout_removes_the_stacked_outputs_from_the_breakdown() -> None:
 
 
 def test_record_scans_records_each_outermost_scan_once() -> None:
-    sched = Schedule.nested([4, 5])
+    sched = autoremat.nested([4, 5])
 
     def inner(c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        c2, ys = autoremat.scan(lambda a, b: (a + b, a * b), c, x, schedule=Schedule.plain(3))
+        c2, ys = autoremat.scan(lambda a, b: (a + b, a * b), c, x, schedule=autoremat.plain(3))
         return c2, ys
 
     with record_scans() as records:

@@ -33,7 +33,7 @@ from autoremat._scan.records import record_scans
 from tests.helpers import assert_close
 
 T, B, XD, H, Y = 256, 2, 3, 8, 3
-SCHEDULE = Schedule.nested([16, 16])
+SCHEDULE = autoremat.nested([16, 16])
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = jax.random.split(jax.random.PRNGKey(0), 8)
 X_TM = jax.random.normal(KEYS[0], (T, B, XD))  # time-major
@@ -80,7 +80,7 @@ def rnn(p: Any, xs: jax.Array) -> jax.Array:
 
 # -- fronts that fuse -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("schedule", [SCHEDULE, Schedule.binomial(8)], ids=["nested", "binomial"])
+@pytest.mark.parametrize("schedule", [SCHEDULE, autoremat.binomial(8)], ids=["nested", "binomial"])
 def test_lax_scan_time_major_mean_squared_error(schedule: Schedule) -> None:
     def loss(p: Any, xs: jax.Array, ys: jax.Array) -> jax.Array:
         return jnp.mean((rnn(p, xs) @ p["o"] - ys) ** 2)

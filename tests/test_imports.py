@@ -171,7 +171,7 @@ def test_every_autoremat_name_written_exists() -> None:
 
 
 def test_the_name_check_finds_a_moved_module() -> None:
-    text = ("``autoremat._scan.scan`` and ``autoremat.Schedule.nested`` (`_scan/fuse.py`) "
+    text = ("``autoremat._scan.scan`` and ``autoremat.nested`` (`_scan/fuse.py`) "
             "exist; ``autoremat._schedules.fuse_rules``, ``autoremat.scan_axes`` and "
             "``_search/sampler.py`` do not; a file ``autoremat.yaml`` is no module.")
     assert missing_names(text) == ["autoremat._schedules.fuse_rules", "autoremat.scan_axes",

@@ -43,7 +43,7 @@ def reference(model: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def tags(model: Any) -> dict[str, Any]:
-    step, args = model.problem().build(Schedule.plain(LAYERS))
+    step, args = model.problem().build(autoremat.plain(LAYERS))
     return scanned_tags(step, args, LAYERS)
 
 
@@ -56,16 +56,16 @@ OFFLOAD_QKV = {"save_and_offload_only_these_names": {
     "names_which_can_be_saved": [], "names_which_can_be_offloaded": ["query_proj", "key_proj"],
     "offload_src": "device", "offload_dst": "pinned_host"}}
 SCHEDULES = [
-    Schedule.plain(LAYERS),
-    Schedule.nested([LAYERS]),
-    Schedule.nested([2, 3], ["nothing_saveable", "everything_saveable"]),
-    Schedule.nested([3, 2], ["nothing_saveable", {"save_only_these_names": ["query_proj",
+    autoremat.plain(LAYERS),
+    autoremat.nested([LAYERS]),
+    autoremat.nested([2, 3], ["nothing_saveable", "everything_saveable"]),
+    autoremat.nested([3, 2], ["nothing_saveable", {"save_only_these_names": ["query_proj",
                                                                              "key_proj"]}]),
-    Schedule.nested([LAYERS], [{"save_anything_except_these_names": ["context", "mlpwi"]}]),
-    Schedule.nested([2, 3], ["dots_saveable", OFFLOAD_QKV], unroll=2),
-    Schedule.nested([4, 2]),  # 6 layers: one chunk of 4 and a remainder
-    Schedule.nested([1, 2, 3], ["nothing_saveable", "nothing_saveable", "dots_saveable"]),
-    Schedule.binomial(2),
+    autoremat.nested([LAYERS], [{"save_anything_except_these_names": ["context", "mlpwi"]}]),
+    autoremat.nested([2, 3], ["dots_saveable", OFFLOAD_QKV], unroll=2),
+    autoremat.nested([4, 2]),  # 6 layers: one chunk of 4 and a remainder
+    autoremat.nested([1, 2, 3], ["nothing_saveable", "nothing_saveable", "dots_saveable"]),
+    autoremat.binomial(2),
 ]
 
 
@@ -80,7 +80,7 @@ def test_the_offered_name_policies_give_the_unscheduled_gradients(
     offered = name_policies(tags, offload=True)
     assert len(offered) >= 6
     for policy in offered.values():
-        assert_close(_grads(model, Schedule.nested([3, 2], ["nothing_saveable", policy])),
+        assert_close(_grads(model, autoremat.nested([3, 2], ["nothing_saveable", policy])),
                      reference)
 
 
@@ -108,7 +108,7 @@ def test_the_probes_instance_is_the_same_stack_small(model: Any) -> None:
     assert problem.small is not None
     small = problem.small()
     assert small.seq_len == problem.seq_len == LAYERS and small.name != problem.name
-    step, args = small.build(Schedule.plain(LAYERS))
+    step, args = small.build(autoremat.plain(LAYERS))
     assert set(scanned_tags(step, args, LAYERS)) == set(CHECKPOINT_NAMES)
 
 
@@ -124,7 +124,7 @@ def test_name_policies_are_chains_not_the_power_set(tags: dict[str, Any]) -> Non
 
 
 def test_the_study_offers_name_policies_only_while_it_runs(model: Any) -> None:
-    step, args = model.problem().build(Schedule.plain(LAYERS))
+    step, args = model.problem().build(autoremat.plain(LAYERS))
     with offered_names(step, args, LAYERS, "cpu") as offered:
         cpu = policy_choices("cpu")
         rng = random.Random(0)
@@ -142,22 +142,22 @@ def test_the_study_offers_name_policies_only_while_it_runs(model: Any) -> None:
 
 
 def test_a_policy_naming_a_tag_the_model_lacks_is_one_clear_error(model: Any) -> None:
-    bad = Schedule.nested([3, 2], ["nothing_saveable",
-                                   {"save_only_these_names": ["query_proj", "qkv_proj"]}])
+    bad = autoremat.nested([3, 2], ["nothing_saveable",
+                                    {"save_only_these_names": ["query_proj", "qkv_proj"]}])
     with pytest.raises(ScheduleError, match=r"levels\[1\]\.policy: save_only_these_names "
                        r"names 'qkv_proj', which the scanned step does not tag .*query_proj"):
         _grads(model, bad)
 
 
 def test_name_policies_round_trip_and_explain_themselves(tmp_path: Path) -> None:
-    schedule = Schedule.nested([2, 3], ["nothing_saveable", OFFLOAD_QKV])
+    schedule = autoremat.nested([2, 3], ["nothing_saveable", OFFLOAD_QKV])
     loaded = autoremat.load_schedule(autoremat.save_schedule(schedule, tmp_path / "s.yaml"))
     assert loaded == schedule and from_data(loaded.to_data()).key() == schedule.key()
     assert schedule.describe() == "2x3 nothing/save()+offload(query_proj,key_proj) unroll=1"
     assert ("offloads query_proj, key_proj to pinned_host; recomputes all else"
             in "\n".join(schedule.explain()))
     assert schedule.policies()[1][1].names == ("query_proj", "key_proj")
-    assert Schedule.binomial(2).policies() == []
+    assert autoremat.binomial(2).policies() == []
 
 
 def test_user_stack_through_from_loss_and_remat_scans(model: Any, reference: Any) -> None:
@@ -167,8 +167,8 @@ def test_user_stack_through_from_loss_and_remat_scans(model: Any, reference: Any
     problem = autoremat.Problem.from_loss("mine", model.loss_fn(None), params, (tokens,),
                                           optax.adam(1e-3), min_length=LAYERS)
     assert problem.seq_len == LAYERS
-    schedule = Schedule.nested([3, 2], ["nothing_saveable", {"save_only_these_names":
-                                                             ["mlpwi"]}])
+    schedule = autoremat.nested([3, 2], ["nothing_saveable", {"save_only_these_names":
+                                                              ["mlpwi"]}])
     loss = autoremat.remat_scans(model.loss_fn(None), schedule, min_length=LAYERS)
     assert_close(jax.jit(jax.value_and_grad(loss))(params, tokens), reference)
 
@@ -218,10 +218,10 @@ def test_remat_scans_checks_tags_against_the_whole_function() -> None:
 
     xs = jnp.linspace(-1.0, 1.0, 24).reshape(8, 3)
     want = jax.value_and_grad(loss)(0.7, xs)
-    schedule = Schedule.nested([2, 4], ["nothing_saveable", {"save_only_these_names":
-                                                             ["gates"]}])
+    schedule = autoremat.nested([2, 4], ["nothing_saveable", {"save_only_these_names":
+                                                              ["gates"]}])
     got = jax.value_and_grad(autoremat.remat_scans(loss, schedule, min_length=8))(0.7, xs)
     assert_close(got, want)
-    wrong = Schedule.nested([8], [{"save_only_these_names": ["gate"]}])
+    wrong = autoremat.nested([8], [{"save_only_these_names": ["gate"]}])
     with pytest.raises(ScheduleError, match=r"levels\[0\]\.policy: .* names 'gate', .*gates"):
         jax.value_and_grad(autoremat.remat_scans(loss, wrong, min_length=8))(0.7, xs)

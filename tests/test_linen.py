@@ -112,12 +112,12 @@ MIXED3 = ("nothing_saveable", "dots_saveable", "none")
 @pytest.mark.parametrize(
     ("seq2seq", "steps", "schedule"),
     [
-        (True, 13, Schedule.plain(13)),
-        (True, 13, Schedule.nested([2, 3])),  # 13 = 2*6 + 1: a remainder piece
-        (False, 13, Schedule.nested([2, 2, 2], MIXED3)),  # 3 levels, 13 = 3*4 + 1
-        (False, 13, Schedule.nested([2, 16], ("nothing_saveable", "dots_saveable"))),  # T < chunk
-        (True, 13, Schedule.binomial(3)),
-        (False, 13, Schedule.binomial(1)),
+        (True, 13, autoremat.plain(13)),
+        (True, 13, autoremat.nested([2, 3])),  # 13 = 2*6 + 1: a remainder piece
+        (False, 13, autoremat.nested([2, 2, 2], MIXED3)),  # 3 levels, 13 = 3*4 + 1
+        (False, 13, autoremat.nested([2, 16], ("nothing_saveable", "dots_saveable"))),  # T < chunk
+        (True, 13, autoremat.binomial(3)),
+        (False, 13, autoremat.binomial(1)),
     ],
     ids=lambda v: v.describe().replace(" ", "_") if isinstance(v, Schedule) else str(v),
 )
@@ -159,7 +159,7 @@ def test_schedule_is_applied() -> None:
         return primitive_names(jax.make_jaxpr(
             seed_model(autoremat_scan(schedule), True).apply)(params, x))
 
-    plain, nested = names(Schedule.plain(13)), names(Schedule.nested([2, 3]))
+    plain, nested = names(autoremat.plain(13)), names(autoremat.nested([2, 3]))
     assert plain.count("scan") == 1 and checkpoint not in plain
     # 13 = 2 chunks of 6 + 1 step: an outer scan whose checkpointed body is an inner
     # scan of checkpointed steps, then a 1-step remainder scan of a checkpointed step
@@ -169,7 +169,7 @@ def test_schedule_is_applied() -> None:
 def test_init_values_and_params_load_either_way() -> None:
     steps = 13
     x = data(steps)
-    model = seed_model(autoremat_scan(Schedule.nested([2, 3])), True)
+    model = seed_model(autoremat_scan(autoremat.nested([2, 3])), True)
     ours = jax.jit(model.init)(jax.random.PRNGKey(0), x)
     # The same values as nn.scan's init, not only the same tree ...
     assert_close(ours, reference_params())
@@ -195,7 +195,7 @@ def class_model(scan_fn: ScanFn, **kwargs: Any) -> nn.Module:
 
 def test_module_class_target_reverse() -> None:
     reverse = True
-    schedule = Schedule.nested([2, 3])
+    schedule = autoremat.nested([2, 3])
     scanned = autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=schedule)
     assert scanned.__name__ == nn.scan(nn.OptimizedLSTMCell).__name__ == "ScanOptimizedLSTMCell"
     x = data(13)
@@ -247,7 +247,7 @@ def test_split_rngs_dropout() -> None:
         "OptimizedLSTMCell_0": reference_params()["params"]["cell"]}}}
     assert shapes(ref_params) == shapes(ref_abstract)
     ref_y = jax.jit(ref.apply)(ref_params, x, rngs=drop7)
-    for schedule in (Schedule.nested([2, 3]), Schedule.nested([2, 2, 2]), Schedule.binomial(3)):
+    for schedule in (autoremat.nested([2, 3]), autoremat.nested([2, 2, 2]), autoremat.binomial(3)):
         model = dropout_model(autoremat_scan(schedule))
         abstract = jax.eval_shape(model.init, rngs, x)
         assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(ref_abstract)
@@ -285,7 +285,7 @@ def stack_model(scan_fn: ScanFn) -> nn.Module:
 
 def test_variable_axes_layer_stack() -> None:
     h = jnp.ones((3, FEAT))
-    ref, ours = stack_model(nn.scan), stack_model(autoremat_scan(Schedule.nested([2, 2])))
+    ref, ours = stack_model(nn.scan), stack_model(autoremat_scan(autoremat.nested([2, 2])))
     ref_vars = jax.jit(ref.init)(jax.random.PRNGKey(0), h)
     our_vars = jax.jit(ours.init)(jax.random.PRNGKey(0), h)
     assert shapes(our_vars["params"])["ScanBlock_0"]["Dense_0"]["kernel"] == (5, FEAT, FEAT)
@@ -315,8 +315,8 @@ def counter_model(scan_fn: ScanFn) -> nn.Module:
 def test_variable_carry_and_broadcast_argument() -> None:
     xs, w = jnp.arange(21.0).reshape(7, 3), jnp.array([1.0, 2.0, 3.0])
     results = []
-    for scan_fn in (nn.scan, autoremat_scan(Schedule.nested([2, 2])),
-                    autoremat_scan(Schedule.binomial(2))):
+    for scan_fn in (nn.scan, autoremat_scan(autoremat.nested([2, 2])),
+                    autoremat_scan(autoremat.binomial(2))):
         model = counter_model(scan_fn)
         variables = jax.jit(model.init)(jax.random.PRNGKey(0), xs, w)
         apply = functools.partial(model.apply, mutable=["state"])
@@ -334,7 +334,7 @@ def test_variable_carry_and_broadcast_argument() -> None:
 
 
 def test_schedule_file_and_unroll(tmp_path: Path) -> None:
-    path = autoremat.save_schedule(Schedule.nested([2, 3]), tmp_path / "s.yaml")
+    path = autoremat.save_schedule(autoremat.nested([2, 3]), tmp_path / "s.yaml")
     assert autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=str(path)) is not None
     with pytest.raises(ScheduleError, match=r"missing\.yaml: cannot read"):
         autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=tmp_path / "missing.yaml")
@@ -348,16 +348,16 @@ def test_errors() -> None:
     with pytest.raises(ScheduleError, match="schedule"):
         autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=[2, 3])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="out_axes"):
-        autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=Schedule.nested([2]),
+        autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=autoremat.nested([2]),
                              out_axes=nn.broadcast)
     with pytest.raises(TypeError, match="unexpected argument"):
-        autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=Schedule.nested([2]),
+        autoremat.linen.scan(nn.OptimizedLSTMCell, schedule=autoremat.nested([2]),
                              methods={"__call__": {"revers": True}})
     with pytest.raises(ValueError, match="variable_axes"):
-        autoremat.linen.scan(Block, schedule=Schedule.nested([2]),
+        autoremat.linen.scan(Block, schedule=autoremat.nested([2]),
                              variable_axes={"params": nn.broadcast})
     with pytest.raises(ValueError, match="no values to scan over and `length` not provided"):
-        broadcast_only = autoremat.linen.scan(Block, schedule=Schedule.nested([2]),
+        broadcast_only = autoremat.linen.scan(Block, schedule=autoremat.nested([2]),
                                               in_axes=nn.broadcast)
         broadcast_only().init(jax.random.PRNGKey(0), jnp.ones((3, FEAT)), None)
 
@@ -371,7 +371,7 @@ def test_module_docstring_example_runs() -> None:
 def test_binomial_layer_stack_gradients_through_scanned_params() -> None:
     """Per-layer params are scanned inputs: their cotangents come from the reversals."""
     h = jnp.ones((3, FEAT))
-    ref, ours = stack_model(nn.scan), stack_model(autoremat_scan(Schedule.binomial(2)))
+    ref, ours = stack_model(nn.scan), stack_model(autoremat_scan(autoremat.binomial(2)))
     params = {"params": jax.jit(ref.init)(jax.random.PRNGKey(0), h)["params"]}
 
     def grads(model: nn.Module) -> Any:
@@ -421,7 +421,7 @@ def counted_stack(scan_fn: ScanFn, check: bool) -> tuple[list[int], Any]:
 
 
 @pytest.mark.parametrize("check", [False, True])
-@pytest.mark.parametrize("schedule", [Schedule.nested([2, 2]), Schedule.binomial(2)],
+@pytest.mark.parametrize("schedule", [autoremat.nested([2, 2]), autoremat.binomial(2)],
                          ids=["nested", "binomial"])
 def test_check_constancy_invariants_traces_and_rngs_as_nn_scan(
         schedule: Schedule, check: bool) -> None:

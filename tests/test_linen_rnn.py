@@ -22,7 +22,7 @@ from tests.helpers import assert_close
 
 B, T, FEAT, HID = 2, 23, 3, 8
 KINDS = pytest.mark.parametrize(
-    "schedule", [Schedule.nested([4, 5]), Schedule.binomial(3)], ids=["nested", "binomial"])
+    "schedule", [autoremat.nested([4, 5]), autoremat.binomial(3)], ids=["nested", "binomial"])
 
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import autoremat
 from autoremat._errors import ProblemError
 from autoremat._measure.device import arguments_fingerprint
 from autoremat._measure.measure import (
@@ -30,8 +31,8 @@ def seed() -> Problem:
 
 
 def test_seed_lstm_plain_and_nested(seed: Problem) -> None:
-    plain = measure(seed, Schedule.plain(64), time_budget=0.1)
-    nested = measure(seed, Schedule.nested([8, 8], ["nothing_saveable", "everything_saveable"]),
+    plain = measure(seed, autoremat.plain(64), time_budget=0.1)
+    nested = measure(seed, autoremat.nested([8, 8], ["nothing_saveable", "everything_saveable"]),
                      time_budget=0.1)
     for m in (plain, nested):
         assert m.status == OK and m.feasible and m.reason == ""
@@ -47,14 +48,14 @@ def test_seed_lstm_plain_and_nested(seed: Problem) -> None:
 
 
 def test_measure_step_takes_any_step_and_hands_back_the_warm_up_output() -> None:
-    step, args = tiny().build(Schedule.plain(32))
+    step, args = tiny().build(autoremat.plain(32))
     seen: list[Any] = []
     m = measure_step(step, args, time_budget=0.05, label="hand-written", on_output=seen.append)
     assert m.status == OK and m.schedule_key == "hand-written"
     assert len(seen) == 1 and float(seen[0][1]) == m.loss
-    same = measure(tiny(), Schedule.plain(32), time_budget=0.05)  # measure = build + measure_step
+    same = measure(tiny(), autoremat.plain(32), time_budget=0.05)  # measure = build + measure_step
     assert (same.total_bytes, same.temp_bytes, same.loss) == (m.total_bytes, m.temp_bytes, m.loss)
-    assert same.schedule_key == Schedule.plain(32).key()
+    assert same.schedule_key == autoremat.plain(32).key()
 
     def boom(out: Any) -> None:
         raise ValueError("gradients differ")
@@ -77,14 +78,14 @@ def test_seed_train_step_around_lax_scan_is_seed_lstm(seq2seq: bool) -> None:
 
     ours = jax.jit(model.train_step(run_scan))(*model.args)
     step, args = seed_lstm(seq_len=16, batch=2, hidden=8, input_dim=3, output_dim=2,
-                           seq2seq=seq2seq).build(Schedule.plain(16))
+                           seq2seq=seq2seq).build(autoremat.plain(16))
     ref = jax.jit(step)(*args)
     assert model.problem().name == seed_lstm(16, 2, 8, 3, 2, seq2seq=seq2seq).name
     assert_close(ours, ref)
 
 
 def test_over_budget_is_not_run() -> None:
-    m = measure(tiny(), Schedule.plain(32), budget_bytes=100)
+    m = measure(tiny(), autoremat.plain(32), budget_bytes=100)
     assert m.status == OVER_BUDGET and not m.feasible
     assert m.step_seconds is None and m.step_samples == ()
     assert m.total_bytes is not None and m.total_bytes > 100
@@ -92,7 +93,7 @@ def test_over_budget_is_not_run() -> None:
 
 
 def test_nan_loss_is_infeasible() -> None:
-    m = measure(tiny(nan_for_plain=True), Schedule.plain(32), time_budget=0.05)
+    m = measure(tiny(nan_for_plain=True), autoremat.plain(32), time_budget=0.05)
     assert m.status == ERROR and not m.feasible
     assert "non-finite output" in m.reason
     assert m.total_bytes is not None  # sized before it ran
@@ -102,7 +103,7 @@ def test_build_and_compile_failures_are_recorded() -> None:
     def bad_build(schedule: Schedule) -> Any:
         raise RuntimeError("no such model")
 
-    m = measure(Problem("bad", 8, bad_build), Schedule.plain(8))
+    m = measure(Problem("bad", 8, bad_build), autoremat.plain(8))
     assert m.status == ERROR and m.reason.startswith("build failed: RuntimeError: no such model")
 
     def trace_error(schedule: Schedule) -> Any:
@@ -113,22 +114,22 @@ def test_build_and_compile_failures_are_recorded() -> None:
 
         return step, (jnp.ones(2),)
 
-    m = measure(Problem("bad", 8, trace_error), Schedule.plain(8))
+    m = measure(Problem("bad", 8, trace_error), autoremat.plain(8))
     assert m.status == ERROR and m.reason.startswith("compile failed: ")
     assert m.total_bytes is None and m.step_seconds is None
 
 
 def test_repeats_are_bounded() -> None:
-    m = measure(tiny(), Schedule.nested([4, 8]), time_budget=10.0, max_repeats=3)
+    m = measure(tiny(), autoremat.nested([4, 8]), time_budget=10.0, max_repeats=3)
     assert len(m.step_samples) == 3
-    m = measure(tiny(), Schedule.nested([4, 8]), time_budget=1e-9, min_repeats=2)
+    m = measure(tiny(), autoremat.nested([4, 8]), time_budget=1e-9, min_repeats=2)
     assert len(m.step_samples) == 2
     assert m.step_seconds == sorted(m.step_samples)[0] + (
         sorted(m.step_samples)[1] - sorted(m.step_samples)[0]) / 2
 
 
 def test_run_false_sizes_only() -> None:
-    m = measure(tiny(), Schedule.plain(32), run=False)
+    m = measure(tiny(), autoremat.plain(32), run=False)
     assert m.status == OK and m.step_seconds is None and m.total_bytes is not None
 
 
@@ -170,7 +171,7 @@ def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
     from autoremat._measure.breakdown import breakdown_lines, floor_bytes
     from autoremat._measure.measurement import Measurement
 
-    step, args = seed.build(Schedule.plain(64))
+    step, args = seed.build(autoremat.plain(64))
     first = measure_step(step, args, run=False, arg_names=seed.arg_names)
     again = measure_step(step, args, run=False)  # the same step: traced anew, still recorded
     assert first.stacked_bytes == again.stacked_bytes == 64 * 2 * 8 * 4  # (T, B, H) float32

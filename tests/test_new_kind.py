@@ -21,7 +21,7 @@ import pytest
 import autoremat
 from autoremat import Schedule, ScheduleError, bounds
 from autoremat._schedules import KINDS, parse_schedule, register
-from autoremat._schedules.base import Features
+from autoremat._schedules.base import Features, Param
 from autoremat._schedules.policy import check_int
 from autoremat._search.tune import tune
 
@@ -94,8 +94,12 @@ class _EveryK(Schedule):
         return carry, jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), ys, tail)
 
     @classmethod
-    def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
-        return cls(every=trial.suggest_int("every", 1, seq_len, log=True))
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+        return [Param("every", low=1, high=seq_len, log=True)]
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str) -> Schedule:
+        return cls(every=params["every"])
 
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
@@ -191,14 +195,11 @@ def test_the_cost_model_reads_its_features(every_k: type[_EveryK]) -> None:
     assert guess is not None and guess > 0
 
 
-def test_the_space_samples_and_seeds_it(every_k: type[_EveryK]) -> None:
-    import optuna
+def test_the_space_offers_and_seeds_it(every_k: type[_EveryK]) -> None:
+    from autoremat._search.space import build, neighbours, seeds
 
-    from autoremat._search.space import neighbours, seed_params, suggest
-
-    assert {"kind": "every_k", "every": 10} in seed_params(100)
-    trial = optuna.trial.FixedTrial({"kind": "every_k", "every": 7})
-    assert suggest(trial, 100) == every_k(every=7)
+    assert (every_k(every=10), {"kind": "every_k", "every": 10}) in seeds(100)
+    assert build({"kind": "every_k", "every": 7}, 100, "cpu") == every_k(every=7)
     near = neighbours({"kind": "every_k", "every": 10}, 100, "cpu", random.Random(0))
     assert {s.every for s, _ in near if isinstance(s, _EveryK)} >= {5, 7, 14, 20}
 
@@ -206,13 +207,13 @@ def test_the_space_samples_and_seeds_it(every_k: type[_EveryK]) -> None:
 def test_tune_measures_it(every_k: type[_EveryK], tmp_path: Path) -> None:
     import optuna
 
-    from autoremat._search.space import seed_params
+    from autoremat._search import space
     from tests.tiny_problem import tiny
 
     problem = tiny()
     storage = f"sqlite:///{tmp_path / 's.db'}"
-    seeds = seed_params(problem.seq_len)
-    assert seeds[-1] == {"kind": "every_k", "every": 5}
+    seeds = space.seeds(problem.seq_len)
+    assert seeds[-1][1] == {"kind": "every_k", "every": 5}
     result = tune(problem, 10**6, n_trials=len(seeds), time_budget=0.02, storage=storage,
                   time_limit=None)
     assert result.measured == len(seeds)

@@ -33,9 +33,9 @@ from tests.helpers import assert_close
 B, T, FEAT, HID, OUT = 2, 23, 3, 8, 2
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = {
-    "nested-remainder": Schedule.nested([4, 5]),   # 23 = 4*5 + 3
-    "3-level": Schedule.nested([2, 3, 2]),
-    "binomial": Schedule.binomial(3),
+    "nested-remainder": autoremat.nested([4, 5]),   # 23 = 4*5 + 3
+    "3-level": autoremat.nested([2, 3, 2]),
+    "binomial": autoremat.binomial(3),
 }
 KINDS = pytest.mark.parametrize("schedule", list(SCHEDULES.values()), ids=list(SCHEDULES))
 TWO_KINDS = pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_seed_lstm_matches_nnx_scan(schedule: Schedule) -> None:
 
 def test_seed_lstm_t97_levels_10_10_loss_on_last_state() -> None:
     x = data(97)
-    assert_close(run(seed_loss, seed_model(ours(Schedule.nested([10, 10])), False), x),
+    assert_close(run(seed_loss, seed_model(ours(autoremat.nested([10, 10])), False), x),
                  run(seed_loss, seed_model(nnx.scan, False), x))
 
 

@@ -25,7 +25,7 @@ from autoremat._scan.records import record_scans
 from tests.helpers import assert_close
 
 T, H = 7, 3  # 7 = 2*2 + 3: the nested schedule has a remainder
-SCHEDULES = {"nested": Schedule.nested([2, 2]), "binomial": Schedule.binomial(2)}
+SCHEDULES = {"nested": autoremat.nested([2, 2]), "binomial": autoremat.binomial(2)}
 KINDS = pytest.mark.parametrize("schedule", list(SCHEDULES.values()), ids=list(SCHEDULES))
 #: What this Flax's nnx.scan accepts (tree mode came with flax 0.12.6; the floor is 0.12.0).
 SCAN_KWARGS = frozenset(inspect.signature(nnx.scan).parameters)

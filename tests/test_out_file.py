@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import autoremat
 from autoremat._schedules import dump_schedule, read_schedule, save_schedule
-from autoremat._schedules.base import Schedule
 from autoremat._search.tune import tune
 from tests.env import module_path
 from tests.tiny_problem import tiny
@@ -111,11 +111,10 @@ def test_killed_while_writing_out_leaves_the_previous_file(
 
 WRITER = """
 import sys
-from autoremat._schedules import save_schedule
-from autoremat._schedules.base import Schedule
+from autoremat._schedules import nested, save_schedule
 path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 big = {"pad": ["x" * 100] * 80}  # ~8 KB per file
-schedules = [Schedule.nested([4, 8], unroll=1 + i % 4, meta={"writer": tag, "i": i, **big})
+schedules = [nested([4, 8], unroll=1 + i % 4, meta={"writer": tag, "i": i, **big})
              for i in range(8)]
 print("READY", flush=True)
 i = 0
@@ -127,7 +126,7 @@ while n == 0 or i < n:
 
 def test_random_kills_during_writes_never_leave_a_broken_file(tmp_path: Path) -> None:
     out = tmp_path / "s.yaml"
-    save_schedule(Schedule.plain(5), out)
+    save_schedule(autoremat.plain(5), out)
     rng = random.Random(7)
     for _ in range(12):
         p = subprocess.Popen([sys.executable, "-c", WRITER, str(out), "k", "0"], env=_env(),
@@ -137,8 +136,8 @@ def test_random_kills_during_writes_never_leave_a_broken_file(tmp_path: Path) ->
         os.kill(p.pid, signal.SIGKILL)
         p.communicate(timeout=30)
         schedule = read_schedule(out)  # complete and valid, whenever the kill came
-        assert schedule.key() in {Schedule.plain(5).key(),
-                                  *(Schedule.nested([4, 8], unroll=u).key() for u in (1, 2, 3, 4))}
+        assert schedule.key() in {autoremat.plain(5).key(),
+                                  *(autoremat.nested([4, 8], unroll=u).key() for u in (1, 2, 3, 4))}
 
 
 def test_two_writers_of_one_out_leave_one_valid_file(tmp_path: Path) -> None:

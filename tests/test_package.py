@@ -120,7 +120,7 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
 
     code = ("import autoremat, autoremat.linen, autoremat.nnx\n"
             "for m in (autoremat, autoremat.linen, autoremat.nnx): print(m.__file__)\n"
-            "print(autoremat.Schedule.root(100, 2).describe())\n")
+            "print(autoremat.root(100, 2).describe())\n")
     imported = _run(python, "-c", code, cwd=elsewhere)
     assert imported.returncode == 0, imported.stderr
     *files, described = imported.stdout.strip().splitlines()

@@ -11,10 +11,10 @@ from typing import Any
 import optuna
 import pytest
 
+import autoremat
 from autoremat._errors import TuneError
 from autoremat._measure.stale import load_schedule
 from autoremat._schedules import save_schedule
-from autoremat._schedules.base import Schedule
 from autoremat._search.pareto import (
     describe_schedule,
     dominates,
@@ -41,7 +41,7 @@ def _synthetic(n: int, budget: int, seed: int) -> Any:
         total = rng.randint(100, 2000)
         status = rng.choice(["ok", "ok", "ok", "over_budget"]) if total <= budget else "over_budget"
         step = rng.choice([1.0, 2.0, 3.0, rng.uniform(0.5, 5)]) if status == "ok" else None
-        schedule = Schedule.nested([64 // 2 ** (i % 3 + 1), 2 ** (i % 3 + 1)], unroll=i % 4 + 1)
+        schedule = autoremat.nested([64 // 2 ** (i % 3 + 1), 2 ** (i % 3 + 1)], unroll=i % 4 + 1)
         attrs = {"measured": True, "status": status, "feasible": status == "ok",
                  "total_bytes": total, "step_seconds": step, "schedule": schedule.to_data(),
                  "schedule_key": schedule.key(), "reason": ""}
@@ -129,7 +129,7 @@ def test_export_refuses_trials_without_a_measurement() -> None:
 
 
 def test_describe_schedule_without_meta() -> None:
-    text = describe_schedule(Schedule.nested([10, 10], ["nothing_saveable", "dots_saveable"]))
+    text = describe_schedule(autoremat.nested([10, 10], ["nothing_saveable", "dots_saveable"]))
     assert text.splitlines()[0] == "schedule: 10x10 nothing/dots unroll=1"
     assert "meta: none" in text
 
@@ -138,9 +138,9 @@ def test_front_points_carry_recompute_and_distance_to_the_optimum() -> None:
     study = optuna.create_study(directions=["minimize", "minimize"])
     study.set_user_attr("budget_bytes", 10_000)
     study.set_user_attr("seq_len", 64)
-    for total, step, schedule in [(900, 1.0, Schedule.nested([64], "none")),
-                                  (300, 2.0, Schedule.nested([8, 8], "nothing_saveable")),
-                                  (100, 3.0, Schedule.binomial(4))]:
+    for total, step, schedule in [(900, 1.0, autoremat.nested([64], "none")),
+                                  (300, 2.0, autoremat.nested([8, 8], "nothing_saveable")),
+                                  (100, 3.0, autoremat.binomial(4))]:
         attrs = {"measured": True, "status": "ok", "feasible": True, "total_bytes": total,
                  "step_seconds": step, "schedule": schedule.to_data(),
                  "schedule_key": schedule.key(), "reason": ""}
@@ -155,7 +155,7 @@ def test_front_points_carry_recompute_and_distance_to_the_optimum() -> None:
 
 
 def test_describe_a_binomial_schedule() -> None:
-    text = describe_schedule(Schedule.binomial(8).with_meta(seq_len=100))
+    text = describe_schedule(autoremat.binomial(8).with_meta(seq_len=100))
     assert "binomial (Revolve) checkpointing: 8 carries" in text
     assert "at T = 100:" in text and "step evaluations" in text
 
@@ -171,7 +171,7 @@ def test_the_plot_draws_a_cut_trial_as_cut_not_over_budget(tmp_path: Path) -> No
     rows = [("ok", 1000, 1.0, None), ("ok", 500, None, 3.5), ("over_budget", 5000, None, None),
             ("error", 800, None, None), ("ok", 2000, 0.5, None)]
     for i, (status, total, step, cut) in enumerate(rows):
-        schedule = Schedule.nested([64 // 2 ** (i % 3 + 1), 2 ** (i % 3 + 1)], unroll=i + 1)
+        schedule = autoremat.nested([64 // 2 ** (i % 3 + 1), 2 ** (i % 3 + 1)], unroll=i + 1)
         attrs = {"measured": True, "status": status, "feasible": status == "ok",
                  "total_bytes": total, "step_seconds": step, "cut_seconds": cut,
                  "schedule": schedule.to_data(), "schedule_key": schedule.key(), "reason": ""}

@@ -11,6 +11,7 @@ import random
 import numpy as np
 import pytest
 
+import autoremat
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.binomial import STATIC_CONTROL, BinomialSchedule
 from autoremat._schedules.nested import NestedSchedule
@@ -22,7 +23,7 @@ from autoremat._search.predict import (
     TimeModel,
     prior_for,
 )
-from autoremat._search.space import propose, seed_params
+from autoremat._search.space import propose, seeds
 
 T = 10_000
 #: step seconds measured on the H200 (seed LSTM, T=10^4)
@@ -34,7 +35,7 @@ H200_UNROLL8 = 0.149  # seq2seq, plain (``everything``), unroll=8
 @pytest.mark.parametrize("platform", ["gpu", "cuda", "rocm"])
 def test_no_binomial_seed_on_a_gpu_and_the_same_nested_seeds(platform: str) -> None:
     for seq_len in (32, 1000, T, 10**6):
-        cpu, gpu = seed_params(seq_len, "cpu"), seed_params(seq_len, platform)
+        cpu, gpu = ([p for _, p in seeds(seq_len, pf)] for pf in ("cpu", platform))
         # the same nested seeds, compiled with XLA's default options (``_space``)
         compiler = {"compiler": "default"} if platform in ("gpu", "cuda") else {}
         assert [{**p, **compiler} for p in cpu if p["kind"] == "nested"] == gpu
@@ -60,7 +61,7 @@ def test_the_cpu_prior_is_seconds_per_evaluation() -> None:
 
 def _fitted(platform: str, seconds: float) -> TimeModel:
     model = TimeModel(platform)
-    model.fit([(Structure.of(Schedule.plain(T), T), 1e8, seconds)])
+    model.fit([(Structure.of(autoremat.plain(T), T), 1e8, seconds)])
     return model
 
 
@@ -76,14 +77,14 @@ def test_from_a_plain_timing_the_gpu_prior_predicts_binomial_as_measured(loss: s
     show. The H200 ran binomial s=11 at 4.4-5.1x plain; the CPU prior says 6.4x (its
     evaluations), the GPU prior within 20% of what was measured."""
     measured = H200[loss]
-    gpu = _predict(_fitted("gpu", measured["plain"]), Schedule.binomial(11))
+    gpu = _predict(_fitted("gpu", measured["plain"]), autoremat.binomial(11))
     assert gpu == pytest.approx(measured["binomial"], rel=0.2)
 
 
 def test_the_gpu_prior_prices_loop_trips_so_unroll_pays() -> None:
     """On the H200 unroll=8 ran plain in 0.149 s against 0.357 s; the CPU prior sees no
     difference (the same evaluations), the GPU prior predicts it."""
-    unrolled = Schedule.nested([T], "everything_saveable", unroll=8)
+    unrolled = autoremat.nested([T], "everything_saveable", unroll=8)
     cpu = _fitted("cpu", H200["seq2seq"]["plain"])
     gpu = _fitted("gpu", H200["seq2seq"]["plain"])
     assert _predict(cpu, unrolled) == pytest.approx(H200["seq2seq"]["plain"], rel=1e-6)
@@ -93,12 +94,12 @@ def test_the_gpu_prior_prices_loop_trips_so_unroll_pays() -> None:
 def test_a_fit_on_data_overrides_the_prior() -> None:
     """Timed binomial points move the model off the GPU prior (it only pulls)."""
     points = [(Structure.of(s, T), 1e8, y) for s, y in (
-        (Schedule.plain(T), 0.36), (Schedule.nested([100, 100]), 0.49),
-        (Schedule.binomial(11), 0.5), (Schedule.binomial(20), 0.45),
-        (Schedule.nested([10, 10, 100]), 0.6))]
+        (autoremat.plain(T), 0.36), (autoremat.nested([100, 100]), 0.49),
+        (autoremat.binomial(11), 0.5), (autoremat.binomial(20), 0.45),
+        (autoremat.nested([10, 10, 100]), 0.6))]
     model = TimeModel("gpu")
     model.fit(points)
-    got = _predict(model, Schedule.binomial(15))
+    got = _predict(model, autoremat.binomial(15))
     assert got < 0.7  # the prior alone, from the plain point: 1.3 s
 
 
@@ -133,7 +134,7 @@ def test_the_static_backwards_control_is_a_quarter_of_the_loops(steps: int,
     loops, static = _control_counts(steps, snapshots)
     assert 4.5 * steps < loops < 8.5 * steps and 1.5 * steps < static < 2.4 * steps
     assert static / loops == pytest.approx(STATIC_CONTROL, abs=0.08)
-    a, b = Schedule.binomial(11), Schedule.binomial(11, backward="static")
+    a, b = autoremat.binomial(11), autoremat.binomial(11, backward="static")
     gpu, cpu = _fitted("gpu", H200["fused"]["plain"]), _fitted("cpu", H200["fused"]["plain"])
     assert _predict(gpu, b) < 0.8 * _predict(gpu, a)
     assert _predict(cpu, b) == pytest.approx(_predict(cpu, a), rel=1e-6)
@@ -148,6 +149,6 @@ def test_the_tpu_prior_prices_unroll_and_ranks_binomial_slow() -> None:
     ranks binomial s=11 slower than plain by at least the 3.7x the TPU measured."""
     assert prior_for("tpu") == prior_for("TPU") == TPU_PRIOR != CPU_PRIOR
     tpu = _fitted("tpu", V5E["plain"])
-    unrolled = Schedule.nested([T], "everything_saveable", unroll=8)
+    unrolled = autoremat.nested([T], "everything_saveable", unroll=8)
     assert _predict(tpu, unrolled) == pytest.approx(V5E["plain_unroll8"], rel=0.02)
-    assert _predict(tpu, Schedule.binomial(11)) >= V5E["binomial"]
+    assert _predict(tpu, autoremat.binomial(11)) >= V5E["binomial"]

@@ -24,11 +24,10 @@ from helpers import assert_close, scan_loss
 import autoremat
 import autoremat.linen
 import autoremat.nnx
-from autoremat import Schedule
 from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
-NESTED = Schedule.nested([10, 20])
+NESTED = autoremat.nested([10, 20])
 RTOL = 1e-5
 
 
@@ -127,7 +126,7 @@ def test_problem_from_loss_builds_the_train_step() -> None:
     np.testing.assert_allclose(value, loss(W, X, y), rtol=RTOL)
     grads = jax.grad(loss)(W, X, y)
     assert_close(params, jax.tree.map(lambda w, g: w - 0.1 * g, W, grads))
-    plain = autoremat.measure(problem, Schedule.plain(T), run=False)
+    plain = autoremat.measure(problem, autoremat.plain(T), run=False)
     nested = autoremat.measure(problem, NESTED, run=False)
     assert nested.temp_bytes < plain.temp_bytes
 
@@ -171,7 +170,7 @@ def test_linen_problem_matches_the_seed_step() -> None:
     assert problem.at_length is not None
     short = problem.at_length(100)
     assert short.seq_len == 100
-    _, _, value = jax.jit(short.build(Schedule.nested([10, 10]))[0])(*short.build(NESTED)[1])
+    _, _, value = jax.jit(short.build(autoremat.nested([10, 10]))[0])(*short.build(NESTED)[1])
     np.testing.assert_allclose(value, optax.l2_loss(
         model.apply({"params": params}, X[:, :100]), y[:, :100]).mean(), rtol=RTOL)
 

@@ -27,7 +27,7 @@ from jax import lax
 import autoremat
 from autoremat import RematScansWarning, Schedule
 
-NESTED = Schedule.nested([10, 20])
+NESTED = autoremat.nested([10, 20])
 
 
 def assert_same_grads(fn: Callable[..., Any], *args: Any, schedule: Schedule = NESTED,
@@ -166,7 +166,7 @@ def test_two_long_scans_and_a_binomial_schedule() -> None:
     def loss(p: Any, x: jax.Array) -> jax.Array:
         return scan_loss(p, x) + scan_loss(p, x[:, : T // 2] * 0.5)
 
-    wrapped = assert_same_grads(loss, W, X, schedule=Schedule.binomial(4))
+    wrapped = assert_same_grads(loss, W, X, schedule=autoremat.binomial(4))
     assert [s.length for s in wrapped.describe(W, X).rewritten] == [T, T // 2]
 
 

@@ -44,7 +44,7 @@ def test_tolerance_covers_rounding_of_the_sum_and_not_a_missing_term() -> None:
             return make(q)(c, x)
 
         ts = jnp.arange(97)
-        c, (h, _) = (autoremat.scan(step, carry, (ts, xs), schedule=Schedule.nested([10, 10]))
+        c, (h, _) = (autoremat.scan(step, carry, (ts, xs), schedule=autoremat.nested([10, 10]))
                      if nested else lax.scan(step, carry, (ts, xs)))
         return jnp.sum(c["h"] ** 2) + jnp.sum(jnp.cos(ts)[:, None, None] * h)
 
@@ -71,7 +71,7 @@ def test_gradients_match_plain_scan(
 
 @pytest.mark.parametrize("policy", ZERO_ARG_POLICIES)
 def test_every_zero_argument_policy(policy: str) -> None:
-    schedule = Schedule.nested((3, 4), ("nothing_saveable", policy), unroll=2)
+    schedule = autoremat.nested((3, 4), ("nothing_saveable", policy), unroll=2)
     assert_close(_loss_and_grads("lstm", schedule, 29, axis=1),
                   _loss_and_grads("lstm", None, 29, axis=1))
 
@@ -93,7 +93,7 @@ def test_name_policy_with_checkpoint_name() -> None:
             c, ys = autoremat.scan(f, jnp.ones(4), xs, schedule=schedule)
         return c.sum() + ys.sum()
 
-    schedule = Schedule.nested((2, 5), ("nothing_saveable", {"save_only_these_names": ["gates"]}))
+    schedule = autoremat.nested((2, 5), ("nothing_saveable", {"save_only_these_names": ["gates"]}))
     assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))
 
 
@@ -112,12 +112,12 @@ def test_xs_none_with_length() -> None:
         return c.sum() + jnp.sum(ys * jnp.arange(23.0))
 
     for lengths in [(23,), (4, 5), (2, 3, 2)]:
-        schedule = Schedule.nested(lengths)
+        schedule = autoremat.nested(lengths)
         assert_close(jax.value_and_grad(loss)(w, schedule), jax.value_and_grad(loss)(w, None))
 
 
 @pytest.mark.parametrize(
-    "schedule", [Schedule.nested((2, 2, 3)), Schedule.binomial(4), *one_per_kind()], ids=str)
+    "schedule", [autoremat.nested((2, 2, 3)), autoremat.binomial(4), *one_per_kind()], ids=str)
 def test_outputs_match_without_grad(schedule: Schedule) -> None:
     """Forward values (carry and stacked outputs) equal lax.scan, pytrees, axis=1."""
     make, params, carry = CELLS["dict"]()
@@ -146,7 +146,7 @@ def _check_any_length_any_levels(steps: int, lengths: list[int], reverse: bool) 
 
     # jitted: one compile per case (op by op, a nested schedule compiles many small pieces)
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
-    assert_close(grad(w, xs, Schedule.nested(lengths)), grad(w, xs, None))
+    assert_close(grad(w, xs, autoremat.nested(lengths)), grad(w, xs, None))
 
 
 ANY_LENGTH = {"steps": st.integers(1, 60), "reverse": st.booleans(),
@@ -182,41 +182,41 @@ def test_pieces_cover_every_step_once(steps: int, lengths: list[int]) -> None:
 def test_bad_arguments_name_the_argument() -> None:
     f = lambda c, x: (c, x)  # noqa: E731
     with pytest.raises(ValueError, match="no values to scan over and `length` not provided"):
-        autoremat.scan(f, 0.0, None, schedule=Schedule.nested([2]))
+        autoremat.scan(f, 0.0, None, schedule=autoremat.nested([2]))
     with pytest.raises(ValueError, match="same size along the scanned axis"):
-        autoremat.scan(f, 0.0, (jnp.ones(3), jnp.ones(4)), schedule=Schedule.nested([2]))
+        autoremat.scan(f, 0.0, (jnp.ones(3), jnp.ones(4)), schedule=autoremat.nested([2]))
     with pytest.raises(ValueError, match="scan got `length` argument of 5 which disagrees"):
-        autoremat.scan(f, 0.0, jnp.ones(3), length=5, schedule=Schedule.nested([2]))
+        autoremat.scan(f, 0.0, jnp.ones(3), length=5, schedule=autoremat.nested([2]))
     with pytest.raises(autoremat.ScheduleError, match=r"schedule: expected an autoremat\.Schedule"):
         autoremat.scan(f, 0.0, jnp.ones(3), schedule={"levels": [2]})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="axis: 2 is out of range"):
-        autoremat.scan(f, 0.0, jnp.ones((3, 2)), schedule=Schedule.nested([2]), axis=2)
+        autoremat.scan(f, 0.0, jnp.ones((3, 2)), schedule=autoremat.nested([2]), axis=2)
 
 
 def test_memory_two_levels_at_1e4_is_under_3_percent_of_plain() -> None:
     problem = seed_lstm(seq_len=10_000, seq2seq=False)
-    plain = _temp_bytes(problem, Schedule.plain(10_000))
-    nested = _temp_bytes(problem, Schedule.nested([100, 100]))
+    plain = _temp_bytes(problem, autoremat.plain(10_000))
+    nested = _temp_bytes(problem, autoremat.nested([100, 100]))
     assert plain > 500e6  # the linear cost this library exists to remove
     assert nested <= 0.03 * plain, (nested, plain)
 
 
 def test_memory_three_levels_at_1e5_is_under_10_mb() -> None:
     problem = seed_lstm(seq_len=100_000, seq2seq=False)
-    assert _temp_bytes(problem, Schedule.nested([40, 50, 50])) <= 10e6
+    assert _temp_bytes(problem, autoremat.nested([40, 50, 50])) <= 10e6
 
 
 def test_batch_major_input_is_not_transposed_whole() -> None:
     """axis=1 on (B, T, X) must not allocate a T x B x X copy of the input."""
     problem = seed_lstm(seq_len=20_000, batch=10, hidden=16, input_dim=64, seq2seq=False)
     input_bytes = 10 * 20_000 * 64 * 4
-    assert _temp_bytes(problem, Schedule.nested([100, 200])) < 0.25 * input_bytes
+    assert _temp_bytes(problem, autoremat.nested([100, 200])) < 0.25 * input_bytes
 
 
 def test_a_schedule_file_path_runs_like_the_schedule(tmp_path: Path) -> None:
     """``autoremat.scan`` takes the path of a schedule file, as ``linen.scan``, ``nnx.scan``
     and ``remat_scans`` do; values and gradients equal ``lax.scan``'s."""
-    path = autoremat.save_schedule(Schedule.nested([4, 5]), tmp_path / "s.yaml")
+    path = autoremat.save_schedule(autoremat.nested([4, 5]), tmp_path / "s.yaml")
     w = jnp.linspace(0.1, 0.9, 3)
     xs = jnp.sin(jnp.arange(60.0).reshape(20, 3))
 

@@ -26,7 +26,7 @@ unroll: 1
 
 def test_parse_the_documented_form() -> None:
     schedule = parse_schedule(SEED_YAML)
-    assert schedule == Schedule.nested([100, 100], ["nothing_saveable", "dots_saveable"])
+    assert schedule == autoremat.nested([100, 100], ["nothing_saveable", "dots_saveable"])
     assert schedule.describe() == "100x100 nothing/dots unroll=1"
     assert schedule.tuned_length == 10_000
 
@@ -34,11 +34,11 @@ def test_parse_the_documented_form() -> None:
 @pytest.mark.parametrize(
     "schedule",
     [
-        Schedule.plain(1000),
-        Schedule.nested([1000], "nothing_saveable", unroll=4),
-        Schedule.nested([40, 50, 50], ["nothing_saveable", "nothing_saveable", "dots_saveable"]),
-        Schedule.nested([10, 10], ["nothing_saveable", {"save_only_these_names": ["gates"]}]),
-        Schedule.nested(
+        autoremat.plain(1000),
+        autoremat.nested([1000], "nothing_saveable", unroll=4),
+        autoremat.nested([40, 50, 50], ["nothing_saveable", "nothing_saveable", "dots_saveable"]),
+        autoremat.nested([10, 10], ["nothing_saveable", {"save_only_these_names": ["gates"]}]),
+        autoremat.nested(
             [5, 6],
             [
                 {"save_and_offload_only_these_names": {
@@ -47,9 +47,9 @@ def test_parse_the_documented_form() -> None:
                 "dots_with_no_batch_dims_saveable",
             ],
         ),
-        Schedule.nested([7, 7], meta={"problem": "p", "total_bytes": 123, "nested": {"a": [1, 2]}}),
-        Schedule.binomial(32),
-        Schedule.binomial(1, unroll=4, meta={"seq_len": 100}),
+        autoremat.nested([7, 7], meta={"problem": "p", "total_bytes": 123, "nested": {"a": [1, 2]}}),
+        autoremat.binomial(32),
+        autoremat.binomial(1, unroll=4, meta={"seq_len": 100}),
         *(s for kind in KINDS.values() for s in kind.examples()),
     ],
     ids=str,
@@ -71,22 +71,22 @@ def test_policies_resolve_to_jax_members() -> None:
 
 
 def test_key_ignores_meta() -> None:
-    a = Schedule.nested([4, 5])
+    a = autoremat.nested([4, 5])
     assert a.key() == a.with_meta(note="x").key()
-    assert a.key() != Schedule.nested([4, 5], unroll=2).key()
+    assert a.key() != autoremat.nested([4, 5], unroll=2).key()
 
 
 def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     target = tmp_path / "out" / "schedule.yaml"
     for n in range(1, 6):
-        autoremat.save_schedule(Schedule.nested([n, 3]), target)
-    assert autoremat.load_schedule(target) == Schedule.nested([5, 3])
+        autoremat.save_schedule(autoremat.nested([n, 3]), target)
+    assert autoremat.load_schedule(target) == autoremat.nested([5, 3])
     assert [p.name for p in target.parent.iterdir()] == ["schedule.yaml"]
 
 
 def _write_many(path: str, n: int) -> None:
     for _ in range(200):
-        autoremat.save_schedule(Schedule.nested([n, n + 1]), path)
+        autoremat.save_schedule(autoremat.nested([n, n + 1]), path)
 
 
 def test_concurrent_writers_leave_one_valid_file(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_concurrent_writers_leave_one_valid_file(tmp_path: Path) -> None:
         p.start()
     for p in procs:
         p.join(60)
-    assert autoremat.load_schedule(target) in (Schedule.nested([2, 3]), Schedule.nested([3, 4]))
+    assert autoremat.load_schedule(target) in (autoremat.nested([2, 3]), autoremat.nested([3, 4]))
 
 
 BAD = [
@@ -172,7 +172,7 @@ def test_bad_objects_raise_schedule_error_not_type_error() -> None:
     with pytest.raises(ScheduleError, match="length: expected an integer >= 1"):
         Level("3")  # type: ignore[arg-type]
     with pytest.raises(ScheduleError, match="policies: got 1 policies for 2 levels"):
-        Schedule.nested([2, 3], ["none"])
+        autoremat.nested([2, 3], ["none"])
     with pytest.raises(ScheduleError, match="levels: expected a non-empty list"):
         NestedSchedule(levels=())
     with pytest.raises(TypeError, match="abstract"):
@@ -192,7 +192,7 @@ def test_every_policy_name_is_documented_in_the_error() -> None:
 
 
 def test_dump_is_the_documented_shape() -> None:
-    data = yaml.safe_load(dump_schedule(Schedule.nested([100, 100])))
+    data = yaml.safe_load(dump_schedule(autoremat.nested([100, 100])))
     assert data == {
         "version": 1,
         "kind": "nested",
@@ -205,7 +205,7 @@ def test_dump_is_the_documented_shape() -> None:
 
 
 def test_the_binomial_backward_is_in_the_yaml_only_when_static() -> None:
-    loops, static = Schedule.binomial(8), Schedule.binomial(8, backward="static")
+    loops, static = autoremat.binomial(8), autoremat.binomial(8, backward="static")
     assert "backward" not in yaml.safe_load(dump_schedule(loops))
     assert yaml.safe_load(dump_schedule(static))["backward"] == "static"
     assert parse_schedule(dump_schedule(static)) == static

@@ -12,14 +12,15 @@ from typing import Any
 import optuna
 import pytest
 
+import autoremat
 import autoremat._search.planner as plan_module
 import autoremat._search.short_runs as short_runs_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
+from autoremat._search import space
 from autoremat._search.pareto import pareto_front
-from autoremat._search.space import seed_schedules
 from autoremat._search.study import MeasuredTrial, load_study, measured_trials
 from autoremat._search.tune import tune
 from autoremat._units import parse_duration
@@ -72,9 +73,9 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
     assert len(compiled) == len(set(compiled)) > len(timed)
     assert len({k for k, _ in timed}) == len(timed)
     assert all(b is not None and b <= BUDGET for _, b in timed)  # never over the budget
-    assert Schedule.plain(32).key() not in {k for k, _ in timed}
+    assert autoremat.plain(32).key() not in {k for k, _ in timed}
     trials = sorted(measured_trials(load_study("s")), key=lambda t: t.number)
-    seeds = {s.key() for s in seed_schedules(32)}
+    seeds = {s.key() for s, _ in space.seeds(32)}
     for i, t in enumerate(trials):
         m = t.measurement
         if m.total_bytes is not None and m.total_bytes > BUDGET:
@@ -158,7 +159,7 @@ def test_a_budget_under_the_floor_stops_after_the_seeds(in_tmp: Path) -> None:
     from autoremat._search.study import nothing_fits_message
 
     result = tune(tiny(), 10, time_limit="60s", time_budget=0.02)
-    assert result.best is None and 1 <= result.measured <= len(seed_schedules(tiny().seq_len))
+    assert result.best is None and 1 <= result.measured <= len(space.seeds(tiny().seq_len))
     message = nothing_fits_message(result)
     assert "that no schedule can remove" in message
     # In library terms; the CLI words the same settings as its flags (test_fuse.py).
@@ -174,7 +175,7 @@ def test_an_unseen_problem_gets_the_fastest_measured_schedule_that_fits(
     hold when re-timed is a benchmark: ``test_the_pick_is_as_fast_as_the_best_seed_when_retimed``,
     ``-m slow``.)"""
     problem = user_problems.gru()
-    plain = compile_schedule(problem, Schedule.plain(problem.seq_len)).measurement
+    plain = compile_schedule(problem, autoremat.plain(problem.seq_len)).measurement
     assert plain.total_bytes is not None
     budget = plain.total_bytes // 2
     assert main(["tune", "--problem", f"{ROOT / 'tests' / 'user_problems.py'}:gru", "--budget",
@@ -183,7 +184,7 @@ def test_an_unseen_problem_gets_the_fastest_measured_schedule_that_fits(
     out = capsys.readouterr().out
     trials = measured_trials(load_study("gru"))
     assert "6 measured now" in out
-    seeds = {s.key() for s in seed_schedules(problem.seq_len)}
+    seeds = {s.key() for s, _ in space.seeds(problem.seq_len)}
     assert seeds <= {t.schedule.key() for t in trials}  # the seeds are always measured
     fits = [t for t in trials if t.measurement.fits(budget)]
     assert fits and all(t.measurement.step_seconds is not None for t in fits)
@@ -204,14 +205,14 @@ def test_the_pick_is_as_fast_as_the_best_seed_when_retimed(name: str, tmp_path: 
     step takes >= 0.2 s (milliseconds of wall time are noise on a shared machine)."""
     size = {"seq_len": 4096, "batch": 16, "hidden": 64}
     problem = getattr(user_problems, name)(**size)
-    plain = compile_schedule(problem, Schedule.plain(problem.seq_len)).measurement
+    plain = compile_schedule(problem, autoremat.plain(problem.seq_len)).measurement
     assert plain.total_bytes is not None
     budget = plain.total_bytes // 2
     with contextlib.chdir(tmp_path):
         result = tune(problem, budget, n_trials=8, time_budget=1.0, study_name=name)
     assert result.best_trial is not None
     pick = result.best_trial.schedule
-    seeds = [s for s in seed_schedules(problem.seq_len) if s.key() != pick.key()]
+    seeds = [s for s, _ in space.seeds(problem.seq_len) if s.key() != pick.key()]
     runs = {}
     for schedule in (pick, *seeds):
         c = compile_schedule(problem, schedule, budget_bytes=budget)
@@ -242,10 +243,10 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
     from autoremat._search.predict import MemoryModel, Structure, TimeModel
 
     seq_len = 10_000
-    schedules = [Schedule.plain(seq_len), Schedule.nested([seq_len], "nothing_saveable"),
-                 Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"]),
-                 Schedule.nested([25, 20, 20], "nothing_saveable"), Schedule.binomial(38),
-                 Schedule.binomial(200), Schedule.nested([50, 200], "dots_saveable")]
+    schedules = [autoremat.plain(seq_len), autoremat.nested([seq_len], "nothing_saveable"),
+                 autoremat.nested([100, 100], ["nothing_saveable", "everything_saveable"]),
+                 autoremat.nested([25, 20, 20], "nothing_saveable"), autoremat.binomial(38),
+                 autoremat.binomial(200), autoremat.nested([50, 200], "dots_saveable")]
     structures = [Structure.of(s, seq_len) for s in schedules]
 
     def truth(s: Structure, total: float) -> float:  # a made-up machine
@@ -263,7 +264,7 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
     few.fit([(structures[0], sizes[0], 1.0), (structures[3], sizes[3], 3.0)])
     assert few.predict(structures[1], sizes[1]) < few.predict(structures[3], sizes[3])
     # a dots level's re-run counts as partial, so it is predicted cheaper than a full one
-    dots, full = (Structure.of(Schedule.nested([50, 200], ["nothing_saveable", p]), seq_len)
+    dots, full = (Structure.of(autoremat.nested([50, 200], ["nothing_saveable", p]), seq_len)
                   for p in ("dots_saveable", "nothing_saveable"))
     assert dots.partial == seq_len and full.partial == 0
     assert dots.evaluations + dots.partial == full.evaluations
@@ -272,15 +273,15 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
 
     memory = MemoryModel()
     memory.add(structures[2], 76_000_000, over_budget=True)  # 100x100 over the budget
-    wider = Structure.of(Schedule.nested([100, 100], ["dots_saveable", "everything_saveable"],
-                                         unroll=2), seq_len)  # stores more of every term
-    narrower = Structure.of(Schedule.nested([200, 50], ["nothing_saveable",
-                                                        "everything_saveable"]), seq_len)
+    wider = Structure.of(autoremat.nested([100, 100], ["dots_saveable", "everything_saveable"],
+                                          unroll=2), seq_len)  # stores more of every term
+    narrower = Structure.of(autoremat.nested([200, 50], ["nothing_saveable",
+                                                         "everything_saveable"]), seq_len)
     assert memory.surely_over(wider) and not memory.surely_over(narrower)
     assert not memory.surely_over(structures[4])  # another kind
     memory.add(structures[0], 700_000_000, over_budget=True)
     memory.add(structures[4], 75_000_000, over_budget=False)
-    guess = memory.predict(Structure.of(Schedule.plain(seq_len), seq_len))
+    guess = memory.predict(Structure.of(autoremat.plain(seq_len), seq_len))
     assert guess is not None and guess > 5 * memory.predict(narrower)
 
 
@@ -292,16 +293,16 @@ def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
     seq_len = 10_000
     s = lambda sched: Structure.of(sched, seq_len)  # noqa: E731
     memory = MemoryModel()
-    memory.add(s(Schedule.plain(seq_len)), 64 * 2**30, over_budget=True, refused=True)
+    memory.add(s(autoremat.plain(seq_len)), 64 * 2**30, over_budget=True, refused=True)
     for u in (1, 2, 8):
-        assert memory.surely_over(s(Schedule.nested([seq_len], "none", unroll=u)))
-    ne = Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"], unroll=2)
+        assert memory.surely_over(s(autoremat.nested([seq_len], "none", unroll=u)))
+    ne = autoremat.nested([100, 100], ["nothing_saveable", "everything_saveable"], unroll=2)
     memory.add(s(ne), 7 * 2**30, over_budget=True)
-    ee = Schedule.nested([100, 100], ["everything_saveable", "everything_saveable"], unroll=2)
-    de = Schedule.nested([100, 100], ["dots_saveable", "everything_saveable"], unroll=4)
+    ee = autoremat.nested([100, 100], ["everything_saveable", "everything_saveable"], unroll=2)
+    de = autoremat.nested([100, 100], ["dots_saveable", "everything_saveable"], unroll=4)
     assert memory.surely_over(s(ee)) and memory.surely_over(s(de))
-    smaller_unroll = Schedule.nested([100, 100], ["nothing_saveable", "everything_saveable"])
-    nn = Schedule.nested([100, 100], ["nothing_saveable", "nothing_saveable"], unroll=2)
+    smaller_unroll = autoremat.nested([100, 100], ["nothing_saveable", "everything_saveable"])
+    nn = autoremat.nested([100, 100], ["nothing_saveable", "nothing_saveable"], unroll=2)
     assert not memory.surely_over(s(smaller_unroll)) and not memory.surely_over(s(nn))
     # unfused (the readout's stack kept) stores at least what fused stores; not the reverse
     assert memory.surely_over(s(ne.with_fuse(False)))
@@ -310,8 +311,8 @@ def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
     assert not unfused.surely_over(s(ne.with_fuse(True)))
     # predicted at least as large as a program the compiler refused: not compiled
     sized = MemoryModel()
-    ne = lambda n: s(Schedule.nested([seq_len // n, n],  # noqa: E731
-                                     ["nothing_saveable", "everything_saveable"]))
+    ne = lambda n: s(autoremat.nested([seq_len // n, n],  # noqa: E731
+                                      ["nothing_saveable", "everything_saveable"]))
     for n in (100, 200, 500):  # bytes: 1 MB per step of stored residuals
         sized.add(ne(n), 10**6 * int(ne(n).terms[1]), over_budget=False)
     sized.add(ne(1000), 10**6 * int(ne(1000).terms[1]), over_budget=True, refused=True)

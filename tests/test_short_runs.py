@@ -9,12 +9,12 @@ from typing import Any
 import optuna
 import pytest
 
+import autoremat
 import autoremat._search.short_runs as short_runs
 from autoremat._cli.printing import result_table
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import seed_lstm
 from autoremat._schedules import read_schedule
-from autoremat._schedules.base import Schedule
 from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_study
 from autoremat._search.study import load_study, measured_trials
 from autoremat._search.tune import tune
@@ -37,32 +37,32 @@ def small(seq_len: int = T):
 
 
 def test_each_kind_keeps_its_structure_in_the_short_run() -> None:
-    nested = Schedule.nested([40, 10])
+    nested = autoremat.nested([40, 10])
     assert nested.timing_length(T, SHORT) == 100  # whole chunks of 10
-    assert Schedule.nested([4, 100]).timing_length(T, SHORT) == 200  # at least two chunks
-    assert Schedule.nested([2, 7]).timing_length(T, SHORT) == 105  # whole chunks, >= short
-    assert Schedule.plain(T).timing_length(T, SHORT) == SHORT
-    assert Schedule.binomial(4).timing_length(T, SHORT) == SHORT
-    assert Schedule.binomial(30).timing_length(T, SHORT) == 240  # 8 steps per snapshot
-    assert Schedule.binomial(80).timing_length(T, SHORT) == T  # never past T
+    assert autoremat.nested([4, 100]).timing_length(T, SHORT) == 200  # at least two chunks
+    assert autoremat.nested([2, 7]).timing_length(T, SHORT) == 105  # whole chunks, >= short
+    assert autoremat.plain(T).timing_length(T, SHORT) == SHORT
+    assert autoremat.binomial(4).timing_length(T, SHORT) == SHORT
+    assert autoremat.binomial(30).timing_length(T, SHORT) == 240  # 8 steps per snapshot
+    assert autoremat.binomial(80).timing_length(T, SHORT) == T  # never past T
     # nested work is linear in whole chunks; binomial's re-runs grow faster than T
     assert short_runs.scale(nested, T, 100) == pytest.approx(4.0)
-    b = Schedule.binomial(4)
+    b = autoremat.binomial(4)
     assert short_runs.scale(b, T, 100) == short_runs.work(b, T) / short_runs.work(b, 100) > 4.0
     assert short_runs.work(b, T) == b.cost(T).evaluations + short_runs.BACKWARD_EXTRA * T
 
 
 def test_short_runs_only_when_the_problem_can_and_is_long_enough(short: int) -> None:
     problem = small()
-    assert short_runs.timed_length(problem, Schedule.nested([40, 10])) == 100
-    assert short_runs.timed_length(problem, Schedule.nested([2, 200])) == T  # > half of T
-    assert short_runs.timed_length(small(150), Schedule.nested([15, 10])) == 150  # T < 2 short
+    assert short_runs.timed_length(problem, autoremat.nested([40, 10])) == 100
+    assert short_runs.timed_length(problem, autoremat.nested([2, 200])) == T  # > half of T
+    assert short_runs.timed_length(small(150), autoremat.nested([15, 10])) == 150  # T < 2 short
     assert short_runs.timed_length(replace(problem, at_length=None),
-                                 Schedule.nested([40, 10])) == T
+                                 autoremat.nested([40, 10])) == T
 
 
 def test_a_short_run_keeps_the_full_length_bytes_and_scales_its_time(short: int) -> None:
-    problem, schedule = small(), Schedule.nested([40, 10])
+    problem, schedule = small(), autoremat.nested([40, 10])
     sized = compile_schedule(problem, schedule, budget_bytes=BUDGET)
     full_total = sized.measurement.total_bytes
     short_total = compile_schedule(problem.at_length(100), schedule).measurement.total_bytes
@@ -78,8 +78,8 @@ def test_a_short_run_keeps_the_full_length_bytes_and_scales_its_time(short: int)
 
 def test_full_length_problems_record_their_length(short: int) -> None:
     problem = small(150)
-    sized = compile_schedule(problem, Schedule.nested([15, 10]), budget_bytes=BUDGET)
-    m = short_runs.ShortRuns(problem).time(Schedule.nested([15, 10]), sized,
+    sized = compile_schedule(problem, autoremat.nested([15, 10]), budget_bytes=BUDGET)
+    m = short_runs.ShortRuns(problem).time(autoremat.nested([15, 10]), sized,
                                          budget_bytes=BUDGET, time_budget=0.05, cut_after=None)
     assert m.timed_seq_len == 150 and m.short_seq_len is None and m.short_seconds is None
 
@@ -139,7 +139,7 @@ def test_the_answer_is_timed_at_full_length_when_any_was() -> None:
     from autoremat._search.study import MeasuredTrial, _choose
 
     def trial(number: int, seconds: float, timed: int) -> MeasuredTrial:
-        return MeasuredTrial(number, Schedule.nested([40, 10]), Measurement(
+        return MeasuredTrial(number, autoremat.nested([40, 10]), Measurement(
             "k", "ok", total_bytes=10, step_seconds=seconds, timed_seq_len=timed))
 
     predicted, confirmed = trial(0, 1.0, 100), trial(1, 2.0, T)
@@ -168,9 +168,9 @@ def test_a_loss_problem_is_timed_on_the_first_steps_of_its_batch(short: int) -> 
     assert problem.at_length is not None
     cut = problem.at_length(100)
     assert (cut.seq_len, cut.arg_names) == (100, problem.arg_names)
-    step, args = cut.build(Schedule.nested([10, 10]))
+    step, args = cut.build(autoremat.nested([10, 10]))
     np.testing.assert_allclose(jax.jit(step)(*args)[2], loss(W, x[:, :100], y), rtol=1e-5)
-    assert short_runs.ShortRuns(problem).length(Schedule.nested([20, 10])) == 100
+    assert short_runs.ShortRuns(problem).length(autoremat.nested([20, 10])) == 100
 
     # B == T: which axis is time is not known, so no short runs
     square = jax.random.normal(jax.random.PRNGKey(0), (T, T, 3))
@@ -183,7 +183,7 @@ def test_a_loss_problem_is_timed_on_the_first_steps_of_its_batch(short: int) -> 
     stuck = Problem.from_loss("rnn", fixed, W, (x,), optax.sgd(0.1))
     with pytest.raises(ProblemError, match=r"at_length: .* longest scan has 400 steps, not 100"):
         stuck.at_length(100)  # type: ignore[misc]
-    schedule = Schedule.nested([20, 10])
+    schedule = autoremat.nested([20, 10])
     runs = short_runs.ShortRuns(stuck)
     with pytest.warns(RuntimeWarning, match="timed at full length"):
         m = runs.time(schedule, compile_schedule(stuck, schedule), budget_bytes=BUDGET,

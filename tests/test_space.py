@@ -1,10 +1,10 @@
-"""The search space: every sampled schedule is valid and covers T."""
+"""The search space: every schedule it proposes is valid and covers T."""
 
 from __future__ import annotations
 
 import math
+import random
 
-import optuna
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,10 +20,8 @@ from autoremat._schedules.nested import (
     policy_choices,
 )
 from autoremat._schedules.policy import NO_REMAT
-from autoremat._search.space import seed_params, seed_schedules, suggest
+from autoremat._search.space import propose, seeds
 from autoremat.bounds import repetitions
-
-optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _check(schedule: Schedule, seq_len: int, platform: str = "cpu") -> None:
@@ -50,20 +48,18 @@ def _check(schedule: Schedule, seq_len: int, platform: str = "cpu") -> None:
 
 
 @pytest.mark.parametrize("seq_len", [16, 64, 97, 10_000, 100_000])
-def test_random_trials_give_valid_schedules(seq_len: int) -> None:
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seq_len))
+def test_random_proposals_give_valid_schedules(seq_len: int) -> None:
+    rng = random.Random(seq_len)
     seen = set()
     for _ in range(150):
-        trial = study.ask()
-        schedule = suggest(trial, seq_len)
+        schedule = propose({}, seq_len, "cpu", rng)[0]
         _check(schedule, seq_len)
         seen.add(schedule.depth if isinstance(schedule, NestedSchedule) else "binomial")
-        study.tell(trial, 0.0)
     assert seen == {*depths(seq_len), "binomial"}
 
 
 def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
-    described = [s.describe() for s in seed_schedules(10_000)]
+    described = [s.describe() for s, _ in seeds(10_000)]
     assert described == [
         "10000 none unroll=1",
         "10000 nothing unroll=1",
@@ -72,32 +68,30 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
         "100x10x10 nothing/dots/everything unroll=1",  # short chunks (bench_tune)
         "binomial s=38 unroll=1",  # C(38 + 3, 3) >= 10^4: three repetitions
     ]
-    deep = seed_schedules(100_000)[3]
+    deep = seeds(100_000)[3][0]
     assert isinstance(deep, NestedSchedule) and deep.lengths == (50, 40, 50)
 
 
 @given(st.integers(min_value=1, max_value=200_000))
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 def test_seed_candidates_cover_any_length(seq_len: int) -> None:
-    for schedule in seed_schedules(seq_len):
+    for schedule, _ in seeds(seq_len):
         _check(schedule, seq_len)
-    assert len(seed_params(seq_len)) == (2 + sum(d in depths(seq_len) for d in (2, 3))
-                                         + (seq_len >= 1000) + (seq_len >= 2))
+    assert len(seeds(seq_len)) == (2 + sum(d in depths(seq_len) for d in (2, 3))
+                                   + (seq_len >= 1000) + (seq_len >= 2))
 
 
 def test_offload_policies_only_on_accelerators() -> None:
     assert set(policy_choices("cpu")) == set(POLICIES)
     for platform in ("gpu", "tpu"):
         assert set(OFFLOAD_POLICIES) <= set(policy_choices(platform))
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    rng = random.Random(1)
     names = set()
     for _ in range(100):
-        trial = study.ask()
-        schedule = suggest(trial, 1000, "gpu")
+        schedule = propose({}, 1000, "gpu", rng)[0]
         _check(schedule, 1000, "gpu")
         if isinstance(schedule, NestedSchedule):
             names |= {lv.policy.name for lv in schedule.levels}
-        study.tell(trial, 0.0)
     assert "offload_dot_with_no_batch_dims" in names
 
 

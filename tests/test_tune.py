@@ -8,11 +8,11 @@ from pathlib import Path
 import optuna
 import pytest
 
+import autoremat
 from autoremat._errors import TuneError
 from autoremat._measure.measure import measure
 from autoremat._measure.measurement import Measurement
 from autoremat._measure.stale import StaleScheduleWarning, load_schedule, schedule_mismatches
-from autoremat._schedules.base import Schedule
 from autoremat._search.storage import redact
 from autoremat._search.study import (
     MeasuredTrial,
@@ -68,7 +68,7 @@ def test_tune_writes_a_schedule_that_fits_when_remeasured(in_tmp: Path) -> None:
     assert len(trials) == 6
     # The plain scan (enqueued first) is over budget: sized, constrained, never timed.
     plain = next(t for t in trials if t.number == 0)
-    assert plain.schedule.key() == plain.measurement.schedule_key == Schedule.plain(32).key()
+    assert plain.schedule.key() == plain.measurement.schedule_key == autoremat.plain(32).key()
     assert plain.measurement.step_seconds is None and not plain.measurement.feasible
     assert not plain.measurement.fits(BUDGET) and result.plain_trial == plain
     assert study.trials[0].system_attrs["constraints:memory"] > 0
@@ -140,7 +140,7 @@ def test_stale_schedule_warnings(in_tmp: Path) -> None:
     assert schedule_mismatches(schedule, device_kind="TPU v9") == [
         f"tuned on device {schedule.meta['device_kind']!r}, running on 'TPU v9'"]
     assert schedule_mismatches(schedule.with_meta(), problem) == []
-    assert schedule_mismatches(Schedule.plain(8), tiny(seq_len=16)) == []  # no meta
+    assert schedule_mismatches(autoremat.plain(8), tiny(seq_len=16)) == []  # no meta
 
 
 def test_measurement_from_attrs_round_trips_and_refuses_what_is_not_one() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import autoremat
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 
@@ -27,7 +28,7 @@ def tiny(seq_len: int = 32, hidden: int = 4, nan_for_plain: bool = False) -> Pro
     x = jax.random.normal(jax.random.PRNGKey(1), (seq_len, hidden))
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
-        poison = nan_for_plain and schedule.key() == Schedule.plain(seq_len).key()
+        poison = nan_for_plain and schedule.key() == autoremat.plain(seq_len).key()
 
         def loss_fn(w: jax.Array, x: jax.Array) -> jax.Array:
             def f(h: jax.Array, xt: jax.Array) -> tuple[jax.Array, None]:

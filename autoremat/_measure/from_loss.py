@@ -24,6 +24,7 @@ import optax
 from autoremat._errors import ProblemError
 from autoremat._scan.remat_scans import DEFAULT_MIN_LENGTH, RematScans, remat_scans
 from autoremat._scan.rewrite import REWRITTEN, survey
+from autoremat._schedules import plain
 from autoremat._schedules.base import Schedule
 
 Build = Callable[[Schedule], tuple[Callable[..., Any], tuple[Any, ...]]]
@@ -45,7 +46,7 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise ProblemError(f"optimizer: expected an optax GradientTransformation, got "
                            f"{type(optimizer).__name__}")
-    RematScans(loss_fn, Schedule.plain(1), min_length=min_length)  # refuses jax.grad(loss)
+    RematScans(loss_fn, plain(1), min_length=min_length)  # refuses jax.grad(loss)
     try:
         closed = jax.make_jaxpr(loss_fn)(params, *batch)
     except Exception as e:
@@ -56,7 +57,7 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
         raise ProblemError(f"loss_fn: no scan of length >= min_length={min_length} to schedule; "
                            "lower min_length or check that the model scans over time")
     opt_state = optimizer.init(params)
-    fusing = RematScans(loss_fn, Schedule.plain(1), min_length=min_length, fuse=True)
+    fusing = RematScans(loss_fn, plain(1), min_length=min_length, fuse=True)
     choice = fuse is None and any(  # ``Analysis.describe`` of a fused scan
         s.fusion.startswith("fused into the step")
         for s in fusing.describe(params, *batch).scans)

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from autoremat._errors import ProblemError
 from autoremat._measure.problem import Problem, Step
+from autoremat._schedules import plain
 from autoremat._schedules.base import Schedule
 
 #: The values each block tags (MaxText's names, ``layers/attentions.py`` and
@@ -219,7 +220,7 @@ def layer_stack_model(sizes: LayerStack) -> LayerStackModel:
 
     tokens = jax.random.randint(jax.random.PRNGKey(1), (sizes.batch, sizes.seq_len), 0,
                                 sizes.vocab)
-    model = decoder(sizes, Schedule.plain(sizes.layers))
+    model = decoder(sizes, plain(sizes.layers))
     params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens)["params"]
     tx = optax.adam(1e-3)
     return LayerStackModel(sizes, (params, tx.init(params), tokens), tx)

@@ -40,7 +40,7 @@ def fuse_head(step: Step, head: Callable[[Any], Any]) -> Step:
       >>> import jax.numpy as jnp, autoremat
       >>> step = lambda c, x: (c + x, jnp.stack([c, x]))
       >>> fused = autoremat.fuse_head(step, lambda y: y.sum())
-      >>> c, ys = autoremat.scan(fused, 0.0, jnp.ones(4), schedule=autoremat.Schedule.plain(4))
+      >>> c, ys = autoremat.scan(fused, 0.0, jnp.ones(4), schedule=autoremat.plain(4))
       >>> ys.tolist()
       [1.0, 2.0, 3.0, 4.0]
     """
@@ -67,7 +67,7 @@ def fuse_loss(step: Step, loss: Callable[[Any, Any], Any]) -> Step:
       >>> step = lambda c, x: (c + x, c * x)
       >>> fused = autoremat.fuse_loss(step, lambda y, t: (y - t) ** 2)
       >>> (c, total), ys = autoremat.scan(fused, (0.0, 0.0), (jnp.ones(3), jnp.zeros(3)),
-      ...                                 schedule=autoremat.Schedule.nested([3]))
+      ...                                 schedule=autoremat.nested([3]))
       >>> float(total), ys is None
       (5.0, True)
     """

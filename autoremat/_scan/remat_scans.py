@@ -3,7 +3,7 @@
 Wrap the *loss* (or any function whose scans should be checkpointed), then
 differentiate the wrapper::
 
-    loss = autoremat.remat_scans(loss_fn, autoremat.Schedule.nested([100, 100]))
+    loss = autoremat.remat_scans(loss_fn, autoremat.nested([100, 100]))
     grads = jax.grad(loss)(params, x, y)
 
 Every ``scan`` of length ``>= min_length`` the function reaches -- written

@@ -74,7 +74,7 @@ def scan(
     Example:
       >>> import jax.numpy as jnp, autoremat
       >>> step = lambda c, x: (c + x, c * x)
-      >>> sched = autoremat.Schedule.nested([10, 10])
+      >>> sched = autoremat.nested([10, 10])
       >>> c, ys = autoremat.scan(step, 0.0, jnp.ones(100), schedule=sched)
       >>> float(c), ys.shape
       (100.0, (100,))

@@ -1,21 +1,24 @@
-"""The registry of schedule kinds, and the YAML form of any schedule.
+"""The registry of schedule kinds, their constructors, and the YAML form of any schedule.
 
 The base ``Schedule`` (``autoremat._schedules.base``) knows no kind. This module
 imports every kind module, registers each class in ``KINDS`` (``kind:`` name
 -> class), and dispatches on it: ``from_data`` (a YAML mapping -> the kind's
 object), ``parse_schedule`` / ``read_schedule`` / ``dump_schedule`` /
-``save_schedule``. Adding a kind is one module (a frozen ``Schedule``
-subclass, see ``CONTRIBUTING.md``) and one ``register`` line here;
-everything that differs by kind -- parsing and validation, ``describe`` /
-``explain``, the cost (``bounds.cost``) and the tuner's cost-model features,
-the search space, the builder and the tests' gradient matrix -- is a method
-of that class.
+``save_schedule``. The constructors ``nested``, ``binomial``, ``root`` and
+``plain`` (``autoremat.nested`` ...) are here too; as attributes of this package,
+``nested`` and ``binomial`` are these functions, not the kind modules of those
+names (import from those as ``from autoremat._schedules.nested import ...``).
+Adding a kind is one module (a frozen ``Schedule`` subclass, see
+``CONTRIBUTING.md``) and one ``register`` line here; everything that differs
+by kind -- parsing and validation, ``describe`` / ``explain``, the cost
+(``bounds.cost``) and the tuner's cost-model features, the search space, the
+builder and the tests' gradient matrix -- is a method of that class.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -25,19 +28,21 @@ from autoremat._atomic import atomic_write_text
 from autoremat._errors import ScheduleError, one_line
 from autoremat._schedules.base import (
     COMMON_KEYS,
-    KINDS,
     KNOWN_VERSIONS,
     SCHEDULE_VERSION,
     Schedule,
     check_options,
+    root_lengths,
 )
 from autoremat._schedules.binomial import BinomialSchedule
 from autoremat._schedules.nested import NestedSchedule
-from autoremat._schedules.policy import _show
+from autoremat._schedules.policy import NO_REMAT, Policy, _show
 from autoremat._schedules.safe_yaml import load_yaml_text, read_bytes
 
 #: A mapping without ``kind:`` is of this kind (files written before kinds existed).
 DEFAULT_KIND: Final = "nested"
+#: ``kind:`` name -> its ``Schedule`` subclass, in registration order (the search's order).
+KINDS: Final[dict[str, type[Schedule]]] = {}
 
 
 def register(kind: type[Schedule]) -> type[Schedule]:
@@ -50,6 +55,57 @@ def register(kind: type[Schedule]) -> type[Schedule]:
 
 register(NestedSchedule)
 register(BinomialSchedule)
+
+
+def nested(
+    lengths: Sequence[int],
+    policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
+    *,
+    unroll: int = 1,
+    meta: Mapping[str, Any] | None = None,
+) -> NestedSchedule:
+    """Nested levels of the given lengths, with one policy or one per level.
+
+    >>> nested([100, 100]).describe()
+    '100x100 nothing/nothing unroll=1'
+    """
+    return NestedSchedule.build(lengths, policies, unroll=unroll, meta=meta)
+
+
+def binomial(snapshots: int, *, backward: str = "loops", unroll: int = 1,
+             meta: Mapping[str, Any] | None = None) -> BinomialSchedule:
+    """Binomial (Revolve) checkpointing with ``snapshots`` stored carries
+    (``backward``: ``"loops"`` or ``"static"``, the binomial kind's docstring).
+
+    >>> binomial(16).describe()
+    'binomial s=16 unroll=1'
+    """
+    return BinomialSchedule(snapshots=snapshots, backward=backward, unroll=unroll,
+                            meta=dict(meta or {}))
+
+
+def root(
+    seq_len: int,
+    depth: int,
+    policies: str | Policy | Sequence[str | Policy] = "nothing_saveable",
+    *,
+    unroll: int = 1,
+    meta: Mapping[str, Any] | None = None,
+) -> NestedSchedule:
+    """``depth`` levels, each about ``seq_len ** (1 / depth)`` long (``root_lengths``).
+
+    The classic sqrt(T) (``depth=2``) and cube-root (``depth=3``) schedules
+    of Chen et al. 2016: ``O(depth * T^(1/depth))`` stored carries.
+
+    >>> root(10_000, 2).describe()
+    '100x100 nothing/nothing unroll=1'
+    """
+    return nested(root_lengths(seq_len, depth), policies, unroll=unroll, meta=meta)
+
+
+def plain(length: int) -> NestedSchedule:
+    """The reference: one plain ``lax.scan`` with no remat (linear memory)."""
+    return nested([length], NO_REMAT)
 
 
 def top_keys() -> tuple[str, ...]:

@@ -42,13 +42,15 @@ forward steps any schedule can with ``s`` carries: ``O(log T)`` memory for
 
 This module imports no jax at import time, so the CLI's ``--help`` stays
 instant; ``Policy.resolve`` imports it when a policy is actually built. It
-imports no kind either: ``autoremat._schedules`` imports the kind modules, fills
-``KINDS`` and reads and writes the YAML.
+names no kind either: ``autoremat._schedules`` imports the kind modules, holds
+``KINDS`` and the constructors (``nested``, ``binomial``, ``root``, ``plain``)
+and reads and writes the YAML.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from abc import ABC, abstractmethod
@@ -59,7 +61,7 @@ from typing import Any, ClassVar, Final
 import yaml
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.policy import NO_REMAT, Policy, _show, check_int
+from autoremat._schedules.policy import Policy, _show, check_int
 from autoremat.bounds import Cost
 
 SCHEDULE_VERSION: Final = 1
@@ -71,10 +73,6 @@ COMMON_KEYS: Final = ("version", "kind", "unroll", "fuse", "compiler_options", "
 #: ``compiler_options`` names: XLA ``DebugOptions`` fields (what ``XLA_FLAGS`` sets,
 #: without the leading ``--``).
 OPTION_NAME: Final = re.compile(r"xla_[a-z0-9_]+")
-#: ``kind:`` name -> its ``Schedule`` subclass, in registration order (the search's order).
-#: Filled by ``autoremat._schedules`` (which imports every kind module); this module
-#: imports none of them.
-KINDS: Final[dict[str, type[Schedule]]] = {}
 
 
 @dataclass(frozen=True)
@@ -118,12 +116,35 @@ class Check:
     offloads: bool = False
 
 
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the search space (``Schedule.parameters``): a choice among
+    ``choices`` or, with none, an integer in ``low..high``.
+
+    Attributes:
+      name: its key in a candidate's params (a kind's names do not clash with another
+        kind's, nor with the space's own: ``kind``, ``fuse``, ``compiler``).
+      choices: the values to choose from, in order; empty: an integer.
+      low, high: the integer's range, both included.
+      log: the integer spans orders of magnitude: a random one is log-uniform.
+      ordered: the choices are ordered (e.g. the nested depth): a neighbour
+        (``space.neighbours``) takes the one before or after, not any other.
+    """
+
+    name: str
+    choices: tuple[Any, ...] = ()
+    low: int = 0
+    high: int = 0
+    log: bool = False
+    ordered: bool = False
+
+
 @dataclass(frozen=True, kw_only=True)
 class Schedule(ABC):
     """How to rematerialize a scan; one subclass per kind (``autoremat._schedules``).
 
-    Build one with ``Schedule.nested`` / ``.binomial`` / ``.root`` /
-    ``.plain``, or from its YAML mapping with ``autoremat._schedules.from_data``. Each
+    Build one with ``autoremat.nested`` / ``binomial`` / ``root`` / ``plain``, or
+    from its YAML mapping with ``autoremat._schedules.from_data``. Each
     kind's docstring defines its semantics (the one place they are defined;
     ``autoremat.scan`` follows it); every kind gives the loss and gradients
     of a plain ``lax.scan`` and differs only in memory and time.
@@ -157,9 +178,6 @@ class Schedule(ABC):
     #: JAX transformations of ``autoremat.scan`` this kind cannot do, out of
     #: ``TRANSFORMS``; each raises a clear error instead (tests check both).
     UNSUPPORTED: ClassVar[frozenset[str]] = frozenset()
-    #: Categorical parameters of ``suggest`` whose choices are ordered: a neighbour
-    #: (``space.neighbours``) takes the choice before or after, not any other.
-    ORDERED: ClassVar[frozenset[str]] = frozenset()
 
     unroll: int = 1
     meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -212,14 +230,21 @@ class Schedule(ABC):
 
     @classmethod
     @abstractmethod
-    def suggest(cls, trial: Any, seq_len: int, platform: str) -> Schedule:
-        """A schedule of this kind from a trial's parameters (``space``: seeds and the
-        planner's candidates; nothing is sampled)."""
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+        """This kind's parameters of the search space (``autoremat._search.space``) at
+        ``T = seq_len`` on ``platform``, in the order they are chosen, as far as the
+        values ``chosen`` so far fix them: a parameter whose range depends on an
+        earlier one's value is listed once that value is chosen."""
+
+    @classmethod
+    @abstractmethod
+    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str) -> Schedule:
+        """The schedule of a value for each of ``parameters`` (a candidate's params)."""
 
     @classmethod
     @abstractmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
-        """Trial parameters of this kind's obvious candidates (without ``kind``) on
+        """The params of this kind's obvious candidates (without ``kind``) on
         ``platform`` (``"cpu"``, ``"gpu"``/``"cuda"``/``"rocm"``, ``"tpu"``): the seeds
         are always timed, so a kind that costs much more on a platform seeds less there."""
 
@@ -230,9 +255,9 @@ class Schedule(ABC):
 
     @classmethod
     def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
-        """Choices of ``suggest`` on ``platform`` that a study checks before offering
-        them: choice label (a categorical value ``suggest`` passes to the trial) ->
-        a ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
+        """Choices of ``parameters`` on ``platform`` that a study checks before offering
+        them: choice label (a value of one of ``parameters``' ``choices``) -> a
+        ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
         small instance of its problem and leaves out of its space every one that
         fails to compile or changes the loss or gradients (``autoremat._search.probe``).
         This default has none: every choice is offered."""
@@ -253,61 +278,6 @@ class Schedule(ABC):
         return seq_len
 
     # -- shared ----------------------------------------------------------------
-    @classmethod
-    def nested(
-        cls,
-        lengths: Sequence[int],
-        policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
-        *,
-        unroll: int = 1,
-        meta: Mapping[str, Any] | None = None,
-    ) -> Schedule:
-        """Nested levels of the given lengths, with one policy or one per level.
-
-        >>> Schedule.nested([100, 100]).describe()
-        '100x100 nothing/nothing unroll=1'
-        """
-        return KINDS["nested"].build(lengths, policies, unroll=unroll, meta=meta)  # type: ignore[attr-defined]
-
-    @classmethod
-    def binomial(
-        cls, snapshots: int, *, backward: str = "loops", unroll: int = 1,
-        meta: Mapping[str, Any] | None = None
-    ) -> Schedule:
-        """Binomial (Revolve) checkpointing with ``snapshots`` stored carries
-        (``backward``: ``"loops"`` or ``"static"``, the binomial kind's docstring).
-
-        >>> Schedule.binomial(16).describe()
-        'binomial s=16 unroll=1'
-        """
-        return KINDS["binomial"](snapshots=snapshots, backward=backward,  # type: ignore[call-arg]
-                                 unroll=unroll, meta=dict(meta or {}))
-
-    @classmethod
-    def root(
-        cls,
-        seq_len: int,
-        depth: int,
-        policies: str | Policy | Sequence[str | Policy] = "nothing_saveable",
-        *,
-        unroll: int = 1,
-        meta: Mapping[str, Any] | None = None,
-    ) -> Schedule:
-        """``depth`` levels, each about ``seq_len ** (1 / depth)`` long (``root_lengths``).
-
-        The classic sqrt(T) (``depth=2``) and cube-root (``depth=3``) schedules
-        of Chen et al. 2016: ``O(depth * T^(1/depth))`` stored carries.
-
-        >>> Schedule.root(10_000, 2).describe()
-        '100x100 nothing/nothing unroll=1'
-        """
-        return cls.nested(root_lengths(seq_len, depth), policies, unroll=unroll, meta=meta)
-
-    @classmethod
-    def plain(cls, length: int) -> Schedule:
-        """The reference: one plain ``lax.scan`` with no remat (linear memory)."""
-        return cls.nested([length], NO_REMAT)
-
     def with_meta(self, **meta: Any) -> Schedule:
         """A copy with ``meta`` updated by the given keys."""
         return replace(self, meta={**self.meta, **meta})
@@ -390,6 +360,7 @@ def divisors(n: int) -> list[int]:
 SNAP_TOLERANCE: Final = 0.25
 
 
+@functools.lru_cache(maxsize=4096)  # the search snaps the same lengths again and again
 def snap(length: int, remaining: int) -> int:
     """The divisor of ``remaining`` nearest ``length`` if within 25%, else ``length``."""
     best = min(divisors(remaining), key=lambda k: (abs(k - length), k))

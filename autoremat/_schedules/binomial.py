@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.base import Features, Schedule
+from autoremat._schedules.base import Features, Param, Schedule
 from autoremat._schedules.platforms import GPU_PLATFORMS
 from autoremat._schedules.policy import _show, check_int
 from autoremat.bounds import Cost, max_steps, optimal_cost
@@ -155,15 +155,18 @@ class BinomialSchedule(Schedule):
                              self.unroll, self.describe(), static=self.backward == "static")
 
     @classmethod
-    def suggest(cls, trial: Any, seq_len: int, platform: str) -> BinomialSchedule:
-        """``snapshots`` log-uniform in ``snapshot_range(T)``; on a GPU also the
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+        """``snapshots`` in ``snapshot_range(T)``, log-scaled; on a GPU also the
         ``backward`` (elsewhere ``"loops"``, measured faster on a CPU)."""
         low, high = snapshot_range(seq_len)
-        snapshots = trial.suggest_int("snapshots", low, high, log=True)
-        if platform not in GPU_PLATFORMS:
-            return cls(snapshots=snapshots)
-        return cls(snapshots=snapshots,
-                   backward=trial.suggest_categorical("backward", list(BACKWARDS)))
+        snapshots = Param("snapshots", low=low, high=high, log=True)
+        return [snapshots, Param("backward", BACKWARDS)] if platform in GPU_PLATFORMS else [snapshots]
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], seq_len: int,
+                    platform: str) -> BinomialSchedule:
+        backward = params["backward"] if platform in GPU_PLATFORMS else "loops"
+        return cls(snapshots=params["snapshots"], backward=backward)
 
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:

@@ -122,7 +122,7 @@ class _Loop:
             raise ScheduleError(
                 f"schedule {self.label!r}: jax.linearize is not supported by the binomial "
                 "kind: its backward pass is a custom VJP, which has no forward-mode linear "
-                "map. Use jax.jvp (supported), or a nested schedule (e.g. Schedule.root(T, 2)) "
+                "map. Use jax.jvp (supported), or a nested schedule (e.g. autoremat.root(T, 2)) "
                 "for jax.linearize.")
 
         @jax.custom_vjp

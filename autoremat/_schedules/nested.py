@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.base import Check, Features, Schedule, at, root_lengths, snap
+from autoremat._schedules.base import Check, Features, Param, Schedule, at, root_lengths, snap
 from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
 from autoremat._schedules.policy import (
     CARRY_NAME,
@@ -111,7 +111,6 @@ class NestedSchedule(Schedule):
     kind: ClassVar[str] = "nested"
     FIELDS: ClassVar[Mapping[str, str]] = {
         "levels": "levels: [{length: 100, policy: nothing_saveable}]"}
-    ORDERED: ClassVar[frozenset[str]] = frozenset({"depth"})
 
     levels: tuple[Level, ...]
 
@@ -130,7 +129,7 @@ class NestedSchedule(Schedule):
     def build(cls, lengths: Sequence[int],
               policies: str | Policy | Sequence[str | Policy | Mapping[str, Any]] = "nothing_saveable",
               *, unroll: int = 1, meta: Mapping[str, Any] | None = None) -> NestedSchedule:
-        """``Schedule.nested``: one policy for every level, or one per level."""
+        """``autoremat.nested``: one policy for every level, or one per level."""
         lengths = tuple(lengths)
         if isinstance(policies, (str, Policy)):
             policies = (policies,) * len(lengths)
@@ -256,34 +255,46 @@ class NestedSchedule(Schedule):
 
     # -- the search space ------------------------------------------------------------
     @classmethod
-    def suggest(cls, trial: Any, seq_len: int, platform: str) -> NestedSchedule:
-        """``depth`` in 1..4; depth 1: a plain scan (policy ``none``) or per-step
-        remat; deeper: the inner chunk lengths, innermost first, log-uniform and
-        snapped to a divisor of what is left of ``T`` when one is within 25%
-        (``snap``); the outermost count is ``ceil(T / prod(inner))``; one
-        policy per level; the innermost ``unroll`` in ``UNROLLS``."""
-        depth = trial.suggest_categorical("depth", depths(seq_len))
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+        """``depth`` in ``depths(T)``; depth 1: a plain scan (policy ``none``) or
+        per-step remat, and the ``unroll``; deeper: the inner chunk lengths, innermost
+        first, log-scaled (``_inner``: each snapped to a divisor of what is left of ``T``
+        when one is within 25%, ``snap``; the outermost count is ``ceil(T /
+        prod(inner))``); one policy per level, outermost first; the innermost
+        ``unroll`` in ``UNROLLS``."""
+        out = [Param("depth", tuple(depths(seq_len)), ordered=True)]
+        depth = chosen.get("depth")
+        if depth is None:
+            return out
+        if depth == 1:
+            return [*out, Param("d1_policy", (NO_REMAT, *policy_choices(platform, "step"))),
+                    Param("d1_unroll", UNROLLS)]
+        found, inner, _ = _inner(seq_len, depth, chosen)
+        if len(inner) < len(found):
+            return out + found
+        outer, innermost = policy_choices(platform, "outer"), policy_choices(platform, "innermost")
+        return [*out, *found,
+                *(Param(f"d{depth}_p{i}", tuple(innermost if i == depth - 1 else outer))
+                  for i in range(depth)),  # outermost first
+                Param(f"d{depth}_unroll", UNROLLS)]
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], seq_len: int,
+                    platform: str) -> NestedSchedule:
+        depth = params["depth"]
         if depth == 1:
             choices = policy_choices(platform, "step")
-            label = trial.suggest_categorical("d1_policy", [NO_REMAT, *choices])
+            label = params["d1_policy"]
             policy = Policy(NO_REMAT) if label == NO_REMAT else choices[label]
-            unroll = trial.suggest_categorical("d1_unroll", list(UNROLLS))
-            return cls.build([seq_len], [policy], unroll=min(unroll, seq_len))
-        remaining = seq_len
-        inner: list[int] = []  # innermost first
-        for i in range(depth - 1):
-            levels_left = depth - 1 - i  # levels still to place outside this one
-            high = max(2, remaining // 2**levels_left)
-            length = snap(trial.suggest_int(f"d{depth}_n{i}", 2, high, log=True), remaining)
-            inner.append(length)
-            remaining = math.ceil(remaining / length)
+            return cls.build([seq_len], [policy], unroll=min(params["d1_unroll"], seq_len))
+        found, inner, remaining = _inner(seq_len, depth, params)
+        if len(inner) < len(found):
+            raise KeyError(found[len(inner)].name)
         lengths = [remaining, *reversed(inner)]
         outer, innermost = policy_choices(platform, "outer"), policy_choices(platform, "innermost")
-        policies = [(c := innermost if i == depth - 1 else outer)[
-            trial.suggest_categorical(f"d{depth}_p{i}", list(c))]
-            for i in range(depth)]  # outermost first
-        unroll = trial.suggest_categorical(f"d{depth}_unroll", list(UNROLLS))
-        return cls.build(lengths, policies, unroll=min(unroll, lengths[-1]))
+        policies = [(innermost if i == depth - 1 else outer)[params[f"d{depth}_p{i}"]]
+                    for i in range(depth)]
+        return cls.build(lengths, policies, unroll=min(params[f"d{depth}_unroll"], lengths[-1]))
 
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
@@ -445,6 +456,26 @@ def policy_choices(platform: str, where: str | None = None) -> dict[str, Policy]
 def _offloads(policy: Policy) -> bool:
     """The policy moves residuals to host memory (a probe checks it first)."""
     return policy.name.startswith(("offload", "save_and_offload"))
+
+
+def _inner(seq_len: int, depth: int,
+           params: Mapping[str, Any]) -> tuple[list[Param], list[int], int]:
+    """The inner chunk lengths of ``depth`` levels, innermost first, as far as ``params``
+    holds them: their parameters (each from 2 to what leaves the levels outside it at
+    least 2 steps each), the lengths (``snap``ped to what is left of ``T``), and what is
+    left of ``T`` for the levels outside them."""
+    found: list[Param] = []
+    inner: list[int] = []
+    remaining = seq_len
+    for i in range(depth - 1):
+        levels_left = depth - 1 - i  # levels still to place outside this one
+        found.append(Param(f"d{depth}_n{i}", low=2, high=max(2, remaining // 2**levels_left),
+                           log=True))
+        if found[-1].name not in params:
+            break
+        inner.append(snap(params[found[-1].name], remaining))
+        remaining = math.ceil(remaining / inner[-1])
+    return found, inner, remaining
 
 
 def depths(seq_len: int) -> list[int]:

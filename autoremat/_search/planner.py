@@ -49,7 +49,7 @@ from autoremat._schedules.base import Schedule
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
-from autoremat._search.space import neighbours, propose, seed_params
+from autoremat._search.space import neighbours, propose, seeds
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -77,7 +77,7 @@ _AGAIN: Final = "again"
 
 @dataclass
 class Candidate:
-    """One schedule in the pool: its trial params, structure, and what screening found."""
+    """One schedule in the pool: its params (``space``), structure, and what screening found."""
 
     schedule: Schedule
     params: dict[str, Any]
@@ -126,12 +126,12 @@ class Planner:
         self.time_model = TimeModel(self.platform)  # its prior is the platform's
         seq_len = self.problem.seq_len
         fuse = self.problem.fuse_choice
-        for p in seed_params(seq_len, self.platform, self.refused, fuse):
-            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused, fuse)[:2])
+        for schedule, params in seeds(seq_len, self.platform, self.refused, fuse):
+            self.add(schedule, params)
         for p in short_scan_params(seq_len, self.platform, self.rng, self.refused):
-            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused, fuse)[:2])
+            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused, fuse))
         for _ in range(POOL_SIZE):
-            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused, fuse)[:2])
+            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused, fuse))
 
     # -- the pool ----------------------------------------------------------------------
     def add(self, schedule: Schedule, params: dict[str, Any]) -> None:

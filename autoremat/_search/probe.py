@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import one_line
 from autoremat._measure.problem import Problem
-from autoremat._schedules import KINDS
+from autoremat._schedules import KINDS, nested, plain
 from autoremat._schedules.base import Check, Schedule
 from autoremat._search import space
 
@@ -124,9 +124,9 @@ def _reference(problem: Problem) -> list[Any]:
     """The plain scan's outputs; where it fails (a problem too large to keep every
     step's residuals), those of remat of each step, which any fitting problem runs."""
     try:
-        return _run(problem, Schedule.plain(problem.seq_len), False)[1]
+        return _run(problem, plain(problem.seq_len), False)[1]
     except Exception:
-        return _run(problem, Schedule.nested([problem.seq_len]), False)[1]
+        return _run(problem, nested([problem.seq_len]), False)[1]
 
 
 def _verdict(problem: Problem, check: Check, reference: list[Any]) -> str:

@@ -2,7 +2,7 @@
 
 The first worker on a study name creates the study, records what it is for
 (``StudyInfo``: problem, argument fingerprint, device, budget) and enqueues
-the seed schedules (``space.seed_params``: the obvious candidates, always
+the seed schedules (``space.seeds``: the obvious candidates, always
 measured first). A later worker -- or a later ``tune`` resuming the study --
 checks that what it records matches, so a study never mixes problems,
 devices or budgets. The search itself is ``autoremat._search.tune``.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 from autoremat._errors import TuneError
 from autoremat._measure.problem import Problem
 from autoremat._search.attrs import SCHEDULE
-from autoremat._search.space import seed_schedules
+from autoremat._search.space import seeds
 from autoremat._search.storage import StudyLock
 from autoremat._search.study import MATCHED_STUDY_ATTRS, StudyInfo
 
@@ -39,15 +39,13 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock)
     seed schedules, the others check that ``info`` matches what it recorded."""
     import optuna
 
+    # Nothing is sampled (a trial measures what the planner chose, or the schedule it was
+    # enqueued with): Optuna's default sampler, asked for no parameter, does nothing.
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         study = optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                     directions=["minimize", "minimize"])
-    # Each worker measures what its planner chose or a trial enqueued with its schedule (a
-    # seed, a retry): nothing is sampled. Optuna still consults a sampler for every trial;
-    # RandomSampler reads no history and, with nothing suggested, does nothing.
-    study.sampler = optuna.samplers.RandomSampler()
     attrs = info.to_attrs()
     with lock:  # one worker sets the study up; the others check what it set
         recorded = study.user_attrs
@@ -65,7 +63,7 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock)
             for k, v in attrs.items():
                 study.set_user_attr(k, v)
             if not study.trials:
-                for schedule in seed_schedules(info.seq_len, info.platform or "cpu",
-                                               info.fuse_choice):
+                for schedule, _ in seeds(info.seq_len, info.platform or "",
+                                         fuse=info.fuse_choice):
                     study.enqueue_trial({}, user_attrs={SCHEDULE: schedule.to_data()})
     return study

@@ -23,8 +23,7 @@ from __future__ import annotations
 import random
 from typing import Any, Final
 
-from autoremat._schedules import KINDS
-from autoremat._search.space import suggest
+from autoremat._search.space import build, unchosen
 
 #: Scans of at most this many steps have their structures enumerated.
 SHORT_SCAN: Final = 128
@@ -32,34 +31,6 @@ SHORT_SCAN: Final = 128
 MAX_STRUCTURES: Final = 400
 #: Random completions (policies, unroll) added per structure.
 DRAWS: Final = 3
-
-
-class _Branch(Exception):
-    """``suggest`` reached a parameter to enumerate: its name and values."""
-
-    def __init__(self, name: str, values: list[Any]) -> None:
-        super().__init__(name)
-        self.name, self.values = name, values
-
-
-class _Enumerate:
-    """A trial that follows ``fixed`` and branches at the first other integer or
-    ordered parameter; any other choice takes its first value."""
-
-    def __init__(self, fixed: dict[str, Any]) -> None:
-        self.fixed = fixed
-
-    def suggest_int(self, name: str, low: int, high: int, *, log: bool = False) -> int:
-        if name not in self.fixed:
-            raise _Branch(name, list(range(low, high + 1)))
-        return int(self.fixed[name])
-
-    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
-        if name in self.fixed:
-            return self.fixed[name]
-        if name == "kind" or any(name in kind.ORDERED for kind in KINDS.values()):
-            raise _Branch(name, list(choices))
-        return choices[0]
 
 
 def structure_params(seq_len: int, platform: str,
@@ -73,14 +44,21 @@ def structure_params(seq_len: int, platform: str,
     pending: list[dict[str, Any]] = [{}]
     while pending:
         fixed = pending.pop()
-        try:
-            schedule = suggest(_Enumerate(fixed), seq_len, platform, refused)
-        except _Branch as b:
-            pending.extend({**fixed, b.name: v} for v in reversed(b.values))
+        chosen = dict(fixed)  # and the first choice of every parameter not enumerated
+        branch = None
+        while branch is None and (todo := unchosen(chosen, seq_len, platform, refused)):
+            for param in todo:
+                if param.name == "kind" or param.ordered or not param.choices:
+                    branch = param  # the next one to enumerate
+                    break
+                chosen[param.name] = param.choices[0]
+        if branch is not None:
+            values = branch.choices or range(branch.low, branch.high + 1)
+            pending.extend({**fixed, branch.name: v} for v in reversed(values))
             if len(pending) + len(found) > 50 * MAX_STRUCTURES:
                 return None
             continue
-        found.setdefault(schedule.key(), fixed)
+        found.setdefault(build(chosen, seq_len, platform).key(), fixed)
         if len(found) > MAX_STRUCTURES:
             return None
     return list(found.values())

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from autoremat._errors import TuneError
 from autoremat._measure.breakdown import DEVICE_KEYS, floor_message, seed_lstm_argument
 from autoremat._measure.measurement import Measurement
-from autoremat._schedules import from_data
+from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import MEASURED, SCHEDULE
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
@@ -251,7 +251,7 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
     if best is not None and best_trial is not None and best.fuse is not None:
         best = best.with_meta(fuse_why=fuse_why(trials, best_trial, info.budget_bytes,
                                                 info.seq_len))
-    plain_key = Schedule.plain(info.seq_len).key()
+    plain_key = plain(info.seq_len).key()
     sized = [t for t in trials if t.measurement.total_bytes is not None]
     return TuneResult(
         study_name=study.study_name, storage=storage, budget_bytes=info.budget_bytes,

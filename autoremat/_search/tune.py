@@ -9,7 +9,7 @@ fastest trial that fits
 (``autoremat._search.study.choose``).
 
 What gets measured is decided by ``autoremat._search.planner.Planner``, not by a
-sampler: the obvious candidates (``space.seed_schedules``) are enqueued first, each
+sampler: the obvious candidates (``space.seeds``) are enqueued first, each
 trial holding its schedule, and always measured (they calibrate the cost model); after
 them the planner hands its candidate straight to the trial that measures it; candidates
 are sized by compiling them (cheap), ranked by a time model calibrated on the
@@ -70,8 +70,7 @@ from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
-from autoremat._schedules import save_schedule
-from autoremat._schedules.base import Schedule
+from autoremat._schedules import plain, save_schedule
 from autoremat._search.confirm import confirm
 from autoremat._search.names import offered_names
 from autoremat._search.probe import study_probe
@@ -191,9 +190,9 @@ def _study_info(problem: Problem, budget_bytes: int, storage: str | None,
     """What the study is for, from the plain scan's arguments, and that build (its compile
     reuses it: the step is built once)."""
     env = environment()
-    plain = Schedule.plain(problem.seq_len)
+    reference = plain(problem.seq_len)
     try:
-        step, args = problem.build(plain)
+        step, args = problem.build(reference)
     except Exception as e:
         raise ProblemError(f"problem: {problem.name}: build(plain scan) failed: "
                            f"{one_line(e)}") from None
@@ -202,7 +201,7 @@ def _study_info(problem: Problem, budget_bytes: int, storage: str | None,
                      fingerprint=arguments_fingerprint(args), device_kind=env["device_kind"],
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
                      devices=devices, mesh=mesh, fuse_choice=problem.fuse_choice)
-    return info, (plain.key(), step, args)
+    return info, (reference.key(), step, args)
 
 
 def _write_best(result: TuneResult, out: str | Path) -> None:
