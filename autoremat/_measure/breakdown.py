@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from autoremat._measure.device_memory import unmeasured_reason
+from autoremat._measure.measurement import fit_figure
 from autoremat._measure.mesh import device_note, leaf_bytes
 from autoremat._units import format_bytes
 
@@ -247,8 +248,8 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
                      "the step runs)")
     if process is not None:
         parts.append(f"process peak {format_bytes(process)}")
-    bound = "the measured runtime peak" if runtime is not None else "the estimate"
-    return ([f"{indent}  device memory: " + ", ".join(parts) + f"; the fit is bound by {bound}"]
+    bound = fit_figure(total, runtime)[1].replace("runtime peak", "measured runtime peak")
+    return ([f"{indent}  device memory: " + ", ".join(parts) + f"; the fit is bound by the {bound}"]
             + ([f"{indent}  {proof}"] if proof else []))
 
 

@@ -79,7 +79,14 @@ from autoremat._errors import one_line
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import argument_parts, argument_sharding, scan_figures
 from autoremat._measure.device import environment
-from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement, Status
+from autoremat._measure.measurement import (
+    ERROR,
+    OK,
+    OVER_BUDGET,
+    Measurement,
+    Status,
+    fit_figure,
+)
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
 from autoremat._scan.records import record_scans
@@ -359,8 +366,8 @@ class _Timing:
             return self.measurement(
                 ERROR, "no memory figure: memory_analysis() and memory_stats() gave none",
                 loss=loss)
-        fit = self.figures["runtime_peak_bytes"] or total
-        if budget_bytes is not None and fit > budget_bytes:
+        fit = fit_figure(total, self.figures["runtime_peak_bytes"])[0]
+        if budget_bytes is not None and fit is not None and fit > budget_bytes:
             return self.measurement(OVER_BUDGET, f"over budget: {fit} bytes > budget "
                                     f"{budget_bytes} bytes", peak_bytes=peak)
         return self.measurement(OK, peak_bytes=peak, step_seconds=statistics.median(samples),

@@ -17,6 +17,14 @@ from autoremat._errors import TuneError
 Status = Literal["ok", "over_budget", "error"]
 OK: Final[Status] = "ok"
 OVER_BUDGET: Final[Status] = "over_budget"
+
+
+def fit_figure(total_bytes: int | None, runtime_peak_bytes: int | None) -> tuple[int | None, str]:
+    """The figure a fit is decided by, and its name (``bound``): the measured runtime peak
+    where there is one, else the estimate (``Measurement.fit_bytes`` says why)."""
+    if runtime_peak_bytes is not None:
+        return runtime_peak_bytes, "runtime peak"
+    return total_bytes, "estimate"
 ERROR: Final[Status] = "error"
 
 
@@ -169,14 +177,13 @@ class Measurement:
         over it for another (a layer stack: 20.9 GB estimated, 16.5 GB measured, and it
         ran on a 16.9 GB chip), so where a run was measured the estimate does not
         decide."""
-        runtime = self.runtime_peak_bytes
-        return runtime if runtime is not None else self.total_bytes
+        return fit_figure(self.total_bytes, self.runtime_peak_bytes)[0]
 
     @property
     def bound(self) -> str:
         """Which figure decides the fit: ``"runtime peak"`` (measured) or
         ``"estimate"``."""
-        return "runtime peak" if self.runtime_peak_bytes is not None else "estimate"
+        return fit_figure(self.total_bytes, self.runtime_peak_bytes)[1]
 
     def fits(self, budget_bytes: int) -> bool:
         """Ran (timed), ``fit_bytes <= budget_bytes`` (the measured runtime peak where

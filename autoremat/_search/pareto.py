@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import TuneError
 from autoremat._measure.breakdown import DEVICE_KEYS, KEYS, breakdown_figures, breakdown_lines
-from autoremat._measure.measurement import OVER_BUDGET
+from autoremat._measure.measurement import OVER_BUDGET, fit_figure
 from autoremat._measure.mesh import device_note
 from autoremat._measure.stale import TIMING, TUNED_FOR
 from autoremat._schedules.base import Schedule
@@ -155,7 +155,7 @@ def _device_cells(p: FrontPoint) -> str:
     """The runtime peak, compile scratch and bound cells of a point's row."""
     runtime = p.breakdown.get("runtime_peak_bytes")
     scratch = p.breakdown.get("compile_scratch_bytes")
-    bound = "runtime peak" if runtime is not None else "estimate"
+    bound = fit_figure(p.total_bytes, runtime)[1]
     return (f"{format_bytes(runtime) if runtime is not None else '-':>12}  "
             f"{format_bytes(scratch) if scratch is not None else '-':>12}  {bound:>12}  ")
 
@@ -325,7 +325,7 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
 def _memory(p: FrontPoint) -> int:
     """A front point's memory as plotted: the figure its fit was decided by."""
     runtime = p.breakdown.get("runtime_peak_bytes")
-    return int(runtime) if runtime is not None else p.total_bytes
+    return int(fit_figure(p.total_bytes, None if runtime is None else int(runtime))[0] or 0)
 
 
 def describe_schedule(schedule: Schedule) -> str:

@@ -171,7 +171,7 @@ class Planner:
         elif m.cut_seconds is not None and fit is not None:
             self.cut[key] = (fit, m.cut_seconds)
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
-            self.memory_model.over.append(cand.structure)  # over by its run, not its compile
+            self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
         if refit:
             self._refit()
 

@@ -347,6 +347,10 @@ class MemoryModel:
             self.refused.append(float(total_bytes))
         self._coef: list[float] | None = None
 
+    def mark_over(self, structure: Structure) -> None:
+        """``structure`` was over the budget by its run (sized at compile as fitting)."""
+        self.over.append(structure)
+
     def surely_over(self, structure: Structure) -> bool:
         if any(structure.stores_at_least(o) for o in self.over):
             return True
