@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--budgets", help="budgets, e.g. 12GB,6GB,3GB (default: three, auto)")
     p.add_argument("--presets", help=f"a comma-separated subset of: {', '.join(PRESETS)}")
     p.add_argument("--tune-limit", type=float, default=240.0, help="seconds per tune")
-    p.add_argument("--trials", type=int, help="measure exactly N schedules per tune")
+    p.add_argument("--trials", type=int, help="measure up to N schedules per tune")
     p.add_argument("--time-budget", type=float, default=2.0,
                    help="seconds of timed runs per schedule")
     p.add_argument("--small", action="store_true", help="a tiny stack (tests)")

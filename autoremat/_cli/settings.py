@@ -169,9 +169,9 @@ TUNE_SETTINGS: Final = (
             "default: the device's memory (host RAM on CPU)", _any),
     Setting("problem", PROBLEM_HELP, _text()),
     *PROBLEM_SETTINGS,
-    Setting("trials", "measure exactly N schedules (default: until nothing left is predicted "
-            "to beat the best, or --time-limit; with --total-trials, that total); duplicates "
-            "are skipped and do not count", _integer(0, _MAX_SIZE), int, metavar="N"),
+    Setting("trials", "measure N schedules, fewer if a small space runs out (default: until "
+            "nothing left is predicted to beat the best, or --time-limit; with --total-trials, "
+            "that total); duplicates are skipped and do not count", _integer(0, _MAX_SIZE), int, metavar="N"),
     Setting("total_trials", "stop when the study holds N measured schedules, counting every "
             "worker's; a worker then waits for trials still running elsewhere, so all of them "
             "end on the same final answer", _integer(1, _MAX_SIZE), int, metavar="N"),

@@ -3,7 +3,7 @@
 A transformer's scan over layers has 12-100 steps of heavy work, not 10^4
 light ones. Its space is small in all but the policies: the depths, the chunk
 lengths (after ``snap``, mostly exact tilings such as 4x6 or 2x3x4 for 24
-layers), the unroll and the binomial snapshots can all be listed. For a scan of
+layers) and the binomial snapshots can all be listed. For a scan of
 at most ``SHORT_SCAN`` steps, ``structure_params`` lists every one -- every
 kind, every integer parameter in its range, every ordered choice (``depth``)
 -- and the planner adds each to its pool, ``DRAWS`` times with the other

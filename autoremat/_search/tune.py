@@ -112,8 +112,9 @@ def tune(
       problem: the training step (see ``autoremat.Problem``).
       budget_bytes: the memory budget, in bytes, for ``total_bytes`` -- per device
         when the problem's arguments are sharded over many (``autoremat._measure.mesh``).
-      n_trials: measure exactly this many schedules in this call (duplicates
-        do not count); ``None``: until the planner is done or ``time_limit``.
+      n_trials: measure this many schedules in this call, fewer when a small
+        space runs out of candidates (duplicates do not count); ``None``: until
+        the planner is done or ``time_limit``.
       total_trials: stop when the study holds this many measured schedules,
         counting every worker's; a worker waits for the last ones measured
         elsewhere (or for them to go stale and be retried) before it returns.
