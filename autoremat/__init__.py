@@ -10,7 +10,8 @@ missing here)::
         policy          checkpoint policies by name, Level, int checks
         platforms       platform names (GPU, CUDA, offload), read by the kinds and the search
         safe_yaml       reading YAML safely: one document, plain data, bounded
-        nested          the nested kind (Chen et al. 2016); nested_scan: its builder
+        nested          the nested kind (Chen et al. 2016); nested_scan: its builder,
+                        nested_space: its search space (depths, policy choices, seeds)
         binomial        the binomial kind (Revolve); binomial_scan: its builder,
                         binomial_backward: its backward pass (loops or static)
         revolve         Revolve's tables: where to snapshot, what to redo
@@ -41,7 +42,7 @@ missing here)::
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem
-        names           policies over the problem's own checkpoint_name tags, per level
+        named_policies  policies over the problem's own checkpoint_name tags, per level
         short_scans     short heavy scans (layers): every structure of the space listed
         tune            the search: open the study, run a worker, confirm, prove, answer
         proof           the proof of fit: the pick runs with only the budget on the device

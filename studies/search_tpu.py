@@ -299,7 +299,7 @@ def stage_d(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str],
     import jax
 
     from autoremat import seed_lstm
-    from autoremat._schedules.nested import OFFLOAD_POLICIES
+    from autoremat._schedules.nested_space import OFFLOAD_POLICIES
     from autoremat._search.probe import OFFERED, checks, probe
 
     platform = jax.default_backend()

@@ -19,8 +19,9 @@ import autoremat
 from autoremat import Schedule, ScheduleError
 from autoremat._measure.layer_stack import CHECKPOINT_NAMES, LayerStack, layer_stack_model
 from autoremat._schedules import from_data
-from autoremat._schedules.nested import NAMED_POLICIES, POLICIES, NestedSchedule, policy_choices
-from autoremat._search.names import name_policies, offered_names, scanned_tags
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.nested_space import POLICIES, policy_choices
+from autoremat._search.named_policies import name_policies, named_policies, scanned_tags
 from autoremat._search.short_scans import SHORT_SCAN, structure_params
 from autoremat._search.space import propose
 from autoremat.cli import main
@@ -123,22 +124,23 @@ def test_name_policies_are_chains_not_the_power_set(tags: dict[str, Any]) -> Non
                for p in name_policies(tags, offload=True).values())
 
 
-def test_the_study_offers_name_policies_only_while_it_runs(model: Any) -> None:
+def test_the_space_offers_name_policies_only_when_passed_them(model: Any) -> None:
     step, args = model.problem().build(autoremat.plain(LAYERS))
-    with offered_names(step, args, LAYERS, "cpu") as offered:
-        cpu = policy_choices("cpu")
-        rng = random.Random(0)
-        labels = {propose({}, LAYERS, "cpu", rng)[1].get("d2_p1") for _ in range(200)}
-    with offered_names(step, args, LAYERS, "tpu"):
-        tpu = policy_choices("tpu")
-        probed = NestedSchedule.checks(LAYERS, "tpu")
+    offered = named_policies(step, args, LAYERS, "cpu")
+    cpu = policy_choices("cpu", named=offered)
+    rng = random.Random(0)
+    labels = {propose({}, LAYERS, "cpu", rng, named=offered)[1].get("d2_p1") for _ in range(200)}
+    on_tpu = named_policies(step, args, LAYERS, "tpu")
+    tpu = policy_choices("tpu", named=on_tpu)
+    probed = NestedSchedule.checks(LAYERS, "tpu", on_tpu)
     assert set(POLICIES) < set(cpu) and not any(lb.startswith("offload(") for lb in cpu)
     assert any(lb.startswith("offload(") for lb in tpu)
     assert {lb for lb in probed if lb.startswith("offload(")} == {
         lb for lb in tpu if lb.startswith("offload(")}  # each probed before it is offered
     assert any(isinstance(lb, str) and lb.startswith(("save(", "all_but(")) for lb in labels)
-    assert offered and set(policy_choices("cpu")) == set(POLICIES)
-    assert not NAMED_POLICIES.get()
+    assert offered and set(policy_choices("cpu")) == set(POLICIES)  # nothing hidden
+    assert not any(str(lb).startswith(("save(", "all_but("))
+                   for lb in (propose({}, LAYERS, "cpu", rng)[1].get("d2_p1") for _ in range(50)))
 
 
 def test_a_policy_naming_a_tag_the_model_lacks_is_one_clear_error(model: Any) -> None:

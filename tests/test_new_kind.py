@@ -21,7 +21,7 @@ import pytest
 import autoremat
 from autoremat import Schedule, ScheduleError, bounds
 from autoremat._schedules import KINDS, parse_schedule, register
-from autoremat._schedules.base import Features, Param
+from autoremat._schedules.base import NO_NAMES, Features, Param
 from autoremat._schedules.policy import check_int
 from autoremat._search.tune import tune
 
@@ -94,11 +94,13 @@ class _EveryK(Schedule):
         return carry, jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), ys, tail)
 
     @classmethod
-    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any],
+                   named: Mapping[str, Any] = NO_NAMES) -> list[Param]:
         return [Param("every", low=1, high=seq_len, log=True)]
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str) -> Schedule:
+    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str,
+                    named: Mapping[str, Any] = NO_NAMES) -> Schedule:
         return cls(every=params["every"])
 
     @classmethod

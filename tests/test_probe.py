@@ -21,7 +21,8 @@ from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules import from_data
 from autoremat._schedules.base import Check, Schedule
-from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule, policy_choices
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.nested_space import OFFLOAD_POLICIES, policy_choices
 from autoremat._search.probe import (
     LEFT_OUT,
     OFFERED,
@@ -246,7 +247,7 @@ def test_the_study_records_the_outcome_once_and_a_resumed_study_reads_it() -> No
     odd = _odd_one(risky, "compile")
     monkey = pytest.MonkeyPatch()
     monkey.setattr("autoremat._search.probe.checks",
-                   lambda n, platform: {"risky": Check(risky)} if platform == "gpu" else {})
+                   lambda n, platform, named=None: {"risky": Check(risky)} if platform == "gpu" else {})
     try:
         got = study_probe(study, _Lock(), odd, "gpu", notes.append)  # type: ignore[arg-type]
         assert got == {"risky"}
@@ -293,7 +294,7 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
     monkeypatch.chdir(tmp_path)
     risky = autoremat.nested([8, 8], "dots_saveable")
     monkeypatch.setattr("autoremat._search.probe.checks",
-                        lambda n, platform: {"dots": Check(risky)})
+                        lambda n, platform, named=None: {"dots": Check(risky)})
     notes: list[str] = []
     result = tune(_odd_one(risky, "compile"), 10**6, n_trials=8, time_budget=0.02,
                   study_name="probed", on_confirm=notes.append)

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from autoremat._schedules.base import Schedule, snap
 from autoremat._schedules.binomial import BinomialSchedule, snapshot_range
-from autoremat._schedules.nested import (
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.nested_space import (
     OFFLOAD_POLICIES,
     POLICIES,
     UNROLLS,
-    NestedSchedule,
     depths,
     policy_choices,
 )

@@ -56,6 +56,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
 import yaml
@@ -69,6 +70,8 @@ KNOWN_VERSIONS: Final = (1,)
 #: The transformations of ``autoremat.scan`` the tests check for every kind.
 TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
 #: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
+#: No policies over a problem's own tags (``Schedule.parameters``' default ``named``).
+NO_NAMES: Final[Mapping[str, Policy]] = MappingProxyType({})
 COMMON_KEYS: Final = ("version", "kind", "unroll", "fuse", "compiler_options", "meta")
 #: ``compiler_options`` names: XLA ``DebugOptions`` fields (what ``XLA_FLAGS`` sets,
 #: without the leading ``--``).
@@ -230,15 +233,19 @@ class Schedule(ABC):
 
     @classmethod
     @abstractmethod
-    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any],
+                   named: Mapping[str, Policy] = NO_NAMES) -> list[Param]:
         """This kind's parameters of the search space (``autoremat._search.space``) at
         ``T = seq_len`` on ``platform``, in the order they are chosen, as far as the
         values ``chosen`` so far fix them: a parameter whose range depends on an
-        earlier one's value is listed once that value is chosen."""
+        earlier one's value is listed once that value is chosen. ``named``: policies
+        over the problem's own ``checkpoint_name`` tags (label -> policy), for a kind
+        whose levels take policies to offer beside its fixed ones."""
 
     @classmethod
     @abstractmethod
-    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str) -> Schedule:
+    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str,
+                    named: Mapping[str, Policy] = NO_NAMES) -> Schedule:
         """The schedule of a value for each of ``parameters`` (a candidate's params)."""
 
     @classmethod
@@ -254,7 +261,8 @@ class Schedule(ABC):
         """Schedules exercising each option of the kind (the tests' matrix runs them)."""
 
     @classmethod
-    def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
+    def checks(cls, seq_len: int, platform: str,
+               named: Mapping[str, Policy] = NO_NAMES) -> Mapping[str, Check]:
         """Choices of ``parameters`` on ``platform`` that a study checks before offering
         them: choice label (a value of one of ``parameters``' ``choices``) -> a
         ``Check`` of a schedule using it at ``seq_len``. A study probes each on a

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.base import Features, Param, Schedule
+from autoremat._schedules.base import NO_NAMES, Features, Param, Schedule
 from autoremat._schedules.platforms import GPU_PLATFORMS
-from autoremat._schedules.policy import _show, check_int
+from autoremat._schedules.policy import Policy, _show, check_int
 from autoremat.bounds import Cost, max_steps, optimal_cost
 
 #: The two equal implementations of the backward pass (``BinomialSchedule.backward``).
@@ -155,7 +155,8 @@ class BinomialSchedule(Schedule):
                              self.unroll, self.describe(), static=self.backward == "static")
 
     @classmethod
-    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any],
+                   named: Mapping[str, Policy] = NO_NAMES) -> list[Param]:
         """``snapshots`` in ``snapshot_range(T)``, log-scaled; on a GPU also the
         ``backward`` (elsewhere ``"loops"``, measured faster on a CPU)."""
         low, high = snapshot_range(seq_len)
@@ -163,8 +164,8 @@ class BinomialSchedule(Schedule):
         return [snapshots, Param("backward", BACKWARDS)] if platform in GPU_PLATFORMS else [snapshots]
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], seq_len: int,
-                    platform: str) -> BinomialSchedule:
+    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str,
+                    named: Mapping[str, Policy] = NO_NAMES) -> BinomialSchedule:
         backward = params["backward"] if platform in GPU_PLATFORMS else "loops"
         return cls(snapshots=params["snapshots"], backward=backward)
 

@@ -5,30 +5,22 @@ Chen et al. 2016 ("Training Deep Nets with Sublinear Memory Cost", arXiv
 chunk -- is checkpointed keeps only the carries at chunk boundaries and
 recomputes one chunk at a time in the backward pass. With ``d`` levels memory
 is ``O(d * T^(1/d))`` for ``d - 1`` extra forward passes. The builder is
-``autoremat._schedules.nested_scan``; this module (pure Python) owns the rest.
+``autoremat._schedules.nested_scan``, its search space ``nested_space``; this module
+(pure Python) owns the rest.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, ClassVar, Final
 
 from autoremat._errors import ScheduleError
-from autoremat._schedules.base import Check, Features, Param, Schedule, at, root_lengths, snap
-from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
-from autoremat._schedules.policy import (
-    CARRY_NAME,
-    FACTORY_POLICIES,
-    NO_REMAT,
-    Level,
-    Policy,
-    _as_names,
-    _show,
-)
+from autoremat._schedules import nested_space
+from autoremat._schedules.base import NO_NAMES, Check, Features, Param, Schedule, at
+from autoremat._schedules.nested_space import Named
+from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _as_names, _show
 from autoremat.bounds import Cost
 
 #: More than 64 levels of length >= 2 tile more than 2^64 steps.
@@ -46,41 +38,6 @@ _PARTIAL: Final = ("dots", "offload_dot", "save_only_these_names",
 #: Of those, the ones whose saved values stay on the device (partial residuals).
 _PARTIAL_ON_DEVICE: Final = ("dots", "save_only_these_names")
 
-# -- the search space ------------------------------------------------------------------
-POLICIES: Final[dict[str, Policy]] = {
-    "nothing": Policy("nothing_saveable"),
-    "dots": Policy("dots_saveable"),
-    "dots_no_batch": Policy("dots_with_no_batch_dims_saveable"),
-    "everything": Policy("everything_saveable"),
-}
-_OFFLOAD_DOTS: Final = Policy(
-    "offload_dot_with_no_batch_dims",
-    kwargs=(("offload_dst", "pinned_host"), ("offload_src", "device")))
-#: Offload choices by placement: label -> policy. Each is offered only where it is placed
-#: (``PLACEMENTS``) and probed there on its own (``checks``): XLA:TPU compiles offload of
-#: the innermost level and of each step but not of a value stacked by two loops (an outer
-#: level's residuals; maxtext PR #4995, jax 0.10.2); the outer level offloads only its
-#: chunk-boundary carries, by name, as MaxText (``decoder_layer_input``) and Haliax
-#: (``save_carries="offload"``) do.
-OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
-    "offload_step": _OFFLOAD_DOTS,  # remat of each step (depth 1)
-    "offload_dots": _OFFLOAD_DOTS,  # the innermost level of a nested schedule
-    "offload_carries": Policy("save_and_offload_only_these_names", kwargs=(
-        ("names_which_can_be_offloaded", (CARRY_NAME,)), ("names_which_can_be_saved", ()),
-        ("offload_dst", "pinned_host"), ("offload_src", "device"))),  # an outer level
-}
-#: Policies over the problem's own ``checkpoint_name`` tags (label -> policy), offered
-#: beside ``POLICIES`` while a study of that problem searches
-#: (``autoremat._search.names``); the offloading ones only where offload is offered.
-NAMED_POLICIES: Final[ContextVar[Mapping[str, Policy]]] = ContextVar(
-    "named_policies", default=MappingProxyType({}))
-
-#: Where each offload label may be placed: ``"step"`` (the one level of depth 1),
-#: ``"innermost"`` or ``"outer"`` (any level but the innermost).
-PLACEMENTS: Final[dict[str, str]] = {"offload_step": "step", "offload_dots": "innermost",
-                                     "offload_carries": "outer"}
-UNROLLS: Final = (1, 2, 4, 8)
-MAX_DEPTH: Final = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,48 +210,18 @@ class NestedSchedule(Schedule):
         return nested_scan(step, init, leaves, axes, pieces(steps, self.lengths), self.levels,
                            self.unroll, reverse)
 
-    # -- the search space ------------------------------------------------------------
+    # -- the search space (``nested_space``) ------------------------------------------
     @classmethod
-    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any]) -> list[Param]:
-        """``depth`` in ``depths(T)``; depth 1: a plain scan (policy ``none``) or
-        per-step remat, and the ``unroll``; deeper: the inner chunk lengths, innermost
-        first, log-scaled (``_inner``: each snapped to a divisor of what is left of ``T``
-        when one is within 25%, ``snap``; the outermost count is ``ceil(T /
-        prod(inner))``); one policy per level, outermost first; the innermost
-        ``unroll`` in ``UNROLLS``."""
-        out = [Param("depth", tuple(depths(seq_len)), ordered=True)]
-        depth = chosen.get("depth")
-        if depth is None:
-            return out
-        if depth == 1:
-            return [*out, Param("d1_policy", (NO_REMAT, *policy_choices(platform, "step"))),
-                    Param("d1_unroll", UNROLLS)]
-        found, inner, _ = _inner(seq_len, depth, chosen)
-        if len(inner) < len(found):
-            return out + found
-        outer, innermost = policy_choices(platform, "outer"), policy_choices(platform, "innermost")
-        return [*out, *found,
-                *(Param(f"d{depth}_p{i}", tuple(innermost if i == depth - 1 else outer))
-                  for i in range(depth)),  # outermost first
-                Param(f"d{depth}_unroll", UNROLLS)]
+    def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any],
+                   named: Named = NO_NAMES) -> list[Param]:
+        """``nested_space.parameters``: depth, inner lengths, a policy per level, unroll."""
+        return nested_space.parameters(seq_len, platform, chosen, named)
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any], seq_len: int,
-                    platform: str) -> NestedSchedule:
-        depth = params["depth"]
-        if depth == 1:
-            choices = policy_choices(platform, "step")
-            label = params["d1_policy"]
-            policy = Policy(NO_REMAT) if label == NO_REMAT else choices[label]
-            return cls.build([seq_len], [policy], unroll=min(params["d1_unroll"], seq_len))
-        found, inner, remaining = _inner(seq_len, depth, params)
-        if len(inner) < len(found):
-            raise KeyError(found[len(inner)].name)
-        lengths = [remaining, *reversed(inner)]
-        outer, innermost = policy_choices(platform, "outer"), policy_choices(platform, "innermost")
-        policies = [(innermost if i == depth - 1 else outer)[params[f"d{depth}_p{i}"]]
-                    for i in range(depth)]
-        return cls.build(lengths, policies, unroll=min(params[f"d{depth}_unroll"], lengths[-1]))
+    def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str,
+                    named: Named = NO_NAMES) -> NestedSchedule:
+        lengths, policies, unroll = nested_space.from_params(params, seq_len, platform, named)
+        return cls.build(lengths, policies, unroll=unroll)
 
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
@@ -308,49 +235,19 @@ class NestedSchedule(Schedule):
         on a loaded machine) -- short chunks keep the backward's working set
         small -- and the cost model, which reads no cache effects, does not
         find it by itself."""
-        params: list[dict[str, Any]] = [
-            {"depth": 1, "d1_policy": NO_REMAT, "d1_unroll": 1},
-            {"depth": 1, "d1_policy": "nothing", "d1_unroll": 1},
-        ]
-        for depth, labels in ((2, ["nothing", "everything"]),
-                              (3, ["nothing", "nothing", "everything"])):
-            if depth not in depths(seq_len):
-                continue
-            p: dict[str, Any] = {"depth": depth, f"d{depth}_unroll": 1}
-            for i, length in enumerate(reversed(root_lengths(seq_len, depth)[1:])):
-                p[f"d{depth}_n{i}"] = length
-            for i, label in enumerate(labels):
-                p[f"d{depth}_p{i}"] = label
-            params.append(p)
-        if seq_len >= 1000:
-            params.append({"depth": 3, "d3_unroll": 1, "d3_n0": 10, "d3_n1": 10,
-                           "d3_p0": "nothing", "d3_p1": "dots", "d3_p2": "everything"})
-        return params
+        return nested_space.seed_params(seq_len)
 
     @classmethod
-    def checks(cls, seq_len: int, platform: str) -> Mapping[str, Check]:
-        """Each offload placement this platform offers (``policy_choices``), on its own:
-        remat of each step under ``offload_step``; two levels (``root_lengths``) with the
-        innermost under ``offload_dots``, or the outer under ``offload_carries`` (the
-        other level ``nothing``). XLA:GPU has refused offload in a scan's backward
+    def checks(cls, seq_len: int, platform: str,
+               named: Named = NO_NAMES) -> Mapping[str, Check]:
+        """Each offload placement this platform offers, on its own
+        (``nested_space.check_levels``). XLA:GPU has refused offload in a scan's backward
         ("Expected instruction to have shape equal to ...", jax 0.11.2 on an H200) and
         given wrong gradients for offloaded scan residuals (openxla/xla 46231, fixed by
         46308); XLA:TPU refuses a value offloaded at two loops' depth (maxtext PR 4995)."""
-        offered = policy_choices(platform)
-        two = root_lengths(seq_len, 2) if seq_len >= 4 else None
-        nothing = Policy("nothing_saveable")
-        schedules: dict[str, Schedule | None] = {
-            "offload_step": cls.build([seq_len], [OFFLOAD_POLICIES["offload_step"]]),
-            "offload_dots": None if two is None else cls.build(
-                two, [nothing, OFFLOAD_POLICIES["offload_dots"]]),
-            "offload_carries": None if two is None else cls.build(
-                two, [OFFLOAD_POLICIES["offload_carries"], nothing]),
-        }
-        for label, policy in offered.items():  # the problem's own names: innermost
-            if label not in schedules and _offloads(policy) and two is not None:
-                schedules[label] = cls.build(two, [nothing, policy])
-        return {label: Check(schedule, offloads=True) for label, schedule in schedules.items()
-                if label in offered and schedule is not None}
+        return {label: Check(cls.build(lengths, policies), offloads=True)
+                for label, (lengths, policies)
+                in nested_space.check_levels(seq_len, platform, named).items()}
 
     @classmethod
     def examples(cls) -> Sequence[Schedule]:
@@ -436,48 +333,3 @@ def _policy_label(policy: Policy) -> str:
         names = ",".join(policy.args) or ",".join(k for k, _ in policy.kwargs)
         return f"{policy.name}({names})"
     return policy.short
-
-
-def policy_choices(platform: str, where: str | None = None) -> dict[str, Policy]:
-    """Per-level policy labels -> policies, with the study's ``NAMED_POLICIES``; offload
-    only on ``gpu``/``tpu``, each label only at its placement (``where``: ``"step"``,
-    ``"innermost"``, ``"outer"``; ``None``: every placement's; the problem's own
-    offloading names at the innermost level, as ``offload_dots``)."""
-    named = NAMED_POLICIES.get()
-    if platform in OFFLOAD_PLATFORMS:
-        offload = {label: policy for label, policy in OFFLOAD_POLICIES.items()
-                   if where is None or PLACEMENTS[label] == where}
-        return {**POLICIES, **offload,
-                **{label: p for label, p in named.items()
-                   if not _offloads(p) or where in (None, "innermost")}}
-    return {**POLICIES, **{label: p for label, p in named.items() if not _offloads(p)}}
-
-
-def _offloads(policy: Policy) -> bool:
-    """The policy moves residuals to host memory (a probe checks it first)."""
-    return policy.name.startswith(("offload", "save_and_offload"))
-
-
-def _inner(seq_len: int, depth: int,
-           params: Mapping[str, Any]) -> tuple[list[Param], list[int], int]:
-    """The inner chunk lengths of ``depth`` levels, innermost first, as far as ``params``
-    holds them: their parameters (each from 2 to what leaves the levels outside it at
-    least 2 steps each), the lengths (``snap``ped to what is left of ``T``), and what is
-    left of ``T`` for the levels outside them."""
-    found: list[Param] = []
-    inner: list[int] = []
-    remaining = seq_len
-    for i in range(depth - 1):
-        levels_left = depth - 1 - i  # levels still to place outside this one
-        found.append(Param(f"d{depth}_n{i}", low=2, high=max(2, remaining // 2**levels_left),
-                           log=True))
-        if found[-1].name not in params:
-            break
-        inner.append(snap(params[found[-1].name], remaining))
-        remaining = math.ceil(remaining / inner[-1])
-    return found, inner, remaining
-
-
-def depths(seq_len: int) -> list[int]:
-    """The depths worth trying at this ``T`` (each level at least 2 long)."""
-    return [d for d in range(1, MAX_DEPTH + 1) if d == 1 or 2**d <= seq_len]

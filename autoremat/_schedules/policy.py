@@ -7,7 +7,7 @@ a nested scan. ``check_int`` is the one integer check every kind's fields use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -54,6 +54,9 @@ NO_REMAT: Final = "none"
 #: policy names it (``jax.ad_checkpoint.checkpoint_name``): the chunk-boundary carries.
 CARRY_NAME: Final = "autoremat_carry"
 ALL_POLICY_NAMES: Final = (NO_REMAT, *ZERO_ARG_POLICIES, *FACTORY_POLICIES)
+#: Where an offloading policy moves what it offloads: from the device to pinned host
+#: memory (its keyword arguments, sorted as ``Policy.kwargs`` keeps them).
+OFFLOAD_TO_HOST: Final = (("offload_dst", "pinned_host"), ("offload_src", "device"))
 
 #: Limits of a valid schedule: a level's length and ``unroll`` are ``lax.scan``
 #: lengths (int32).
@@ -140,6 +143,11 @@ class Policy:
         return _NAMES_MEAN[self.name].format(names=", ".join(self.names) or "nothing")
 
     @property
+    def offloads(self) -> bool:
+        """The policy moves residuals to host memory (a study probes it first)."""
+        return self.name.startswith(("offload", "save_and_offload"))
+
+    @property
     def short(self) -> str:
         """A short label: ``nothing_saveable`` -> ``nothing``."""
         return self.name.removesuffix("_saveable")
@@ -208,6 +216,14 @@ class Level:
         check_int("length", self.length)
         if not isinstance(self.policy, Policy):
             object.__setattr__(self, "policy", Policy.from_data(self.policy))
+
+
+def offload_names(names: Sequence[str]) -> Policy:
+    """``save_and_offload_only_these_names`` moving the tagged ``names`` to host memory and
+    keeping none of them on the device."""
+    return Policy("save_and_offload_only_these_names", kwargs=(
+        ("names_which_can_be_offloaded", tuple(names)), ("names_which_can_be_saved", ()),
+        *OFFLOAD_TO_HOST))
 
 
 def _as_names(value: Any) -> tuple[str, ...]:

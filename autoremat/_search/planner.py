@@ -37,6 +37,7 @@ from __future__ import annotations
 import enum
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -46,6 +47,7 @@ from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled, compile_sc
 from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
+from autoremat._schedules.policy import Policy
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
@@ -102,6 +104,8 @@ class Planner:
     explore_front: bool = False
     time_budget: float = DEFAULT_TIME_BUDGET
     refused: frozenset[str] = frozenset()  # choices the study's probe left out
+    #: policies over the problem's own tags (``named_policies``), offered by the space
+    named: Mapping[str, Policy] = field(default_factory=dict)
     pool: dict[str, Candidate] = field(default_factory=dict)
     timed: dict[str, tuple[int, float]] = field(default_factory=dict)  # key -> (bytes, s)
     cut: dict[str, tuple[int, float]] = field(default_factory=dict)  # one run's seconds
@@ -128,12 +132,17 @@ class Planner:
         fuse = self.problem.fuse_choice
         for schedule, params in seeds(seq_len, self.platform, self.refused, fuse):
             self.add(schedule, params)
-        for p in short_scan_params(seq_len, self.platform, self.rng, self.refused):
-            self.add(*propose(p, seq_len, self.platform, self.rng, self.refused, fuse))
+        for p in short_scan_params(seq_len, self.platform, self.rng, self.refused, self.named):
+            self.add(*self.propose(p))
         for _ in range(POOL_SIZE):
-            self.add(*propose({}, seq_len, self.platform, self.rng, self.refused, fuse))
+            self.add(*self.propose({}))
 
     # -- the pool ----------------------------------------------------------------------
+    def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
+        """``space.propose`` in this planner's space (its refused and named choices)."""
+        return propose(wanted, self.problem.seq_len, self.platform, self.rng, self.refused,
+                       self.problem.fuse_choice, self.named)
+
     def add(self, schedule: Schedule, params: dict[str, Any]) -> None:
         key = schedule.key()
         if key not in self.pool:
@@ -184,7 +193,8 @@ class Planner:
             if self.pool[best[0]].params:
                 for schedule, params in neighbours(self.pool[best[0]].params,
                                                    self.problem.seq_len, self.platform, self.rng,
-                                                   self.refused, self.problem.fuse_choice):
+                                                   self.refused, self.problem.fuse_choice,
+                                                   self.named):
                     self.add(schedule, params)
 
     def stop_ratio(self, cand: Candidate | None = None) -> float:

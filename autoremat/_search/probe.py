@@ -22,7 +22,7 @@ search, ``probe`` runs each on a small instance of the problem: its own
    steps reassociate), both at ``"highest"`` matmul precision (a TPU's default float32
    matmul agrees to about 3 digits); a mismatch or a run failure leaves it out.
 
-Offload is probed per placement (``nested.OFFLOAD_POLICIES``: each step, the
+Offload is probed per placement (``nested_space.OFFLOAD_POLICIES``: each step, the
 innermost level, an outer level's chunk-boundary carries by name), each on its
 own, so a placement this XLA refuses leaves out only that one.
 
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 from autoremat._errors import one_line
 from autoremat._measure.problem import Problem
 from autoremat._schedules import KINDS, nested, plain
-from autoremat._schedules.base import Check, Schedule
+from autoremat._schedules.base import NO_NAMES, Check, Schedule
 from autoremat._search import space
 
 if TYPE_CHECKING:
@@ -68,12 +68,13 @@ ATOL_FRACTION: Final = 1e-4
 PROBE_ATTR: Final = "probe"
 OFFERED: Final = "offered"
 LEFT_OUT: Final = "left out"
-def checks(seq_len: int, platform: str) -> dict[str, Check]:
-    """Every kind's ``Schedule.checks`` at ``seq_len`` on ``platform``, and the space's
-    own (``space.checks``: the ``compiler`` choices on a GPU)."""
+def checks(seq_len: int, platform: str, named: space.Named = NO_NAMES) -> dict[str, Check]:
+    """Every kind's ``Schedule.checks`` at ``seq_len`` on ``platform`` (with the problem's
+    ``named`` policies), and the space's own (``space.checks``: the ``compiler`` choices
+    on a GPU)."""
     out: dict[str, Check] = {}
     for kind in KINDS.values():
-        out.update(kind.checks(seq_len, platform))
+        out.update(kind.checks(seq_len, platform, named))
     out.update(space.checks(seq_len, platform))
     return out
 
@@ -93,15 +94,16 @@ def small(problem: Problem, length: int = PROBE_LENGTH) -> Problem:
 
 
 def probe(problem: Problem, platform: str, *, length: int = PROBE_LENGTH,
-          choices: Mapping[str, Check] | None = None) -> dict[str, str]:
+          choices: Mapping[str, Check] | None = None,
+          named: space.Named = NO_NAMES) -> dict[str, str]:
     """Check each choice on ``problem`` cut to ``length`` steps (module doc):
     label -> ``"offered: ..."`` or ``"left out: <why>"``. ``choices``: default
     ``checks(...)`` of that length on ``platform``; empty: nothing is compiled."""
-    if choices is None and not checks(min(problem.seq_len, length), platform):
+    if choices is None and not checks(min(problem.seq_len, length), platform, named):
         return {}  # nothing to check: the problem is not even cut
     target = small(problem, length)
     if choices is None:
-        choices = checks(target.seq_len, platform)
+        choices = checks(target.seq_len, platform, named)
     if not choices:
         return {}
     import jax
@@ -198,13 +200,14 @@ def refused(outcome: Mapping[str, str]) -> frozenset[str]:
 
 
 def study_probe(study: optuna.Study, lock: StudyLock, problem: Problem, platform: str,
-                on_note: Callable[[str], None] | None = None) -> frozenset[str]:
+                on_note: Callable[[str], None] | None = None,
+                named: space.Named = NO_NAMES) -> frozenset[str]:
     """The labels this study leaves out: the outcome recorded in the study, else
     ``probe``'s, recorded (the first worker's wins). ``on_note`` gets one line per
     choice left out, and per choice offered after a probe."""
     recorded = study.user_attrs.get(PROBE_ATTR)
     if not isinstance(recorded, Mapping):
-        outcome = probe(problem, platform)
+        outcome = probe(problem, platform, named=named)
         with lock:  # another worker may have recorded its outcome meanwhile
             recorded = study.user_attrs.get(PROBE_ATTR)
             if not isinstance(recorded, Mapping):

@@ -23,7 +23,8 @@ from __future__ import annotations
 import random
 from typing import Any, Final
 
-from autoremat._search.space import build, unchosen
+from autoremat._schedules.base import NO_NAMES
+from autoremat._search.space import Named, build, unchosen
 
 #: Scans of at most this many steps have their structures enumerated.
 SHORT_SCAN: Final = 128
@@ -33,8 +34,8 @@ MAX_STRUCTURES: Final = 400
 DRAWS: Final = 3
 
 
-def structure_params(seq_len: int, platform: str,
-                     refused: frozenset[str] = frozenset()) -> list[dict[str, Any]] | None:
+def structure_params(seq_len: int, platform: str, refused: frozenset[str] = frozenset(),
+                     named: Named = NO_NAMES) -> list[dict[str, Any]] | None:
     """Every structure of a short scan's space as partial trial params (the module
     docstring), one per distinct schedule; ``None`` when the scan is longer than
     ``SHORT_SCAN`` or has more than ``MAX_STRUCTURES`` structures."""
@@ -46,7 +47,8 @@ def structure_params(seq_len: int, platform: str,
         fixed = pending.pop()
         chosen = dict(fixed)  # and the first choice of every parameter not enumerated
         branch = None
-        while branch is None and (todo := unchosen(chosen, seq_len, platform, refused)):
+        while branch is None and (todo := unchosen(chosen, seq_len, platform, refused,
+                                                           named=named)):
             for param in todo:
                 if param.name == "kind" or param.ordered or not param.choices:
                     branch = param  # the next one to enumerate
@@ -58,15 +60,16 @@ def structure_params(seq_len: int, platform: str,
             if len(pending) + len(found) > 50 * MAX_STRUCTURES:
                 return None
             continue
-        found.setdefault(build(chosen, seq_len, platform).key(), fixed)
+        found.setdefault(build(chosen, seq_len, platform, named).key(), fixed)
         if len(found) > MAX_STRUCTURES:
             return None
     return list(found.values())
 
 
 def short_scan_params(seq_len: int, platform: str, rng: random.Random,
-                      refused: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+                      refused: frozenset[str] = frozenset(),
+                      named: Named = NO_NAMES) -> list[dict[str, Any]]:
     """``DRAWS`` copies of each of ``structure_params`` (none when it is ``None``), for
     ``space.propose`` to complete at random."""
-    structures = structure_params(seq_len, platform, refused) or []
+    structures = structure_params(seq_len, platform, refused, named) or []
     return [dict(p) for p in structures for _ in range(DRAWS)]

@@ -26,6 +26,10 @@ and the binomial schedule with three repetitions).
 Where fusing the readout into the step is a choice (``Problem.fuse_choice``),
 every schedule also takes ``fuse`` (``FUSE_CHOICES``; ``Schedule.fuse``).
 
+A problem that tags its values (``checkpoint_name``) also gets policies over those
+tags (``named``: ``autoremat._search.named_policies``), passed to every function here
+like ``refused`` and ``fuse``.
+
 ``propose`` and ``neighbours`` give the planner's pool its candidates from the same
 space, a parameter at a time (``unchosen``): random schedules, and schedules one
 parameter away from the best so far.
@@ -40,8 +44,9 @@ from dataclasses import replace
 from typing import Any, Final
 
 from autoremat._schedules import KINDS, plain
-from autoremat._schedules.base import Check, Param, Schedule
+from autoremat._schedules.base import NO_NAMES, Check, Param, Schedule
 from autoremat._schedules.platforms import CUDA_PLATFORMS
+from autoremat._schedules.policy import Policy
 
 #: XLA:GPU's default command-buffer types (openxla/xla ``debug_options_flags.cc``,
 #: 2025-26: FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN, DYNAMIC_SLICE_FUSION), plus
@@ -58,6 +63,9 @@ COMPILER_CHOICES: Final[dict[str, dict[str, bool | int | float | str]]] = {
                     "xla_gpu_graph_min_graph_size": 1},
 }
 DEFAULT_COMPILER: Final = "default"
+#: Policies over a problem's own ``checkpoint_name`` tags, label -> policy
+#: (``autoremat._search.named_policies``), offered by the kinds beside their own.
+Named = Mapping[str, Policy]
 #: The ``fuse`` choice's labels (``Schedule.fuse``), for a problem where it is one.
 FUSE_CHOICES: Final = {"fused": True, "unfused": False}
 
@@ -75,15 +83,17 @@ def checks(seq_len: int, platform: str) -> dict[str, Check]:
 
 
 def parameters(chosen: Mapping[str, Any], seq_len: int, platform: str,
-               refused: frozenset[str] = frozenset(), fuse: bool = False) -> list[Param]:
+               refused: frozenset[str] = frozenset(), fuse: bool = False,
+               named: Named = NO_NAMES) -> list[Param]:
     """The space's parameters in the order they are chosen, as far as ``chosen`` fixes
-    them: ``kind``; the kind's own (``Schedule.parameters``); once those are all chosen,
-    ``fuse`` where it is a choice and ``compiler`` on a GPU. No categorical choice in
-    ``refused`` is offered (unless it is all there is)."""
+    them: ``kind``; the kind's own (``Schedule.parameters``, offered the ``named``
+    policies); once those are all chosen, ``fuse`` where it is a choice and ``compiler``
+    on a GPU. No categorical choice in ``refused`` is offered (unless it is all there
+    is)."""
     out = [Param("kind", tuple(KINDS))]
     kind = chosen.get("kind")
     if kind in KINDS:
-        out += KINDS[kind].parameters(seq_len, platform, chosen)
+        out += KINDS[kind].parameters(seq_len, platform, chosen, named)
         if all(p.name in chosen for p in out):
             if fuse:
                 out.append(Param("fuse", tuple(FUSE_CHOICES)))
@@ -93,10 +103,11 @@ def parameters(chosen: Mapping[str, Any], seq_len: int, platform: str,
 
 
 def unchosen(chosen: Mapping[str, Any], seq_len: int, platform: str,
-             refused: frozenset[str] = frozenset(), fuse: bool = False) -> list[Param]:
+             refused: frozenset[str] = frozenset(), fuse: bool = False,
+             named: Named = NO_NAMES) -> list[Param]:
     """Those of ``parameters`` not in ``chosen``, to choose in order (each one's range
     is fixed by the values chosen before it); none: the choice is complete."""
-    return [p for p in parameters(chosen, seq_len, platform, refused, fuse)
+    return [p for p in parameters(chosen, seq_len, platform, refused, fuse, named)
             if p.name not in chosen]
 
 
@@ -108,9 +119,10 @@ def _offered(param: Param, refused: frozenset[str]) -> Param:
     return replace(param, choices=kept) if kept and len(kept) < len(param.choices) else param
 
 
-def build(params: Mapping[str, Any], seq_len: int, platform: str) -> Schedule:
+def build(params: Mapping[str, Any], seq_len: int, platform: str,
+          named: Named = NO_NAMES) -> Schedule:
     """The schedule of a complete choice of ``parameters`` (``Schedule.from_params``)."""
-    schedule = KINDS[params["kind"]].from_params(params, seq_len, platform)
+    schedule = KINDS[params["kind"]].from_params(params, seq_len, platform, named)
     if "fuse" in params:
         schedule = schedule.with_fuse(FUSE_CHOICES[params["fuse"]])
     if platform not in CUDA_PLATFORMS:
@@ -137,13 +149,13 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
 
 
 def propose(wanted: Mapping[str, Any], seq_len: int, platform: str, rng: random.Random,
-            refused: frozenset[str] = frozenset(),
-            fuse: bool = False) -> tuple[Schedule, dict[str, Any]]:
+            refused: frozenset[str] = frozenset(), fuse: bool = False,
+            named: Named = NO_NAMES) -> tuple[Schedule, dict[str, Any]]:
     """The schedule of ``wanted`` and its params: each parameter takes its value from
     ``wanted`` (an integer clipped into its range), or a random one from ``rng`` where
     ``wanted`` has none that is offered."""
     chosen: dict[str, Any] = {}
-    while todo := unchosen(chosen, seq_len, platform, refused, fuse):
+    while todo := unchosen(chosen, seq_len, platform, refused, fuse, named):
         for param in todo:
             value = wanted.get(param.name)
             if param.choices:
@@ -153,18 +165,18 @@ def propose(wanted: Mapping[str, Any], seq_len: int, platform: str, rng: random.
                 value = (round(math.exp(rng.uniform(math.log(param.low), math.log(param.high))))
                          if param.log else rng.randint(param.low, param.high))
             chosen[param.name] = min(max(value, param.low), param.high)
-    return build(chosen, seq_len, platform), chosen
+    return build(chosen, seq_len, platform, named), chosen
 
 
 def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.Random,
-               refused: frozenset[str] = frozenset(),
-               fuse: bool = False) -> list[tuple[Schedule, dict[str, Any]]]:
+               refused: frozenset[str] = frozenset(), fuse: bool = False,
+               named: Named = NO_NAMES) -> list[tuple[Schedule, dict[str, Any]]]:
     """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
     each choice swapped for every other, or, of an ``ordered`` parameter (e.g. the
     nested depth), for the choice before or after it."""
-    chosen = propose(params, seq_len, platform, rng, refused, fuse)[1]
+    chosen = propose(params, seq_len, platform, rng, refused, fuse, named)[1]
     out = []
-    for param in parameters(chosen, seq_len, platform, refused, fuse):
+    for param in parameters(chosen, seq_len, platform, refused, fuse, named):
         value = params[param.name]
         if not param.choices:
             values: list[Any] = [round(value * f) for f in (0.5, 0.7, 1.4, 2.0)]
@@ -173,6 +185,6 @@ def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.
             values = [*param.choices[max(0, i - 1):i], *param.choices[i + 1:i + 2]]
         else:
             values = [c for c in param.choices if c != value]
-        out += [propose({**params, param.name: v}, seq_len, platform, rng, refused, fuse)
+        out += [propose({**params, param.name: v}, seq_len, platform, rng, refused, fuse, named)
                 for v in values]
     return out

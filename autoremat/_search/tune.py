@@ -44,7 +44,7 @@ the next fastest that passes is.
   fail or change the results are left out of the study's space, recorded in the
   study (``autoremat._search.probe``).
 * A step that tags values with ``jax.ad_checkpoint.checkpoint_name`` gets policies over
-  those tags offered per level beside the fixed ones (``autoremat._search.names``).
+  those tags offered per level beside the fixed ones (``autoremat._search.named_policies``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
   schedule and the model's ``predicted_seconds``; the study its
   ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
@@ -72,7 +72,7 @@ from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import plain, save_schedule
 from autoremat._search.confirm import confirm
-from autoremat._search.names import offered_names
+from autoremat._search.named_policies import named_policies
 from autoremat._search.probe import study_probe
 from autoremat._search.proof import prove_fit
 from autoremat._search.resume import default_study_name, open_study
@@ -166,15 +166,16 @@ def tune(
     name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
     lock = StudyLock(storage_obj, name)
     study = open_study(storage_obj, name, info, lock)
-    with offered_names(built[1], built[2], problem.seq_len, info.platform or ""):
-        refused = study_probe(study, lock, problem, info.platform or "", on_confirm)
-        search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
-                        time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
-                        explore_front=explore_front, seed=seed, built=built, refused=refused)
-        del built
-        interrupted = search.run(n_trials, None if limit is None else
-                                 limit - (time.monotonic() - start))
-        search_measured = search.measured
+    named = named_policies(built[1], built[2], problem.seq_len, info.platform or "")
+    refused = study_probe(study, lock, problem, info.platform or "", on_confirm, named)
+    search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
+                    time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
+                    explore_front=explore_front, seed=seed, built=built, refused=refused,
+                    named=named)
+    del built
+    interrupted = search.run(n_trials, None if limit is None else
+                             limit - (time.monotonic() - start))
+    search_measured = search.measured
     unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
                                                  time_budget=time_budget, on_confirm=on_confirm)
     del search  # its executables: what they reserve on a device is not the pick's

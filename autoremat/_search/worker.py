@@ -14,12 +14,13 @@ import math
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import from_data
+from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import (
     COMPILE_FAILED,
     DESCRIBE,
@@ -110,12 +111,14 @@ class Worker:
                  time_budget: float, heartbeat: int, on_trial: OnTrial | None,
                  explore_front: bool = False, seed: int = 0,
                  built: tuple[str, Step, tuple[Any, ...]] | None = None,
-                 refused: frozenset[str] = frozenset()) -> None:
+                 refused: frozenset[str] = frozenset(),
+                 named: Mapping[str, Policy] | None = None) -> None:
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
         self.short = ShortRuns(problem)  # times long problems on short runs
         self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,
                                seed=seed + len(study.trials), explore_front=explore_front,
-                               time_budget=time_budget, built=built, refused=refused)
+                               time_budget=time_budget, built=built, refused=refused,
+                               named=dict(named or {}))
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None

@@ -1,9 +1,9 @@
-"""Policies from the problem's own ``checkpoint_name`` tags, for the search to offer.
+"""Named policies: policies over the problem's own ``checkpoint_name`` tags, for the search.
 
 A model that tags its values (MaxText's ``query_proj``, ``mlpwo``, ...) is
 rematerialized by hand with presets over those tags. A study of such a problem
 finds the tags in its traced step (``autoremat._scan.checkpoint_names``) and
-offers, per level, beside the fixed policies (``autoremat._schedules.nested``):
+offers, per level, beside the fixed policies (``autoremat._schedules.nested_space``):
 
 * ``save_only_these_names`` of the tags that are dearest to recompute per byte
   kept (``TaggedValue.flops_per_byte``), a chain of ``SUBSETS`` growing prefixes
@@ -23,13 +23,12 @@ trials read as what they keep.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
-from autoremat._schedules.nested import NAMED_POLICIES, policy_choices
-from autoremat._schedules.policy import Policy
+from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
+from autoremat._schedules.policy import Policy, offload_names
 
 #: Fractions of the ranked tags each family offers (rounded up, duplicates dropped).
 SUBSETS: Final = (1 / 3, 2 / 3, 1.0)
@@ -67,27 +66,17 @@ def name_policies(tags: Mapping[str, Any], offload: bool) -> dict[str, Policy]:
                                                    args=tuple(cheap))
     if offload:
         for k in counts:
-            out[_label("offload", names[:k])] = Policy(
-                "save_and_offload_only_these_names",
-                kwargs=(("names_which_can_be_offloaded", tuple(names[:k])),
-                        ("names_which_can_be_saved", ()), ("offload_dst", "pinned_host"),
-                        ("offload_src", "device")))
+            out[_label("offload", names[:k])] = offload_names(names[:k])
     return out
 
 
-@contextlib.contextmanager
-def offered_names(step: Any, args: tuple[Any, ...], seq_len: int,
-                  platform: str) -> Iterator[dict[str, Policy]]:
-    """While inside, the search space offers ``name_policies`` of the step's tags (none
-    when it has none: the space is unchanged)."""
+def named_policies(step: Any, args: tuple[Any, ...], seq_len: int,
+                   platform: str) -> dict[str, Policy]:
+    """``name_policies`` of the step's tags (none when it has none), offloading ones where
+    the platform offers offload: the ``named`` input of the search space
+    (``autoremat._search.space``)."""
     tags = scanned_tags(step, args, seq_len)
-    offload = any(p.name.startswith("offload") for p in policy_choices(platform).values())
-    policies = name_policies(tags, offload) if tags else {}
-    token = NAMED_POLICIES.set(policies)
-    try:
-        yield policies
-    finally:
-        NAMED_POLICIES.reset(token)
+    return name_policies(tags, platform in OFFLOAD_PLATFORMS) if tags else {}
 
 
 def _label(family: str, names: list[str]) -> str:
