@@ -4,14 +4,15 @@ The pipeline, one package per stage (``tests/test_imports.py`` fails when a modu
 missing here)::
 
     _schedules/   schedule (YAML): what a remat schedule is
-        __init__        the registry of kinds, their constructors (nested, binomial, root,
-                        plain); load/parse/dump/save the YAML form
+        __init__        the registry of kinds, their constructors (nested, binomial, groups,
+                        root, plain); load/parse/dump/save the YAML form
         base            Schedule (knows no kind): fields, key, to_data; Features; Param
         policy          checkpoint policies by name, Level, int checks
         platforms       platform names (GPU, CUDA, offload), read by the kinds and the search
         safe_yaml       reading YAML safely: one document, plain data, bounded
         nested          the nested kind (Chen et al. 2016); nested_scan: its builder,
                         nested_space: its search space (depths, policy choices, seeds)
+        groups          the groups kind: consecutive groups of steps, a policy per group
         binomial        the binomial kind (Revolve); binomial_scan: its builder,
                         binomial_backward: its backward pass (loops or static)
         revolve         Revolve's tables: where to snapshot, what to redo
@@ -44,6 +45,8 @@ missing here)::
         probe           before a study offers risky choices (offload), check them on the problem
         named_policies  policies over the problem's own checkpoint_name tags, per level
         short_scans     short heavy scans (layers): every structure of the space listed
+        presets         layer stacks: the presets a user would pick, tried first; what each
+                        tag costs (knapsack); groups between two presets
         tune            the search: open the study, run a worker, confirm, prove, answer
         proof           the proof of fit: the pick runs with only the budget on the device
         worker          one worker's loop: plan, claim (no schedule twice), measure, count
@@ -82,6 +85,7 @@ from autoremat._measure.stale import load_schedule as load_schedule
 from autoremat._scan.fuse import fuse_head as fuse_head
 from autoremat._scan.fuse import fuse_loss as fuse_loss
 from autoremat._schedules import binomial as binomial
+from autoremat._schedules import groups as groups
 from autoremat._schedules import nested as nested
 from autoremat._schedules import plain as plain
 from autoremat._schedules import root as root
@@ -122,6 +126,7 @@ __all__ = [
     "bounds",
     "fuse_head",
     "fuse_loss",
+    "groups",
     "layer_stack",
     "linen",
     "load_schedule",

@@ -19,10 +19,11 @@ import autoremat
 from autoremat import Schedule, ScheduleError
 from autoremat._measure.layer_stack import CHECKPOINT_NAMES, LayerStack, layer_stack_model
 from autoremat._schedules import from_data
+from autoremat._schedules.base import SHORT_SCAN
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import POLICIES, policy_choices
 from autoremat._search.named_policies import name_policies, named_policies, scanned_tags
-from autoremat._search.short_scans import SHORT_SCAN, structure_params
+from autoremat._search.short_scans import structure_params
 from autoremat._search.space import propose
 from autoremat.cli import main
 from tests.helpers import assert_close

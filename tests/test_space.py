@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoremat._schedules.base import Schedule, snap
+from autoremat._schedules.base import SHORT_SCAN, Schedule, snap
 from autoremat._schedules.binomial import BinomialSchedule, snapshot_range
+from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import (
     OFFLOAD_POLICIES,
@@ -29,6 +30,11 @@ def _check(schedule: Schedule, seq_len: int, platform: str = "cpu") -> None:
         low, high = snapshot_range(seq_len)
         assert low <= schedule.snapshots <= high
         assert repetitions(seq_len, schedule.snapshots) <= 6 or schedule.snapshots == high
+        return
+    if isinstance(schedule, GroupsSchedule):
+        assert seq_len <= SHORT_SCAN and schedule.tuned_length == seq_len
+        assert all(g.policy.name in {p.name for p in policy_choices(platform).values()} | {NO_REMAT}
+                   for g in schedule.groups)
         return
     assert isinstance(schedule, NestedSchedule)
     allowed = {p.name for p in policy_choices(platform).values()}
@@ -54,8 +60,8 @@ def test_random_proposals_give_valid_schedules(seq_len: int) -> None:
     for _ in range(150):
         schedule = propose({}, seq_len, "cpu", rng)[0]
         _check(schedule, seq_len)
-        seen.add(schedule.depth if isinstance(schedule, NestedSchedule) else "binomial")
-    assert seen == {*depths(seq_len), "binomial"}
+        seen.add(schedule.depth if isinstance(schedule, NestedSchedule) else schedule.kind)
+    assert seen == {*depths(seq_len), "binomial", *(["groups"] if seq_len <= SHORT_SCAN else [])}
 
 
 def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:

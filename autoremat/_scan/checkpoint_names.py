@@ -84,6 +84,44 @@ def scanned_values(jaxpr: Jaxpr, length: int) -> dict[str, TaggedValue]:
     return dict(sorted(found.items()))
 
 
+@dataclass(frozen=True)
+class StepCosts:
+    """What one step of a scan computes and what policies would keep of it, per step.
+
+    Attributes:
+      tags: its ``checkpoint_name`` tags (``tagged_values``).
+      flops: matmul FLOPs (``dot_general``) of the step.
+      dot_bytes: bytes of every matmul output (what ``dots_saveable`` keeps).
+      dot_no_batch_bytes: bytes of the matmul outputs without batch dimensions
+        (``dots_with_no_batch_dims_saveable``: the weight matmuls, not attention's).
+    """
+
+    tags: dict[str, TaggedValue]
+    flops: float
+    dot_bytes: int
+    dot_no_batch_bytes: int
+
+
+def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
+    """``StepCosts`` of the body of ``jaxpr``'s first scan of ``length`` steps (its inner
+    jaxprs included; the tags of every such scan, ``scanned_values``); ``None`` when it
+    has none."""
+    for inner in _all_jaxprs(jaxpr):
+        for eqn in inner.eqns:
+            if eqn.primitive is SCAN and eqn.params.get("length") == length:
+                body = eqn.params[SCAN_BODY].jaxpr
+                dots = [e for j in _all_jaxprs(body) for e in j.eqns if e.primitive.name == _DOT]
+                no_batch = [e for e in dots if not e.params["dimension_numbers"][1][0]]
+                return StepCosts(scanned_values(jaxpr, length), sum(_dot_flops(e) for e in dots),
+                                 sum(_bytes(e.outvars[0].aval) for e in dots),
+                                 sum(_bytes(e.outvars[0].aval) for e in no_batch))
+    return None
+
+
+def _bytes(aval: Any) -> int:
+    return int(math.prod(aval.shape) * aval.dtype.itemsize)
+
+
 def check_policy_names(jaxpr: Jaxpr, schedule: Schedule) -> None:
     """A ``ScheduleError`` naming the level and the tag when a policy of ``schedule``
     refers to a tag the step (``jaxpr``) does not have."""
@@ -138,9 +176,8 @@ def _tags(jaxpr: Jaxpr) -> list[TaggedValue]:
         for v in eqn.outvars:
             ancestors[v] = frozenset() if tagged else deps
         if tagged:
-            aval: Any = eqn.outvars[0].aval
-            size = math.prod(aval.shape) * aval.dtype.itemsize
-            out.append(TaggedValue(str(eqn.params[CHECKPOINT_NAME_PARAM]), int(size),
+            out.append(TaggedValue(str(eqn.params[CHECKPOINT_NAME_PARAM]),
+                                   _bytes(eqn.outvars[0].aval),
                                    sum(flops[j] for j in deps)))
     return out
 

@@ -4,7 +4,7 @@ The base ``Schedule`` (``autoremat._schedules.base``) knows no kind. This module
 imports every kind module, registers each class in ``KINDS`` (``kind:`` name
 -> class), and dispatches on it: ``from_data`` (a YAML mapping -> the kind's
 object), ``parse_schedule`` / ``read_schedule`` / ``dump_schedule`` /
-``save_schedule``. The constructors ``nested``, ``binomial``, ``root`` and
+``save_schedule``. The constructors ``nested``, ``binomial``, ``groups``, ``root`` and
 ``plain`` (``autoremat.nested`` ...) are here too; as attributes of this package,
 ``nested`` and ``binomial`` are these functions, not the kind modules of those
 names (import from those as ``from autoremat._schedules.nested import ...``).
@@ -35,6 +35,7 @@ from autoremat._schedules.base import (
     root_lengths,
 )
 from autoremat._schedules.binomial import BinomialSchedule
+from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import NO_REMAT, Policy, _show
 from autoremat._schedules.safe_yaml import load_yaml_text, read_bytes
@@ -55,6 +56,7 @@ def register(kind: type[Schedule]) -> type[Schedule]:
 
 register(NestedSchedule)
 register(BinomialSchedule)
+register(GroupsSchedule)
 
 
 def nested(
@@ -70,6 +72,17 @@ def nested(
     '100x100 nothing/nothing unroll=1'
     """
     return NestedSchedule.build(lengths, policies, unroll=unroll, meta=meta)
+
+
+def groups(groups: Sequence[tuple[int, str | Policy | Mapping[str, Any]]], *, unroll: int = 1,
+           meta: Mapping[str, Any] | None = None) -> GroupsSchedule:
+    """Consecutive groups of steps, each step under its group's policy (the groups
+    kind's docstring): ``[(length, policy), ...]``, first steps first.
+
+    >>> groups([(8, "dots_with_no_batch_dims_saveable"), (4, "nothing_saveable")]).describe()
+    'groups 8 dots_with_no_batch_dims + 4 nothing unroll=1'
+    """
+    return GroupsSchedule.build(groups, unroll=unroll, meta=meta)
 
 
 def binomial(snapshots: int, *, backward: str = "loops", unroll: int = 1,

@@ -70,6 +70,10 @@ KNOWN_VERSIONS: Final = (1,)
 #: The transformations of ``autoremat.scan`` the tests check for every kind.
 TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
 #: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
+#: A scan of at most this many steps is short (a stack of layers, not a recurrence): the
+#: search lists its structures (``autoremat._search.short_scans``), tries the presets a
+#: user would pick first (``autoremat._search.presets``) and offers the groups kind.
+SHORT_SCAN: Final = 128
 #: No policies over a problem's own tags (``Schedule.parameters``' default ``named``).
 NO_NAMES: Final[Mapping[str, Policy]] = MappingProxyType({})
 COMMON_KEYS: Final = ("version", "kind", "unroll", "fuse", "compiler_options", "meta")
@@ -241,6 +245,11 @@ class Schedule(ABC):
         earlier one's value is listed once that value is chosen. ``named``: policies
         over the problem's own ``checkpoint_name`` tags (label -> policy), for a kind
         whose levels take policies to offer beside its fixed ones."""
+
+    @classmethod
+    def searched(cls, seq_len: int) -> bool:
+        """Whether the search offers this kind at ``T = seq_len`` (this default: always)."""
+        return True
 
     @classmethod
     @abstractmethod

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
+import autoremat._schedules.nested_space as nested_space
 from autoremat._errors import ScheduleError
-from autoremat._schedules import nested_space
 from autoremat._schedules.base import NO_NAMES, Check, Features, Param, Schedule, at
 from autoremat._schedules.nested_space import Named
 from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _as_names, _show
@@ -29,14 +29,14 @@ LEVEL_KEYS: Final = ("length", "policy")
 #: Policies under which a level stores its body's residuals instead of
 #: recomputing them in the backward pass (the cost model; the name policies that
 #: keep all but a few tags are counted here).
-_KEEPS_EVERYTHING: Final = ("none", "everything_saveable", "save_anything_except_these_names",
+KEEPS_EVERYTHING: Final = ("none", "everything_saveable", "save_anything_except_these_names",
                             "save_any_names_but_these")
 #: Policies whose re-run skips the matmuls (their outputs are saved): a partial re-run
 #: (a policy keeping some tags is counted as one).
-_PARTIAL: Final = ("dots", "offload_dot", "save_only_these_names",
+PARTIAL: Final = ("dots", "offload_dot", "save_only_these_names",
                    "save_and_offload_only_these_names")
 #: Of those, the ones whose saved values stay on the device (partial residuals).
-_PARTIAL_ON_DEVICE: Final = ("dots", "save_only_these_names")
+PARTIAL_ON_DEVICE: Final = ("dots", "save_only_these_names")
 
 
 
@@ -119,34 +119,15 @@ class NestedSchedule(Schedule):
     # -- the file form -------------------------------------------------------------
     @classmethod
     def parse_fields(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        raw = data["levels"]
-        if not isinstance(raw, list):
-            return {"levels": raw}  # the constructor says what it must be
-        levels = []
-        for i, item in enumerate(raw):
-            where = f"levels[{i}]"
-            if not isinstance(item, Mapping):
-                raise ScheduleError(f"{where}: expected a mapping like {{length: 100, policy: "
-                                    f"nothing_saveable}}, got {_show(item)}")
-            bad = [k for k in item if k not in LEVEL_KEYS]
-            if bad:
-                raise ScheduleError(
-                    f"{where}.{bad[0]}: unknown key; valid keys: {', '.join(LEVEL_KEYS)}")
-            if "length" not in item:
-                raise ScheduleError(f"{where}.length: missing; give a positive integer")
-            with at(where):
-                levels.append(Level(item["length"],
-                                    Policy.from_data(item.get("policy", "nothing_saveable"))))
-        return {"levels": tuple(levels)}
+        return {"levels": parse_levels(data["levels"], "levels")}
 
     def fields_data(self) -> dict[str, Any]:
-        return {"levels": [{"length": lv.length, "policy": lv.policy.to_data()}
-                           for lv in self.levels]}
+        return {"levels": levels_data(self.levels)}
 
     # -- summaries -----------------------------------------------------------------
     def describe(self) -> str:
         lengths = "x".join(str(n) for n in self.lengths)
-        policies = "/".join(_policy_label(lv.policy) for lv in self.levels)
+        policies = "/".join(policy_label(lv.policy) for lv in self.levels)
         return f"{lengths} {policies} unroll={self.unroll}{self.options_note()}"
 
     def explain(self) -> list[str]:
@@ -170,7 +151,7 @@ class NestedSchedule(Schedule):
         for _, count, level in pieces(seq_len, self.lengths):
             piece = (Level(count, levels[level].policy), *levels[level + 1:])
             chunk = math.prod(lv.length for lv in levels[level + 1:])
-            recomputes = sum(lv.policy.name not in _KEEPS_EVERYTHING for lv in piece)
+            recomputes = sum(lv.policy.name not in KEEPS_EVERYTHING for lv in piece)
             evaluations += count * chunk * (1 + recomputes)
             kept, peak = _stored(piece)
             stored += kept
@@ -180,12 +161,12 @@ class NestedSchedule(Schedule):
     def features(self, seq_len: int) -> Features:
         """``partial``: evaluations re-run under ``dots`` policies; ``boundaries``:
         iterations of the outer (non-innermost) levels, forward and backward;
-        ``terms``: the backward's peak (``_terms``)."""
+        ``terms``: the backward's peak (``level_terms``)."""
         lengths = self.lengths
         boundaries = 2.0 * sum(math.prod(lengths[:i + 1]) for i in range(len(lengths) - 1))
         return Features(evaluations=float(self.cost(seq_len).evaluations),
                         partial=self._partial(seq_len), boundaries=boundaries,
-                        terms=_terms(self.levels, seq_len)[1])
+                        terms=level_terms(self.levels, seq_len)[1])
 
     def timing_length(self, seq_len: int, short: int) -> int:
         """Whole chunks of the outermost level (the inner levels as they are), at
@@ -199,7 +180,7 @@ class NestedSchedule(Schedule):
         levels, total = self.levels, 0
         for _, count, level in pieces(seq_len, self.lengths):
             chunk = math.prod(self.lengths[level + 1:])
-            total += count * chunk * sum(lv.policy.name.startswith(_PARTIAL)
+            total += count * chunk * sum(lv.policy.name.startswith(PARTIAL)
                                          for lv in levels[level:])
         return float(total)
 
@@ -261,6 +242,34 @@ class NestedSchedule(Schedule):
                 build((25, 40), "dots_saveable"), build((2, 5, 10, 10))]
 
 
+def parse_levels(raw: Any, field: str) -> Any:
+    """A YAML list of ``{length, policy}`` mappings as ``Level``s (``field`` names it in
+    errors); anything but a list is returned as it is, for the constructor to refuse."""
+    if not isinstance(raw, list):
+        return raw
+    levels = []
+    for i, item in enumerate(raw):
+        where = f"{field}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ScheduleError(f"{where}: expected a mapping like {{length: 100, policy: "
+                                f"nothing_saveable}}, got {_show(item)}")
+        bad = [k for k in item if k not in LEVEL_KEYS]
+        if bad:
+            raise ScheduleError(
+                f"{where}.{bad[0]}: unknown key; valid keys: {', '.join(LEVEL_KEYS)}")
+        if "length" not in item:
+            raise ScheduleError(f"{where}.length: missing; give a positive integer")
+        with at(where):
+            levels.append(Level(item["length"],
+                                Policy.from_data(item.get("policy", "nothing_saveable"))))
+    return tuple(levels)
+
+
+def levels_data(levels: tuple[Level, ...]) -> list[dict[str, Any]]:
+    """The YAML form of ``levels`` (the inverse of ``parse_levels``)."""
+    return [{"length": lv.length, "policy": lv.policy.to_data()} for lv in levels]
+
+
 def pieces(steps: int, lengths: tuple[int, ...]) -> list[tuple[int, int, int]]:
     """Split ``steps`` into ``(start, chunk_count, level)`` parts, mixed radix.
 
@@ -284,7 +293,7 @@ def _stored(levels: tuple[Level, ...]) -> tuple[int, int]:
     if not inner:
         return head.length, head.length
     kept, peak = _stored(inner)
-    if head.policy.name in _KEEPS_EVERYTHING:
+    if head.policy.name in KEEPS_EVERYTHING:
         return head.length * kept, (head.length - 1) * kept + peak
     return head.length, head.length + peak
 
@@ -292,7 +301,7 @@ def _stored(levels: tuple[Level, ...]) -> tuple[int, int]:
 _Terms = tuple[float, float, float]
 
 
-def _terms(levels: tuple[Level, ...], steps: int) -> tuple[_Terms, _Terms]:
+def level_terms(levels: tuple[Level, ...], steps: int) -> tuple[_Terms, _Terms]:
     """(kept, peak) of levels covering ``steps`` steps, as (carries, steps' full
     residuals, steps' partial residuals (dots policies)): ``Features.terms``."""
     head, inner = levels[0], levels[1:]
@@ -300,15 +309,15 @@ def _terms(levels: tuple[Level, ...], steps: int) -> tuple[_Terms, _Terms]:
         steps / math.prod(lv.length for lv in inner))
     chunk = steps / max(1, n)
     name = head.policy.name
-    if name in _KEEPS_EVERYTHING:
+    if name in KEEPS_EVERYTHING:
         unit: _Terms = (0.0, chunk, 0.0) if not inner else (0.0, 0.0, 0.0)
     else:
-        unit = (1.0, 0.0, chunk if name.startswith(_PARTIAL_ON_DEVICE) else 0.0)
+        unit = (1.0, 0.0, chunk if name.startswith(PARTIAL_ON_DEVICE) else 0.0)
     if not inner:
         kept = _scale(unit, n)
         return kept, _add(kept, (0.0, 1.0, 0.0))
-    kept_i, peak_i = _terms(inner, max(1, round(chunk)))
-    if name in _KEEPS_EVERYTHING:
+    kept_i, peak_i = level_terms(inner, max(1, round(chunk)))
+    if name in KEEPS_EVERYTHING:
         return _scale(kept_i, n), _add(_scale(kept_i, n - 1), peak_i)
     kept = _scale(unit, n)
     return kept, _add(kept, peak_i)
@@ -322,7 +331,7 @@ def _add(a: _Terms, b: _Terms) -> _Terms:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
 
-def _policy_label(policy: Policy) -> str:
+def policy_label(policy: Policy) -> str:
     if policy.name == "save_and_offload_only_these_names":
         kw = dict(policy.kwargs)
         saved = ",".join(_as_names(kw.get("names_which_can_be_saved", ())))

@@ -26,3 +26,6 @@ DUPLICATE_OF: Final = "duplicate_of"
 TOTAL_REACHED: Final = "total_reached"
 RETRY_OF: Final = "retry_of"
 RETRY_REASON: Final = "retry_reason"
+#: Study user attr of a layer stack with ``checkpoint_name`` tags: what each tag costs
+#: (``presets.LayerCosts.table``: bytes per layer and over all, recompute FLOPs per layer).
+NAME_COSTS: Final = "name_costs"

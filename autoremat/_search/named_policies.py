@@ -12,7 +12,10 @@ offers, per level, beside the fixed policies (``autoremat._schedules.nested_spac
   thirds): everything kept but those;
 * where offload is offered (GPU, TPU; each choice probed before the study offers
   it, ``autoremat._search.probe``), ``save_and_offload_only_these_names``
-  moving the same prefixes to host memory.
+  moving the same prefixes to host memory;
+* MaxText's ``remat_policy`` presets (``MAXTEXT``) whose tags the step has all of,
+  under MaxText's names (``save_qkv_proj``, ...): what a user of such a model would
+  pick by hand, tried first on a layer stack (``autoremat._search.presets``).
 
 The trade-off: the ranking is an estimate from the trace (bytes and matmul
 FLOPs), which keeps the space small -- a few choices per level -- and the
@@ -25,30 +28,52 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
 from autoremat._schedules.policy import Policy, offload_names
 
+if TYPE_CHECKING:
+    from autoremat._scan.checkpoint_names import StepCosts, TaggedValue
+
 #: Fractions of the ranked tags each family offers (rounded up, duplicates dropped).
 SUBSETS: Final = (1 / 3, 2 / 3, 1.0)
+_QKV: Final = ("query_proj", "key_proj", "value_proj")
+#: MaxText's name presets (``remat_policy``; maxtext ``layers/decoders.py``): label ->
+#: the tags kept; ``qkv_proj_offloaded`` moves the same tags to host memory.
+MAXTEXT: Final[dict[str, tuple[str, ...]]] = {
+    "save_qkv_proj": _QKV,
+    "save_out_proj": ("out_proj",),
+    "save_dot_except_mlp": (*_QKV, "out_proj"),
+    "save_dot_with_context_except_mlp": (*_QKV, "context", "out_proj"),
+    "save_dot_except_mlpwi": (*_QKV, "out_proj", "mlpwo"),
+}
+MAXTEXT_OFFLOADED: Final[dict[str, tuple[str, ...]]] = {"qkv_proj_offloaded": _QKV}
 #: Labels longer than this list the first tags and a count.
 _LABEL_NAMES: Final = 4
 
 
-def scanned_tags(step: Any, args: tuple[Any, ...], seq_len: int) -> dict[str, Any]:
-    """The tags (``TaggedValue`` by name) inside the step's scans of ``seq_len`` steps,
-    from one abstract trace of ``step(*args)`` (nothing is compiled or run); none when
-    that trace fails (the search's first compile then says why)."""
+def step_costs(step: Any, args: tuple[Any, ...], seq_len: int) -> StepCosts | None:
+    """What the step inside ``step(*args)``'s scans of ``seq_len`` steps computes and
+    keeps (``checkpoint_names.StepCosts``: its tags, matmul FLOPs and outputs), from one
+    abstract trace (nothing is compiled or run); ``None`` when it has no such scan or
+    the trace fails (the search's first compile then says why)."""
     import jax
 
-    from autoremat._scan.checkpoint_names import scanned_values
+    from autoremat._scan.checkpoint_names import scanned_costs
 
     try:
         traced = jax.make_jaxpr(step)(*args)
     except Exception:  # the step's own compile reports it, with the tuner's message
-        return {}
-    return scanned_values(traced.jaxpr, seq_len)
+        return None
+    return scanned_costs(traced.jaxpr, seq_len)
+
+
+def scanned_tags(step: Any, args: tuple[Any, ...], seq_len: int) -> dict[str, TaggedValue]:
+    """The tags (``TaggedValue`` by name) inside the step's scans of ``seq_len`` steps
+    (``step_costs``); none when it has none."""
+    costs = step_costs(step, args, seq_len)
+    return {} if costs is None else costs.tags
 
 
 def name_policies(tags: Mapping[str, Any], offload: bool) -> dict[str, Policy]:
@@ -67,15 +92,19 @@ def name_policies(tags: Mapping[str, Any], offload: bool) -> dict[str, Policy]:
     if offload:
         for k in counts:
             out[_label("offload", names[:k])] = offload_names(names[:k])
+    for label, kept in MAXTEXT.items():
+        if set(kept) <= set(names):
+            out[label] = Policy("save_only_these_names", args=kept)
+    for label, kept in MAXTEXT_OFFLOADED.items():
+        if offload and set(kept) <= set(names):
+            out[label] = offload_names(kept)
     return out
 
 
-def named_policies(step: Any, args: tuple[Any, ...], seq_len: int,
-                   platform: str) -> dict[str, Policy]:
-    """``name_policies`` of the step's tags (none when it has none), offloading ones where
+def named_policies(tags: Mapping[str, Any], platform: str) -> dict[str, Policy]:
+    """``name_policies`` of a step's tags (none when it has none), offloading ones where
     the platform offers offload: the ``named`` input of the search space
     (``autoremat._search.space``)."""
-    tags = scanned_tags(step, args, seq_len)
     return name_policies(tags, platform in OFFLOAD_PLATFORMS) if tags else {}
 
 

@@ -47,8 +47,10 @@ from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled, compile_sc
 from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
+from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import Policy
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
+from autoremat._search.presets import LayerCosts, LayerPlan, preset_labels, preset_params
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seeds
@@ -106,6 +108,8 @@ class Planner:
     refused: frozenset[str] = frozenset()  # choices the study's probe left out
     #: policies over the problem's own tags (``named_policies``), offered by the space
     named: Mapping[str, Policy] = field(default_factory=dict)
+    #: a layer stack's per-layer costs (``presets``): its presets are tried first
+    layer_costs: LayerCosts | None = None
     pool: dict[str, Candidate] = field(default_factory=dict)
     timed: dict[str, tuple[int, float]] = field(default_factory=dict)  # key -> (bytes, s)
     cut: dict[str, tuple[int, float]] = field(default_factory=dict)  # one run's seconds
@@ -121,6 +125,7 @@ class Planner:
     _args: Any = None
     _fingerprint: str | None = None
     _best_key: str | None = None
+    layers: LayerPlan | None = None
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -136,8 +141,22 @@ class Planner:
             self.add(*self.propose(p))
         for _ in range(POOL_SIZE):
             self.add(*self.propose({}))
+        if self.layer_costs is not None:
+            self._add_presets(self.layer_costs)
 
     # -- the pool ----------------------------------------------------------------------
+    def _add_presets(self, costs: LayerCosts) -> None:
+        """A layer stack's presets, tried before any other candidate (``presets``)."""
+        self.layers = LayerPlan(costs, self.budget_bytes)
+        for label in preset_labels(self.platform, self.named, self.refused):
+            schedule, params = self.propose(preset_params(label))
+            self.add(schedule, params)
+            self.layers.first.append(schedule.key())
+
+    def _first(self, cand: Candidate) -> int | None:
+        """The rank of a candidate tried before all others (a layer stack's preset)."""
+        return None if self.layers is None else self.layers.priority(cand.schedule.key())
+
     def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
         """``space.propose`` in this planner's space (its refused and named choices)."""
         return propose(wanted, self.problem.seq_len, self.platform, self.rng, self.refused,
@@ -181,6 +200,10 @@ class Planner:
             self.cut[key] = (fit, m.cut_seconds)
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
+        if self.layers is not None:
+            presets = policy_choices(self.platform, "step", self.named)
+            for proposal in self.layers.observe(schedule, fit, presets):
+                self.add(proposal, {})
         if refit:
             self._refit()
 
@@ -276,8 +299,14 @@ class Planner:
         time model's prior); ``compiled_first``: those already compiled first."""
         open_ = [c for k, c in self.pool.items() if c.verdict is Verdict.UNDECIDED and k not in self.taken]
         ranked = [(self.predict(c), c) for c in open_]
+
+        def order(pc: tuple[float, Candidate]) -> tuple[int, bool, float]:
+            first = self._first(pc[1])  # a layer stack's presets, in their order, first
+            return (len(self.pool) if first is None else first,
+                    compiled_first and pc[1].compiled is None, pc[0])
+
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),
-                      key=lambda pc: (compiled_first and pc[1].compiled is None, pc[0]))
+                      key=order)
 
     def next(self, deadline: float | None, *, explore: bool = False,
              dominated: bool = False) -> Candidate | None:
@@ -304,6 +333,14 @@ class Planner:
         compile_cost = (sum(self.compile_seconds) / len(self.compile_seconds)
                         if self.compile_seconds else 0.0)
         for predicted, cand in self._rank(compiled_first=dominated):
+            if self.layers is not None and self._first(cand) is not None:
+                if cand.compiled is None and self.layers.over(cand.schedule):
+                    cand.verdict = Verdict.SURELY_OVER  # by what it keeps (``presets``)
+                    continue
+                first = self._next_first(cand, time_left, compile_cost)
+                if first is not None:
+                    return first
+                continue
             calibrated = self.time_model.points >= 2 and best is not None
             if calibrated and not explore and best is not None:
                 if predicted > stop * best[2]:
@@ -337,3 +374,19 @@ class Planner:
                 return None
             return cand
         return None
+
+    def _next_first(self, cand: Candidate, time_left: float | None,
+                    compile_cost: float) -> Candidate | Literal["again"] | None:
+        """A candidate tried before all others (``presets``): compiled, then timed when it
+        fits, whatever the time model predicts; ``None``: not this one (rank on)."""
+        if cand.compiled is None:
+            if time_left is not None and time_left < compile_cost:
+                return None
+            self._screen(cand)
+            return _AGAIN
+        if cand.compiled.measurement.status == ERROR:
+            return cand  # recorded as a failed trial
+        if cand.compiled.executable is None:
+            cand.verdict = Verdict.NO_EXECUTABLE
+            return None
+        return cand

@@ -34,9 +34,11 @@ def default_study_name(problem: Problem, budget_bytes: int, device_kind: str) ->
     return f"{problem.name} on {device_kind} under {budget_bytes}B"
 
 
-def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock) -> optuna.Study:
+def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,
+               layer_stack: bool = False) -> optuna.Study:
     """Load or create the study; the first worker records ``info`` and enqueues the
-    seed schedules, the others check that ``info`` matches what it recorded."""
+    seed schedules (a ``layer_stack``'s: ``space.seeds``), the others check that ``info``
+    matches what it recorded."""
     import optuna
 
     # Nothing is sampled (a trial measures what the planner chose, or the schedule it was
@@ -64,6 +66,6 @@ def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock)
                 study.set_user_attr(k, v)
             if not study.trials:
                 for schedule, _ in seeds(info.seq_len, info.platform or "",
-                                         fuse=info.fuse_choice):
+                                         fuse=info.fuse_choice, layer_stack=layer_stack):
                     study.enqueue_trial({}, user_attrs={SCHEDULE: schedule.to_data()})
     return study

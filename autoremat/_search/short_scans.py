@@ -23,11 +23,9 @@ from __future__ import annotations
 import random
 from typing import Any, Final
 
-from autoremat._schedules.base import NO_NAMES
+from autoremat._schedules.base import NO_NAMES, SHORT_SCAN
 from autoremat._search.space import Named, build, unchosen
 
-#: Scans of at most this many steps have their structures enumerated.
-SHORT_SCAN: Final = 128
 #: A space with more structures than this is not enumerated.
 MAX_STRUCTURES: Final = 400
 #: Random completions (policies, unroll) added per structure.

@@ -90,7 +90,7 @@ def parameters(chosen: Mapping[str, Any], seq_len: int, platform: str,
     policies); once those are all chosen, ``fuse`` where it is a choice and ``compiler``
     on a GPU. No categorical choice in ``refused`` is offered (unless it is all there
     is)."""
-    out = [Param("kind", tuple(KINDS))]
+    out = [Param("kind", tuple(k for k, c in KINDS.items() if c.searched(seq_len)))]
     kind = chosen.get("kind")
     if kind in KINDS:
         out += KINDS[kind].parameters(seq_len, platform, chosen, named)
@@ -131,9 +131,10 @@ def build(params: Mapping[str, Any], seq_len: int, platform: str,
 
 
 def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozenset(),
-          fuse: bool = False) -> list[tuple[Schedule, dict[str, Any]]]:
+          fuse: bool = False, layer_stack: bool = False) -> list[tuple[Schedule, dict[str, Any]]]:
     """The obvious candidates and their params, kind by kind, in the order to try them
-    (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice.
+    (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice; of a
+    ``layer_stack`` (``autoremat._search.presets``), remat of each layer alone.
     ``fuse`` (a choice): each seed fused (less memory; faster on a CPU) and, off a CPU,
     each nested seed of two levels or more unfused too (on a TPU unfused ran faster at
     the same memory: ``docs/tuning.md``)."""
@@ -141,6 +142,9 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
     params = [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
               for p in kind.seed_params(seq_len, platform)
               if not any(isinstance(v, str) and v in refused for v in p.values())]
+    if layer_stack:
+        params = [{"kind": "nested", "depth": 1, "d1_policy": "nothing", "d1_unroll": 1,
+                   **compiler}]
     if fuse:
         unfused = [{**p, "fuse": "unfused"} for p in params
                    if platform != "cpu" and p["kind"] == "nested" and p.get("depth", 1) >= 2]

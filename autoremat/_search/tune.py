@@ -45,6 +45,9 @@ the next fastest that passes is.
   study (``autoremat._search.probe``).
 * A step that tags values with ``jax.ad_checkpoint.checkpoint_name`` gets policies over
   those tags offered per level beside the fixed ones (``autoremat._search.named_policies``).
+* A layer stack (a short scan of heavy steps, ``autoremat._search.presets``) is seeded
+  with remat of each layer alone; the presets a user would pick are tried before any
+  other candidate, and the study records what each tag costs (``NAME_COSTS``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
   schedule and the model's ``predicted_seconds``; the study its
   ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
@@ -71,8 +74,10 @@ from autoremat._measure.measure import DEFAULT_TIME_BUDGET
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import plain, save_schedule
+from autoremat._search.attrs import NAME_COSTS
 from autoremat._search.confirm import confirm
-from autoremat._search.named_policies import named_policies
+from autoremat._search.named_policies import named_policies, step_costs
+from autoremat._search.presets import LayerCosts, is_layer_stack
 from autoremat._search.probe import study_probe
 from autoremat._search.proof import prove_fit
 from autoremat._search.resume import default_study_name, open_study
@@ -165,13 +170,18 @@ def tune(
     storage_obj = open_storage(storage, heartbeat=heartbeat)
     name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
     lock = StudyLock(storage_obj, name)
-    study = open_study(storage_obj, name, info, lock)
-    named = named_policies(built[1], built[2], problem.seq_len, info.platform or "")
+    costs = step_costs(built[1], built[2], problem.seq_len)  # one trace: tags, matmuls
+    layers = LayerCosts(problem.seq_len, costs) if (
+        costs is not None and is_layer_stack(problem.seq_len, costs)) else None
+    study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
+    if layers is not None and costs is not None and costs.tags:
+        study.set_user_attr(NAME_COSTS, layers.table())
+    named = named_policies({} if costs is None else costs.tags, info.platform or "")
     refused = study_probe(study, lock, problem, info.platform or "", on_confirm, named)
     search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
                     time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
                     explore_front=explore_front, seed=seed, built=built, refused=refused,
-                    named=named)
+                    named=named, layer_costs=layers)
     del built
     interrupted = search.run(n_trials, None if limit is None else
                              limit - (time.monotonic() - start))

@@ -33,6 +33,7 @@ from autoremat._search.attrs import (
     TOTAL_REACHED,
 )
 from autoremat._search.planner import Candidate, Planner
+from autoremat._search.presets import LayerCosts
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock
 from autoremat._search.study import MeasuredTrial, StudyInfo
@@ -112,13 +113,14 @@ class Worker:
                  explore_front: bool = False, seed: int = 0,
                  built: tuple[str, Step, tuple[Any, ...]] | None = None,
                  refused: frozenset[str] = frozenset(),
-                 named: Mapping[str, Policy] | None = None) -> None:
+                 named: Mapping[str, Policy] | None = None,
+                 layer_costs: LayerCosts | None = None) -> None:
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
         self.short = ShortRuns(problem)  # times long problems on short runs
         self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,
                                seed=seed + len(study.trials), explore_front=explore_front,
                                time_budget=time_budget, built=built, refused=refused,
-                               named=dict(named or {}))
+                               named=dict(named or {}), layer_costs=layer_costs)
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None

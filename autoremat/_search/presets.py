@@ -1,0 +1,237 @@
+"""Layer stacks: the presets a user would pick, tried first; what each tag costs; groups.
+
+**Which scans.** A *layer stack* is a scan of at most ``SHORT_SCAN`` (128) steps whose
+step does at least ``HEAVY_FLOPS`` of matmul work (``StepCosts.flops``): the layers of
+a network, not a recurrence of 10^4 light steps. Its memory is every layer's residuals,
+and remat of a layer trades them for one recompute of it; nesting layers in chunks
+(the recurrence's sqrt(T) and binomial seeds) saves carries, which a stack has few of.
+Below ``HEAVY_FLOPS`` a whole 128-step scan is under a millisecond of matmuls on any
+accelerator and the usual search runs.
+
+**What the search does with one** (``LayerPlan``, used by the planner):
+
+1. The study's only seed is ``full`` (every layer keeps nothing: the smallest preset,
+   Flax's ``nn.remat`` and MaxText's default).
+2. Then the presets (``preset_labels``, in that order) come before any other
+   candidate: ``minimal`` (``dots_with_no_batch_dims``), ``checkpoint_dots``, no remat,
+   MaxText's name presets over the step's tags, saving every tag, and the offloaded
+   ones where the study's probe passed. Each is compiled and timed when it fits, never
+   ruled out by the time model's guess, so the pick is never slower than a preset
+   measured to fit.
+3. A preset predicted over the budget is not compiled or run: what it keeps beyond
+   ``full`` (``LayerCosts.keeps``: the tags' and matmul outputs' bytes per layer, from
+   the trace, times the layers) plus ``full``'s measured figure. A TPU's compiled
+   estimate overshoots a layer stack by up to a third; the trace's bytes do not.
+4. Once ``full`` is measured: the tags predicted fastest under the budget (``knapsack``:
+   the most recompute FLOPs saved within the room left) and, for each preset over the
+   budget, a groups schedule (``autoremat._schedules.groups``) giving that preset to as
+   many layers as the room pays for (``split``) and ``nothing`` to the rest.
+
+The trade-off: a preset costs a compile and a timing (a few seconds each on a TPU);
+about ten of them are the price of never losing to one. The byte predictions ignore
+what XLA fuses away, so a prediction within ``MARGIN`` of the budget is measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from autoremat._schedules.base import SHORT_SCAN, Schedule
+from autoremat._schedules.groups import GroupsSchedule
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.nested_space import policy_choices
+from autoremat._schedules.policy import NO_REMAT, Policy
+from autoremat._search.named_policies import MAXTEXT, MAXTEXT_OFFLOADED
+
+if TYPE_CHECKING:
+    from autoremat._scan.checkpoint_names import StepCosts
+
+#: A step of at least this many matmul FLOPs is heavy (the module docstring).
+HEAVY_FLOPS: Final = 1e5
+#: A prediction within this fraction over the budget is measured, not ruled out.
+MARGIN: Final = 0.05
+#: The knapsack tries every subset of at most this many tags (else the greedy ranking).
+MAX_EXACT_TAGS: Final = 14
+#: The fixed presets, by their label in the search space (``nested_space.POLICIES``).
+FIXED: Final = ("dots_no_batch", "dots", NO_REMAT)
+#: The platform's own offloaded preset (MaxText's ``minimal_offloaded``).
+OFFLOADED: Final = ("offload_step",)
+_ZERO: Final = ("nothing_saveable",)
+_NO_BATCH: Final = ("dots_with_no_batch_dims_saveable", "checkpoint_dots_with_no_batch_dims")
+_DOTS: Final = ("dots_saveable", "checkpoint_dots")
+_ALL: Final = (NO_REMAT, "everything_saveable")
+
+
+def is_layer_stack(seq_len: int, costs: StepCosts | None) -> bool:
+    """The rule of the module docstring: at most ``SHORT_SCAN`` steps of at least
+    ``HEAVY_FLOPS`` matmul FLOPs each."""
+    return costs is not None and 2 <= seq_len <= SHORT_SCAN and costs.flops >= HEAVY_FLOPS
+
+
+def preset_labels(platform: str, named: Mapping[str, Policy],
+                  refused: frozenset[str] = frozenset()) -> list[str]:
+    """The per-step policy labels of the presets, in the order they are tried (``full``,
+    the seed, is not among them): ``FIXED``, MaxText's name presets the step has the tags
+    of, saving every tag, then the offloaded ones; none ``refused`` by the probe."""
+    choices = policy_choices(platform, "step", named)
+    save_all = max((label for label, p in named.items() if p.name == "save_only_these_names"
+                    and label.startswith("save(")), key=lambda lb: len(named[lb].names),
+                   default=None)
+    labels = [*FIXED, *(lb for lb in MAXTEXT if lb in named), *([save_all] if save_all else []),
+              *OFFLOADED, *(lb for lb in MAXTEXT_OFFLOADED if lb in named)]
+    return [lb for lb in labels if (lb == NO_REMAT or lb in choices) and lb not in refused]
+
+
+def preset_params(label: str) -> dict[str, Any]:
+    """The search-space params of remat of each step under ``label`` (depth 1)."""
+    return {"kind": "nested", "depth": 1, "d1_policy": label, "d1_unroll": 1}
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """What each per-layer policy keeps, from the trace (``StepCosts``), over ``layers``."""
+
+    layers: int
+    costs: StepCosts
+
+    def keeps(self, policy: Policy) -> tuple[float, bool]:
+        """Bytes one layer under ``policy`` keeps beyond ``nothing_saveable``, and whether
+        that is exact (else a lower bound: no remat keeps every residual, counted as
+        every matmul output and tag)."""
+        tags = self.costs.tags
+        if policy.name in _ZERO or (policy.offloads and not _saved_names(policy)):
+            return 0.0, True
+        if policy.name in _NO_BATCH:
+            return float(self.costs.dot_no_batch_bytes), True
+        if policy.name in _DOTS:
+            return float(self.costs.dot_bytes), True
+        if policy.name == "save_only_these_names" or policy.offloads:
+            return float(sum(tags[n].bytes for n in _saved_names(policy) if n in tags)), True
+        if policy.name in _ALL:
+            return float(max(self.costs.dot_bytes, sum(t.bytes for t in tags.values()))), False
+        if policy.name in ("save_anything_except_these_names", "save_any_names_but_these"):
+            return float(sum(t.bytes for n, t in tags.items() if n not in policy.names)), False
+        return 0.0, False
+
+    def extra(self, schedule: Schedule) -> tuple[float, bool] | None:
+        """``keeps`` summed over the layers of a per-layer schedule (remat of each step,
+        or groups); ``None`` for any other."""
+        if isinstance(schedule, NestedSchedule) and schedule.depth == 1:
+            spans = [(self.layers, schedule.levels[0].policy)]
+        elif isinstance(schedule, GroupsSchedule):
+            spans = [(n, p) for _, n, p in schedule.spans(self.layers)]
+        else:
+            return None
+        kept = [(n * b, exact) for n, p in spans for b, exact in [self.keeps(p)]]
+        return sum(b for b, _ in kept), all(e for _, e in kept)
+
+    def table(self) -> list[dict[str, Any]]:
+        """Per tag: bytes per layer, over all layers, and the matmul FLOPs a layer redoes
+        when it is not kept (``TaggedValue``), dearest per byte first."""
+        ranked = sorted(self.costs.tags.values(), key=lambda t: (-t.flops_per_byte, t.name))
+        return [{"name": t.name, "bytes_per_layer": t.bytes, "bytes": t.bytes * self.layers,
+                 "flops_per_layer": t.flops} for t in ranked]
+
+
+def knapsack(costs: LayerCosts, room: float) -> tuple[str, ...]:
+    """The tags whose bytes over every layer fit in ``room`` and save the most recompute
+    FLOPs: every subset of up to ``MAX_EXACT_TAGS`` tags, else the dearest per byte
+    first. Empty when none fits."""
+    tags = [t for t in costs.costs.tags.values() if t.bytes * costs.layers <= room]
+    if len(tags) > MAX_EXACT_TAGS:
+        tags.sort(key=lambda t: -t.flops_per_byte)
+        chosen, used = [], 0.0
+        for t in tags:
+            if used + t.bytes * costs.layers <= room:
+                chosen.append(t.name)
+                used += t.bytes * costs.layers
+        return tuple(sorted(chosen))
+    best: tuple[float, tuple[str, ...]] = (0.0, ())
+    for k in range(1, len(tags) + 1):
+        for subset in itertools.combinations(tags, k):
+            if sum(t.bytes for t in subset) * costs.layers <= room:
+                best = max(best, (sum(t.flops for t in subset),
+                                  tuple(sorted(t.name for t in subset))))
+    return best[1]
+
+
+def split(layers: int, extra_per_layer: float, room: float) -> int | None:
+    """How many of ``layers`` can keep ``extra_per_layer`` bytes more within ``room`` (at
+    least one, fewer than all); ``None`` when not one can, or all can."""
+    if extra_per_layer <= 0:
+        return None
+    k = math.floor(room / extra_per_layer)
+    return k if 1 <= k < layers else None
+
+
+@dataclass
+class LayerPlan:
+    """The planner's layer-stack side (module docstring): the presets' keys in order, the
+    measured ``full`` figure, the proposals made from it."""
+
+    costs: LayerCosts
+    budget_bytes: int
+    first: list[str] = field(default_factory=list)  # schedule keys tried first, in order
+    base: float | None = None  # full's measured fit_bytes
+    proposed: bool = False
+
+    def priority(self, key: str) -> int | None:
+        """The rank of a schedule tried first (``None``: an ordinary candidate)."""
+        return self.first.index(key) if key in self.first else None
+
+    def predicted(self, schedule: Schedule) -> tuple[float, bool] | None:
+        """Predicted fit bytes (``full``'s measured figure plus what the schedule keeps
+        more, ``LayerCosts.extra``) and whether it is exact (else a lower bound)."""
+        extra = self.costs.extra(schedule)
+        if extra is None or self.base is None:
+            return None
+        return self.base + extra[0], extra[1]
+
+    def over(self, schedule: Schedule) -> bool:
+        """Predicted over the budget by more than ``MARGIN`` (a lower bound: over at all)."""
+        guess = self.predicted(schedule)
+        if guess is None:
+            return False
+        limit = self.budget_bytes * (1 + MARGIN) if guess[1] else self.budget_bytes
+        return guess[0] > limit
+
+    def observe(self, schedule: Schedule, fit: int | None,
+                presets: Mapping[str, Policy]) -> list[Schedule]:
+        """A measured schedule: once ``full``'s (``nothing_saveable`` on every layer) fit
+        is known, the knapsack's tags and a groups schedule per preset over the budget,
+        as new candidates to try first (each at most once)."""
+        if fit is None or self.proposed or not _is_full(schedule):
+            return []
+        self.base, self.proposed = float(fit), True
+        room = self.budget_bytes - self.base
+        layers = self.costs.layers
+        out: list[Schedule] = []
+        kept = knapsack(self.costs, room)
+        if kept:
+            out.append(NestedSchedule.build([layers], [Policy("save_only_these_names",
+                                                              args=kept)]))
+        for policy in presets.values():
+            per_layer, exact = self.costs.keeps(policy)
+            k = split(layers, per_layer, room) if exact else None
+            if k is not None:
+                out.append(GroupsSchedule.build([(k, policy), (layers - k, "nothing_saveable")]))
+        fresh = [s for s in out if s.key() not in self.first]
+        self.first += [s.key() for s in fresh]
+        return fresh
+
+
+def _is_full(schedule: Schedule) -> bool:
+    return (isinstance(schedule, NestedSchedule) and schedule.depth == 1
+            and schedule.levels[0].policy.name == "nothing_saveable")
+
+
+def _saved_names(policy: Policy) -> tuple[str, ...]:
+    """The tags a name policy keeps on the device (an offloading one: its saved names)."""
+    if policy.name == "save_and_offload_only_these_names":
+        saved = dict(policy.kwargs).get("names_which_can_be_saved", ())
+        return (saved,) if isinstance(saved, str) else tuple(saved)
+    return policy.names
