@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled, compile_schedule
@@ -147,11 +148,20 @@ class Planner:
     # -- the pool ----------------------------------------------------------------------
     def _add_presets(self, costs: LayerCosts) -> None:
         """A layer stack's presets, tried before any other candidate (``presets``)."""
-        self.layers = LayerPlan(costs, self.budget_bytes)
+        self.layers = LayerPlan(costs, self.budget_bytes,
+                                predicts=self.platform in device_memory.VALIDATED)
         for label in preset_labels(self.platform, self.named, self.refused):
             schedule, params = self.propose(preset_params(label))
             self.add(schedule, params)
             self.layers.first.append(schedule.key())
+
+    def _observe_layers(self, schedule: Schedule, size: int | None) -> None:
+        """A layer stack's plan sees a sized or measured schedule; its proposals join the
+        pool (``presets.LayerPlan.observe``)."""
+        if self.layers is not None:
+            presets = policy_choices(self.platform, "step", self.named)
+            for proposal in self.layers.observe(schedule, size, presets):
+                self.add(proposal, {})
 
     def _first(self, cand: Candidate) -> int | None:
         """The rank of a candidate tried before all others (a layer stack's preset)."""
@@ -200,10 +210,7 @@ class Planner:
             self.cut[key] = (fit, m.cut_seconds)
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
-        if self.layers is not None:
-            presets = policy_choices(self.platform, "step", self.named)
-            for proposal in self.layers.observe(schedule, fit, presets):
-                self.add(proposal, {})
+        self._observe_layers(cand.schedule, m.size_bytes if fit is None else fit)
         if refit:
             self._refit()
 
@@ -268,6 +275,8 @@ class Planner:
         floor = floor_bytes(m)
         if floor is not None:
             self.floor = floor
+        if m.status == OVER_BUDGET:
+            self._observe_layers(cand.schedule, m.size_bytes)
         if cand.compiled.executable is not None:  # share one set of arguments
             fp = arguments_fingerprint(cand.compiled.args)
             if self._fingerprint is None:

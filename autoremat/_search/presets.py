@@ -1,12 +1,14 @@
 """Layer stacks: the presets a user would pick, tried first; what each tag costs; groups.
 
 **Which scans.** A *layer stack* is a scan of at most ``SHORT_SCAN`` (128) steps whose
-step does at least ``HEAVY_FLOPS`` of matmul work (``StepCosts.flops``): the layers of
-a network, not a recurrence of 10^4 light steps. Its memory is every layer's residuals,
-and remat of a layer trades them for one recompute of it; nesting layers in chunks
-(the recurrence's sqrt(T) and binomial seeds) saves carries, which a stack has few of.
-Below ``HEAVY_FLOPS`` a whole 128-step scan is under a millisecond of matmuls on any
-accelerator and the usual search runs.
+step does at least ``HEAVY_FLOPS`` (10^4) of matmul work (``StepCosts.flops``): the
+layers of a network, not a recurrence of 10^4 light steps. The length decides: over
+128 steps the stored carries (which nesting removes) grow with ``T`` and the
+recurrence's search runs; up to 128, every step's residuals dominate and remat per
+step -- the presets -- is what trades them. The FLOPs only leave out toy steps (a
+tiny test cell: 32 FLOPs), whose whole scan costs microseconds. A short LSTM (the seed
+cell at T=100: 1.6 MFLOP a step) counts as a stack: plain, remat of each step and the
+dots policies are what its user would try first too.
 
 **What the search does with one** (``LayerPlan``, used by the planner):
 
@@ -18,14 +20,18 @@ accelerator and the usual search runs.
    ones where the study's probe passed. Each is compiled and timed when it fits, never
    ruled out by the time model's guess, so the pick is never slower than a preset
    measured to fit.
-3. A preset predicted over the budget is not compiled or run: what it keeps beyond
-   ``full`` (``LayerCosts.keeps``: the tags' and matmul outputs' bytes per layer, from
-   the trace, times the layers) plus ``full``'s measured figure. A TPU's compiled
-   estimate overshoots a layer stack by up to a third; the trace's bytes do not.
+3. Where a run decides the fit (a TPU or GPU: ``device_memory.VALIDATED``), a preset
+   predicted over the budget is not compiled or run: what it keeps beyond ``full``
+   (``LayerCosts.keeps``: the tags' and matmul outputs' bytes per layer, from the
+   trace, times the layers) plus ``full``'s measured figure. A TPU's compiled estimate
+   overshoots a layer stack by up to a third; the trace's bytes do not. Elsewhere
+   (a CPU) the compile's estimate decides, as for every candidate, at no trial's cost.
 4. Once ``full`` is measured: the tags predicted fastest under the budget (``knapsack``:
    the most recompute FLOPs saved within the room left) and, for each preset over the
-   budget, a groups schedule (``autoremat._schedules.groups``) giving that preset to as
-   many layers as the room pays for (``split``) and ``nothing`` to the rest.
+   budget (predicted, or by its own figure), a groups schedule
+   (``autoremat._schedules.groups``) giving that preset to as many layers as the room
+   pays for (``split``: per layer, what the preset keeps more than ``full``) and
+   ``nothing`` to the rest.
 
 The trade-off: a preset costs a compile and a timing (a few seconds each on a TPU);
 about ten of them are the price of never losing to one. The byte predictions ignore
@@ -51,7 +57,7 @@ if TYPE_CHECKING:
     from autoremat._scan.checkpoint_names import StepCosts
 
 #: A step of at least this many matmul FLOPs is heavy (the module docstring).
-HEAVY_FLOPS: Final = 1e5
+HEAVY_FLOPS: Final = 1e4
 #: A prediction within this fraction over the budget is measured, not ruled out.
 MARGIN: Final = 0.05
 #: The knapsack tries every subset of at most this many tags (else the greedy ranking).
@@ -170,14 +176,16 @@ def split(layers: int, extra_per_layer: float, room: float) -> int | None:
 
 @dataclass
 class LayerPlan:
-    """The planner's layer-stack side (module docstring): the presets' keys in order, the
-    measured ``full`` figure, the proposals made from it."""
+    """The planner's layer-stack side (module docstring): the presets' keys in order,
+    ``full``'s measured figure, the proposals made from it. ``predicts``: the platform's
+    fit is decided by a run (``device_memory.VALIDATED``), so a preset predicted over the
+    budget is not run; elsewhere its compile decides, as for any candidate."""
 
     costs: LayerCosts
     budget_bytes: int
+    predicts: bool = False
     first: list[str] = field(default_factory=list)  # schedule keys tried first, in order
     base: float | None = None  # full's measured fit_bytes
-    proposed: bool = False
 
     def priority(self, key: str) -> int | None:
         """The rank of a schedule tried first (``None``: an ordinary candidate)."""
@@ -192,36 +200,50 @@ class LayerPlan:
         return self.base + extra[0], extra[1]
 
     def over(self, schedule: Schedule) -> bool:
-        """Predicted over the budget by more than ``MARGIN`` (a lower bound: over at all)."""
-        guess = self.predicted(schedule)
+        """Where the plan ``predicts``: over the budget by more than ``MARGIN`` (a lower
+        bound: over at all)."""
+        guess = self.predicted(schedule) if self.predicts else None
         if guess is None:
             return False
         limit = self.budget_bytes * (1 + MARGIN) if guess[1] else self.budget_bytes
         return guess[0] > limit
 
-    def observe(self, schedule: Schedule, fit: int | None,
+    def observe(self, schedule: Schedule, size: int | None,
                 presets: Mapping[str, Policy]) -> list[Schedule]:
-        """A measured schedule: once ``full``'s (``nothing_saveable`` on every layer) fit
-        is known, the knapsack's tags and a groups schedule per preset over the budget,
-        as new candidates to try first (each at most once)."""
-        if fit is None or self.proposed or not _is_full(schedule):
+        """A sized or measured schedule: ``full``'s figure (``nothing_saveable`` on every
+        layer) brings the knapsack's tags and, where the plan ``predicts``, a groups
+        schedule per preset predicted over the budget; a preset of one policy found over
+        the budget by its own figure brings its groups schedule. New candidates to try
+        first, each proposed once."""
+        if size is None:
             return []
-        self.base, self.proposed = float(fit), True
-        room = self.budget_bytes - self.base
         layers = self.costs.layers
         out: list[Schedule] = []
-        kept = knapsack(self.costs, room)
-        if kept:
-            out.append(NestedSchedule.build([layers], [Policy("save_only_these_names",
-                                                              args=kept)]))
-        for policy in presets.values():
-            per_layer, exact = self.costs.keeps(policy)
-            k = split(layers, per_layer, room) if exact else None
-            if k is not None:
-                out.append(GroupsSchedule.build([(k, policy), (layers - k, "nothing_saveable")]))
+        if _is_full(schedule) and self.base is None:
+            self.base = float(size)
+            kept = knapsack(self.costs, self.budget_bytes - self.base)
+            if kept:
+                out.append(NestedSchedule.build([layers], [Policy("save_only_these_names",
+                                                                  args=kept)]))
+            if self.predicts:
+                out += [s for p in presets.values()
+                        if (s := self._grouped(p, self.costs.keeps(p))) is not None]
+        elif self.base is not None and size > self.budget_bytes and (
+                isinstance(schedule, NestedSchedule) and schedule.depth == 1):
+            policy = schedule.levels[0].policy
+            out += [s for s in [self._grouped(policy, ((size - self.base) / layers, True))]
+                    if s is not None]
         fresh = [s for s in out if s.key() not in self.first]
         self.first += [s.key() for s in fresh]
         return fresh
+
+    def _grouped(self, policy: Policy, per_layer: tuple[float, bool]) -> Schedule | None:
+        """``policy`` on as many layers as the room pays for, ``nothing`` on the rest."""
+        if self.base is None or not per_layer[1]:
+            return None
+        k = split(self.costs.layers, per_layer[0], self.budget_bytes - self.base)
+        return None if k is None else GroupsSchedule.build(
+            [(k, policy), (self.costs.layers - k, "nothing_saveable")])
 
 
 def _is_full(schedule: Schedule) -> bool:

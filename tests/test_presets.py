@@ -1,0 +1,153 @@
+"""Layer stacks: which scans count, what each tag costs, the knapsack, groups proposals, and
+a tune that tries the presets first (``autoremat._search.presets``). Tiny stacks on a CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+import autoremat
+from autoremat._measure.layer_stack import LayerStack, layer_stack_model
+from autoremat._schedules.groups import GroupsSchedule
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.policy import Policy
+from autoremat._search.attrs import NAME_COSTS
+from autoremat._search.named_policies import named_policies, step_costs
+from autoremat._search.presets import (
+    LayerCosts,
+    LayerPlan,
+    is_layer_stack,
+    knapsack,
+    preset_labels,
+    split,
+)
+from autoremat._search.space import seeds
+from autoremat._search.study import MeasuredTrial
+from tests.tiny_problem import tiny
+
+LAYERS = 6
+TINY = LayerStack(LAYERS, 16, 2, 64, 8, 2, vocab=12, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def problem() -> autoremat.Problem:
+    return layer_stack_model(TINY).problem()
+
+
+@pytest.fixture(scope="module")
+def costs(problem: autoremat.Problem) -> LayerCosts:
+    step, args = problem.build(autoremat.plain(LAYERS))
+    found = step_costs(step, args, LAYERS)
+    assert found is not None
+    return LayerCosts(LAYERS, found)
+
+
+def test_a_short_scan_of_heavy_steps_is_a_layer_stack(costs: LayerCosts) -> None:
+    assert is_layer_stack(LAYERS, costs.costs)
+    step, args = tiny(32).build(autoremat.plain(32))  # a toy recurrence cell: 32 FLOPs
+    assert not is_layer_stack(32, step_costs(step, args, 32))
+    assert not is_layer_stack(129, costs.costs)  # longer than SHORT_SCAN
+    assert [s.describe() for s, _ in seeds(LAYERS, layer_stack=True)] == [
+        f"{LAYERS} nothing unroll=1"]
+
+
+def test_what_each_policy_keeps_comes_from_the_trace(costs: LayerCosts) -> None:
+    tokens, d, mlp = TINY.batch * TINY.seq_len, TINY.d_model, TINY.mlp
+    qkv = Policy("save_only_these_names", args=("query_proj", "key_proj", "value_proj"))
+    assert costs.keeps(qkv) == (3 * tokens * d * 4, True)
+    assert costs.keeps(Policy("nothing_saveable")) == (0.0, True)
+    no_batch, exact = costs.keeps(Policy("dots_with_no_batch_dims_saveable"))
+    dots, _ = costs.keeps(Policy("dots_saveable"))
+    # q, k, v, out and the two MLP matmuls; dots adds attention's batched scores and context
+    assert exact and no_batch == tokens * (5 * d + mlp) * 4
+    assert dots > no_batch
+    everything, exact = costs.keeps(Policy("none"))
+    assert not exact and everything >= dots  # a lower bound
+    assert costs.extra(autoremat.nested([2, 3])) is None  # not one policy per layer
+    groups = autoremat.groups([(2, qkv), (4, "nothing_saveable")])
+    assert costs.extra(groups) == (2 * 3 * tokens * d * 4, True)
+    table = costs.table()
+    assert {row["name"] for row in table} == set(costs.costs.tags)
+    assert all(row["bytes"] == LAYERS * row["bytes_per_layer"] for row in table)
+
+
+def test_the_knapsack_keeps_the_most_recompute_within_the_room(costs: LayerCosts) -> None:
+    tags = costs.costs.tags
+    assert knapsack(costs, 0) == ()
+    every = sum(t.bytes for t in tags.values()) * LAYERS
+    assert set(knapsack(costs, every)) >= {n for n, t in tags.items() if t.flops > 0}
+    room = tags["mlpwi"].bytes * LAYERS
+    kept = knapsack(costs, room)
+    assert sum(tags[n].bytes for n in kept) * LAYERS <= room
+    assert sum(tags[n].flops for n in kept) >= tags["mlpwi"].flops  # no worse than mlpwi alone
+
+
+def test_split_gives_the_faster_preset_to_as_many_layers_as_fit() -> None:
+    assert split(24, 10.0, 85.0) == 8
+    assert split(24, 10.0, 5.0) is None  # not one layer
+    assert split(24, 10.0, 1e9) is None  # all of them: the preset itself fits
+    assert split(24, 0.0, 100.0) is None
+
+
+MINIMAL = Policy("dots_with_no_batch_dims_saveable")
+
+
+def test_where_a_run_decides_the_fit_the_plan_predicts_from_the_trace(costs: LayerCosts) -> None:
+    full = autoremat.nested([LAYERS])
+    per_layer, _ = costs.keeps(MINIMAL)
+    base = int(10 * per_layer)
+    plan = LayerPlan(costs, budget_bytes=int(base + 2.5 * per_layer), predicts=True)
+    presets = {"dots_no_batch": MINIMAL}
+    assert plan.observe(autoremat.nested([2, 3]), 5, presets) == []  # not full
+    proposed = plan.observe(full, base, presets)
+    grouped = [s for s in proposed if isinstance(s, GroupsSchedule)]
+    assert [(g.length, g.policy) for g in grouped[0].groups] == [
+        (2, MINIMAL), (LAYERS - 2, Policy("nothing_saveable"))]
+    assert any(isinstance(s, NestedSchedule) and s.levels[0].policy.names for s in proposed)
+    assert plan.over(autoremat.nested([LAYERS], MINIMAL))  # 16 x per_layer > 12.5
+    assert not plan.over(grouped[0])
+    assert [plan.priority(s.key()) for s in proposed] == list(range(len(proposed)))
+    assert plan.observe(full, base, presets) == []  # proposed once
+
+
+def test_where_the_compile_decides_a_preset_over_the_budget_brings_its_groups(
+        costs: LayerCosts) -> None:
+    plan = LayerPlan(costs, budget_bytes=1000)
+    minimal = autoremat.nested([LAYERS], MINIMAL)
+    assert not plan.over(minimal)  # no prediction: its compile decides
+    assert not any(isinstance(s, GroupsSchedule)
+                   for s in plan.observe(autoremat.nested([LAYERS]), 700, {"m": MINIMAL}))
+    (grouped,) = plan.observe(minimal, 700 + LAYERS * 100, {})  # 100 bytes a layer more
+    assert isinstance(grouped, GroupsSchedule)
+    assert [(g.length, g.policy) for g in grouped.groups] == [
+        (3, MINIMAL), (LAYERS - 3, Policy("nothing_saveable"))]
+
+
+def test_presets_are_measured_first_and_the_study_keeps_the_tag_costs(
+        problem: autoremat.Problem, tmp_path: Path) -> None:
+    step, args = problem.build(autoremat.plain(LAYERS))
+    found = step_costs(step, args, LAYERS)
+    labels = preset_labels("cpu", named_policies(found.tags if found else {}, "cpu"))
+    assert labels[:3] == ["dots_no_batch", "dots", "none"] and "save_qkv_proj" in labels
+    storage = f"sqlite:///{tmp_path}/s.db"
+    result = autoremat.tune(problem, 10**9, n_trials=1 + len(labels), storage=storage,
+                            time_limit=None)
+    measured = [t.schedule.levels[0].policy for t in _trials(result.study_name, storage)
+                if isinstance(t.schedule, NestedSchedule)]
+    assert measured[0] == Policy("nothing_saveable")  # the one seed
+    named = named_policies(found.tags if found else {}, "cpu")
+    want = [Policy("dots_with_no_batch_dims_saveable"), Policy("dots_saveable"), Policy("none"),
+            *(named[lb] for lb in labels[3:])]
+    assert measured[1:] == want  # every preset, in order, before any other candidate
+    study = optuna.load_study(study_name=result.study_name, storage=storage)
+    assert {row["name"] for row in study.user_attrs[NAME_COSTS]} == set(found.tags if found else {})
+
+
+def _trials(name: str, storage: str) -> list[MeasuredTrial]:
+    found = [MeasuredTrial.of(t) for t in optuna.load_study(study_name=name,
+                                                            storage=storage).trials]
+    return [t for t in found if t is not None]
+
+
