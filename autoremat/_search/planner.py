@@ -38,7 +38,7 @@ import enum
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
@@ -50,6 +50,9 @@ from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seeds
+
+if TYPE_CHECKING:
+    from autoremat._search.probe_guard import ProbeGuard
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -69,6 +72,7 @@ class Verdict(enum.Enum):
     SURELY_OVER = "over budget (stores more than one that is)"
     NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
     DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
+    REFUSED = "uses a choice or combination the study's probe left out"
 
 
 #: ``Planner._next_once``'s "the models moved: rank again".
@@ -114,6 +118,8 @@ class Planner:
     #: ``(schedule key, step, args)`` built before the search (``tune``: the plain scan,
     #: whose arguments fingerprint the study), used by that schedule's compile.
     built: tuple[str, Step, tuple[Any, ...]] | None = None
+    #: probes a candidate's risky choices before its first compile (``probe_guard``)
+    guard: ProbeGuard | None = None
     _args: Any = None
     _fingerprint: str | None = None
     _best_key: str | None = None
@@ -232,6 +238,7 @@ class Planner:
         if m.size_bytes is not None:  # or the size the compiler stated, out of memory
             self.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
                                   refused=m.total_bytes is None)
+        self._compile_failed(cand)
         floor = floor_bytes(m)
         if floor is not None:
             self.floor = floor
@@ -241,6 +248,24 @@ class Planner:
                 self._args, self._fingerprint = cand.compiled.args, fp
             elif fp == self._fingerprint:
                 cand.compiled.args = self._args
+
+    # -- the study's probe (``probe_guard``) ---------------------------------------------
+    def _probed(self, cand: Candidate) -> bool:
+        """The risky choices ``cand`` uses, and their combination, passed the study's
+        probe (probed now where they were not); else it is refused, and the choices
+        left out leave the proposals."""
+        if self.guard is None or self.guard.allows(cand.params):
+            return True
+        cand.verdict = Verdict.REFUSED
+        self.refused = self.guard.refused
+        return False
+
+    def _compile_failed(self, cand: Candidate) -> None:
+        """A combination of risky choices that failed to compile is left out."""
+        m = cand.compiled.measurement if cand.compiled is not None else None
+        if self.guard is not None and m is not None and m.status == ERROR \
+                and m.reason.startswith("compile failed"):
+            self.guard.compile_failed(cand.params, m.reason)
 
     # -- deciding ----------------------------------------------------------------------
     def total(self, cand: Candidate) -> float | None:
@@ -308,6 +333,8 @@ class Planner:
                     continue  # by the memory model's guess: not worth a compile (yet)
                 if time_left is not None and time_left < compile_cost:
                     return None
+                if not self._probed(cand):
+                    continue
                 self._screen(cand)
                 return _AGAIN  # the models moved: rank again
             m = cand.compiled.measurement

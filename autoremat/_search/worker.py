@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
+    from autoremat._search.probe_guard import ProbeGuard
+
 
 _MAX_DUPLICATES_IN_A_ROW: Final = 50
 #: Without ``n_trials``, at most this many (the planner or the time limit stops first).
@@ -110,12 +112,13 @@ class Worker:
                  time_budget: float, heartbeat: int, on_trial: OnTrial | None,
                  explore_front: bool = False, seed: int = 0,
                  built: tuple[str, Step, tuple[Any, ...]] | None = None,
-                 refused: frozenset[str] = frozenset()) -> None:
+                 refused: frozenset[str] = frozenset(), guard: ProbeGuard | None = None) -> None:
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
         self.short = ShortRuns(problem)  # times long problems on short runs
         self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,
                                seed=seed + len(study.trials), explore_front=explore_front,
-                               time_budget=time_budget, built=built, refused=refused)
+                               time_budget=time_budget, built=built, refused=refused,
+                               guard=guard)
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None
