@@ -132,6 +132,25 @@ def child(argv: list[str]) -> int:
                 _emit(name, start=start, seconds=time.time() - start)
         return wrapper
 
+    real_problem_of = cli._problem_of
+
+    def problem_of(settings: dict[str, Any]) -> Any:  # after the first line, as the CLI
+        _emit("building")
+        import jax
+        import jax.monitoring
+
+        _emit("jax_imported")
+
+        def listen(event: str, duration_secs: float, **_: str | int) -> None:
+            if event.endswith("backend_compile_duration"):
+                _emit("xla_compile", seconds=duration_secs)
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        jax.devices()  # what the problem's arguments start anyway
+        _emit("backend")
+        return real_problem_of(settings)
+
+    cli._problem_of = problem_of
     measure_module.compile_step = compile_step
     guard_module.ProbeGuard._probe = probe  # type: ignore[method-assign]
     worker_module.Worker.callback = callback  # type: ignore[method-assign]
@@ -196,7 +215,8 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
                     None)
 
     of = {kind: [e for e in events if e["event"] == kind]
-          for kind in ("compile", "probe", "trial", "confirm", "proof", "start", "end")}
+          for kind in ("compile", "probe", "trial", "confirm", "proof", "start", "end",
+                       "jax_imported", "backend", "xla_compile")}
     trials = [e for e in of["trial"] if e["measured"]]
     failed = [e for e in trials if e["compile_failed"]]
     combined = [e for e in failed if e["describe"].count("offload") >= 2]
@@ -210,6 +230,12 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
         "first_line_s": log[0][0] if log else None,
         "python_start_s": of["start"][0]["t"] if of["start"] else None,
         "startup_s": problem_t,
+        "jax_imported_s": of["jax_imported"][0]["t"] if of["jax_imported"] else None,
+        "backend_s": of["backend"][0]["t"] if of["backend"] else None,
+        "xla_compiles_before_problem": [e["seconds"] for e in of["xla_compile"]
+                                        if problem_t is not None and e["t"] <= problem_t],
+        "xla_compiles": len(of["xla_compile"]),
+        "xla_compile_s": sum(e["seconds"] for e in of["xla_compile"]),
         "probes": len(of["probe"]), "probe_s": sum(e["seconds"] for e in of["probe"]),
         "probe_verdicts": [f"{e['schedule']}: {e['verdict']}" for e in of["probe"]],
         "trials": len(trials) - len(failed), "cut": sum(e["cut"] for e in trials),
@@ -259,6 +285,12 @@ def markdown(results: list[dict[str, Any]], header: list[str]) -> str:
     out = ["# studies/tune_time.py", "", *header, "", *rows, ""]
     for r in results:
         out += [f"## {r['case']}. {r['name']}", "", f"`{r['command']}` (exit {r['exit']})", ""]
+        before = r["xla_compiles_before_problem"]
+        out.append(f"- start-up: first line {_s(r['first_line_s'])}, jax imported "
+                   f"{_s(r['jax_imported_s'])}, device up {_s(r['backend_s'])}, `problem:` "
+                   f"{_s(r['startup_s'])} ({len(before)} XLA compiles before it, "
+                   f"{sum(before):.1f} s; {r['xla_compiles']} in the run, "
+                   f"{r['xla_compile_s']:.1f} s)")
         out += [f"- {x}" for x in ([r["study_line"]] if r["study_line"] else [])]
         out += [f"- pick: {r['pick'].strip()}" if r["pick"] else "- pick: none"]
         out += [f"- probe: {v}" for v in r["probe_verdicts"]]
