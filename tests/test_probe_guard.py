@@ -19,6 +19,7 @@ import optuna
 import pytest
 
 import autoremat._search.probe as probe_module
+from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule
@@ -135,8 +136,8 @@ def test_a_combination_that_fails_to_compile_at_full_length_is_left_out(
     guard.compile_failed(dots_only, "compile failed: INTERNAL: one choice")
     assert guard.verdicts == {}  # one choice: the failure may be the schedule's
     guard.compile_failed(BOTH_DEEPER, "compile failed: INTERNAL: two choices")
-    assert guard.verdicts[COMBO] == f"{LEFT_OUT}: compile failed: INTERNAL: two choices " \
-        "(at full length)"
+    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: compile failed: INTERNAL: two choices "
+                                     "(in a trial, not the probe)")
     assert not guard.allows(BOTH) and runs == []
 
 
@@ -153,6 +154,22 @@ def test_the_planner_refuses_what_the_guard_leaves_out_before_compiling_it(
     assert all(not planner._probed(c) for c in both)
     plain = next(c for c in planner.pool.values() if not guard.used(c.params))
     assert planner._probed(plain)
+
+
+def test_a_trial_whose_short_run_failed_to_compile_leaves_its_combination_out(
+        runs: list[Schedule]) -> None:
+    guard = _guard(None)
+    problem = tiny(PROBE_LENGTH)
+    planner = Planner(problem, 10**6, "tpu", ShortRuns(problem), guard=guard)
+    both = next(c for c in planner.pool.values()
+                if guard.used(c.params) == {"offload_carries", "offload_dots"})
+    key = both.schedule.key()
+    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: run failed: x"))
+    assert guard.verdicts == {}
+    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: compile failed: INTERNAL"))
+    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: compile failed: INTERNAL "
+                                     "(in a trial, not the probe)")
+    assert not guard.allows(both.params) and runs == []  # never probed: known to fail
 
 
 def test_where_the_cache_lives() -> None:

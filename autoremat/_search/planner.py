@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -178,6 +179,7 @@ class Planner:
             self.cut[key] = (fit, m.cut_seconds)
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
+        self._compile_failed(cand, m)
         if refit:
             self._refit()
 
@@ -260,12 +262,13 @@ class Planner:
         self.refused = self.guard.refused
         return False
 
-    def _compile_failed(self, cand: Candidate) -> None:
-        """A combination of risky choices that failed to compile is left out."""
-        m = cand.compiled.measurement if cand.compiled is not None else None
-        if self.guard is not None and m is not None and m.status == ERROR \
-                and m.reason.startswith("compile failed"):
-            self.guard.compile_failed(cand.params, m.reason)
+    def _compile_failed(self, cand: Candidate, m: Measurement | None = None) -> None:
+        """A combination of risky choices that failed to compile (at full length, or for
+        its short run: ``at T'=...: compile failed``) is left out."""
+        m = m or (cand.compiled.measurement if cand.compiled is not None else None)
+        reason = "" if m is None or m.status != ERROR else re.sub(r"^at T'=\d+: ", "", m.reason)
+        if self.guard is not None and reason.startswith("compile failed"):
+            self.guard.compile_failed(cand.params, reason)
 
     # -- deciding ----------------------------------------------------------------------
     def total(self, cand: Candidate) -> float | None:

@@ -18,8 +18,8 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
 
 A choice or combination left out is never compiled and never proposed again in
 the study: the planner drops it (``refused``, ``refused_combinations``). A
-combination that compiled at the probe's length but fails to compile at full
-length is recorded as left out too (``compile_failed``).
+combination that compiled at the probe's length but fails to compile in a trial
+is recorded as left out too (``compile_failed``).
 
 Every verdict is recorded in the study (user attr ``probe.PROBE_ATTR``, read back
 by other workers and resumed studies, shown by ``autoremat pareto``) and in a
@@ -111,11 +111,13 @@ class ProbeGuard:
                                  lambda: self._combined(params, used)).startswith(LEFT_OUT)
 
     def compile_failed(self, params: Mapping[str, Any], reason: str) -> None:
-        """A candidate failed to compile at full length: a combination it uses is left
-        out from now on (a single choice stays: the failure may be the schedule's)."""
+        """A candidate failed to compile in a trial (at full length, or its short run): a
+        combination it uses is left out from now on (a single choice stays: the failure
+        may be the schedule's)."""
         used = self.used(params)
         if len(used) >= 2:
-            self._record(combination(used), f"{LEFT_OUT}: {reason} (at full length)", put=True)
+            self._record(combination(used), f"{LEFT_OUT}: {reason} (in a trial, not the probe)",
+                         put=True)
 
     # -- verdicts ----------------------------------------------------------------------
     def _verdict(self, label: str, make: Callable[[], Check | None]) -> str:
