@@ -189,3 +189,14 @@ def test_the_cache_can_be_moved_or_turned_off(monkeypatch: pytest.MonkeyPatch,
     unreadable = VerdictCache(tmp_path, ENV, "p")  # a folder: nothing read, nothing written
     assert unreadable.get("x") is None
     unreadable.put("x", "offered: y")
+
+
+def test_a_combination_label_keeps_labels_that_hold_a_plus() -> None:
+    """The problem's own policies are labelled like ``offload(a,b,+3)`` (``names``)."""
+    guard = _guard(None)
+    guard.labels = frozenset({"offload(a,b,+3)", "offload_carries"})
+    label = combination(guard.labels)
+    assert label == "offload(a,b,+3) & offload_carries"
+    guard._record(label, f"{LEFT_OUT}: compile failed: x")
+    assert guard.refused_combinations == {guard.labels} and guard.refused == frozenset()
+    assert not guard.allows({"d2_p0": "offload_carries", "d2_p1": "offload(a,b,+3)"})

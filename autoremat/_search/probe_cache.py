@@ -5,7 +5,7 @@ problem -- seconds on a TPU each -- and its verdict depends on the device and it
 XLA more than on the study. So every verdict is also written to a cache file,
 keyed by the environment (platform, device kind, jax and jaxlib versions:
 ``environment_key``), the choice's label (a combination of choices is one label:
-``"offload_carries+offload_dots"``) and the problem (its name and argument
+``"offload_carries & offload_dots"``) and the problem (its name and argument
 fingerprint). A later study on the same environment reads it:
 
 * a verdict found on the same problem is reused, whatever it says;

@@ -13,8 +13,8 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
   ``offload_dots`` at the innermost: each passed alone on a TPU, their
   combination failed to compile) has that combination probed too, on the
   candidate's own structure at the probe's length (``space.propose`` of its
-  parameters); its label is the choices joined by ``+``
-  (``"offload_carries+offload_dots"``).
+  parameters); its label is the choices joined by `` & ``
+  (``"offload_carries & offload_dots"``).
 
 A choice or combination left out is never compiled and never proposed again in
 the study: the planner drops it (``refused``, ``refused_combinations``). A
@@ -48,11 +48,11 @@ if TYPE_CHECKING:
     from autoremat._search.storage import StudyLock
 
 #: Joins the labels of a combination of choices.
-JOIN: Final = "+"
+JOIN: Final = " & "  # a label may hold "+" (``names``: "offload(a,b,+3)")
 
 
 def combination(labels: frozenset[str]) -> str:
-    """The label of a combination of choices: sorted, joined by ``+``."""
+    """The label of a combination of choices: sorted, joined by `` & ``."""
     return JOIN.join(sorted(labels))
 
 
