@@ -42,7 +42,9 @@ missing here)::
         space           what the search can choose: parameters -> Schedule; the seeds
         predict         the cost model; planner: which schedule to time next
         short_runs      long T: time on short runs, predict full length; confirm: then check
-        probe           before a study offers risky choices (offload), check them on the problem
+        probe           before a study offers risky choices (offload), check them on the problem;
+                        probe_guard: each when the planner first proposes it, and the
+                        combinations it proposes; probe_cache: the verdicts beside the storage
         named_policies  policies over the problem's own checkpoint_name tags, per level
         short_scans     short heavy scans (layers): every structure of the space listed
         presets         layer stacks: the presets a user would pick, tried first; what each

@@ -225,9 +225,14 @@ def _tune(args: argparse.Namespace) -> int:
     check_settings(settings)
 
     try:
-        if settings.get("budget") is not None:
-            budget, budget_note = parse_bytes(settings["budget"]), ""
-        else:
+        given_budget = settings.get("budget")
+        budget, budget_note = (parse_bytes(given_budget), "") if given_budget is not None \
+            else (0, "")
+        # The first line within a second: building the problem starts jax and the device
+        # and makes the arguments (tens of seconds on a fresh TPU machine, issue 47).
+        print(f"building the problem ({settings.get('problem') or BUILTIN_PROBLEM}) ...",
+              flush=True)
+        if given_budget is None:
             budget, budget_note = _default_budget()
         return _run_tune(_problem_of(settings), budget, budget_note, settings, args.no_progress)
     except AutorematError as e:

@@ -314,7 +314,7 @@ def test_problem_tunes_end_to_end_with_the_cli(
     assert main(["tune", "--problem", f"{ROOT / 'examples' / 'seed_lstm_nnx.py'}:problem",
                  "--budget", "1GB", "--trials", "2", "--time-budget", "0.02", "--no-progress",
                  "--out", "best.yaml"]) == 0
-    assert "2 measured now)" in capsys.readouterr().out
+    assert "2 measured now" in capsys.readouterr().out
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["meta"]["problem"].startswith("seed_lstm_nnx(T=24")
     assert 0 < best["meta"]["total_bytes"] <= 10**9

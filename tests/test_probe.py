@@ -8,6 +8,7 @@ STAND-IN. What jax does with an offload policy on this CPU is tested as it is.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -288,27 +289,34 @@ def test_a_refused_choice_is_never_offered_proposed_or_a_neighbour() -> None:
 def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """STAND-IN for offload on an H200: the ``dots`` policy label is declared risky
+    """STAND-IN for offload on an H200: the ``everything`` policy label is declared risky
     (``checks`` patched) and its probe schedule fails to compile on this problem. The
-    study records why, says so once, and no trial uses ``dots_saveable``."""
+    planner favours it on this tiny problem, so it proposes it first after the seeds: it is
+    probed then (not before the search), the study records why, says so once, and no trial
+    the planner chose uses ``everything_saveable`` (the seeds, enqueued before any probe,
+    use no risky choice on a real platform; here two of them hold it)."""
     monkeypatch.chdir(tmp_path)
-    risky = autoremat.nested([8, 8], "dots_saveable")
+    risky = autoremat.nested([8, 8], "everything_saveable")
     monkeypatch.setattr("autoremat._search.probe.checks",
-                        lambda n, platform, named=None: {"dots": Check(risky)})
+                        lambda n, platform, named=None: {"everything": Check(risky)})
     notes: list[str] = []
     result = tune(_odd_one(risky, "compile"), 10**6, n_trials=8, time_budget=0.02,
                   study_name="probed", on_confirm=notes.append)
     assert result.measured == 8
     study = load_study("probed")
-    why = study.user_attrs[PROBE_ATTR]["dots"]
-    assert why.startswith(f"{LEFT_OUT}: compile failed (8x8 dots/dots unroll=1 at T=64): ")
-    assert notes == [f"probe: dots: {why}"]
-    used = set().union(*(_policies(from_data(t.user_attrs["schedule"])) for t in study.trials
-                         if "schedule" in t.user_attrs))
-    assert "nothing_saveable" in used and "dots_saveable" not in used
+    why = study.user_attrs[PROBE_ATTR]["everything"]
+    assert why.startswith(
+        f"{LEFT_OUT}: compile failed (8x8 everything/everything unroll=1 at T=64): ")
+    assert notes == [f"probe: everything: {why}"]
+    n_seeds = len(seeds(PROBE_LENGTH, "cpu"))
+    chosen = [t for t in study.trials if "schedule" in t.user_attrs and t.number >= n_seeds]
+    used = set().union(*(_policies(from_data(t.user_attrs["schedule"])) for t in chosen))
+    assert len(chosen) == 8 - n_seeds and "everything_saveable" not in used
+    cached = json.loads((tmp_path / "runs" / "probes.json").read_text())  # probe_cache
+    assert [v for env in cached.values() for v in env["everything"].values()] == [why]
 
     assert cli_main(["pareto", "--study-name", "probed"]) == 0
-    assert f"probe: dots: {why}" in capsys.readouterr().out.splitlines()
+    assert f"probe: everything: {why}" in capsys.readouterr().out.splitlines()
 
 
 @pytest.mark.parametrize(("reason", "failed"), [

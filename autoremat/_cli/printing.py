@@ -94,6 +94,18 @@ def _device(m: Measurement) -> str:
         if v is not None)
 
 
+def study_line(result: TuneResult) -> str:
+    """The study and what it holds: schedules measured (in the study, by this call), trials
+    queued and not measured (seeds this call did not reach), failed compiles."""
+    queued = (f"; {result.queued} queued, not measured (seed schedules a later run measures "
+              "first)" if result.queued else "")
+    failed = (f"; {result.compile_failed} failed to compile (not counted)"
+              if result.compile_failed else "")
+    return (f"study: {result.study_name!r} in {redact(result.storage)} "
+            f"({result.study_measured} schedules measured in the study, {result.measured} "
+            f"measured now{queued}{failed})")
+
+
 def result_table(result: TuneResult) -> str:
     """The study, the best trial and the plain scan (memory, time, vs plain), and where
     the best's (else the smallest's) memory goes."""
@@ -123,8 +135,7 @@ def result_table(result: TuneResult) -> str:
         f"length {format_seconds(t.measurement.step_seconds)}  {t.schedule.describe()}"
         for t in result.confirmed]
     return "\n".join([
-        f"study: {result.study_name!r} in {redact(result.storage)} "
-        f"({result.n_trials} trials, {result.measured} measured now)",
+        study_line(result),
         f"  memory figures: {device_note(result.devices, result.mesh)}",
         f"  {'':<18} {'total':>10} "
         + (f"{'runtime peak':>13} {'compile scr.':>13} {'bound':>13} " if device else "")

@@ -270,15 +270,22 @@ def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim
     cell = nn.OptimizedLSTMCell(hidden)
     readout = nn.Dense(output_dim)
     tx = optax.adam(1e-3)
-    kx, ky, kc, kd = jax.random.split(jax.random.PRNGKey(0), 4)
-    x = jax.random.normal(kx, (batch, seq_len, input_dim), jnp.float32)
-    y = jax.random.normal(ky, (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
-    carry0 = cell.initialize_carry(kc, (batch, input_dim))
-    params = {
-        "cell": cell.init(kc, carry0, x[:, 0])["params"],
-        "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
-    }
-    return SeedModel(cell, readout, tx, carry0, (params, tx.init(params), x, y), seq2seq,
+
+    def arrays() -> tuple[Any, tuple[Any, ...]]:
+        kx, ky, kc, kd = jax.random.split(jax.random.PRNGKey(0), 4)
+        x = jax.random.normal(kx, (batch, seq_len, input_dim), jnp.float32)
+        y = jax.random.normal(ky, (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
+        carry0 = cell.initialize_carry(kc, (batch, input_dim))
+        params = {
+            "cell": cell.init(kc, carry0, x[:, 0])["params"],
+            "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
+        }
+        return carry0, (params, tx.init(params), x, y)
+
+    # One compiled program, not ~45 op-by-op ones (issue 47: on a TPU v5e each eager op
+    # compiled on its own, most of the 41 s before the first line); the same values.
+    carry0, args = jax.jit(arrays)()
+    return SeedModel(cell, readout, tx, carry0, args, seq2seq,
                      fused_readout is not False, fused_readout is None)
 
 

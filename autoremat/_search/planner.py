@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import enum
 import random
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
@@ -55,6 +56,9 @@ from autoremat._search.presets import LayerCosts, LayerPlan, preset_labels, pres
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seeds
+
+if TYPE_CHECKING:
+    from autoremat._search.probe_guard import ProbeGuard
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -74,6 +78,7 @@ class Verdict(enum.Enum):
     SURELY_OVER = "over budget (stores more than one that is)"
     NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
     DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
+    REFUSED = "uses a choice or combination the study's probe left out"
 
 
 #: ``Planner._next_once``'s "the models moved: rank again".
@@ -123,6 +128,8 @@ class Planner:
     #: ``(schedule key, step, args)`` built before the search (``tune``: the plain scan,
     #: whose arguments fingerprint the study), used by that schedule's compile.
     built: tuple[str, Step, tuple[Any, ...]] | None = None
+    #: probes a candidate's risky choices before its first compile (``probe_guard``)
+    guard: ProbeGuard | None = None
     _args: Any = None
     _fingerprint: str | None = None
     _best_key: str | None = None
@@ -211,6 +218,7 @@ class Planner:
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
         self._observe_layers(cand.schedule, m.size_bytes if fit is None else fit)
+        self._compile_failed(cand, m)
         if refit:
             self._refit()
 
@@ -272,6 +280,7 @@ class Planner:
         if m.size_bytes is not None:  # or the size the compiler stated, out of memory
             self.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
                                   refused=m.total_bytes is None)
+        self._compile_failed(cand)
         floor = floor_bytes(m)
         if floor is not None:
             self.floor = floor
@@ -283,6 +292,25 @@ class Planner:
                 self._args, self._fingerprint = cand.compiled.args, fp
             elif fp == self._fingerprint:
                 cand.compiled.args = self._args
+
+    # -- the study's probe (``probe_guard``) ---------------------------------------------
+    def _probed(self, cand: Candidate) -> bool:
+        """The risky choices ``cand`` uses, and their combination, passed the study's
+        probe (probed now where they were not); else it is refused, and the choices
+        left out leave the proposals."""
+        if self.guard is None or self.guard.allows(cand.params):
+            return True
+        cand.verdict = Verdict.REFUSED
+        self.refused = self.guard.refused
+        return False
+
+    def _compile_failed(self, cand: Candidate, m: Measurement | None = None) -> None:
+        """A combination of risky choices that failed to compile (at full length, or for
+        its short run: ``at T'=...: compile failed``) is left out."""
+        m = m or (cand.compiled.measurement if cand.compiled is not None else None)
+        reason = "" if m is None or m.status != ERROR else re.sub(r"^at T'=\d+: ", "", m.reason)
+        if self.guard is not None and reason.startswith("compile failed"):
+            self.guard.compile_failed(cand.params, reason)
 
     # -- deciding ----------------------------------------------------------------------
     def total(self, cand: Candidate) -> float | None:
@@ -364,6 +392,8 @@ class Planner:
                     continue  # by the memory model's guess: not worth a compile (yet)
                 if time_left is not None and time_left < compile_cost:
                     return None
+                if not self._probed(cand):
+                    continue
                 self._screen(cand)
                 return _AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
@@ -390,6 +420,8 @@ class Planner:
         fits, whatever the time model predicts; ``None``: not this one (rank on)."""
         if cand.compiled is None:
             if time_left is not None and time_left < compile_cost:
+                return None
+            if not self._probed(cand):
                 return None
             self._screen(cand)
             return _AGAIN

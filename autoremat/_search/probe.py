@@ -24,17 +24,22 @@ search, ``probe`` runs each on a small instance of the problem: its own
 
 Offload is probed per placement (``nested_space.OFFLOAD_POLICIES``: each step, the
 innermost level, an outer level's chunk-boundary carries by name), each on its
-own, so a placement this XLA refuses leaves out only that one.
+own, so a placement this XLA refuses leaves out only that one; a combination of
+placements (each passed alone on a TPU, together they failed to compile) is probed
+as one more choice when the planner proposes it (``probe_guard``).
 
 The trade-off: a probe costs one compile and two short runs per choice (a few
-seconds on a GPU, once per study) and sees the problem at a short length; a
-failure that only appears at full length still reaches a trial -- which then
-fails without using up one of ``n_trials`` (``autoremat._search.tune``).
+seconds on a GPU, ~9 s on a TPU v5e at H=1024; once per platform and jax version)
+and sees the problem at a short length; a failure that only appears at full length
+still reaches a trial -- which then fails without using up one of ``n_trials``
+(``autoremat._search.tune``; a combination that fails so is left out from then on).
 
-``study_probe`` runs the probe once per study and records its outcome in the
-study (user attr ``PROBE_ATTR``: label -> ``"offered: ..."`` or
-``"left out: ..."``); a resumed study or another worker reads it back, so every
-worker's planner draws from the same space.
+A study probes lazily (``autoremat._search.probe_guard``): a choice when the
+planner first proposes a schedule using it, and each combination of choices it
+proposes; the verdicts are recorded in the study (user attr ``PROBE_ATTR``: label
+-> ``"offered: ..."`` or ``"left out: ..."``; a resumed study or another worker
+reads them back) and cached beside the storage (``autoremat._search.probe_cache``).
+``study_probe`` probes every choice at once and records the outcome the same way.
 """
 
 from __future__ import annotations

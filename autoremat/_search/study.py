@@ -21,7 +21,7 @@ from autoremat._measure.breakdown import DEVICE_KEYS, floor_message, seed_lstm_a
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
-from autoremat._search.attrs import MEASURED, SCHEDULE
+from autoremat._search.attrs import COMPILE_FAILED, MEASURED, SCHEDULE
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
 from autoremat._units import format_bytes
 
@@ -213,7 +213,12 @@ class TuneResult:
       plain_trial: the plain scan's trial when it was measured.
       smallest_trial: the measured trial with the smallest ``total_bytes``.
       measured: how many schedules this call measured.
-      n_trials: how many trials the study holds in all.
+      n_trials: how many trials the study holds in all (measured, queued, pruned, failed).
+      study_measured: how many schedules the study holds measured (every worker's, every
+        call's; a failed compile measured nothing and is not one).
+      queued: trials waiting to be measured (seed schedules enqueued when the study was
+        made that no call has reached yet).
+      compile_failed: trials whose schedule failed to build or compile.
       interrupted: ``True`` when Ctrl-C stopped the search.
       devices, mesh: what the figures are per device of (``StudyInfo``).
       confirmed: trials timed on a short run and then at full length
@@ -237,6 +242,9 @@ class TuneResult:
     confirmed: tuple[MeasuredTrial, ...] = ()
     unconfirmed: str = ""
     proof: str = ""
+    study_measured: int = 0
+    queued: int = 0
+    compile_failed: int = 0
 
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
@@ -253,6 +261,7 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
                                                 info.seq_len))
     plain_key = plain(info.seq_len).key()
     sized = [t for t in trials if t.measurement.total_bytes is not None]
+    counts = trial_counts(study)
     return TuneResult(
         study_name=study.study_name, storage=storage, budget_bytes=info.budget_bytes,
         best=best, best_trial=best_trial,
@@ -261,8 +270,20 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
         devices=info.devices, mesh=info.mesh,
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
-        unconfirmed=unconfirmed, proof=proof,
+        unconfirmed=unconfirmed, proof=proof, **counts,
     )
+
+
+def trial_counts(study: optuna.Study) -> dict[str, int]:
+    """``study_measured``, ``queued`` and ``compile_failed`` of ``TuneResult``."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    measured = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+                and t.user_attrs.get(MEASURED)]
+    failed = sum(1 for t in measured if t.user_attrs.get(COMPILE_FAILED))
+    return {"study_measured": len(measured) - failed, "compile_failed": failed,
+            "queued": sum(1 for t in trials if t.state == TrialState.WAITING)}
 
 
 def fuse_why(trials: list[MeasuredTrial], best: MeasuredTrial, budget_bytes: int,

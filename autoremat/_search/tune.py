@@ -38,11 +38,12 @@ the next fastest that passes is.
   ``user_attrs["reason"]`` says why; the search goes on. One that failed to
   build or compile (``user_attrs["compile_failed"]``) does not count towards
   ``n_trials`` or ``total_trials``: it measured nothing.
-* Before the search, the choices marked risky on this platform (offload policies
-  on a GPU or TPU, ``Schedule.checks``; XLA compiler options on a GPU,
-  ``space.checks``) are probed on a small instance of the problem; those that
-  fail or change the results are left out of the study's space, recorded in the
-  study (``autoremat._search.probe``).
+* The choices marked risky on this platform (offload policies on a GPU or TPU,
+  ``Schedule.checks``; XLA compiler options on a GPU, ``space.checks``) are probed
+  on a small instance of the problem when the planner first proposes a schedule
+  using them -- and each combination of them it proposes; those that fail or change
+  the results are left out of the study's space, recorded in the study and in a
+  cache beside the storage (``autoremat._search.probe_guard``, ``probe``, ``probe_cache``).
 * A step that tags values with ``jax.ad_checkpoint.checkpoint_name`` gets policies over
   those tags offered per level beside the fixed ones (``autoremat._search.named_policies``).
 * A layer stack (a short scan of heavy steps, ``autoremat._search.presets``) is seeded
@@ -64,7 +65,7 @@ the next fastest that passes is.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -74,11 +75,13 @@ from autoremat._measure.measure import DEFAULT_TIME_BUDGET
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import plain, save_schedule
+from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import NAME_COSTS
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.presets import LayerCosts, is_layer_stack
-from autoremat._search.probe import study_probe
+from autoremat._search.probe_cache import VerdictCache, cache_path, environment_key
+from autoremat._search.probe_guard import ProbeGuard
 from autoremat._search.proof import prove_fit
 from autoremat._search.resume import default_study_name, open_study
 from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyLock, open_storage, redact
@@ -177,11 +180,11 @@ def tune(
     if layers is not None and costs is not None and costs.tags:
         study.set_user_attr(NAME_COSTS, layers.table())
     named = named_policies({} if costs is None else costs.tags, info.platform or "")
-    refused = study_probe(study, lock, problem, info.platform or "", on_confirm, named)
+    guard = _probe_guard(problem, info, study, lock, storage, on_confirm, named)
     search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
                     time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
-                    explore_front=explore_front, seed=seed, built=built, refused=refused,
-                    named=named, layer_costs=layers)
+                    explore_front=explore_front, seed=seed, built=built,
+                    refused=guard.refused, guard=guard, named=named, layer_costs=layers)
     del built
     interrupted = search.run(n_trials, None if limit is None else
                              limit - (time.monotonic() - start))
@@ -214,6 +217,16 @@ def _study_info(problem: Problem, budget_bytes: int, storage: str | None,
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
                      devices=devices, mesh=mesh, fuse_choice=problem.fuse_choice)
     return info, (reference.key(), step, args)
+
+
+def _probe_guard(problem: Problem, info: StudyInfo, study: Any, lock: StudyLock,
+                 storage: str | None, on_note: Callable[[str], None] | None,
+                 named: Mapping[str, Policy]) -> ProbeGuard:
+    """The study's probe of risky choices, run as the planner first proposes each
+    (``autoremat._search.probe_guard``), its verdicts cached beside the storage."""
+    cache = VerdictCache(cache_path(storage), environment_key(),
+                         f"{problem.name}|{info.fingerprint}")
+    return ProbeGuard(problem, info.platform or "", study, lock, cache, on_note, named)
 
 
 def _write_best(result: TuneResult, out: str | Path) -> None:

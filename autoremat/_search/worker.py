@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
+    from autoremat._search.probe_guard import ProbeGuard
+
 
 _MAX_DUPLICATES_IN_A_ROW: Final = 50
 #: Without ``n_trials``, at most this many (the planner or the time limit stops first).
@@ -114,7 +116,8 @@ class Worker:
                  built: tuple[str, Step, tuple[Any, ...]] | None = None,
                  refused: frozenset[str] = frozenset(),
                  named: Mapping[str, Policy] | None = None,
-                 layer_costs: LayerCosts | None = None) -> None:
+                 layer_costs: LayerCosts | None = None,
+                 guard: ProbeGuard | None = None) -> None:
         self.problem, self.info, self.study, self.lock = problem, info, study, lock
         self.short = ShortRuns(problem)  # times long problems on short runs
         self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,

@@ -1,0 +1,201 @@
+"""Probe a risky choice when the planner first proposes it, and every combination it uses.
+
+``autoremat._search.probe`` checks a risky choice (an offload placement, a GPU
+compiler option: ``probe.checks``) on a short instance of the problem. A study no
+longer probes them all before its search (three offload probes took 28 s of a
+128 s tune on a TPU v5e, issue 47): a ``ProbeGuard`` holds the verdicts, and the
+planner asks it (``Planner.guard``) before it compiles a candidate:
+
+* a candidate that uses no risky choice is let through at once;
+* each risky choice it uses is probed -- the first time only -- as
+  ``probe.checks`` builds it, on its own;
+* a candidate that uses two or more (``offload_carries`` at an outer level with
+  ``offload_dots`` at the innermost: each passed alone on a TPU, their
+  combination failed to compile) has that combination probed too, on the
+  candidate's own structure at the probe's length (``space.propose`` of its
+  parameters); its label is the choices joined by `` & ``
+  (``"offload_carries & offload_dots"``).
+
+A choice or combination left out is never compiled and never proposed again in
+the study: the planner drops it (``refused``, ``refused_combinations``). A
+combination that compiled at the probe's length but fails to compile in a trial
+is recorded as left out too (``compile_failed``).
+
+Every verdict is recorded in the study (user attr ``probe.PROBE_ATTR``, read back
+by other workers and resumed studies, shown by ``autoremat pareto``) and in a
+cache file beside the storage (``autoremat._search.probe_cache``), so a verdict
+costs nothing twice on the same platform, device kind and jax/jaxlib.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from autoremat._errors import one_line
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import NO_NAMES, Check
+from autoremat._schedules.policy import Policy
+from autoremat._search import probe as probe_module
+from autoremat._search import space
+from autoremat._search.probe import LEFT_OUT, PROBE_ATTR
+from autoremat._search.probe_cache import VerdictCache
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autoremat._search.storage import StudyLock
+
+#: Joins the labels of a combination of choices.
+JOIN: Final = " & "  # a label may hold "+" (``names``: "offload(a,b,+3)")
+
+
+def combination(labels: frozenset[str]) -> str:
+    """The label of a combination of choices: sorted, joined by `` & ``."""
+    return JOIN.join(sorted(labels))
+
+
+class ProbeGuard:
+    """The verdicts of one study's probes, probing on demand (module doc)."""
+
+    def __init__(self, problem: Problem, platform: str, study: optuna.Study, lock: StudyLock,
+                 cache: VerdictCache | None = None,
+                 on_note: Callable[[str], None] | None = None,
+                 named: Mapping[str, Policy] = NO_NAMES) -> None:
+        self.problem, self.platform, self.study, self.lock = problem, platform, study, lock
+        self.cache, self.on_note, self.named = cache, on_note, named
+        self.labels = frozenset(probe_module.checks(problem.seq_len, platform, named))
+        self.verdicts: dict[str, str] = {}
+        self.probed: list[str] = []  # labels probed by this guard (not read back)
+        self._target: Problem | None = None
+        self._reference: list[Any] | None = None
+        self._no_reference = ""
+        self._read_study()
+        known = [] if cache is None else [  # the cache's verdicts on these choices: at once
+            k for k in cache.labels() if set(k.split(JOIN)) <= self.labels]
+        for label in known:
+            cached = None if label in self.verdicts else self._cached(label)
+            if cached is not None:
+                self._record(label, cached)
+
+    # -- what is known -----------------------------------------------------------------
+    @property
+    def refused(self) -> frozenset[str]:
+        """The single choices left out (the planner's proposals skip them)."""
+        return frozenset(k for k in probe_module.refused(self.verdicts) if JOIN not in k)
+
+    @property
+    def refused_combinations(self) -> frozenset[frozenset[str]]:
+        return frozenset(frozenset(k.split(JOIN)) for k in probe_module.refused(self.verdicts)
+                         if JOIN in k)
+
+    def used(self, params: Mapping[str, Any]) -> frozenset[str]:
+        """The risky choices a candidate's parameters use."""
+        return frozenset(v for v in params.values() if isinstance(v, str) and v in self.labels)
+
+    # -- the planner's question --------------------------------------------------------
+    def allows(self, params: Mapping[str, Any]) -> bool:
+        """Every risky choice in ``params`` and their combination passed its probe
+        (probed now where none has)."""
+        used = self.used(params)
+        if not used:
+            return True
+        if any(combo <= used for combo in self.refused_combinations):
+            return False
+        for label in sorted(used):
+            if self._verdict(label, functools.partial(self._single, label)).startswith(LEFT_OUT):
+                return False
+        if len(used) < 2:
+            return True
+        return not self._verdict(combination(used),
+                                 lambda: self._combined(params, used)).startswith(LEFT_OUT)
+
+    def compile_failed(self, params: Mapping[str, Any], reason: str) -> None:
+        """A candidate failed to compile in a trial (at full length, or its short run): a
+        combination it uses is left out from now on (a single choice stays: the failure
+        may be the schedule's)."""
+        used = self.used(params)
+        if len(used) >= 2:
+            self._record(combination(used), f"{LEFT_OUT}: {reason} (in a trial, not the probe)",
+                         put=True)
+
+    # -- verdicts ----------------------------------------------------------------------
+    def _verdict(self, label: str, make: Callable[[], Check | None]) -> str:
+        if label not in self.verdicts:
+            self._read_study()  # another worker may have probed it meanwhile
+        if label not in self.verdicts:
+            cached = self._cached(label)
+            if cached is not None:
+                self._record(label, cached)
+            else:
+                check = make()
+                verdict = (self._probe(check) if check is not None else
+                           "offered: not probed (no instance of it at the probe's length)")
+                self.probed.append(label)
+                self._record(label, verdict, put=check is not None)
+        return self.verdicts[label]
+
+    def _cached(self, label: str) -> str | None:
+        got = None if self.cache is None else self.cache.get(label)
+        return None if got is None else f"{got} (cached)"
+
+    def _record(self, label: str, verdict: str, *, put: bool = False) -> None:
+        self.verdicts[label] = verdict
+        with self.lock:
+            recorded = dict(self.study.user_attrs.get(PROBE_ATTR) or {})
+            if label not in recorded:
+                recorded[label] = verdict
+                self.study.set_user_attr(PROBE_ATTR, recorded)
+            else:
+                self.verdicts[label] = str(recorded[label])  # the first worker's wins
+        if put and self.cache is not None:
+            self.cache.put(label, self.verdicts[label].removesuffix(" (cached)"))
+        if self.on_note is not None:
+            self.on_note(f"probe: {label}: {self.verdicts[label]}")
+
+    def _read_study(self) -> None:
+        recorded = self.study.user_attrs.get(PROBE_ATTR)
+        if isinstance(recorded, Mapping):
+            for k, v in recorded.items():
+                self.verdicts.setdefault(str(k), str(v))
+
+    # -- probing -----------------------------------------------------------------------
+    def target(self) -> Problem:
+        """The probe's instance of the problem (``probe.small``), made once."""
+        if self._target is None:
+            self._target = probe_module.small(self.problem)
+        return self._target
+
+    def _single(self, label: str) -> Check | None:
+        return probe_module.checks(self.target().seq_len, self.platform, self.named).get(label)
+
+    def _combined(self, params: Mapping[str, Any], used: frozenset[str]) -> Check | None:
+        """The candidate's structure at the probe's length, holding the same choices."""
+        n = self.target().seq_len
+        try:
+            schedule, got = space.propose(dict(params), n, self.platform, random.Random(0),
+                                          fuse=self.problem.fuse_choice, named=self.named)
+        except Exception:  # a structure that has no instance this short
+            return None
+        if self.used(got) != used:
+            return None
+        singles = probe_module.checks(n, self.platform, self.named)
+        return Check(schedule, offloads=any(singles[lb].offloads for lb in used
+                                            if lb in singles))
+
+    def _probe(self, check: Check) -> str:
+        import jax
+
+        target = self.target()
+        with jax.default_matmul_precision("highest"):  # as probe.probe
+            if self._reference is None and not self._no_reference:
+                try:
+                    self._reference = probe_module._reference(target)
+                except Exception as e:
+                    self._no_reference = (f"no reference ran at T={target.seq_len}: "
+                                          f"{one_line(e)}")
+            if self._reference is None:
+                return f"{LEFT_OUT}: {self._no_reference}"
+            return probe_module._verdict(target, check, self._reference)

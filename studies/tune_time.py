@@ -1,0 +1,356 @@
+"""Where a tune's time goes, command to written pick (issue 47): three CLI runs, phase by phase.
+
+Each case is ``autoremat tune`` run as its own fresh process (``python -m autoremat.cli``
+behind a thin wrapper, ``--child``), so start-up -- imports, JAX and the device
+starting, the problem's arguments -- is counted as a user sees it. The parent never
+imports jax (one process at a time may hold a TPU); the cases run one after another in
+one scratch folder (one study storage, one probe cache, empty at the start: a fresh
+machine). The wrapper time-stamps, on stderr, every compile of a schedule (and whether
+the compiler ran out of memory), every probe (``probe_guard``), every trial, the
+full-length confirmation and the proof of fit; the parent time-stamps the CLI's own lines.
+
+Cases (issue 47's targets on a TPU v5e):
+
+a. ``big``: ``tune --hidden 1024 --batch 128 --budget 12GB`` (T=10^4): <= 60 s command
+   to written pick, <= 2 out-of-memory compiles;
+b. ``seed``: ``tune --budget 4GB`` (the seed LSTM): <= 45 s;
+c. ``unmodified``: ``tune --problem examples/seed_unmodified.py:problem --budget 4GB``
+   (``Problem.from_loss``, T=10^4): 0 trials lost to compiles of combined offload
+   placements.
+
+Per case the breakdown: the first line, start-up to the ``problem:`` line, probes (count,
+seconds, verdicts), trials (measured, seconds, cut, lost to failed compiles -- of them
+combining offload placements), out-of-memory compiles, confirmation, proof of fit, total,
+the pick. Written to ``--out`` (Markdown) and the same name with ``.json``.
+
+On the TPU machine (after ``source studies/device_setup.sh``)::
+
+    PYTHONUNBUFFERED=1 python3 studies/tune_time.py --out studies/results/tune_time.md
+
+``--cases a,b`` runs only those. Off a TPU it says so and exits 0 unless ``--allow-cpu``;
+``--small`` shrinks every size (T=64, tiny models, 1 trial each: the CPU plumbing test,
+``tests/test_studies.py``; its figures are not measurements of anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The wrapper's event lines on stderr start with this.
+TAG = "@tune_time "
+CASES = ("a", "b", "c")
+NAMES = {"a": "big", "b": "seed", "c": "unmodified"}
+#: Issue 47's targets: seconds command to written pick (``None``: none).
+TARGET_S = {"a": 60.0, "b": 45.0, "c": None}
+
+
+def case_args(case: str, small: bool) -> tuple[list[str], dict[str, str]]:
+    """The CLI arguments and extra environment of a case."""
+    if small:
+        quick = ["--trials", "1", "--time-budget", "0.02"]
+        return {
+            "a": (["tune", "--hidden", "16", "--batch", "4", "--budget", "2MB", "--seq-len",
+                   "64", *quick], {}),
+            "b": (["tune", "--budget", "12MB", "--seq-len", "64", *quick], {}),
+            "c": (["tune", "--problem", f"{ROOT / 'examples' / 'seed_unmodified.py'}:problem",
+                   "--budget", "12MB", *quick], {"SEED_SEQ_LEN": "64"}),
+        }[case]
+    return {
+        "a": (["tune", "--hidden", "1024", "--batch", "128", "--budget", "12GB"], {}),
+        "b": (["tune", "--budget", "4GB"], {}),
+        "c": (["tune", "--problem", f"{ROOT / 'examples' / 'seed_unmodified.py'}:problem",
+               "--budget", "4GB"], {}),
+    }[case]
+
+
+# -- the child: the CLI, instrumented ----------------------------------------------------
+def _emit(event: str, **fields: Any) -> None:
+    print(TAG + json.dumps({"event": event, "t": time.time(), **fields}, default=str),
+          file=sys.stderr, flush=True)
+
+
+def child(argv: list[str]) -> int:
+    """Run ``autoremat`` with ``argv``, time-stamping what the parent reads (module doc)."""
+    _emit("start")
+    import autoremat._measure.measure as measure_module
+    import autoremat._search.probe_guard as guard_module
+    import autoremat._search.tune as tune_module
+    import autoremat._search.worker as worker_module
+    from autoremat import cli
+
+    real_compile = measure_module.compile_step
+
+    def compile_step(*args: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        compiled = real_compile(*args, **kwargs)
+        m = compiled.measurement
+        _emit("compile", start=start, seconds=time.time() - start, status=m.status,
+              oom=m.reason.startswith("out of memory at compile"), reason=m.reason[:200])
+        return compiled
+
+    real_probe = guard_module.ProbeGuard._probe
+
+    def probe(self: Any, check: Any) -> str:
+        start = time.time()
+        verdict = real_probe(self, check)
+        _emit("probe", start=start, seconds=time.time() - start,
+              schedule=check.schedule.describe(), verdict=verdict[:300])
+        return verdict
+
+    real_callback = worker_module.Worker.callback
+
+    def callback(self: Any, study: Any, trial: Any) -> None:
+        from autoremat._search.study import MeasuredTrial
+
+        done = MeasuredTrial.of(trial)
+        m = done.measurement if done is not None else None
+        _emit("trial", number=trial.number, state=trial.state.name,
+              measured=done is not None,
+              compile_failed=bool(trial.user_attrs.get("compile_failed")),
+              describe=done.schedule.describe() if done is not None else "",
+              status=m.status if m is not None else "", cut=bool(m is not None and m.cut),
+              reason=(m.reason if m is not None else "")[:200])
+        real_callback(self, study, trial)
+
+    def timed(name: str, real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                _emit(name, start=start, seconds=time.time() - start)
+        return wrapper
+
+    real_problem_of = cli._problem_of
+
+    def problem_of(settings: dict[str, Any]) -> Any:  # after the first line, as the CLI
+        _emit("building")
+        import jax
+        import jax.monitoring
+
+        _emit("jax_imported")
+
+        def listen(event: str, duration_secs: float, **_: str | int) -> None:
+            if event.endswith("backend_compile_duration"):
+                _emit("xla_compile", seconds=duration_secs)
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        jax.devices()  # what the problem's arguments start anyway
+        _emit("backend")
+        return real_problem_of(settings)
+
+    cli._problem_of = problem_of
+    measure_module.compile_step = compile_step
+    guard_module.ProbeGuard._probe = probe  # type: ignore[method-assign]
+    worker_module.Worker.callback = callback  # type: ignore[method-assign]
+    tune_module.confirm = timed("confirm", tune_module.confirm)
+    tune_module.prove_fit = timed("proof", tune_module.prove_fit)
+    code = cli.main(argv)
+    import jax
+
+    _emit("end", code=code, platform=jax.default_backend())
+    return code
+
+
+# -- the parent: run, read, break down ------------------------------------------------------
+def run_case(case: str, small: bool, cwd: Path, timeout: float) -> dict[str, Any]:
+    """One case as a fresh process; its lines and events, time-stamped from the launch."""
+    argv, env_extra = case_args(case, small)
+    env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    launched = time.time()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", "--",
+                             *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[tuple[str, float, str]] = queue.Queue()
+
+    def read(stream: Any, name: str) -> None:
+        for line in stream:
+            lines.put((name, time.time(), line.rstrip("\n")))
+
+    readers = [threading.Thread(target=read, args=(s, n), daemon=True)
+               for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
+    for r in readers:
+        r.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = -9
+    for r in readers:
+        r.join(timeout=10)
+    ended = time.time()
+    events: list[dict[str, Any]] = []
+    log: list[tuple[float, str, str]] = []
+    while not lines.empty():
+        name, t, line = lines.get()
+        if name == "err" and line.startswith(TAG):
+            events.append(json.loads(line[len(TAG):]))
+        else:
+            log.append((t - launched, name, line))
+    for e in events:
+        for key in ("t", "start"):
+            if key in e:
+                e[key] -= launched
+    log.sort()
+    return breakdown(case, argv, code, ended - launched, log, events)
+
+
+def breakdown(case: str, argv: list[str], code: int, total: float,
+              log: list[tuple[float, str, str]], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The phases of one run (module doc) from its time-stamped lines and events."""
+    def first(prefix: str) -> float | None:
+        return next((t for t, name, line in log if name == "out" and line.startswith(prefix)),
+                    None)
+
+    of = {kind: [e for e in events if e["event"] == kind]
+          for kind in ("compile", "probe", "trial", "confirm", "proof", "start", "end",
+                       "jax_imported", "backend", "xla_compile")}
+    trials = [e for e in of["trial"] if e["measured"]]
+    failed = [e for e in trials if e["compile_failed"]]
+    combined = [e for e in failed if e["describe"].count("offload") >= 2]
+    problem_t = first("problem:")
+    trial_ts = [e["t"] for e in of["trial"]]
+    wrote = first("wrote ")
+    result = {
+        "case": case, "name": NAMES[case], "command": "autoremat " + " ".join(argv),
+        "exit": code, "total_s": total,
+        "written_s": wrote,
+        "first_line_s": log[0][0] if log else None,
+        "python_start_s": of["start"][0]["t"] if of["start"] else None,
+        "startup_s": problem_t,
+        "jax_imported_s": of["jax_imported"][0]["t"] if of["jax_imported"] else None,
+        "backend_s": of["backend"][0]["t"] if of["backend"] else None,
+        "xla_compiles_before_problem": [e["seconds"] for e in of["xla_compile"]
+                                        if problem_t is not None and e["t"] <= problem_t],
+        "xla_compiles": len(of["xla_compile"]),
+        "xla_compile_s": sum(e["seconds"] for e in of["xla_compile"]),
+        "probes": len(of["probe"]), "probe_s": sum(e["seconds"] for e in of["probe"]),
+        "probe_verdicts": [f"{e['schedule']}: {e['verdict']}" for e in of["probe"]],
+        "trials": len(trials) - len(failed), "cut": sum(e["cut"] for e in trials),
+        "search_s": (max(trial_ts) - problem_t) if trial_ts and problem_t is not None else None,
+        "compiles": len(of["compile"]), "compile_s": sum(e["seconds"] for e in of["compile"]),
+        "oom_compiles": sum(e["oom"] for e in of["compile"]),
+        "lost_to_compile_failures": len(failed), "lost_combined_offload": len(combined),
+        "failed_trials": [f"#{e['number']} {e['describe']}: {e['reason']}" for e in failed],
+        "confirm_s": sum(e["seconds"] for e in of["confirm"]),
+        "proof_s": sum(e["seconds"] for e in of["proof"]),
+        "pick": next((line for _, name, line in log if name == "out"
+                      and line.strip().startswith("best (trial")), None),
+        "study_line": next((line for _, name, line in log if name == "out"
+                            and line.startswith("study: ")), None),
+        "target_s": TARGET_S[case],
+        "platform": of["end"][0].get("platform") if of["end"] else None,
+        "tail": [f"{t:7.1f}s {name} {line}" for t, name, line in log[-8:]],
+    }
+    if code != 0:
+        result["stderr"] = [line for _, name, line in log if name == "err"][-15:]
+    return result
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} s"
+
+
+def markdown(results: list[dict[str, Any]], header: list[str]) -> str:
+    rows = ["| case | first line | `problem:` | probes | trials (cut) | search | OOM compiles "
+            "| lost to failed compiles (combined offload) | confirm | proof | written | total "
+            "| target |", "|---|" + "---|" * 12]
+    for r in results:
+        target = r["target_s"]
+        met = "-" if target is None else (
+            f"<= {target:.0f} s: {'met' if (r['written_s'] or 1e9) <= target else 'NOT met'}")
+        if r["case"] == "a":
+            met += f"; <= 2 OOM: {'met' if r['oom_compiles'] <= 2 else 'NOT met'}"
+        if r["case"] == "c":
+            met = f"0 combined lost: {'met' if r['lost_combined_offload'] == 0 else 'NOT met'}"
+        rows.append(
+            f"| {r['case']}. {r['name']} | {_s(r['first_line_s'])} | {_s(r['startup_s'])} "
+            f"| {r['probes']} in {_s(r['probe_s'])} | {r['trials']} ({r['cut']}) "
+            f"| {_s(r['search_s'])} | {r['oom_compiles']} of {r['compiles']} "
+            f"| {r['lost_to_compile_failures']} ({r['lost_combined_offload']}) "
+            f"| {_s(r['confirm_s'])} | {_s(r['proof_s'])} | {_s(r['written_s'])} "
+            f"| {_s(r['total_s'])} | {met} |")
+    out = ["# studies/tune_time.py", "", *header, "", *rows, ""]
+    for r in results:
+        out += [f"## {r['case']}. {r['name']}", "", f"`{r['command']}` (exit {r['exit']})", ""]
+        before = r["xla_compiles_before_problem"]
+        out.append(f"- start-up: first line {_s(r['first_line_s'])}, jax imported "
+                   f"{_s(r['jax_imported_s'])}, device up {_s(r['backend_s'])}, `problem:` "
+                   f"{_s(r['startup_s'])} ({len(before)} XLA compiles before it, "
+                   f"{sum(before):.1f} s; {r['xla_compiles']} in the run, "
+                   f"{r['xla_compile_s']:.1f} s)")
+        out += [f"- {x}" for x in ([r["study_line"]] if r["study_line"] else [])]
+        out += [f"- pick: {r['pick'].strip()}" if r["pick"] else "- pick: none"]
+        out += [f"- probe: {v}" for v in r["probe_verdicts"]]
+        out += [f"- lost: {v}" for v in r["failed_trials"]]
+        out += ["", "```text", *r["tail"], *r.get("stderr", []), "```", ""]
+    return "\n".join(out)
+
+
+def _platform() -> str:
+    """The default backend, asked of a child process (the parent never holds the chip)."""
+    proc = subprocess.run([sys.executable, "-c", "import jax; print(jax.default_backend())"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, help="the Markdown report (and .json beside it)")
+    p.add_argument("--cases", default=",".join(CASES), help="e.g. a,b (default: all)")
+    p.add_argument("--small", action="store_true", help="tiny sizes: the CPU plumbing test")
+    p.add_argument("--allow-cpu", action="store_true", help="run off a TPU too")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    args = p.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    if any(c not in CASES for c in cases):
+        p.error(f"--cases: expected some of {','.join(CASES)}, got {args.cases!r}")
+    platform = "not checked (--small)" if args.small else _platform()
+    if platform != "tpu" and not (args.allow_cpu or args.small):
+        print(f"no TPU here (jax's default backend: {platform}); nothing run "
+              "(--allow-cpu or --small to run anyway)")
+        return 0
+    results: list[dict[str, Any]] = []
+
+    def header() -> list[str]:
+        sizes = "--small sizes (not measurements)" if args.small else "issue 47 sizes"
+        ran = next((r["platform"] for r in results if r.get("platform")), platform)
+        return [f"Platform: {ran}; {sizes}; {when} UTC; each case a fresh process, one "
+                "scratch folder (probe cache empty at the start)."]
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    with tempfile.TemporaryDirectory(prefix="tune_time-") as scratch:
+        for case in cases:
+            r = run_case(case, args.small, Path(scratch), args.timeout)
+            results.append(r)
+            print(f"{case}. {r['name']}: exit {r['exit']}, problem: at {_s(r['startup_s'])}, "
+                  f"{r['probes']} probes {_s(r['probe_s'])}, {r['trials']} trials, "
+                  f"{r['oom_compiles']} OOM compiles, {r['lost_to_compile_failures']} lost "
+                  f"({r['lost_combined_offload']} combined offload), written at "
+                  f"{_s(r['written_s'])}, total {_s(r['total_s'])}", flush=True)
+            if args.out is not None:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(markdown(results, header()))
+                args.out.with_suffix(".json").write_text(
+                    json.dumps({"header": header(), "cases": results}, indent=1) + "\n")
+    if args.out is None:
+        print(markdown(results, header()))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        sys.exit(child(sys.argv[3:] if sys.argv[2:3] == ["--"] else sys.argv[2:]))
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The study's probe run lazily: a risky choice when the planner first proposes it, each
+combination it proposes, and the verdicts cached per platform, device kind and jax/jaxlib.
+
+No TPU here: the platform is the string ``"tpu"`` (its offload placements) on this CPU,
+and what XLA:TPU does is played by a STAND-IN of the probe's compile-and-run
+(``probe._run``): every offload places something on the host, and the combination of
+``offload_carries`` (outer level) with ``offload_dots`` (innermost) fails to compile --
+as it did on a TPU v5e, though each passed its probe alone (issue 47).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+import autoremat._search.probe as probe_module
+from autoremat._measure.measurement import ERROR, Measurement
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import Schedule
+from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule
+from autoremat._search.planner import Planner, Verdict
+from autoremat._search.probe import LEFT_OUT, OFFERED, PROBE_ATTR, PROBE_LENGTH
+from autoremat._search.probe_cache import CACHE_ENV, VerdictCache, cache_path
+from autoremat._search.probe_guard import ProbeGuard, combination
+from autoremat._search.short_runs import ShortRuns
+from tests.tiny_problem import tiny
+
+ENV = "tpu|TPU v5 lite|jax 0.0.1|jaxlib 0.0.1"  # a fake environment key
+COMBO = combination(frozenset({"offload_carries", "offload_dots"}))
+PLAIN = {"kind": "nested", "depth": 1, "d1_policy": "nothing", "d1_unroll": 1}
+DOTS = {"kind": "nested", "depth": 2, "d2_n0": 8, "d2_p0": "nothing", "d2_p1": "offload_dots",
+        "d2_unroll": 1}
+BOTH = {**DOTS, "d2_p0": "offload_carries"}
+BOTH_DEEPER = {"kind": "nested", "depth": 3, "d3_n0": 4, "d3_n1": 4, "d3_p0": "offload_carries",
+               "d3_p1": "nothing", "d3_p2": "offload_dots", "d3_unroll": 1}
+
+
+class _Lock(contextlib.nullcontext):
+    """Stands in for ``StudyLock`` (one process)."""
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[Schedule]:
+    """STAND-IN for XLA:TPU: the probe's runs (recorded); the combination fails to compile."""
+    real = probe_module._run
+    ran: list[Schedule] = []
+    carries, dots = OFFLOAD_POLICIES["offload_carries"], OFFLOAD_POLICIES["offload_dots"]
+
+    def tpu_like(problem: Problem, schedule: Schedule, offloads: bool) -> tuple[bool, list[Any]]:
+        ran.append(schedule)
+        if isinstance(schedule, NestedSchedule) and len(schedule.levels) >= 2 and \
+                schedule.levels[0].policy == carries and schedule.levels[-1].policy == dots:
+            raise probe_module._CompileFailed("INTERNAL: Expected instruction to have shape "
+                                              "equal to f32[8,16] (STAND-IN)")
+        placed, out = real(problem, schedule, offloads)
+        return offloads or placed, out
+
+    monkeypatch.setattr(probe_module, "_run", tpu_like)
+    return ran
+
+
+def _guard(cache: Path | None, env: str = ENV, problem: str = "tiny|abc",
+           study: optuna.Study | None = None, notes: list[str] | None = None) -> ProbeGuard:
+    study = study or optuna.create_study(directions=["minimize", "minimize"])
+    return ProbeGuard(tiny(PROBE_LENGTH), "tpu", study, _Lock(),  # type: ignore[arg-type]
+                      VerdictCache(cache, env, problem),
+                      None if notes is None else notes.append)
+
+
+def test_nothing_is_probed_until_a_candidate_uses_a_risky_choice(runs: list[Schedule]) -> None:
+    notes: list[str] = []
+    guard = _guard(None, notes=notes)
+    assert guard.labels == set(OFFLOAD_POLICIES)
+    assert guard.allows(PLAIN) and runs == [] and notes == []  # nothing risky: no compile
+    assert guard.allows(DOTS)
+    assert guard.probed == ["offload_dots"]  # that choice only, with the plain reference
+    assert len(runs) == 2 and guard.verdicts["offload_dots"].startswith(f"{OFFERED}: ")
+    assert notes == [f"probe: offload_dots: {guard.verdicts['offload_dots']}"]
+    assert guard.allows(DOTS) and len(runs) == 2  # known: not probed twice
+    assert guard.study.user_attrs[PROBE_ATTR] == guard.verdicts
+
+
+def test_a_combination_is_probed_and_left_out_though_each_choice_passes(
+        runs: list[Schedule]) -> None:
+    guard = _guard(None)
+    assert not guard.allows(BOTH)
+    assert guard.probed == ["offload_carries", "offload_dots", COMBO]
+    assert guard.verdicts["offload_carries"].startswith(OFFERED)
+    assert guard.verdicts["offload_dots"].startswith(OFFERED)
+    assert guard.verdicts[COMBO].startswith(f"{LEFT_OUT}: compile failed (8x8 ")
+    assert "STAND-IN" in guard.verdicts[COMBO]
+    combo_run = runs[-1]  # the candidate's own structure at the probe's length
+    assert isinstance(combo_run, NestedSchedule) and combo_run.lengths == (8, 8)
+    assert guard.refused == frozenset()  # each alone is still offered
+    assert guard.refused_combinations == {frozenset({"offload_carries", "offload_dots"})}
+    n = len(runs)
+    assert not guard.allows(BOTH_DEEPER) and len(runs) == n  # never proposed again
+    assert guard.allows(DOTS) and guard.study.user_attrs[PROBE_ATTR][COMBO] == \
+        guard.verdicts[COMBO]
+
+
+def test_verdicts_cost_nothing_twice_on_the_same_platform(
+        runs: list[Schedule], tmp_path: Path) -> None:
+    cache = tmp_path / "probes.json"
+    first = _guard(cache)
+    assert not first.allows(BOTH)
+    n = len(runs)
+    notes: list[str] = []
+    again = _guard(cache, notes=notes)  # a new study, the same problem and environment
+    assert set(again.verdicts) == {"offload_carries", "offload_dots", COMBO}  # read at start
+    assert not again.allows(BOTH) and again.allows(DOTS) and len(runs) == n
+    assert again.probed == [] and all(v.endswith(" (cached)") for v in again.verdicts.values())
+    assert len(notes) == 3 and again.study.user_attrs[PROBE_ATTR] == again.verdicts
+    other = _guard(cache, problem="other|def")  # another problem: its compile failure holds
+    assert other.verdicts[COMBO].startswith(f"{LEFT_OUT}: compile failed")
+    assert "[found on tiny]" in other.verdicts[COMBO]
+    assert not other.allows(BOTH_DEEPER) and other.probed == []
+    assert other.allows(DOTS) and other.probed == ["offload_dots"]  # offered: probed again
+    newer = _guard(cache, env=ENV.replace("jax 0.0.1", "jax 0.0.2"))  # another jax
+    assert newer.verdicts == {}
+    assert not newer.allows(BOTH) and newer.probed == ["offload_carries", "offload_dots", COMBO]
+    data = json.loads(cache.read_text())
+    assert set(data) == {ENV, ENV.replace("jax 0.0.1", "jax 0.0.2")}
+    assert set(data[ENV][COMBO]) == {"tiny|abc"}
+
+
+def test_a_combination_that_fails_to_compile_at_full_length_is_left_out(
+        runs: list[Schedule]) -> None:
+    guard = _guard(None)
+    dots_only = {**BOTH, "d2_p0": "nothing"}
+    guard.compile_failed(dots_only, "compile failed: INTERNAL: one choice")
+    assert guard.verdicts == {}  # one choice: the failure may be the schedule's
+    guard.compile_failed(BOTH_DEEPER, "compile failed: INTERNAL: two choices")
+    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: compile failed: INTERNAL: two choices "
+                                     "(in a trial, not the probe)")
+    assert not guard.allows(BOTH) and runs == []
+
+
+def test_the_planner_refuses_what_the_guard_leaves_out_before_compiling_it(
+        runs: list[Schedule]) -> None:
+    guard = _guard(None)
+    problem = tiny(PROBE_LENGTH)
+    planner = Planner(problem, 10**6, "tpu", ShortRuns(problem), guard=guard)
+    both = [c for c in planner.pool.values() if guard.used(c.params) >= {"offload_carries",
+                                                                          "offload_dots"}]
+    assert both, "the pool proposes the combination"
+    assert not planner._probed(both[0]) and both[0].verdict is Verdict.REFUSED
+    assert both[0].compiled is None  # never compiled
+    assert all(not planner._probed(c) for c in both)
+    plain = next(c for c in planner.pool.values() if not guard.used(c.params))
+    assert planner._probed(plain)
+
+
+def test_a_trial_whose_short_run_failed_to_compile_leaves_its_combination_out(
+        runs: list[Schedule]) -> None:
+    guard = _guard(None)
+    problem = tiny(PROBE_LENGTH)
+    planner = Planner(problem, 10**6, "tpu", ShortRuns(problem), guard=guard)
+    both = next(c for c in planner.pool.values()
+                if guard.used(c.params) == {"offload_carries", "offload_dots"})
+    key = both.schedule.key()
+    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: run failed: x"))
+    assert guard.verdicts == {}
+    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: compile failed: INTERNAL"))
+    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: compile failed: INTERNAL "
+                                     "(in a trial, not the probe)")
+    assert not guard.allows(both.params) and runs == []  # never probed: known to fail
+
+
+def test_where_the_cache_lives() -> None:
+    assert cache_path("sqlite:///runs/autoremat.db") == Path("runs/probes.json")
+    assert cache_path(None) == Path("runs/probes.json")
+    assert cache_path("sqlite:////tmp/x/s.db") == Path("/tmp/x/probes.json")
+    assert cache_path("sqlite:///:memory:") is None
+    assert cache_path("postgresql+psycopg://u@h/db") == Path("runs/probes.json")
+
+
+def test_the_cache_can_be_moved_or_turned_off(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "c.json"))
+    assert cache_path("sqlite:///runs/a.db") == tmp_path / "c.json"
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert cache_path("sqlite:///runs/a.db") is None
+    unreadable = VerdictCache(tmp_path, ENV, "p")  # a folder: nothing read, nothing written
+    assert unreadable.get("x") is None
+    unreadable.put("x", "offered: y")
+
+
+def test_a_combination_label_keeps_labels_that_hold_a_plus() -> None:
+    """The problem's own policies are labelled like ``offload(a,b,+3)`` (``names``)."""
+    guard = _guard(None)
+    guard.labels = frozenset({"offload(a,b,+3)", "offload_carries"})
+    label = combination(guard.labels)
+    assert label == "offload(a,b,+3) & offload_carries"
+    guard._record(label, f"{LEFT_OUT}: compile failed: x")
+    assert guard.refused_combinations == {guard.labels} and guard.refused == frozenset()
+    assert not guard.allows({"d2_p0": "offload_carries", "d2_p1": "offload(a,b,+3)"})
