@@ -39,6 +39,7 @@ missing here)::
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: parameters -> Schedule; the seeds
         predict         the cost model; planner: which schedule to time next
+        compile_pool    compile threads: the planner's next candidates compile while one is timed
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem
         names           policies over the problem's own checkpoint_name tags, per level

@@ -30,6 +30,11 @@ With ``explore_front`` step 4's ratio test is off: every fitting schedule
 not dominated is timed, so the whole front gets measured (within limits).
 The tuner also stops timing a schedule after its first run when that run is
 already ``CUT_RATIO`` x slower than the best that fits (a *cut* trial).
+
+With compile threads (``compiles``, ``autoremat._search.compile_pool``) the next
+candidates of step 2 are compiled ahead (``prefetch``: while a schedule is timed, and
+beside each compile here), except those predicted to be cut; their results are read
+when they come up, in the sequential order, so the pick is a sequential search's.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled, compile_sc
 from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
+from autoremat._search.compile_pool import CompilePool
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
@@ -114,6 +120,8 @@ class Planner:
     #: ``(schedule key, step, args)`` built before the search (``tune``: the plain scan,
     #: whose arguments fingerprint the study), used by that schedule's compile.
     built: tuple[str, Step, tuple[Any, ...]] | None = None
+    #: Compile threads taking the next candidates ahead (``prefetch``); ``None``: none.
+    compiles: CompilePool | None = None
     _args: Any = None
     _fingerprint: str | None = None
     _best_key: str | None = None
@@ -223,8 +231,7 @@ class Planner:
         built = None
         if self.built is not None and self.built[0] == cand.schedule.key():
             built, self.built = self.built[1:], None  # compiled once: not kept
-        cand.compiled = compile_schedule(self.problem, cand.schedule,
-                                         budget_bytes=self.budget_bytes, built=built)
+        cand.compiled = self._compile(cand, built)
         self.screened += 1
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
@@ -241,6 +248,64 @@ class Planner:
                 self._args, self._fingerprint = cand.compiled.args, fp
             elif fp == self._fingerprint:
                 cand.compiled.args = self._args
+
+    # -- compiles ahead (``compile_pool``) ------------------------------------------------
+    def _compile(self, cand: Candidate, built: tuple[Step, tuple[Any, ...]] | None) -> Compiled:
+        """``cand`` compiled and sized: taken ahead by a compile thread, else compiled here
+        (while the threads take the next ones ahead)."""
+        key = cand.schedule.key()
+        if self.compiles is not None and built is None:
+            ahead = self.compiles.take(key)
+            if ahead is not None:
+                return ahead
+            self.prefetch(exclude=key)
+        return compile_schedule(self.problem, cand.schedule, budget_bytes=self.budget_bytes,
+                                built=built)
+
+    def prefetch(self, exclude: str | None = None) -> None:
+        """Hand the compile threads the candidates ``next`` would compile next (``ahead``);
+        those taken ahead before and no longer among them are dropped. A no-op without
+        threads. The results are read when their candidate comes up (``_compile``)."""
+        if self.compiles is None or not self.compiles.threads:
+            return
+        wanted = [c.schedule.key() for c in self.ahead(self.compiles.capacity, exclude)]
+        self.compiles.keep_only(wanted)
+        for key in wanted:
+            self.compiles.submit(key, self.pool[key].schedule)
+
+    def ahead(self, n: int, exclude: str | None = None) -> list[Candidate]:
+        """The first ``n`` candidates ``_next_once`` would compile, by today's models: open
+        and unsized, short of the stop, not surely over the budget, not dominated by the
+        memory model's guess, and not predicted to be cut (over ``cut_after``: one that is
+        cut is compiled only when it comes up); ``exclude``: a key left out."""
+        best, cut, stop = self.best, self.cut_after(), self.stop_ratio()
+        calibrated = self.time_model.points >= 2 and best is not None
+        found: list[Candidate] = []
+        for predicted, cand in self._rank():
+            key = cand.schedule.key()
+            if len(found) >= n:
+                break
+            if cand.compiled is not None or key == exclude or (
+                    self.built is not None and self.built[0] == key):
+                continue
+            if calibrated and best is not None and not self.explore_front:
+                if predicted > stop * best[2]:
+                    break
+                if predicted > self.stop_ratio(cand) * best[2]:
+                    continue
+            if calibrated and cut is not None and predicted > cut:
+                continue
+            if self.memory_model.surely_over(cand.structure):
+                continue
+            if not self.explore_front and self._dominated(cand, predicted):
+                continue
+            found.append(cand)
+        return found
+
+    def close(self) -> None:
+        """Release what the compile threads took ahead and stop them."""
+        if self.compiles is not None:
+            self.compiles.close()
 
     # -- deciding ----------------------------------------------------------------------
     def total(self, cand: Candidate) -> float | None:

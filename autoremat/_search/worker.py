@@ -31,6 +31,7 @@ from autoremat._search.attrs import (
     SCHEDULE_KEY,
     TOTAL_REACHED,
 )
+from autoremat._search.compile_pool import CompilePool
 from autoremat._search.planner import Candidate, Planner
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock
@@ -115,7 +116,9 @@ class Worker:
         self.short = ShortRuns(problem)  # times long problems on short runs
         self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,
                                seed=seed + len(study.trials), explore_front=explore_front,
-                               time_budget=time_budget, built=built, refused=refused)
+                               time_budget=time_budget, built=built, refused=refused,
+                               compiles=CompilePool.for_problem(problem, info.budget_bytes,
+                                                                info.platform or ""))
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None
@@ -168,6 +171,7 @@ class Worker:
         trial.set_user_attr(DESCRIBE, schedule.describe())
         self.claim(trial, key)
         compiled = self.planner.take_compiled(cand)
+        self.planner.prefetch()  # the next candidates compile while this one is timed
         trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
                             cut_after=self.planner.cut_after())
@@ -279,4 +283,5 @@ class Worker:
             return True
         finally:
             optuna.logging.set_verbosity(verbosity)
+            self.planner.close()  # what the compile threads took ahead is released
         return False
