@@ -42,6 +42,7 @@ from __future__ import annotations
 import enum
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -125,6 +126,7 @@ class Planner:
     _args: Any = None
     _fingerprint: str | None = None
     _best_key: str | None = None
+    _first: list[Candidate] = field(default_factory=list)  # ``prefetch``'s enqueued seeds
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -262,30 +264,39 @@ class Planner:
         return compile_schedule(self.problem, cand.schedule, budget_bytes=self.budget_bytes,
                                 built=built)
 
-    def prefetch(self, exclude: str | None = None) -> None:
-        """Hand the compile threads the candidates ``next`` would compile next (``ahead``);
-        those taken ahead before and no longer among them are dropped. A no-op without
-        threads. The results are read when their candidate comes up (``_compile``)."""
+    def prefetch(self, exclude: str | None = None, first: Sequence[Schedule] = ()) -> None:
+        """Hand the compile threads the candidates ``next`` would compile next (``ahead``,
+        as many as they hold); one taken ahead before that is no longer among the next
+        twice as many is dropped. ``first``: schedules measured before any the planner
+        picks (enqueued seeds). A no-op without threads. The results are read when their
+        candidate comes up (``_compile``)."""
         if self.compiles is None or not self.compiles.threads:
             return
-        wanted = [c.schedule.key() for c in self.ahead(self.compiles.capacity, exclude)]
+        if first:
+            self._first = [self.candidate(s) for s in first]
+        n = self.compiles.capacity
+        wanted = [c.schedule.key() for c in self.ahead(2 * n, exclude)]
         self.compiles.keep_only(wanted)
-        for key in wanted:
+        for key in wanted[:n]:
             self.compiles.submit(key, self.pool[key].schedule)
 
     def ahead(self, n: int, exclude: str | None = None) -> list[Candidate]:
         """The first ``n`` candidates ``_next_once`` would compile, by today's models: open
         and unsized, short of the stop, not surely over the budget, not dominated by the
         memory model's guess, and not predicted to be cut (over ``cut_after``: one that is
-        cut is compiled only when it comes up); ``exclude``: a key left out."""
+        cut is compiled only when it comes up); ``exclude``: a key left out. The enqueued
+        seeds (``prefetch``'s ``first``) come first, whatever their prediction."""
+        self._first = [c for c in self._first
+                       if c.verdict is Verdict.UNDECIDED and c.compiled is None]
+        found = [c for c in self._first if c.schedule.key() != exclude and not (
+            self.built is not None and self.built[0] == c.schedule.key())][:n]
         best, cut, stop = self.best, self.cut_after(), self.stop_ratio()
         calibrated = self.time_model.points >= 2 and best is not None
-        found: list[Candidate] = []
         for predicted, cand in self._rank():
             key = cand.schedule.key()
             if len(found) >= n:
                 break
-            if cand.compiled is not None or key == exclude or (
+            if cand.compiled is not None or key == exclude or any(c is cand for c in found) or (
                     self.built is not None and self.built[0] == key):
                 continue
             if calibrated and best is not None and not self.explore_front:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import from_data
+from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import (
     COMPILE_FAILED,
     DESCRIBE,
@@ -171,7 +172,8 @@ class Worker:
         trial.set_user_attr(DESCRIBE, schedule.describe())
         self.claim(trial, key)
         compiled = self.planner.take_compiled(cand)
-        self.planner.prefetch()  # the next candidates compile while this one is timed
+        # the next candidates (the enqueued seeds first) compile while this one is timed
+        self.planner.prefetch(first=self.waiting())
         trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
                             cut_after=self.planner.cut_after())
@@ -191,6 +193,16 @@ class Worker:
         seconds = m.step_seconds if m.step_seconds is not None else m.cut_seconds
         return float(m.total_bytes if m.total_bytes is not None else size), (
             seconds if seconds is not None else math.inf)
+
+    def waiting(self) -> list[Schedule]:
+        """The schedules of the trials enqueued and not started (seeds, retries): measured
+        before any the planner picks. Read only when the planner has compile threads."""
+        from optuna.trial import TrialState
+
+        if self.planner.compiles is None or not self.planner.compiles.threads:
+            return []
+        return [from_data(t.user_attrs[SCHEDULE]) for t in self.fresh_trials()
+                if t.state == TrialState.WAITING and SCHEDULE in t.user_attrs]
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Count the finished trial, then call ``on_trial``."""
