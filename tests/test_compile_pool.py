@@ -93,6 +93,36 @@ def test_one_worker_has_no_thread_and_takes_nothing_ahead() -> None:
     pool.close()
 
 
+@pytest.mark.parametrize("platform", ["tpu", "gpu"])
+def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
+        platform: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build may put arrays on the device: it waits for ``device_memory.WINDOW``
+    (held while a warm-up's memory is read); a TPU compile takes no device memory and
+    runs outside it, a GPU one (autotuning scratch) inside."""
+    events: list[str] = []
+    window = pool_module.device_memory.WINDOW
+
+    def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
+        events.append(f"build, window held: {window._is_owned()}")  # type: ignore[attr-defined]
+        return (lambda: None), ()
+
+    def fake_compile(problem: Problem, schedule: Schedule, **kw: Any) -> Compiled:
+        events.append(f"compile, window held: {window._is_owned()}")  # type: ignore[attr-defined]
+        return Compiled(Measurement("x", OK))
+
+    monkeypatch.setattr(pool_module, "compile_schedule", fake_compile)
+    problem = Problem(name="p", seq_len=4, build=build)
+    pool = CompilePool(lambda s: pool_module.compile_quietly(problem, s, 1, platform), 2)
+    with window:  # a warm-up being measured on the main thread
+        assert pool.submit("s", "s")  # type: ignore[arg-type]
+        events.append("window released")
+    assert pool.take("s") is not None
+    pool.close()
+    assert events[0] == "window released"
+    assert events[1:] == (["build, window held: True", "compile, window held: False"]
+                          if platform == "tpu" else ["compile, window held: True"])
+
+
 class Recorder:
     """The fake slow compiler and the fake timer of one search, and what they saw."""
 
