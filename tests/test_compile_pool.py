@@ -93,6 +93,22 @@ def test_one_worker_has_no_thread_and_takes_nothing_ahead() -> None:
     pool.close()
 
 
+def test_a_thread_does_not_compile_under_another_jax_trace_context() -> None:
+    """``jax.default_matmul_precision`` is set per thread: a thread would trace another
+    program, so it hands the compile back (the main thread compiles it)."""
+    import jax
+
+    compiled: list[object] = []
+    pool = CompilePool(lambda s: compiled.append(s) or Compiled(Measurement("x", OK)), 2)
+    with jax.default_matmul_precision("float32"):
+        assert pool.submit("a", "a")  # type: ignore[arg-type]
+        assert pool.take("a") is None
+    assert pool.submit("b", "b")  # type: ignore[arg-type]
+    assert pool.take("b") is not None
+    pool.close()
+    assert compiled == ["b"] and (pool.taken, pool.cancelled) == (1, 1)
+
+
 @pytest.mark.parametrize("platform", ["tpu", "gpu"])
 def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
         platform: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,9 @@ longer wants (``keep_only``) is released, and ``close`` releases the rest. A
 thread builds its step under ``device_memory.WINDOW`` (a build may put arrays on
 the device), so no allocation of its lands inside a measured warm-up; on a
 platform whose compiles take device memory (XLA:GPU's autotuning, not a TPU) it
-compiles under it too.
+compiles under it too. A thread traces only under the main thread's JAX trace context
+(``jax.default_matmul_precision`` and the like are set per thread): where they differ
+it hands the compile back, and the main thread compiles it when it comes up.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ MAX_WORKERS: Final = 3
 WORKERS_ENV: Final = "AUTOREMAT_COMPILE_WORKERS"
 
 CompileFn = Callable[[Schedule], Compiled]
+
+
+class ContextDiffers(RuntimeError):
+    """A compile thread's JAX trace context is not the main thread's: not compiled there."""
 
 
 def compile_workers(platform: str, cores: int | None = None) -> int:
@@ -87,7 +93,8 @@ class CompilePool:
       threads: compile threads (``workers - 1``; 0: none, nothing is taken ahead).
       capacity: compiles ahead held at once, running or done and not taken.
       submitted, taken, released, cancelled: compiles handed to the threads; taken by
-        the planner; compiled, not wanted and released; dropped before they started.
+        the planner; compiled, not wanted and released; dropped before they started, or
+        handed back (``ContextDiffers``, or the thread raised).
     """
 
     def __init__(self, compile: CompileFn, workers: int) -> None:
@@ -120,8 +127,11 @@ class CompilePool:
         """Compile ``schedule`` on a thread (``False``: no room, or already ahead)."""
         if key in self._ahead or self.room <= 0 or self._executor is None:
             return False
+        from autoremat._scan.jax_internals import trace_context  # imports jax
+
         context = contextvars.copy_context()  # the study's settings (offered names, ...)
-        self._ahead[key] = self._executor.submit(context.run, self.compile, schedule)
+        self._ahead[key] = self._executor.submit(context.run, self._compile, schedule,
+                                                 trace_context())
         self.submitted += 1
         return True
 
@@ -138,6 +148,14 @@ class CompilePool:
             return None
         self.taken += 1
         return compiled
+
+    def _compile(self, schedule: Schedule, expected: object) -> Compiled:
+        """On a thread: ``compile(schedule)`` when JAX traces there as on the main thread."""
+        from autoremat._scan.jax_internals import trace_context
+
+        if trace_context() != expected:
+            raise ContextDiffers("JAX's trace context differs from the main thread's")
+        return self.compile(schedule)
 
     def keep_only(self, keys: Iterable[str]) -> None:
         """Drop every compile ahead but those of ``keys`` (released once compiled)."""
