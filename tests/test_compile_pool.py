@@ -1,10 +1,11 @@
 """Compiles in parallel with timing (issue 47 item 3, ``autoremat._search.compile_pool``).
 
 On the CPU the rule gives one worker (no compile thread), so the tests ask for two
-(``AUTOREMAT_COMPILE_WORKERS``). A *fake slow compiler* (the real compile, after a
-pause, recording where and when it ran) and a *fake timer* (a made-up step time per
-schedule, no run) make the search deterministic: two searches decide the same, and the
-events' order -- never their wall-clock times -- shows what overlapped.
+(``AUTOREMAT_COMPILE_WORKERS``). A *fake slow compiler* (a thread's real compile, held
+back until a timing starts, recording where and when it ran) and a *fake timer* (a
+made-up step time per schedule, no run) make the search deterministic: two searches
+decide the same, and the events' order -- never their wall-clock times -- shows what
+overlapped.
 """
 
 from __future__ import annotations
@@ -112,11 +113,11 @@ def test_a_thread_does_not_compile_under_another_jax_trace_context() -> None:
 @pytest.mark.parametrize("platform", ["tpu", "gpu"])
 def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
         platform: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A build may put arrays on the device: it waits for ``device_memory.WINDOW``
+    """A build may put arrays on the device: it waits for ``device_memory.MEASURE_LOCK``
     (held while a warm-up's memory is read); a TPU compile takes no device memory and
     runs outside it, a GPU one (autotuning scratch) inside."""
     events: list[str] = []
-    window = pool_module.device_memory.WINDOW
+    window = pool_module.device_memory.MEASURE_LOCK
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
         events.append(f"build, window held: {window._is_owned()}")  # type: ignore[attr-defined]
@@ -139,6 +140,35 @@ def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
                           if platform == "tpu" else ["compile, window held: True"])
 
 
+def test_a_trace_and_a_timing_hold_the_measure_lock_an_xla_compile_does_not() -> None:
+    """A trace holds the GIL that a timed run waits for: lowering (any thread's) and
+    timing hold ``device_memory.MEASURE_LOCK``, so a compile thread's trace never runs
+    beside a timing; XLA's compile, outside the GIL, does."""
+    import jax.numpy as jnp
+
+    from autoremat._measure.measure import compile_step, time_compiled
+
+    lock = pool_module.device_memory.MEASURE_LOCK
+    seen: dict[str, bool] = {}
+
+    def step(x: Any) -> Any:
+        seen.setdefault("traced", lock._is_owned())  # type: ignore[attr-defined]
+        return x * 2.0
+
+    compiled = compile_step(step, (jnp.ones(3),))
+    assert compiled.executable is not None and seen == {"traced": True}
+    assert not lock._is_owned()  # type: ignore[attr-defined]
+    real = compiled.executable
+
+    def timed_run(*a: Any) -> Any:
+        seen["run"] = lock._is_owned()  # type: ignore[attr-defined]
+        return real(*a)
+
+    compiled.executable = timed_run
+    m = time_compiled(compiled, time_budget=0.0, min_repeats=1, max_repeats=1)
+    assert m.step_seconds is not None and seen["run"] is True
+
+
 class Recorder:
     """The fake slow compiler and the fake timer of one search, and what they saw."""
 
@@ -150,25 +180,31 @@ class Recorder:
         self.pools: list[CompilePool] = []
         self.planners: list[plan_module.Planner] = []
         real_compile = plan_module.compile_schedule
+        real_quietly = pool_module.compile_quietly
         real_for_problem = CompilePool.for_problem.__func__  # type: ignore[attr-defined]
         real_take, real_close = CompilePool.take, CompilePool.close
         recorder = self
 
-        def slow_compile(problem: Problem, schedule: Schedule, **kw: Any) -> Compiled:
-            """The fake slow compiler: on a compile thread it is still compiling when the
-            next timing starts (it waits for one, or for the planner to need it, or for the
-            end of the search), then it runs the real compile."""
-            on_thread = threading.current_thread() is not threading.main_thread()
-            if on_thread:
-                with recorder.cv:
-                    recorder.cv.wait_for(lambda: recorder.timing or recorder.waiting
-                                         or recorder.closing, timeout=60)
+        def main_compile(problem: Problem, schedule: Schedule, **kw: Any) -> Compiled:
             recorder.note("compile start", schedule.key())
             compiled = real_compile(problem, schedule, **kw)
             recorder.note("compile end", schedule.key())
-            if on_thread:
-                with recorder.cv:
-                    recorder.thread_made.append(compiled)
+            return compiled
+
+        def slow_compile(problem: Problem, schedule: Schedule, budget_bytes: int,
+                         platform: str) -> Compiled:
+            """The fake slow compiler of a compile thread: it is still compiling when the
+            next timing starts (it waits for one, or for the planner to need it, or for the
+            end of the search), then it compiles as on a TPU (build and lowering under
+            the measure lock, XLA's compile outside it)."""
+            with recorder.cv:
+                recorder.cv.wait_for(lambda: recorder.timing or recorder.waiting
+                                     or recorder.closing, timeout=60)
+            recorder.note("compile start", schedule.key())
+            compiled = real_quietly(problem, schedule, budget_bytes, "tpu")
+            recorder.note("compile end", schedule.key())
+            with recorder.cv:
+                recorder.thread_made.append(compiled)
             return compiled
 
         def for_problem(cls: type[CompilePool], *a: Any) -> CompilePool:
@@ -192,8 +228,8 @@ class Recorder:
             real_planner_close(planner)
 
         real_planner_close = plan_module.Planner.close
-        monkeypatch.setattr(plan_module, "compile_schedule", slow_compile)
-        monkeypatch.setattr(pool_module, "compile_schedule", slow_compile)
+        monkeypatch.setattr(plan_module, "compile_schedule", main_compile)
+        monkeypatch.setattr(pool_module, "compile_quietly", slow_compile)
         monkeypatch.setattr(CompilePool, "for_problem", classmethod(for_problem))
         monkeypatch.setattr(CompilePool, "take", take)
         monkeypatch.setattr(CompilePool, "close", close)

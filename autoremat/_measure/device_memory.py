@@ -66,10 +66,13 @@ from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
 T = TypeVar("T")
 
-#: Held while a device's memory is read around a piece of work (``need``, ``runs_within``):
-#: a thread that may put arrays on the device (the tuner's compile threads build their
-#: steps under it, ``autoremat._search.compile_pool``) waits, so the figure is the work's.
-WINDOW: Final = threading.RLock()
+#: Held while the device is measured: its memory around a piece of work (``need``,
+#: ``runs_within``) and a step's timing (``measure.time_compiled``); and by every lowering
+#: (``measure.compile_step``). A tuner's compile thread (``autoremat._search.compile_pool``)
+#: builds and lowers its step under it -- a build may put arrays on the device, a trace
+#: holds the GIL a timed run waits for -- so a figure is the work's alone; only XLA's
+#: compile, outside the GIL, runs beside a timing.
+MEASURE_LOCK: Final = threading.RLock()
 
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
 #: under the old mark. Chunks are powers of two from here up.
@@ -236,8 +239,8 @@ def measured(work: Callable[[], T], devices: Sequence[Meter] | None = None, *,
 def need(work: Callable[[], T], devices: Sequence[Meter]) -> tuple[T, int | None]:
     """``work()`` and its need by its platform's method, validated or not (what
     ``studies/device_check.py`` checks; ``measured`` is this where it was checked).
-    Holds ``WINDOW``."""
-    with WINDOW:
+    Holds ``MEASURE_LOCK``."""
+    with MEASURE_LOCK:
         if devices and devices[0].platform in RESERVING_PLATFORMS:
             return reserved_need(work, devices)
         return gap_need(work, devices)
@@ -370,7 +373,7 @@ def runs_within(work: Callable[[], Any], free_bytes: int,
     devices = meters() if devices is None else devices
     if not devices:
         return None, "no device memory to fill (a CPU)"
-    with WINDOW:
+    with MEASURE_LOCK:
         return _runs_within(work, free_bytes, devices)
 
 

@@ -18,13 +18,16 @@ needs it -- the sequential search, unchanged.
 
 **Device memory**: a compile taken ahead and not yet consumed holds its executable,
 so at most one per thread is held (``CompilePool.capacity``); one the planner no
-longer wants (``keep_only``) is released, and ``close`` releases the rest. A
-thread builds its step under ``device_memory.WINDOW`` (a build may put arrays on
-the device), so no allocation of its lands inside a measured warm-up; on a
-platform whose compiles take device memory (XLA:GPU's autotuning, not a TPU) it
-compiles under it too. A thread traces only under the main thread's JAX trace context
-(``jax.default_matmul_precision`` and the like are set per thread): where they differ
-it hands the compile back, and the main thread compiles it when it comes up.
+longer wants (``keep_only``) is released, and ``close`` releases the rest.
+
+**What runs beside a timing**: XLA's compile alone. A thread builds and lowers
+its step under ``device_memory.MEASURE_LOCK``, which a timing holds (a build may put
+arrays on the device, inside a measured warm-up; a trace holds the GIL that a timed
+run waits for); on a platform whose compiles take device memory and run on it
+(XLA:GPU's autotuning; not a TPU) it compiles under it too. A thread traces only
+under the main thread's JAX trace context (``jax.default_matmul_precision`` and the
+like are set per thread): where they differ it hands the compile back, and the main
+thread compiles it when it comes up.
 """
 
 from __future__ import annotations
@@ -72,16 +75,17 @@ def compile_workers(platform: str, cores: int | None = None) -> int:
 
 def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int,
                     platform: str) -> Compiled:
-    """``compile_schedule`` from a compile thread: its build under ``device_memory.WINDOW``,
-    and its compile too where compiling takes device memory (not a TPU)."""
+    """``compile_schedule`` from a compile thread: its build (and its lowering,
+    ``compile_step``) under ``device_memory.MEASURE_LOCK``, and its XLA compile too where
+    compiling takes device memory (not a TPU)."""
     if platform not in RESERVING_PLATFORMS:
-        with device_memory.WINDOW:
+        with device_memory.MEASURE_LOCK:
             return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     try:
-        with device_memory.WINDOW:
+        with device_memory.MEASURE_LOCK:
             built = problem.build(schedule)
     except Exception:  # compile_schedule builds it again and records the failure
-        with device_memory.WINDOW:
+        with device_memory.MEASURE_LOCK:
             return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
 
