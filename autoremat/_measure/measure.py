@@ -198,9 +198,9 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         return step(*a)
 
     def compile_now() -> tuple[Any, list[Any], float]:
-        start = time.perf_counter()
         with record_scans() as scans:
             with device_memory.MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
+                start = time.perf_counter()  # not counting the wait for a timing to end
                 lowered = jax.jit(fresh).lower(*args)
             executable = lowered.compile(
                 compiler_options=dict(compiler_options) if compiler_options else None)

@@ -264,15 +264,16 @@ class Planner:
         return compile_schedule(self.problem, cand.schedule, budget_bytes=self.budget_bytes,
                                 built=built)
 
-    def prefetch(self, exclude: str | None = None, first: Sequence[Schedule] = ()) -> None:
+    def prefetch(self, exclude: str | None = None,
+                 first: Sequence[Schedule] | None = None) -> None:
         """Hand the compile threads the candidates ``next`` would compile next (``ahead``,
         as many as they hold); one taken ahead before that is no longer among the next
         twice as many is dropped. ``first``: schedules measured before any the planner
-        picks (enqueued seeds). A no-op without threads. The results are read when their
-        candidate comes up (``_compile``)."""
+        picks (enqueued seeds; ``None``: those given last time). A no-op without
+        threads. The results are read when their candidate comes up (``_compile``)."""
         if self.compiles is None or not self.compiles.threads:
             return
-        if first:
+        if first is not None:
             self._first = [self.candidate(s) for s in first]
         n = self.compiles.capacity
         wanted = [c.schedule.key() for c in self.ahead(2 * n, exclude)]
@@ -286,8 +287,8 @@ class Planner:
         memory model's guess, and not predicted to be cut (over ``cut_after``: one that is
         cut is compiled only when it comes up); ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction."""
-        self._first = [c for c in self._first
-                       if c.verdict is Verdict.UNDECIDED and c.compiled is None]
+        self._first = [c for c in self._first if c.verdict is Verdict.UNDECIDED
+                       and c.compiled is None and c.schedule.key() not in self.taken]
         found = [c for c in self._first if c.schedule.key() != exclude and not (
             self.built is not None and self.built[0] == c.schedule.key())][:n]
         best, cut, stop = self.best, self.cut_after(), self.stop_ratio()
