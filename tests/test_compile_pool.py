@@ -55,9 +55,11 @@ class _Gate:
 
     def __init__(self) -> None:
         self.gates: dict[str, threading.Event] = {}
+        self.started: dict[str, threading.Event] = {}
         self.made: list[Compiled] = []
 
     def __call__(self, schedule: Any) -> Compiled:
+        self.started.setdefault(schedule, threading.Event()).set()
         self.gates[schedule].wait(timeout=30)
         compiled = Compiled(Measurement(str(schedule), OK), executable=object(), args=(1,))
         self.made.append(compiled)
@@ -68,7 +70,7 @@ def test_the_pool_holds_at_most_one_compile_per_thread_and_releases_what_is_not_
         ) -> None:
     gate = _Gate()
     for key in "abc":
-        gate.gates[key] = threading.Event()
+        gate.gates[key], gate.started[key] = threading.Event(), threading.Event()
     pool = CompilePool(gate, workers=3)  # two threads
     assert pool.threads == pool.capacity == 2
     assert pool.submit("a", "a") and pool.submit("b", "b")  # type: ignore[arg-type]
@@ -76,14 +78,28 @@ def test_the_pool_holds_at_most_one_compile_per_thread_and_releases_what_is_not_
     gate.gates["a"].set()
     taken = pool.take("a")
     assert taken is not None and taken.executable is not None
+    assert gate.started["b"].wait(timeout=30)
     pool.keep_only([])  # b is not wanted any more: released once compiled
     assert "b" not in pool and pool.room == 1  # still compiling: it holds its thread's slot
     gate.gates["b"].set()
     gate.gates["c"].set()
-    pool.close()
+    pool.close(wait=True)
     assert pool.room == 0 and not pool.submit("c", "c")  # type: ignore[arg-type]
     assert (pool.submitted, pool.taken, pool.released, pool.cancelled) == (2, 1, 1, 0)
     assert [c.executable is None for c in gate.made] == [False, True]  # a: the caller's
+
+
+def test_closing_does_not_wait_for_a_compile_and_it_is_released_when_done() -> None:
+    gate = _Gate()
+    gate.gates["a"], gate.started["a"] = threading.Event(), threading.Event()
+    pool = CompilePool(gate, workers=2)
+    assert pool.submit("a", "a")  # type: ignore[arg-type]
+    assert gate.started["a"].wait(timeout=30)
+    pool.close()  # "a" is still compiling (its gate is shut): not waited for
+    gate.gates["a"].set()
+    pool.wait()
+    assert [c.executable for c in gate.made] == [None]
+    assert (pool.submitted, pool.taken, pool.released, pool.cancelled) == (1, 0, 1, 0)
 
 
 def test_one_worker_has_no_thread_and_takes_nothing_ahead() -> None:
@@ -333,6 +349,7 @@ def test_one_worker_is_the_sequential_search(searches: Any) -> None:
 def test_nothing_compiled_ahead_is_left_holding_an_executable(searches: Any) -> None:
     recorder, _, _ = searches[2]
     pool, planner = recorder.pools[0], recorder.planners[0]
+    pool.wait()  # the search does not wait for a compile still running when it ends
     assert pool.submitted >= 1 and not pool._ahead and not pool._dropped
     assert pool.submitted == pool.taken + pool.released + pool.cancelled
     held = {id(c.compiled) for c in planner.pool.values() if c.compiled is not None}

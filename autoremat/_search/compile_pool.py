@@ -32,6 +32,7 @@ thread compiles it when it comes up.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 from collections.abc import Callable, Iterable
@@ -168,12 +169,23 @@ class CompilePool:
             self._drop(self._ahead.pop(key))
         self._reap()
 
-    def close(self) -> None:
-        """Drop every compile ahead, wait for those running, release them; no more threads."""
+    def close(self, wait: bool = False) -> None:
+        """Drop every compile ahead and stop the threads: those not started are cancelled,
+        those compiled released; one still compiling is released by its thread when done
+        (``wait``: wait for them here), so the search's end never waits for a compile."""
         self.keep_only(())
+        for future in self._dropped:
+            future.add_done_callback(_release)
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor.shutdown(wait=wait, cancel_futures=True)
             self._executor = None
+        self._reap()
+
+    def wait(self) -> None:
+        """Wait for the compiles dropped and still running, and release them."""
+        for future in self._dropped:
+            with contextlib.suppress(Exception):
+                future.exception()  # waits, raising nothing
         self._reap()
 
     def _drop(self, future: Future[Compiled]) -> None:
@@ -194,3 +206,9 @@ class CompilePool:
                 future.result().release()
                 self.released += 1
         self._dropped = running
+
+
+def _release(future: Future[Compiled]) -> None:
+    """Release a dropped compile once done (on its thread: nobody else holds it)."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
