@@ -40,7 +40,9 @@ missing here)::
         stale           is a saved schedule still the one for this problem?
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: parameters -> Schedule; the seeds
-        predict         the cost model; planner: which schedule to time next
+        predict         the cost model; planner: which schedule to time next; candidates:
+                        its pool's entries; planner_ahead: its compiles ahead
+        compile_pool    compile threads: the planner's next candidates compile while one is timed
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem;
                         probe_guard: each when the planner first proposes it, and the

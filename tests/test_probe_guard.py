@@ -23,7 +23,8 @@ from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule
-from autoremat._search.planner import Planner, Verdict
+from autoremat._search.candidates import Verdict
+from autoremat._search.planner import Planner
 from autoremat._search.probe import LEFT_OUT, OFFERED, PROBE_ATTR, PROBE_LENGTH
 from autoremat._search.probe_cache import CACHE_ENV, VerdictCache, cache_path
 from autoremat._search.probe_guard import ProbeGuard, combination

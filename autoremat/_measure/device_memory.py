@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
@@ -64,6 +65,14 @@ from autoremat._measure.device import memory_stats, peak_bytes_in_use
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
 T = TypeVar("T")
+
+#: Held while the device is measured: its memory around a piece of work (``need``,
+#: ``runs_within``) and a step's timing (``measure.time_compiled``); and by every lowering
+#: (``measure.compile_step``). A tuner's compile thread (``autoremat._search.compile_pool``)
+#: builds and lowers its step under it -- a build may put arrays on the device, a trace
+#: holds the GIL a timed run waits for -- so a figure is the work's alone; only XLA's
+#: compile, outside the GIL, runs beside a timing.
+MEASURE_LOCK: Final = threading.RLock()
 
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
 #: under the old mark. Chunks are powers of two from here up.
@@ -229,10 +238,12 @@ def measured(work: Callable[[], T], devices: Sequence[Meter] | None = None, *,
 
 def need(work: Callable[[], T], devices: Sequence[Meter]) -> tuple[T, int | None]:
     """``work()`` and its need by its platform's method, validated or not (what
-    ``studies/device_check.py`` checks; ``measured`` is this where it was checked)."""
-    if devices and devices[0].platform in RESERVING_PLATFORMS:
-        return reserved_need(work, devices)
-    return gap_need(work, devices)
+    ``studies/device_check.py`` checks; ``measured`` is this where it was checked).
+    Holds ``MEASURE_LOCK``."""
+    with MEASURE_LOCK:
+        if devices and devices[0].platform in RESERVING_PLATFORMS:
+            return reserved_need(work, devices)
+        return gap_need(work, devices)
 
 
 # --------------------------------------------------------------------------- TPU
@@ -362,6 +373,12 @@ def runs_within(work: Callable[[], Any], free_bytes: int,
     devices = meters() if devices is None else devices
     if not devices:
         return None, "no device memory to fill (a CPU)"
+    with MEASURE_LOCK:
+        return _runs_within(work, free_bytes, devices)
+
+
+def _runs_within(work: Callable[[], Any], free_bytes: int,
+                 devices: Sequence[Meter]) -> tuple[bool | None, str]:
     gc.collect()
     releases: list[Callable[[], None]] = []
     try:

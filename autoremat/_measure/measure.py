@@ -198,9 +198,11 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         return step(*a)
 
     def compile_now() -> tuple[Any, list[Any], float]:
-        start = time.perf_counter()
         with record_scans() as scans:
-            executable = jax.jit(fresh).lower(*args).compile(
+            with device_memory.MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
+                start = time.perf_counter()  # not counting the wait for a timing to end
+                lowered = jax.jit(fresh).lower(*args)
+            executable = lowered.compile(
                 compiler_options=dict(compiler_options) if compiler_options else None)
         return executable, scans, time.perf_counter() - start
 
@@ -276,9 +278,10 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     """
     if compiled.executable is None:
         return compiled.measurement
-    return _Timing(compiled).run(budget_bytes=budget_bytes, time_budget=time_budget,
-                                 min_repeats=min_repeats, max_repeats=max_repeats,
-                                 on_output=on_output, cut_after=cut_after)
+    with device_memory.MEASURE_LOCK:  # no compile thread traces while the step is timed
+        return _Timing(compiled).run(budget_bytes=budget_bytes, time_budget=time_budget,
+                                     min_repeats=min_repeats, max_repeats=max_repeats,
+                                     on_output=on_output, cut_after=cut_after)
 
 
 class _Timing:

@@ -63,6 +63,15 @@ COND_BRANCHES = "branches"  # tuple of ClosedJaxpr; operand 0 is the branch inde
 PERMUTATION = "permutation"
 
 
+def trace_context() -> Any:
+    """JAX's trace context: the flags a trace depends on (x64, matmul precision, ...). Its
+    context managers (``jax.default_matmul_precision``) set them per thread, so a thread
+    traces as another only when both read the same (``autoremat._search.compile_pool``)."""
+    from jax._src import config
+
+    return config.trace_context()
+
+
 def trace_cache(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` cached as JAX caches a traced function (``lax.scan``'s body, ``jit``'s):
     weakly on its first argument (the entry goes with it), strongly on the others,

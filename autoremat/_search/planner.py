@@ -30,11 +30,15 @@ With ``explore_front`` step 4's ratio test is off: every fitting schedule
 not dominated is timed, so the whole front gets measured (within limits).
 The tuner also stops timing a schedule after its first run when that run is
 already ``CUT_RATIO`` x slower than the best that fits (a *cut* trial).
+
+With compile threads (``compiles``, ``autoremat._search.compile_pool``) the next
+candidates of step 2 are compiled ahead (``prefetch``: while a schedule is timed, and
+beside each compile here), except those predicted to be cut; their results are read
+when they come up, in the sequential order, so the pick is a sequential search's.
 """
 
 from __future__ import annotations
 
-import enum
 import random
 import re
 import time
@@ -45,12 +49,15 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
-from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled, compile_schedule
+from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled
 from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import Policy
+from autoremat._search.candidates import AGAIN, Candidate, Verdict
+from autoremat._search.compile_pool import CompilePool
+from autoremat._search.planner_ahead import CompilesAhead
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.presets import LayerCosts, LayerPlan, preset_labels, preset_params
 from autoremat._search.short_runs import ShortRuns
@@ -70,38 +77,8 @@ MAX_STOP: Final = 1.6
 CUT_RATIO: Final = 1.3
 
 
-class Verdict(enum.Enum):
-    """Why a candidate will not be timed by this planner (``UNDECIDED``: it still may be)."""
-
-    UNDECIDED = "not decided yet: it may still be timed"
-    MEASURED = "measured"
-    SURELY_OVER = "over budget (stores more than one that is)"
-    NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
-    DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
-    REFUSED = "uses a choice or combination the study's probe left out"
-
-
-#: ``Planner._next_once``'s "the models moved: rank again".
-_AGAIN: Final = "again"
-
-
 @dataclass
-class Candidate:
-    """One schedule in the pool: its params (``space``), structure, and what screening found."""
-
-    schedule: Schedule
-    params: dict[str, Any]
-    structure: Structure
-    compiled: Compiled | None = None
-    verdict: Verdict = Verdict.UNDECIDED
-
-    @property
-    def sized(self) -> Measurement | None:
-        return None if self.compiled is None else self.compiled.measurement
-
-
-@dataclass
-class Planner:
+class Planner(CompilesAhead):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
@@ -134,6 +111,9 @@ class Planner:
     _fingerprint: str | None = None
     _best_key: str | None = None
     layers: LayerPlan | None = None
+    #: Compile threads taking the next candidates ahead (``prefetch``); ``None``: none.
+    compiles: CompilePool | None = None
+    _seeds_ahead: list[Candidate] = field(default_factory=list)  # ``prefetch``'s enqueued seeds
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -271,8 +251,7 @@ class Planner:
         built = None
         if self.built is not None and self.built[0] == cand.schedule.key():
             built, self.built = self.built[1:], None  # compiled once: not kept
-        cand.compiled = compile_schedule(self.problem, cand.schedule,
-                                         budget_bytes=self.budget_bytes, built=built)
+        cand.compiled = self._compile(cand, built)
         self.screened += 1
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
@@ -311,7 +290,6 @@ class Planner:
         reason = "" if m is None or m.status != ERROR else re.sub(r"^at T'=\d+: ", "", m.reason)
         if self.guard is not None and reason.startswith("compile failed"):
             self.guard.compile_failed(cand.params, reason)
-
     # -- deciding ----------------------------------------------------------------------
     def total(self, cand: Candidate) -> float | None:
         """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""
@@ -358,7 +336,7 @@ class Planner:
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             chosen = self._next_once(left, explore or dominated, dominated)
-            if chosen != _AGAIN:
+            if chosen != AGAIN:
                 return chosen if isinstance(chosen, Candidate) else None
 
     def _next_once(self, time_left: float | None, explore: bool,
@@ -395,7 +373,7 @@ class Planner:
                 if not self._probed(cand):
                     continue
                 self._screen(cand)
-                return _AGAIN  # the models moved: rank again
+                return AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
             if m.status == ERROR:
                 return cand  # recorded as a failed trial
@@ -424,7 +402,7 @@ class Planner:
             if not self._probed(cand):
                 return None
             self._screen(cand)
-            return _AGAIN
+            return AGAIN
         if cand.compiled.measurement.status == ERROR:
             return cand  # recorded as a failed trial
         if cand.compiled.executable is None:

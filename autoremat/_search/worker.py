@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import from_data
+from autoremat._schedules.base import Schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import (
     COMPILE_FAILED,
@@ -32,7 +33,9 @@ from autoremat._search.attrs import (
     SCHEDULE_KEY,
     TOTAL_REACHED,
 )
-from autoremat._search.planner import Candidate, Planner
+from autoremat._search.candidates import Candidate
+from autoremat._search.compile_pool import CompilePool
+from autoremat._search.planner import Planner
 from autoremat._search.presets import LayerCosts
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock
@@ -123,7 +126,10 @@ class Worker:
         self.planner = Planner(problem, info.budget_bytes, info.platform or "", self.short,
                                seed=seed + len(study.trials), explore_front=explore_front,
                                time_budget=time_budget, built=built, refused=refused,
-                               named=dict(named or {}), layer_costs=layer_costs)
+                               named=dict(named or {}), layer_costs=layer_costs,
+                               guard=guard,
+                               compiles=CompilePool.for_problem(problem, info.budget_bytes,
+                                                                info.platform or ""))
         self.total_trials, self.time_budget, self.heartbeat = total_trials, time_budget, heartbeat
         self.on_trial = on_trial
         self.storage = storage if hasattr(storage, "get_all_trials") else None
@@ -176,6 +182,8 @@ class Worker:
         trial.set_user_attr(DESCRIBE, schedule.describe())
         self.claim(trial, key)
         compiled = self.planner.take_compiled(cand)
+        # the next candidates (the enqueued seeds first) compile while this one is timed
+        self.planner.prefetch(first=self.waiting())
         trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
                             cut_after=self.planner.cut_after())
@@ -195,6 +203,16 @@ class Worker:
         seconds = m.step_seconds if m.step_seconds is not None else m.cut_seconds
         return float(m.total_bytes if m.total_bytes is not None else size), (
             seconds if seconds is not None else math.inf)
+
+    def waiting(self) -> list[Schedule]:
+        """The schedules of the trials enqueued and not started (seeds, retries): measured
+        before any the planner picks. Read only when the planner has compile threads."""
+        from optuna.trial import TrialState
+
+        if self.planner.compiles is None or not self.planner.compiles.threads:
+            return []
+        return [from_data(t.user_attrs[SCHEDULE]) for t in self.fresh_trials()
+                if t.state == TrialState.WAITING and SCHEDULE in t.user_attrs]
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
         """Count the finished trial, then call ``on_trial``."""
@@ -287,4 +305,5 @@ class Worker:
             return True
         finally:
             optuna.logging.set_verbosity(verbosity)
+            self.planner.close()  # what the compile threads took ahead is released
         return False

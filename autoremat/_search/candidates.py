@@ -1,0 +1,47 @@
+"""A planner's candidate: one schedule of the pool, and what screening found of it.
+
+``Candidate`` (its params, structure, compiled executable) and ``Verdict`` (why it will
+not be timed) are shared by the planner (``autoremat._search.planner``), its compiles
+ahead (``planner_ahead``) and the worker.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Final
+
+from autoremat._measure.measure import Compiled
+from autoremat._measure.measurement import Measurement
+from autoremat._schedules.base import Schedule
+from autoremat._search.predict import Structure
+
+
+class Verdict(enum.Enum):
+    """Why a candidate will not be timed by this planner (``UNDECIDED``: it still may be)."""
+
+    UNDECIDED = "not decided yet: it may still be timed"
+    MEASURED = "measured"
+    SURELY_OVER = "over budget (stores more than one that is)"
+    NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
+    DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
+    REFUSED = "uses a choice or combination the study's probe left out"
+
+
+#: ``Planner._next_once``'s "the models moved: rank again".
+AGAIN: Final = "again"
+
+
+@dataclass
+class Candidate:
+    """One schedule in the pool: its params (``space``), structure, and what screening found."""
+
+    schedule: Schedule
+    params: dict[str, Any]
+    structure: Structure
+    compiled: Compiled | None = None
+    verdict: Verdict = Verdict.UNDECIDED
+
+    @property
+    def sized(self) -> Measurement | None:
+        return None if self.compiled is None else self.compiled.measurement

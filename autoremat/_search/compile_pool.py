@@ -1,0 +1,214 @@
+"""Compiles in parallel with timing: threads that compile what the planner looks at next.
+
+XLA compiles outside the GIL, so while the device times one schedule on the main
+thread, threads can compile (``measure.compile_schedule``) the candidates the
+planner will screen next (``Planner.prefetch``): when one comes up, its
+``Compiled`` is ready. Only the main thread reads the results (``take``), so the
+planner's models and pool change there alone, in the order a sequential search
+changes them; a thread runs one compile and nothing else.
+
+**How many** (``compile_workers``): the compiles under way at once, the main
+thread's included: one per ``CORES_PER_COMPILE`` host cores (a compile uses
+threads of its own, and the timing's host thread needs a core), at most
+``MAX_WORKERS``; and 1 on a CPU platform, whose timed step runs on those same
+cores (a compile beside it would slow the figure). So 1 on a 2-core machine, 3 on
+a TPU v5e's 13-core host. ``AUTOREMAT_COMPILE_WORKERS`` overrides the rule. With
+1 there is no thread: every compile runs on the main thread when the planner
+needs it -- the sequential search, unchanged.
+
+**Device memory**: a compile taken ahead and not yet consumed holds its executable,
+so at most one per thread is held (``CompilePool.capacity``); one the planner no
+longer wants (``keep_only``) is released, and ``close`` releases the rest.
+
+**What runs beside a timing**: XLA's compile alone. A thread builds and lowers
+its step under ``device_memory.MEASURE_LOCK``, which a timing holds (a build may put
+arrays on the device, inside a measured warm-up; a trace holds the GIL that a timed
+run waits for); on a platform whose compiles take device memory and run on it
+(XLA:GPU's autotuning; not a TPU) it compiles under it too. A thread traces only
+under the main thread's JAX trace context (``jax.default_matmul_precision`` and the
+like are set per thread): where they differ it hands the compile back, and the main
+thread compiles it when it comes up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Final
+
+from autoremat._errors import TuneError
+from autoremat._measure import device_memory
+from autoremat._measure.measure import Compiled, compile_schedule
+from autoremat._measure.problem import Problem
+from autoremat._schedules.base import Schedule
+from autoremat._schedules.platforms import RESERVING_PLATFORMS
+
+#: Host cores per compile under way (``compile_workers``).
+CORES_PER_COMPILE: Final = 4
+#: The most compiles under way at once, the main thread's included.
+MAX_WORKERS: Final = 3
+#: Overrides ``compile_workers``'s rule: a whole number >= 1 (1: no compile threads).
+WORKERS_ENV: Final = "AUTOREMAT_COMPILE_WORKERS"
+
+CompileFn = Callable[[Schedule], Compiled]
+
+
+class ContextDiffers(RuntimeError):
+    """A compile thread's JAX trace context is not the main thread's: not compiled there."""
+
+
+def compile_workers(platform: str, cores: int | None = None) -> int:
+    """Compiles under way at once, the main thread's included (the module doc's rule)."""
+    override = os.environ.get(WORKERS_ENV, "").strip()
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise TuneError(f"{WORKERS_ENV}: expected a whole number >= 1 (1: compile on "
+                            f"the main thread only), got {override!r}")
+        return int(override)
+    if platform in ("", "cpu"):
+        return 1
+    cores = os.cpu_count() if cores is None else cores
+    return max(1, min(MAX_WORKERS, (cores or 1) // CORES_PER_COMPILE))
+
+
+def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int,
+                    platform: str) -> Compiled:
+    """``compile_schedule`` from a compile thread: its build (and its lowering,
+    ``compile_step``) under ``device_memory.MEASURE_LOCK``, and its XLA compile too where
+    compiling takes device memory (not a TPU)."""
+    if platform not in RESERVING_PLATFORMS:
+        with device_memory.MEASURE_LOCK:
+            return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
+    try:
+        with device_memory.MEASURE_LOCK:
+            built = problem.build(schedule)
+    except Exception:  # compile_schedule builds it again and records the failure
+        with device_memory.MEASURE_LOCK:
+            return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
+    return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
+
+
+class CompilePool:
+    """Compiles taken ahead, by schedule key (module doc). Called from the main thread only.
+
+    Attributes:
+      threads: compile threads (``workers - 1``; 0: none, nothing is taken ahead).
+      capacity: compiles ahead held at once, running or done and not taken.
+      submitted, taken, released, cancelled: compiles handed to the threads; taken by
+        the planner; compiled, not wanted and released; dropped before they started, or
+        handed back (``ContextDiffers``, or the thread raised).
+    """
+
+    def __init__(self, compile: CompileFn, workers: int) -> None:
+        self.compile = compile
+        self.threads = max(0, workers - 1)
+        self.capacity = self.threads
+        self._executor = (ThreadPoolExecutor(self.threads, thread_name_prefix="autoremat-compile")
+                          if self.threads else None)
+        self._ahead: dict[str, Future[Compiled]] = {}
+        self._dropped: list[Future[Compiled]] = []  # not wanted, still compiling
+        self.submitted = self.taken = self.released = self.cancelled = 0
+
+    @classmethod
+    def for_problem(cls, problem: Problem, budget_bytes: int, platform: str) -> CompilePool:
+        """A pool of ``compile_workers(platform)`` compiling ``problem``'s schedules."""
+        return cls(lambda s: compile_quietly(problem, s, budget_bytes, platform),
+                   compile_workers(platform))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._ahead
+
+    @property
+    def room(self) -> int:
+        """How many more compiles may be taken ahead now."""
+        self._reap()
+        return 0 if self._executor is None else max(
+            0, self.capacity - len(self._ahead) - len(self._dropped))
+
+    def submit(self, key: str, schedule: Schedule) -> bool:
+        """Compile ``schedule`` on a thread (``False``: no room, or already ahead)."""
+        if key in self._ahead or self.room <= 0 or self._executor is None:
+            return False
+        from autoremat._scan.jax_internals import trace_context  # imports jax
+
+        context = contextvars.copy_context()  # the study's settings (offered names, ...)
+        self._ahead[key] = self._executor.submit(context.run, self._compile, schedule,
+                                                 trace_context())
+        self.submitted += 1
+        return True
+
+    def take(self, key: str) -> Compiled | None:
+        """The compile of ``key`` taken ahead (waiting for it), or ``None``: none was, or
+        its thread raised (the caller compiles it, and sees the error itself)."""
+        future = self._ahead.pop(key, None)
+        if future is None:
+            return None
+        try:
+            compiled = future.result()
+        except Exception:
+            self.cancelled += 1
+            return None
+        self.taken += 1
+        return compiled
+
+    def _compile(self, schedule: Schedule, expected: object) -> Compiled:
+        """On a thread: ``compile(schedule)`` when JAX traces there as on the main thread."""
+        from autoremat._scan.jax_internals import trace_context
+
+        if trace_context() != expected:
+            raise ContextDiffers("JAX's trace context differs from the main thread's")
+        return self.compile(schedule)
+
+    def keep_only(self, keys: Iterable[str]) -> None:
+        """Drop every compile ahead but those of ``keys`` (released once compiled)."""
+        keep = set(keys)
+        for key in [k for k in self._ahead if k not in keep]:
+            self._drop(self._ahead.pop(key))
+        self._reap()
+
+    def close(self, wait: bool = False) -> None:
+        """Drop every compile ahead and stop the threads: those not started are cancelled,
+        those compiled released; one still compiling is released by its thread when done
+        (``wait``: wait for them here), so the search's end never waits for a compile."""
+        self.keep_only(())
+        for future in self._dropped:
+            future.add_done_callback(_release)
+        if self._executor is not None:
+            self._executor.shutdown(wait=wait, cancel_futures=True)
+            self._executor = None
+        self._reap()
+
+    def wait(self) -> None:
+        """Wait for the compiles dropped and still running, and release them."""
+        for future in self._dropped:
+            with contextlib.suppress(Exception):
+                future.exception()  # waits, raising nothing
+        self._reap()
+
+    def _drop(self, future: Future[Compiled]) -> None:
+        if future.cancel():
+            self.cancelled += 1
+        else:
+            self._dropped.append(future)
+
+    def _reap(self) -> None:
+        """Release the dropped compiles that have finished (on the calling thread)."""
+        running: list[Future[Compiled]] = []
+        for future in self._dropped:
+            if not future.done():
+                running.append(future)
+            elif future.cancelled() or future.exception() is not None:
+                self.cancelled += 1
+            else:
+                future.result().release()
+                self.released += 1
+        self._dropped = running
+
+
+def _release(future: Future[Compiled]) -> None:
+    """Release a dropped compile once done (on its thread: nobody else holds it)."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()

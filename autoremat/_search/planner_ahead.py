@@ -1,0 +1,127 @@
+"""The planner's compiles ahead: the next candidates compiled while the device times one.
+
+``Planner`` (``autoremat._search.planner``) inherits ``CompilesAhead``: with a
+``CompilePool`` of threads (``compile_pool``: its size rule), each time the device is
+about to time a schedule, ``prefetch`` hands the threads the candidates the planner
+would compile next (``ahead``: by today's models, as the planner's own rules would
+pick them), and ``_compile`` takes a finished one when its candidate comes up. Only
+the main thread reads the results and updates the models, so the decisions are a
+sequential run's; a candidate predicted to be cut is not compiled ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from autoremat._measure.measure import Compiled, compile_schedule
+from autoremat._measure.problem import Problem, Step
+from autoremat._schedules.base import Schedule
+from autoremat._search.candidates import Candidate, Verdict
+from autoremat._search.compile_pool import CompilePool
+from autoremat._search.predict import MemoryModel, TimeModel
+from autoremat._search.presets import LayerPlan
+
+if TYPE_CHECKING:
+    from autoremat._search.probe_guard import ProbeGuard
+
+
+class CompilesAhead:
+    """The compiles-ahead part of ``Planner`` (module doc); the attributes and methods
+    declared here are the planner's."""
+
+    problem: Problem
+    budget_bytes: int
+    explore_front: bool
+    pool: dict[str, Candidate]
+    taken: set[str]
+    built: tuple[str, Step, tuple[Any, ...]] | None
+    guard: ProbeGuard | None
+    layers: LayerPlan | None
+    memory_model: MemoryModel
+    time_model: TimeModel
+    compiles: CompilePool | None
+    _seeds_ahead: list[Candidate]
+
+    if TYPE_CHECKING:
+        @property
+        def best(self) -> tuple[str, int, float] | None: ...
+        def cut_after(self) -> float | None: ...
+        def stop_ratio(self, cand: Candidate | None = None) -> float: ...
+        def candidate(self, schedule: Schedule) -> Candidate: ...
+        def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
+        def _first(self, cand: Candidate) -> int | None: ...
+        def _dominated(self, cand: Candidate, predicted: float | None) -> bool: ...
+
+    def _compile(self, cand: Candidate, built: tuple[Step, tuple[Any, ...]] | None) -> Compiled:
+        """``cand`` compiled and sized: taken ahead by a compile thread, else compiled here
+        (while the threads take the next ones ahead)."""
+        key = cand.schedule.key()
+        if self.compiles is not None and built is None:
+            ahead = self.compiles.take(key)
+            if ahead is not None:
+                return ahead
+            self.prefetch(exclude=key)
+        return compile_schedule(self.problem, cand.schedule, budget_bytes=self.budget_bytes,
+                                built=built)
+
+    def prefetch(self, exclude: str | None = None,
+                 first: Sequence[Schedule] | None = None) -> None:
+        """Hand the compile threads the candidates ``next`` would compile next (``ahead``,
+        as many as they hold); one taken ahead before that is no longer among the next
+        twice as many is dropped. ``first``: schedules measured before any the planner
+        picks (enqueued seeds; ``None``: those given last time). A no-op without
+        threads. The results are read when their candidate comes up (``_compile``)."""
+        if self.compiles is None or not self.compiles.threads:
+            return
+        if first is not None:
+            self._seeds_ahead = [self.candidate(s) for s in first]
+        n = self.compiles.capacity
+        wanted = [c.schedule.key() for c in self.ahead(2 * n, exclude)]
+        self.compiles.keep_only(wanted)
+        for key in wanted[:n]:
+            self.compiles.submit(key, self.pool[key].schedule)
+
+    def ahead(self, n: int, exclude: str | None = None) -> list[Candidate]:
+        """The first ``n`` candidates ``_next_once`` would compile, by today's models: open
+        and unsized, short of the stop, not surely over the budget, not dominated by the
+        memory model's guess, and not predicted to be cut (over ``cut_after``: one that is
+        cut is compiled only when it comes up); ``exclude``: a key left out. The enqueued
+        seeds (``prefetch``'s ``first``) come first, whatever their prediction."""
+        self._seeds_ahead = [c for c in self._seeds_ahead if c.verdict is Verdict.UNDECIDED
+                             and c.compiled is None and c.schedule.key() not in self.taken]
+        found = [c for c in self._seeds_ahead if c.schedule.key() != exclude and not (
+            self.built is not None and self.built[0] == c.schedule.key())][:n]
+        best, cut, stop = self.best, self.cut_after(), self.stop_ratio()
+        calibrated = self.time_model.points >= 2 and best is not None
+        for predicted, cand in self._rank():
+            key = cand.schedule.key()
+            if len(found) >= n:
+                break
+            if cand.compiled is not None or key == exclude or any(c is cand for c in found) or (
+                    self.built is not None and self.built[0] == key):
+                continue
+            if self.guard is not None and self.guard.used(cand.params):
+                continue  # probed first, on the main thread (``_probed``)
+            if self._first(cand) is not None:  # a layer stack's preset: no prediction rules it out
+                if self.layers is None or not self.layers.over(cand.schedule):
+                    found.append(cand)
+                continue
+            if calibrated and best is not None and not self.explore_front:
+                if predicted > stop * best[2]:
+                    break
+                if predicted > self.stop_ratio(cand) * best[2]:
+                    continue
+            if calibrated and cut is not None and predicted > cut:
+                continue
+            if self.memory_model.surely_over(cand.structure):
+                continue
+            if not self.explore_front and self._dominated(cand, predicted):
+                continue
+            found.append(cand)
+        return found
+
+    def close(self) -> None:
+        """Release what the compile threads took ahead and stop them."""
+        if self.compiles is not None:
+            self.compiles.close()
