@@ -49,10 +49,11 @@ from autoremat._cli.settings import (
 )
 from autoremat._errors import AutorematError, ScheduleError
 from autoremat._measure.device import device_memory_bytes
-from autoremat._measure.layer_stack import layer_stack
 from autoremat._measure.mesh import device_note
-from autoremat._measure.problem import Problem, resolve_problem, seed_lstm
+from autoremat._measure.problem import Problem, resolve_problem
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
+from autoremat._models.layer_stack import layer_stack
+from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule, save_schedule
 from autoremat._search.pareto import (
     describe_schedule,

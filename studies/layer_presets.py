@@ -194,7 +194,7 @@ def check_values(sizes: dict[str, int], schedules: dict[str, Any]) -> dict[str, 
     import jax
     import jax.numpy as jnp
 
-    from autoremat._measure.layer_stack import LayerStack, layer_stack_model
+    from autoremat._models.layer_stack import LayerStack, layer_stack_model
     from autoremat._schedules import from_data
 
     model = layer_stack_model(LayerStack(**sizes, dtype="float32"))
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("layer_presets: no accelerator here (--allow-cpu runs it anyway); nothing written")
         return 0
     from autoremat._measure.device import device_memory_bytes
-    from autoremat._measure.layer_stack import LayerStack, layer_stack_model
+    from autoremat._models.layer_stack import LayerStack, layer_stack_model
     from autoremat._units import parse_bytes
 
     sizes = SMALL if args.small else FULL

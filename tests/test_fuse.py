@@ -18,7 +18,7 @@ import autoremat
 from autoremat import Schedule
 from autoremat._errors import ProblemError
 from autoremat._measure.measure import measure
-from autoremat._measure.problem import seed_lstm, seed_model
+from autoremat._models.seed_lstm import seed_lstm, seed_model
 from autoremat._scan.records import record_scans
 from autoremat.cli import main
 from tests.helpers import assert_close, one_per_kind

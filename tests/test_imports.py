@@ -178,12 +178,12 @@ def test_the_name_check_finds_a_moved_module() -> None:
                                    "_search/sampler.py"]
 
 
-STAGES = ("_schedules", "_scan", "_flax", "_measure", "_search", "_cli")
+STAGES = ("_schedules", "_scan", "_flax", "_measure", "_models", "_search", "_cli")
 
 
 def test_a_stage_imports_only_the_stages_before_it() -> None:
-    """The pipeline reads one way: schedule -> builder (scan, flax) -> measure -> search;
-    the command's parts last."""
+    """The pipeline reads one way: schedule -> builder (scan, flax) -> measure -> the
+    built-in models -> search; the command's parts last."""
     backward = []
     for module, deps in import_graph().items():
         parts = module.split(".")

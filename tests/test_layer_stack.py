@@ -17,7 +17,7 @@ import pytest
 
 import autoremat
 from autoremat import Schedule, ScheduleError
-from autoremat._measure.layer_stack import CHECKPOINT_NAMES, LayerStack, layer_stack_model
+from autoremat._models.layer_stack import CHECKPOINT_NAMES, LayerStack, layer_stack_model
 from autoremat._schedules import from_data
 from autoremat._schedules.nested import NAMED_POLICIES, POLICIES, NestedSchedule, policy_choices
 from autoremat._search.names import name_policies, offered_names, scanned_tags

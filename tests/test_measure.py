@@ -19,7 +19,8 @@ from autoremat._measure.measure import (
     stated_bytes,
 )
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
-from autoremat._measure.problem import Problem, seed_lstm, seed_model
+from autoremat._measure.problem import Problem
+from autoremat._models.seed_lstm import seed_lstm, seed_model
 from autoremat._schedules.base import Schedule
 from tests.helpers import assert_close
 from tests.tiny_problem import tiny
