@@ -30,10 +30,13 @@ missing here)::
         problem         Problem: a train step built for a schedule; find a user's by name
         from_loss       a Problem from an unmodified loss, params, batch and optimizer
         measure         compile -> memory_analysis -> run -> time; measurement: the record
-        breakdown       where the memory goes; the floor no schedule removes
+        failure         a failure as data: where (build, compile, run), out of memory, the size
+        breakdown       where the memory goes (memory_analysis' parts); the floor no schedule
+                        removes
         device          the device's facts; mesh: many devices, per-device layout
-        device_memory   a step's own need, read where each platform books it (memory_stats);
-                        the truth it is checked against (bisection); runs within a budget
+        allocator       the one reader of a device's allocator (memory_stats)
+        device_memory   a step's own need, read where each platform books it; the truth it
+                        is checked against (bisection); runs within a budget
         stale           is a saved schedule still the one for this problem?
     _models/      the built-in problems, measured and searched like a user's
         seed_lstm       the seed LSTM (the original report's step); its mesh rule
@@ -50,7 +53,7 @@ missing here)::
         worker          one worker's loop: plan, claim (no schedule twice), measure, count
         resume          open a study or resume one; storage: storages, retries, the lock
         study           reading a study: measured trials, the answer, TuneResult
-        attrs           the names written into a study: trial attrs, tuned-for meta keys
+        attrs           the names written into a study: trial attrs, study attrs
         pareto          the front: non-dominated trials, table, plot, export, show
     _cli/         the command's settings and printing (cli.py is the command)
 

@@ -48,13 +48,14 @@ from autoremat._cli.settings import (
     with_flag,
 )
 from autoremat._errors import AutorematError, ScheduleError
-from autoremat._measure.device import device_memory_bytes
+from autoremat._measure.allocator import limit_bytes
 from autoremat._measure.mesh import device_note
 from autoremat._measure.problem import Problem, resolve_problem
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
 from autoremat._models.layer_stack import layer_stack
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule, save_schedule
+from autoremat._search.attrs import PROBE
 from autoremat._search.pareto import (
     describe_schedule,
     export_trial,
@@ -63,7 +64,6 @@ from autoremat._search.pareto import (
     pareto_front,
     plot_study,
 )
-from autoremat._search.probe import PROBE_ATTR
 from autoremat._search.probe import lines as probe_lines
 from autoremat._search.storage import DEFAULT_STORAGE
 from autoremat._search.study import StudyInfo, load_study, nothing_fits_message
@@ -236,7 +236,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _default_budget() -> tuple[int, str]:
-    limit = device_memory_bytes()
+    limit = limit_bytes()
     if limit is not None:
         return limit, " (device memory; set --budget)"
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), " (host RAM; set --budget)"
@@ -325,7 +325,7 @@ def _pareto(args: argparse.Namespace) -> int:
             print(front_json(points, budget))
         else:
             print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
-            for line in probe_lines(study.user_attrs.get(PROBE_ATTR) or {}):
+            for line in probe_lines(study.user_attrs.get(PROBE) or {}):
                 print(line)  # choices its probe checked (offload): offered or left out
             info = StudyInfo.of(study)
             print(front_table(points, budget, device_note(info.devices, info.mesh),
