@@ -168,15 +168,18 @@ def _usage_error(e: AutorematError) -> UsageError:
 
 
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
-                 hidden: int | None, seq2seq: bool, fused_readout: bool = False,
+                 hidden: int | None, seq2seq: bool, fused_readout: bool | None = None,
                  mesh: str | None = None, layers: dict[str, int | None] | None = None) -> Problem:
     """The built-in seed LSTM or layer stack (resized), or the problem ``ref`` names (sizes
-    checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``)."""
+    checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``).
+    ``fused_readout``: the seed's readout fused (``True``), unfused (``False``), or either,
+    as the search chooses (``None``; unfused with ``seq2seq=False``: nothing to fuse)."""
+    readout = {True: "--fused-readout", False: "--unfused-readout", None: None}[fused_readout]
     layer_flags = [s.flag for s in LAYER_SETTINGS if (layers or {}).get(s.name) is not None]
     if ref == LAYER_STACK:
-        seed_only: dict[str, object] = {"--hidden": hidden, "--last-only": None if seq2seq else True,
-                     "--fused-readout": fused_readout or None, "--mesh": mesh}
-        named = [f for f, v in seed_only.items() if v is not None]
+        seed_only = {"--hidden": hidden, "--last-only": None if seq2seq else True,
+                     "--mesh": mesh}
+        named = [f for f, v in seed_only.items() if v is not None] + ([readout] if readout else [])
         if named:
             raise UsageError(f"{named[0]}: sizes the seed LSTM only; {LAYER_STACK} takes "
                              f"--layers --d-model --heads --mlp --seq-len --batch")
@@ -195,10 +198,11 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
                              "no outputs, so there is nothing to fuse; drop one of the two")
         resized = {k: v for k, v in (("seq_len", seq_len), ("hidden", hidden)) if v is not None}
-        return seed_lstm(**resized, batch=batch, seq2seq=seq2seq, fused_readout=fused_readout,
-                         mesh=mesh)
+        return seed_lstm(**resized, batch=batch, seq2seq=seq2seq, mesh=mesh,
+                         fused_readout=fused_readout if seq2seq else False)
     sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
-             "fused_readout": fused_readout or None, "mesh": mesh}
+             "fused_readout": True if readout == "--fused-readout" else None,
+             "unfused_readout": True if readout == "--unfused-readout" else None, "mesh": mesh}
     named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]
     if named:
         raise UsageError(f"{named[0]}: only resizes the built-in problem; your --problem "
@@ -206,10 +210,19 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
     return resolve_problem(ref)
 
 
+def _readout(settings: dict[str, Any]) -> bool | None:
+    """``--fused-readout``: ``True``; ``--unfused-readout``: ``False``; neither: ``None``."""
+    fused, unfused = bool(settings.get("fused_readout")), bool(settings.get("unfused_readout"))
+    if fused and unfused:
+        raise UsageError("--fused-readout, --unfused-readout: each forces one readout; give one, "
+                         "or neither to let the search choose")
+    return True if fused else False if unfused else None
+
+
 def _problem_of(settings: dict[str, Any]) -> Problem:
     return make_problem(settings.get("problem"), settings.get("seq_len"), settings.get("batch"),
-                        settings.get("hidden"), bool(settings["seq2seq"]),
-                        bool(settings.get("fused_readout")), settings.get("mesh"),
+                        settings.get("hidden"), bool(settings["seq2seq"]), _readout(settings),
+                        settings.get("mesh"),
                         {s.name: settings.get(s.name) for s in LAYER_SETTINGS})
 
 

@@ -149,9 +149,13 @@ PROBLEM_SETTINGS: Final = (
     Setting("hidden", f"built-in problem: LSTM width ({_SEED['hidden']})", _SIZE, int),
     Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
-    Setting("fused_readout", "built-in problem: the readout and loss inside the scanned step "
-            "(seq2seq): nothing T-long is stacked, so a schedule removes almost all temp", _boolean,
+    Setting("fused_readout", "built-in problem: only schedules with the readout and loss "
+            "inside the scanned step (seq2seq): nothing T-long is stacked, so a schedule removes "
+            "almost all temp (default: the search tries fused and unfused)", _boolean,
             default=False, const=True),
+    Setting("unfused_readout", "built-in problem: only schedules with the readout after the "
+            "scan, as written (its T-long stack of states is a floor under every schedule)",
+            _boolean, default=False, const=True),
     Setting("mesh", "built-in problem on many devices: data=4 splits the batch over 4 devices; "
             "data=2,fsdp=2 also splits parameters and optimizer state over fsdp (FSDP); the "
             "batch defaults to a multiple of the device count. Every figure and --budget are "
@@ -162,7 +166,8 @@ PROBLEM_SETTINGS: Final = (
 PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "
                        f"callable returning one); default: {BUILTIN_PROBLEM}, the seed LSTM "
                        f"(hidden {_SEED['hidden']}, batch {seed_batch(None, None)}, "
-                       f"T={_SEED['seq_len']:,}, seq2seq, Adam); {LAYER_STACK}: a "
+                       f"T={_SEED['seq_len']:,}, seq2seq, Adam; its readout fused into the scanned step "
+                       f"or not, as the search chooses); {LAYER_STACK}: a "
                        "decoder-only transformer whose scan is over its layers (bfloat16, "
                        "MaxText's checkpoint names)")
 

@@ -1,19 +1,22 @@
 """The built-in problem: the LSTM train step of the original report (``../shared/seeds``).
 
-``flax.linen.OptimizedLSTMCell``, a Dense readout, L2 loss, Adam(1e-3), seq2seq, at
-the sizes ``seed_lstm``'s defaults give (the one home of the seed's sizes: the command
-reads them from its signature). With ``fused_readout=True`` the readout and loss run
-inside the scanned step (``autoremat.fuse_loss``), so no ``(T, B, H)`` stack of states
-exists and the schedule's savings are no longer capped by it (same loss and
-gradients); with ``None`` that is a choice of the search (``Problem.fuse_choice``).
+``flax.linen.OptimizedLSTMCell``, a Dense readout, L2 loss, Adam(1e-3), seq2seq, at the
+sizes ``seed_lstm``'s defaults give (the one home of the seed's sizes: the command reads
+them from its signature). The ``Problem`` is built from the loss as written
+(``lax.scan``, the readout after it) like a user's (``Problem.from_loss``), so it is
+searched like one: with ``fused_readout=True`` the readout and loss run inside the scanned
+step (``remat_scans`` moves them), so no ``(T, B, H)`` stack of states exists and the
+schedule's savings are no longer capped by it (same loss and gradients); with ``None``
+fused and unfused are both candidates (``Problem.fuse_choice``). ``SeedModel.train_step``
+is the same step around any way of running the scan (``autoremat.scan`` with
+``autoremat.fuse_loss``, or a competitor's: ``studies/compare.py``).
 
-On many devices (``mesh``): the batch is split over
-every mesh axis (``data`` and ``fsdp``); with an ``fsdp`` axis, each
-parameter and optimizer-state array is split along its largest axis divisible
-by the ``fsdp`` size (FSDP / ZeRO-3), anything else is replicated. Sharding
-the batch ``n`` ways divides the scan's activations, residuals and carries by
-``n``; replicated parameters and optimizer state stay whole on every device.
-(``shard_seed_args``).
+On many devices (``mesh``, ``shard_seed_args``): the batch is split over every mesh axis
+(``data`` and ``fsdp``); with an ``fsdp`` axis, each parameter and optimizer-state array
+is split along its largest axis divisible by the ``fsdp`` size (FSDP / ZeRO-3), anything
+else is replicated. Sharding the batch ``n`` ways divides the scan's activations,
+residuals and carries by ``n``; replicated parameters and optimizer state stay whole on
+every device.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from autoremat._errors import ProblemError
 from autoremat._measure.mesh import layout, make_mesh
 from autoremat._measure.problem import Problem, Step
 from autoremat._scan.fuse import fuse_loss
-from autoremat._schedules.base import Schedule
 
 if TYPE_CHECKING:  # imported lazily at run time: importing autoremat must not import jax
     import flax.linen as nn
@@ -45,10 +47,10 @@ class SeedModel:
     """The seed's LSTM, readout, optimizer and example arguments, built once.
 
     ``train_step(run_scan)`` is the seed's train step (forward, L2 loss,
-    gradients, Adam) around any way of running the scan: ``seed_lstm`` runs
-    it with ``autoremat.scan``; ``studies/compare.py`` with its competitors.
-    ``fused_readout``: the readout and per-step loss run inside the scanned
-    step (``cell_step``, ``autoremat.fuse_loss``); nothing is stacked.
+    gradients, Adam) around any way of running the scan (``autoremat.scan``;
+    ``studies/compare.py``'s competitors); ``problem()`` is the tuner's, built from
+    ``loss`` around ``lax.scan``. ``fused_readout``: the readout and per-step loss run
+    inside the scanned step (``cell_step``, ``autoremat.fuse_loss``); nothing is stacked.
     ``fuse_choice``: each schedule's ``fuse`` decides instead (``None``: fused).
     """
 
@@ -69,29 +71,33 @@ class SeedModel:
         return int(self.args[2].shape[1])
 
     def problem(self) -> Problem:
-        """This train step as a ``Problem``, its scan run by ``autoremat.scan`` under a schedule."""
+        """This train step as a ``Problem`` built from its loss, like a user's
+        (``Problem.from_loss``): the loss as written (``lax.scan``, the readout after it),
+        its scan run under each schedule by ``remat_scans``, which moves the readout and
+        loss into the step where ``fused_readout`` says -- and where the schedule's
+        ``fuse`` does under ``fuse_choice``. Its figures are those of the same step run by
+        ``autoremat.scan`` (``train_step``); ``at_length`` keeps the model."""
+        import optax
 
-        def build(schedule: Schedule) -> tuple[Step, tuple[Any, ...]]:
-            from autoremat._scan.scan import scan
+        params, opt_state, x, y = self.args
+        written = replace(self, fused_readout=False, fuse_choice=False)
+        # The optimizer state as built (placed on the mesh, where there is one).
+        tx = optax.GradientTransformation(lambda _: opt_state, self.tx.update)
+        fuse = None if self.fuse_choice else self.fused_readout
+        problem = Problem.from_loss(self.name, written.loss(_lax_scan(written)), params, (x, y),
+                                    tx, min_length=1, fuse=fuse)
+        return replace(problem, at_length=lambda n: self.first_steps(n).problem())
 
-            model = self if not self.fuse_choice else replace(
-                self, fused_readout=schedule.fuse is not False, fuse_choice=False)
-
-            def run_scan(params: Any, x: Any) -> tuple[Any, Any]:
-                return scan(model.cell_step(params), model.scan_init(), x, schedule=schedule,
-                            axis=1, out_axis=0)
-
-            return model.train_step(run_scan), self.args
-
+    @property
+    def name(self) -> str:
+        """``seed_lstm(T=...,B=...,H=...,seq2seq[,fused | ,fuse chosen][,mesh ...])``."""
         batch = self.args[2].shape[0]
         kind = "seq2seq" if self.seq2seq else "last"
         kind += ",fuse chosen" if self.fuse_choice else ",fused" if self.fused_readout else ""
         _, mesh = layout(self.args)
         kind += f",mesh {mesh}" if mesh else ""
-        name = f"seed_lstm(T={self.seq_len},B={batch},H={self.cell.features},{kind})"
-        return Problem(name=name, seq_len=self.seq_len, build=build, arg_names=self.ARG_NAMES,
-                       at_length=lambda n: self.first_steps(n).problem(),
-                       fuse_choice=self.fuse_choice)
+        return f"seed_lstm(T={self.seq_len},B={batch},H={self.cell.features},{kind})"
+
 
     def first_steps(self, n: int) -> SeedModel:
         """The same model and parameters on the first ``n`` steps of ``x`` (and ``y``)."""
@@ -124,9 +130,9 @@ class SeedModel:
         readout = {"params": params["readout"]}
         return fuse_loss(step, lambda h, yt: optax.l2_loss(self._apply(readout, h), yt).sum())
 
-    def train_step(self, run_scan: RunScan) -> Step:
-        """``train_step(params, opt_state, x, y) -> (params, opt_state, loss)``."""
-        import jax
+    def loss(self, run_scan: RunScan) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
+        """``loss(params, x, y)``: the mean L2 loss of the readout of the states ``run_scan``
+        gives (with a fused readout, the summed loss it carries over ``y.size``)."""
         import jax.numpy as jnp
         import optax
 
@@ -141,6 +147,15 @@ class SeedModel:
                      else self._apply(readout, h_last))
             return optax.l2_loss(preds, y).mean()
 
+        return loss_fn
+
+    def train_step(self, run_scan: RunScan) -> Step:
+        """``train_step(params, opt_state, x, y) -> (params, opt_state, loss)``."""
+        import jax
+        import optax
+
+        loss_fn = self.loss(run_scan)
+
         def train_step(params: Any, opt_state: Any, x: jax.Array, y: jax.Array) -> Any:
             loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
             updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -151,6 +166,18 @@ class SeedModel:
     def _apply(self, variables: Any, h: jax.Array) -> jax.Array:
         # Dense.apply is typed as maybe returning (output, state); without mutable it does not.
         return cast("jax.Array", self.readout.apply(variables, h))
+
+
+def _lax_scan(model: SeedModel) -> RunScan:
+    """The seed's scan as a user writes it: ``lax.scan`` over the time-major ``x``."""
+
+    def run_scan(params: Any, x: Any) -> tuple[Any, Any]:
+        import jax.numpy as jnp
+        from jax import lax
+
+        return lax.scan(model.cell_step(params), model.scan_init(), jnp.moveaxis(x, 1, 0))
+
+    return run_scan
 
 
 def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim: int,
