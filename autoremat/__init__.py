@@ -28,16 +28,21 @@ missing here)::
                         fuse_rules (per primitive), fuse_calls (jit, custom_jvp), fuse_inline
         jax_internals   the JAX and Flax internals of remat_scans and nnx.scan, in one place
     _flax/        -> builder, for Flax: linen_scan, linen_rnn, nnx_scan, nnx_remat_scans, rnn
-    _measure/     -> measure: compiled memory and step time
-        problem         Problem: a train step built for a schedule; the seed LSTM
+    _measure/     -> measure: compiled memory and step time of any Problem
+        problem         Problem: a train step built for a schedule; find a user's by name
         from_loss       a Problem from an unmodified loss, params, batch and optimizer
-        layer_stack     the built-in layer stack: a decoder whose layers are one scan
         measure         compile -> memory_analysis -> run -> time; measurement: the record
-        breakdown       where the memory goes; the floor no schedule removes
+        failure         a failure as data: where (build, compile, run), out of memory, the size
+        breakdown       where the memory goes (memory_analysis' parts); the floor no schedule
+                        removes
         device          the device's facts; mesh: many devices, per-device layout
-        device_memory   a step's own need, read where each platform books it (memory_stats);
-                        the truth it is checked against (bisection); runs within a budget
+        allocator       the one reader of a device's allocator (memory_stats)
+        device_memory   a step's own need, read where each platform books it; the truth it
+                        is checked against (bisection); runs within a budget
         stale           is a saved schedule still the one for this problem?
+    _models/      the built-in problems, measured and searched like a user's
+        seed_lstm       the seed LSTM (the original report's step); its mesh rule
+        layer_stack     the layer stack: a decoder whose layers are one scan
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: parameters -> Schedule; the seeds
         predict         the cost model; planner: which schedule to time next; candidates:
@@ -56,7 +61,7 @@ missing here)::
         worker          one worker's loop: plan, claim (no schedule twice), measure, count
         resume          open a study or resume one; storage: storages, retries, the lock
         study           reading a study: measured trials, the answer, TuneResult
-        attrs           the names written into a study: trial attrs, tuned-for meta keys
+        attrs           the names written into a study: trial attrs, study attrs
         pareto          the front: non-dominated trials, table, plot, export, show
     _cli/         the command's settings and printing (cli.py is the command)
 
@@ -78,14 +83,14 @@ from autoremat._errors import ProblemError as ProblemError
 from autoremat._errors import RematScansWarning as RematScansWarning
 from autoremat._errors import ScheduleError as ScheduleError
 from autoremat._errors import TuneError as TuneError
-from autoremat._measure.layer_stack import layer_stack as layer_stack
 from autoremat._measure.measure import measure as measure
 from autoremat._measure.measure import measure_step as measure_step
 from autoremat._measure.measurement import Measurement as Measurement
 from autoremat._measure.problem import Problem as Problem
-from autoremat._measure.problem import seed_lstm as seed_lstm
 from autoremat._measure.stale import StaleScheduleWarning as StaleScheduleWarning
 from autoremat._measure.stale import load_schedule as load_schedule
+from autoremat._models.layer_stack import layer_stack as layer_stack
+from autoremat._models.seed_lstm import seed_lstm as seed_lstm
 from autoremat._scan.fuse import fuse_head as fuse_head
 from autoremat._scan.fuse import fuse_loss as fuse_loss
 from autoremat._schedules import binomial as binomial

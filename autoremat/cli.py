@@ -48,12 +48,14 @@ from autoremat._cli.settings import (
     with_flag,
 )
 from autoremat._errors import AutorematError, ScheduleError
-from autoremat._measure.device import device_memory_bytes
-from autoremat._measure.layer_stack import layer_stack
+from autoremat._measure.allocator import limit_bytes
 from autoremat._measure.mesh import device_note
-from autoremat._measure.problem import Problem, resolve_problem, seed_lstm
+from autoremat._measure.problem import Problem, resolve_problem
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
+from autoremat._models.layer_stack import layer_stack
+from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule, save_schedule
+from autoremat._search.attrs import PROBE
 from autoremat._search.pareto import (
     describe_schedule,
     export_trial,
@@ -62,7 +64,6 @@ from autoremat._search.pareto import (
     pareto_front,
     plot_study,
 )
-from autoremat._search.probe import PROBE_ATTR
 from autoremat._search.probe import lines as probe_lines
 from autoremat._search.storage import DEFAULT_STORAGE
 from autoremat._search.study import StudyInfo, load_study, nothing_fits_message
@@ -167,15 +168,18 @@ def _usage_error(e: AutorematError) -> UsageError:
 
 
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
-                 hidden: int | None, seq2seq: bool, fused_readout: bool = False,
+                 hidden: int | None, seq2seq: bool, fused_readout: bool | None = None,
                  mesh: str | None = None, layers: dict[str, int | None] | None = None) -> Problem:
     """The built-in seed LSTM or layer stack (resized), or the problem ``ref`` names (sizes
-    checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``)."""
+    checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``).
+    ``fused_readout``: the seed's readout fused (``True``), unfused (``False``), or either,
+    as the search chooses (``None``; unfused with ``seq2seq=False``: nothing to fuse)."""
+    readout = {True: "--fused-readout", False: "--unfused-readout", None: None}[fused_readout]
     layer_flags = [s.flag for s in LAYER_SETTINGS if (layers or {}).get(s.name) is not None]
     if ref == LAYER_STACK:
-        seed_only: dict[str, object] = {"--hidden": hidden, "--last-only": None if seq2seq else True,
-                     "--fused-readout": fused_readout or None, "--mesh": mesh}
-        named = [f for f, v in seed_only.items() if v is not None]
+        seed_only = {"--hidden": hidden, "--last-only": None if seq2seq else True,
+                     "--mesh": mesh}
+        named = [f for f, v in seed_only.items() if v is not None] + ([readout] if readout else [])
         if named:
             raise UsageError(f"{named[0]}: sizes the seed LSTM only; {LAYER_STACK} takes "
                              f"--layers --d-model --heads --mlp --seq-len --batch")
@@ -194,10 +198,11 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
             raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
                              "no outputs, so there is nothing to fuse; drop one of the two")
         resized = {k: v for k, v in (("seq_len", seq_len), ("hidden", hidden)) if v is not None}
-        return seed_lstm(**resized, batch=batch, seq2seq=seq2seq, fused_readout=fused_readout,
-                         mesh=mesh)
+        return seed_lstm(**resized, batch=batch, seq2seq=seq2seq, mesh=mesh,
+                         fused_readout=fused_readout if seq2seq else False)
     sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
-             "fused_readout": fused_readout or None, "mesh": mesh}
+             "fused_readout": True if readout == "--fused-readout" else None,
+             "unfused_readout": True if readout == "--unfused-readout" else None, "mesh": mesh}
     named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]
     if named:
         raise UsageError(f"{named[0]}: only resizes the built-in problem; your --problem "
@@ -205,10 +210,19 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
     return resolve_problem(ref)
 
 
+def _readout(settings: dict[str, Any]) -> bool | None:
+    """``--fused-readout``: ``True``; ``--unfused-readout``: ``False``; neither: ``None``."""
+    fused, unfused = bool(settings.get("fused_readout")), bool(settings.get("unfused_readout"))
+    if fused and unfused:
+        raise UsageError("--fused-readout, --unfused-readout: each forces one readout; give one, "
+                         "or neither to let the search choose")
+    return True if fused else False if unfused else None
+
+
 def _problem_of(settings: dict[str, Any]) -> Problem:
     return make_problem(settings.get("problem"), settings.get("seq_len"), settings.get("batch"),
-                        settings.get("hidden"), bool(settings["seq2seq"]),
-                        bool(settings.get("fused_readout")), settings.get("mesh"),
+                        settings.get("hidden"), bool(settings["seq2seq"]), _readout(settings),
+                        settings.get("mesh"),
                         {s.name: settings.get(s.name) for s in LAYER_SETTINGS})
 
 
@@ -240,7 +254,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _default_budget() -> tuple[int, str]:
-    limit = device_memory_bytes()
+    limit = limit_bytes()
     if limit is not None:
         return limit, " (device memory; set --budget)"
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), " (host RAM; set --budget)"
@@ -329,7 +343,7 @@ def _pareto(args: argparse.Namespace) -> int:
             print(front_json(points, budget))
         else:
             print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
-            for line in probe_lines(study.user_attrs.get(PROBE_ATTR) or {}):
+            for line in probe_lines(study.user_attrs.get(PROBE) or {}):
                 print(line)  # choices its probe checked (offload): offered or left out
             info = StudyInfo.of(study)
             print(front_table(points, budget, device_note(info.devices, info.mesh),

@@ -40,7 +40,7 @@ import autoremat
 import autoremat.linen
 from autoremat._atomic import atomic_write_text
 from autoremat._measure.device import environment
-from autoremat._measure.problem import seed_model
+from autoremat._models.seed_lstm import seed_model
 from autoremat._units import format_bytes
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -69,8 +69,8 @@ import compare_report as report  # studies/compare_report.py: tables, slopes, pl
 import autoremat
 from autoremat import Measurement, Schedule, load_schedule, measure, measure_step, tune
 from autoremat._measure.device import environment
-from autoremat._measure.mesh import seed_batch
-from autoremat._measure.problem import SeedModel, Step, seed_lstm, seed_model
+from autoremat._measure.problem import Step
+from autoremat._models.seed_lstm import SeedModel, seed_batch, seed_lstm, seed_model
 from autoremat._schedules import from_data
 from autoremat._schedules.base import root_lengths
 from autoremat._schedules.binomial import snapshot_range

@@ -212,6 +212,8 @@ def _captured(fn: Callable[[list[str]], int], argv: list[str]) -> str:
 def environment_lines(seq_len: int) -> list[str]:
     import jax
 
+    from autoremat._measure.allocator import limit_bytes
+
     versions = {"jax": jax.__version__}
     for name in ("jaxlib", "flax", "optax", "optuna"):
         try:
@@ -219,10 +221,10 @@ def environment_lines(seq_len: int) -> list[str]:
         except Exception:
             versions[name] = "not importable"
     device = jax.devices()[0]
-    stats = device.memory_stats() or {}
+    limit = limit_bytes()
     return [f"Run {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')} on "
             f"{device.device_kind} ({device.platform}, {len(jax.devices())} device(s), "
-            f"bytes_limit {stats.get('bytes_limit', '-')}); "
+            f"bytes_limit {'-' if limit is None else limit}); "
             + ", ".join(f"{k} {v}" for k, v in versions.items()) + f"; T={seq_len}."]
 
 

@@ -194,7 +194,7 @@ def check_values(sizes: dict[str, int], schedules: dict[str, Any]) -> dict[str, 
     import jax
     import jax.numpy as jnp
 
-    from autoremat._measure.layer_stack import LayerStack, layer_stack_model
+    from autoremat._models.layer_stack import LayerStack, layer_stack_model
     from autoremat._schedules import from_data
 
     model = layer_stack_model(LayerStack(**sizes, dtype="float32"))
@@ -292,8 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if jax.default_backend() == "cpu" and not args.allow_cpu:
         print("layer_presets: no accelerator here (--allow-cpu runs it anyway); nothing written")
         return 0
-    from autoremat._measure.device import device_memory_bytes
-    from autoremat._measure.layer_stack import LayerStack, layer_stack_model
+    from autoremat._measure.allocator import limit_bytes
+    from autoremat._models.layer_stack import LayerStack, layer_stack_model
     from autoremat._units import parse_bytes
 
     sizes = SMALL if args.small else FULL
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.save()
     if data["budgets"] is None:
         data["budgets"] = ([parse_bytes(b) for b in args.budgets.split(",")] if args.budgets
-                           else auto_budgets(data["presets"], device_memory_bytes()))
+                           else auto_budgets(data["presets"], limit_bytes()))
         results.save()
     storage = f"sqlite:///{(args.out / 'studies.db').resolve()}"
     for budget in data["budgets"]:

@@ -42,7 +42,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 from autoremat import Schedule, measure
 from autoremat._measure.device import environment
 from autoremat._measure.measurement import Measurement
-from autoremat._measure.problem import seed_lstm
+from autoremat._models.seed_lstm import seed_lstm
 from autoremat._units import format_bytes, parse_bytes
 from autoremat.bounds import cost
 

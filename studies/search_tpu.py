@@ -113,7 +113,7 @@ class Report:
 @contextlib.contextmanager
 def counting_compiles() -> Iterator[dict[str, Any]]:
     """Count every ``compile_step`` (the planner's and the tuner's) while inside: calls,
-    out-of-memory compiles (``reason`` "out of memory at compile", with the size the
+    out-of-memory compiles (``failed_at`` compile, ``out_of_memory``, with the size the
     compiler stated), and their seconds."""
     import autoremat._measure.measure as measure_module
 
@@ -125,7 +125,7 @@ def counting_compiles() -> Iterator[dict[str, Any]]:
         compiled = real(*args, **kwargs)
         m = compiled.measurement
         seen["compiles"] += 1
-        if m.reason.startswith("out of memory at compile"):
+        if m.failed_at == "compile" and m.out_of_memory:
             seen["oom"] += 1
             seen["oom_sizes"].append(m.compiler_bytes)
             seen["oom_keys"].append(kwargs.get("label", ""))

@@ -35,7 +35,8 @@ from jax.sharding import PartitionSpec as P
 
 import autoremat
 from autoremat import Schedule
-from autoremat._measure.mesh import fsdp_axis, make_mesh
+from autoremat._measure.mesh import make_mesh
+from autoremat._models.seed_lstm import fsdp_axis
 from tests.helpers import close_or_why, in_float64
 
 T, B, D, H = 16, 8, 4, 8

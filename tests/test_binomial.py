@@ -18,7 +18,7 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule
-from autoremat._measure.problem import seed_lstm
+from autoremat._models.seed_lstm import seed_lstm
 from tests.helpers import _temp_bytes, assert_close, brute_advances
 
 

@@ -26,8 +26,9 @@ import pytest
 import autoremat
 from autoremat._cli.printing import result_table
 from autoremat._measure import device_memory
+from autoremat._measure.allocator import Stats
 from autoremat._measure.breakdown import breakdown_lines
-from autoremat._measure.device_memory import CHUNK, Stats, bisect_need, chunks, runs_within
+from autoremat._measure.device_memory import CHUNK, bisect_need, chunks, runs_within
 from autoremat._measure.device_memory import gap_need as measured
 from autoremat._measure.measure import measure_step
 from autoremat._measure.measurement import Measurement

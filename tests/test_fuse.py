@@ -18,8 +18,9 @@ import autoremat
 from autoremat import Schedule
 from autoremat._errors import ProblemError
 from autoremat._measure.measure import measure
-from autoremat._measure.problem import seed_lstm, seed_model
+from autoremat._models.seed_lstm import seed_lstm, seed_model
 from autoremat._scan.records import record_scans
+from autoremat._schedules import read_schedule
 from autoremat.cli import main
 from tests.helpers import assert_close, one_per_kind
 
@@ -157,11 +158,13 @@ def test_linen_example_fused_readout_has_the_unfused_loss_and_gradients(schedule
 def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The done-when of issue 13 at T=1000 (the 60MB budget at T=10^4, scaled by T/10)."""
+    """The done-when of issue 13 at T=1000 (the 60MB budget at T=10^4, scaled by T/10):
+    unfused nothing fits; by default (issue 47: the search tries both readouts) the pick
+    is fused."""
     monkeypatch.chdir(tmp_path)  # tune remembers its study in ./runs
     common = ["tune", "--seq-len", "1000", "--budget", "6MB", "--time-budget", "0.05", "--no-progress"]
-    assert main([*common, "--trials", "2", "--storage", f"sqlite:///{tmp_path}/a.db",
-                 "--out", str(tmp_path / "a.yaml")]) == 3
+    assert main([*common, "--trials", "2", "--unfused-readout", "--storage",
+                 f"sqlite:///{tmp_path}/a.db", "--out", str(tmp_path / "a.yaml")]) == 3
     captured = capsys.readouterr()
     err = " ".join(captured.err.split())
     assert "nothing fits in 6 MB" in err and "that no schedule can remove" in err
@@ -169,9 +172,10 @@ def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
     for fix in ("--fused-readout", "autoremat.fuse_loss", "--seq-len", "--batch"):
         assert fix in err, fix
     assert "floor no schedule removes" in captured.out  # the summary's breakdown
-    assert main([*common, "--trials", "4", "--fused-readout", "--storage", f"sqlite:///{tmp_path}/b.db",
+    assert main([*common, "--trials", "4", "--storage", f"sqlite:///{tmp_path}/b.db",
                  "--out", str(tmp_path / "b.yaml")]) == 0
-    capsys.readouterr()
+    assert "fuse chosen" in capsys.readouterr().out
+    assert read_schedule(str(tmp_path / "b.yaml")).fuse is True
     assert main(["show", str(tmp_path / "b.yaml")]) == 0
     shown = capsys.readouterr().out
     assert "arguments: params" in shown and "opt_state" in shown
@@ -181,6 +185,10 @@ def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
 def test_fused_readout_with_last_only_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--last-only", "--fused-readout", "--seq-len", "10"]) == 2
     assert "--fused-readout: the loss on the last state" in capsys.readouterr().err
+    assert main(["tune", "--fused-readout", "--unfused-readout", "--seq-len", "10"]) == 2
+    assert "give one, or neither" in capsys.readouterr().err
+    assert main(["tune", "--problem", "layer_stack", "--unfused-readout"]) == 2
+    assert "--unfused-readout: sizes the seed LSTM only" in capsys.readouterr().err
 
 
 

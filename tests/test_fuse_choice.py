@@ -20,7 +20,7 @@ import pytest
 import autoremat
 from autoremat._errors import ScheduleError
 from autoremat._measure.measure import compile_schedule
-from autoremat._measure.problem import seed_lstm
+from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import dump_schedule, parse_schedule
 from autoremat._search.pareto import describe_schedule
 from autoremat._search.space import propose, seeds

@@ -178,12 +178,65 @@ def test_the_name_check_finds_a_moved_module() -> None:
                                    "_search/sampler.py"]
 
 
-STAGES = ("_schedules", "_scan", "_flax", "_measure", "_search", "_cli")
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def test_each_stage_names_its_modules() -> None:
+    """A stage package's docstring says what each of its modules is: a module added to a
+    stage is named there (as in the module map)."""
+    missing = [f"{stage.name}: {path.stem}" for stage in sorted(PACKAGE.glob("_*/"))
+               if (stage / "__init__.py").exists()
+               for path in sorted(stage.glob("*.py")) if path.stem != "__init__"
+               and not re.search(rf"\b{path.stem}\b", _docstring(stage / "__init__.py"))]
+    assert missing == []
+
+
+#: Names a docstring may spell in capitals that are not autoremat's (XLA's status).
+OUTSIDE_CONSTANTS = {"RESOURCE_EXHAUSTED"}
+
+
+def test_every_constant_a_docstring_cites_is_defined() -> None:
+    """A ``CONSTANT`` cited in a module's docstring is defined in the package (a module
+    doc once cited ``METHODS``, which nothing defined)."""
+    defined: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, ast.AnnAssign) else [])
+            defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+    cited = [f"{path.relative_to(PACKAGE)}: {m.group(1)}" for path in sorted(PACKAGE.rglob("*.py"))
+             for m in re.finditer(r"``([A-Z][A-Z0-9_]{2,})``", _docstring(path))
+             if m.group(1) not in defined | OUTSIDE_CONSTANTS]
+    assert cited == []
+
+
+def test_jax_private_names_are_where_the_builder_says() -> None:
+    """``_scan``'s docstring names every module that imports JAX's private ``jax._src``
+    (``jax_internals``, and any other it owns up to by path)."""
+    importers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "jax._src" or n.startswith("jax._src.") for n in names):
+                importers.append(path.relative_to(PACKAGE))
+                break
+    doc = _docstring(PACKAGE / "_scan" / "__init__.py")
+    unnamed = [str(p) for p in importers if not (p.parts[0] == "_scan" and p.stem in doc)
+               and str(p) not in doc]
+    assert PACKAGE / "_scan" / "jax_internals.py" in [PACKAGE / p for p in importers]
+    assert unnamed == []
+
+
+STAGES = ("_schedules", "_scan", "_flax", "_measure", "_models", "_search", "_cli")
 
 
 def test_a_stage_imports_only_the_stages_before_it() -> None:
-    """The pipeline reads one way: schedule -> builder (scan, flax) -> measure -> search;
-    the command's parts last."""
+    """The pipeline reads one way: schedule -> builder (scan, flax) -> measure -> the
+    built-in models -> search; the command's parts last."""
     backward = []
     for module, deps in import_graph().items():
         parts = module.split(".")

@@ -17,7 +17,7 @@ import pytest
 
 import autoremat
 from autoremat import Schedule, ScheduleError
-from autoremat._measure.layer_stack import CHECKPOINT_NAMES, LayerStack, layer_stack_model
+from autoremat._models.layer_stack import CHECKPOINT_NAMES, LayerStack, layer_stack_model
 from autoremat._schedules import from_data
 from autoremat._schedules.base import SHORT_SCAN
 from autoremat._schedules.nested import NestedSchedule

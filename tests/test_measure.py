@@ -10,16 +10,12 @@ import pytest
 
 import autoremat
 from autoremat._errors import ProblemError
+from autoremat._measure.breakdown import memory_parts, total_of
 from autoremat._measure.device import arguments_fingerprint
-from autoremat._measure.measure import (
-    _memory_parts,
-    _total,
-    measure,
-    measure_step,
-    stated_bytes,
-)
+from autoremat._measure.measure import measure, measure_step
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
-from autoremat._measure.problem import Problem, seed_lstm, seed_model
+from autoremat._measure.problem import Problem
+from autoremat._models.seed_lstm import seed_lstm, seed_model
 from autoremat._schedules.base import Schedule
 from tests.helpers import assert_close
 from tests.tiny_problem import tiny
@@ -62,6 +58,7 @@ def test_measure_step_takes_any_step_and_hands_back_the_warm_up_output() -> None
 
     m = measure_step(step, args, on_output=boom)
     assert m.status == ERROR and m.reason.startswith("run failed: ValueError: gradients differ")
+    assert (m.failed_at, m.out_of_memory) == ("run", False)
     assert m.total_bytes is not None and m.step_seconds is None
 
 
@@ -95,7 +92,7 @@ def test_over_budget_is_not_run() -> None:
 def test_nan_loss_is_infeasible() -> None:
     m = measure(tiny(nan_for_plain=True), autoremat.plain(32), time_budget=0.05)
     assert m.status == ERROR and not m.feasible
-    assert "non-finite output" in m.reason
+    assert "non-finite output" in m.reason and m.failed_at == "run"
     assert m.total_bytes is not None  # sized before it ran
 
 
@@ -105,6 +102,7 @@ def test_build_and_compile_failures_are_recorded() -> None:
 
     m = measure(Problem("bad", 8, bad_build), autoremat.plain(8))
     assert m.status == ERROR and m.reason.startswith("build failed: RuntimeError: no such model")
+    assert m.failed_at == "build"
 
     def trace_error(schedule: Schedule) -> Any:
         import jax.numpy as jnp
@@ -116,6 +114,7 @@ def test_build_and_compile_failures_are_recorded() -> None:
 
     m = measure(Problem("bad", 8, trace_error), autoremat.plain(8))
     assert m.status == ERROR and m.reason.startswith("compile failed: ")
+    assert m.failed_at == "compile" and Measurement.from_attrs(m.to_attrs()) == m
     assert m.total_bytes is None and m.step_seconds is None
 
 
@@ -142,19 +141,19 @@ def test_run_false_sizes_only() -> None:
 ])
 def test_missing_memory_analysis_gives_none(analysis: Any) -> None:
     compiled = SimpleNamespace(memory_analysis=lambda: analysis)
-    assert _total(_memory_parts(compiled)) is None
+    assert total_of(memory_parts(compiled)) is None
 
 
 def test_memory_analysis_raising_and_alias() -> None:
     def boom() -> None:
         raise NotImplementedError("no analysis on this backend")
 
-    assert _total(_memory_parts(SimpleNamespace(memory_analysis=boom))) is None
+    assert total_of(memory_parts(SimpleNamespace(memory_analysis=boom))) is None
     ok = SimpleNamespace(argument_size_in_bytes=10, output_size_in_bytes=5,
                          temp_size_in_bytes=7, alias_size_in_bytes=None)
-    assert _total(_memory_parts(SimpleNamespace(memory_analysis=lambda: ok))) == 22
+    assert total_of(memory_parts(SimpleNamespace(memory_analysis=lambda: ok))) == 22
     ok.alias_size_in_bytes = 5
-    assert _total(_memory_parts(SimpleNamespace(memory_analysis=lambda: [ok]))) == 17
+    assert total_of(memory_parts(SimpleNamespace(memory_analysis=lambda: [ok]))) == 17
 
 
 def test_fingerprint_tracks_shapes_not_values() -> None:
@@ -206,43 +205,3 @@ def test_argument_parts_count_typed_prng_keys() -> None:
         ("rngs", 3 * keys.dtype.itemsize), ("x", 16))
 
 
-# Messages XLA gave on the TPU v5e (jax 0.10.2), verbatim starts.
-TPU_COMPILE_OOM = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. ... the total memory "
-                   "required for HLO temporaries (64.06G) exceeds available HBM (15.75G)")
-TPU_LOAD_OOM = ("RESOURCE_EXHAUSTED: E0101: RuntimeProgramAllocationFailure:\nError loading "
-                "program 'jit_train_step': Attempting to reserve 938.52M at the bottom of "
-                "memory. That ...")
-
-
-@pytest.mark.parametrize(("text", "size"), [
-    (TPU_COMPILE_OOM, int(64.06 * 2**30)),  # XLA's "G" is GiB
-    (TPU_LOAD_OOM, int(938.52 * 2**20)),
-    ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123456 bytes.", 123456),
-    ("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. Used 17.50G of 15.75G hbm.",
-     int(17.5 * 2**30)),
-    ("RESOURCE_EXHAUSTED: out of memory", None),  # no size stated
-    ("INTERNAL: async-start expects the shape of operand 0 to match", None),
-])
-def test_stated_bytes_reads_the_compilers_size(text: str, size: int | None) -> None:
-    assert stated_bytes(RuntimeError(text)) == size
-
-
-def _raising(message: str) -> Any:
-    """A stand-in for a compile that fails on a device (raised while tracing, inside
-    ``compile_step``'s compile): the CPU never runs out of memory at compile."""
-    def step(x: Any) -> Any:
-        raise RuntimeError(message)
-    return step
-
-
-def test_out_of_memory_at_compile_is_a_size_another_failure_is_not() -> None:
-    oom = measure_step(_raising(TPU_COMPILE_OOM), (np.ones(3, np.float32),), budget_bytes=10**9)
-    assert oom.status == OVER_BUDGET and not oom.feasible
-    assert oom.compiler_bytes == int(64.06 * 2**30) and oom.size_bytes == oom.compiler_bytes
-    assert oom.total_bytes is None and oom.step_seconds is None
-    assert oom.reason.startswith("out of memory at compile") and "64.06G" in oom.reason
-    assert Measurement.from_attrs(oom.to_attrs()) == oom
-    for message in ("RESOURCE_EXHAUSTED: out of memory", "INTERNAL: something else"):
-        failed = measure_step(_raising(message), (np.ones(3, np.float32),))
-        assert failed.status == ERROR and failed.compiler_bytes is None
-        assert failed.size_bytes is None

@@ -133,17 +133,20 @@ def test_tune_refuses_many_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def test_peak_is_the_largest_over_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autoremat._measure.device import peak_bytes_in_use
+    from autoremat._measure.device_memory import process_peak
 
     class Device:
+        platform = "gpu"
+
         def __init__(self, stats: dict[str, int] | None) -> None:
             self.stats = stats
 
         def memory_stats(self) -> dict[str, int] | None:
             return self.stats
 
-    devices = [Device({"peak_bytes_in_use": 5}), Device(None), Device({"peak_bytes_in_use": 9})]
+    devices = [Device({"bytes_in_use": 1, "peak_bytes_in_use": 5}), Device(None),
+               Device({"bytes_in_use": 1, "peak_bytes_in_use": 9})]
     monkeypatch.setattr(jax, "local_devices", lambda: devices)
-    assert peak_bytes_in_use() == 9
+    assert process_peak() == 9
     monkeypatch.setattr(jax, "local_devices", lambda: [Device(None)])
-    assert peak_bytes_in_use() is None
+    assert process_peak() is None

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 import autoremat
-from autoremat._measure.layer_stack import LayerStack, layer_stack_model
+from autoremat._models.layer_stack import LayerStack, layer_stack_model
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import Policy

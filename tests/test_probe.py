@@ -18,16 +18,17 @@ import optuna
 import pytest
 
 import autoremat
+from autoremat._measure.failure import FailedAt
 from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules import from_data
 from autoremat._schedules.base import Check, Schedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import OFFLOAD_POLICIES, policy_choices
+from autoremat._search.attrs import PROBE
 from autoremat._search.probe import (
     LEFT_OUT,
     OFFERED,
-    PROBE_ATTR,
     PROBE_LENGTH,
     checks,
     lines,
@@ -252,8 +253,8 @@ def test_the_study_records_the_outcome_once_and_a_resumed_study_reads_it() -> No
     try:
         got = study_probe(study, _Lock(), odd, "gpu", notes.append)  # type: ignore[arg-type]
         assert got == {"risky"}
-        assert study.user_attrs[PROBE_ATTR]["risky"].startswith(f"{LEFT_OUT}: compile failed")
-        assert notes == [f"probe: risky: {study.user_attrs[PROBE_ATTR]['risky']}"]
+        assert study.user_attrs[PROBE]["risky"].startswith(f"{LEFT_OUT}: compile failed")
+        assert notes == [f"probe: risky: {study.user_attrs[PROBE]['risky']}"]
         # resumed: the recorded outcome, not a new probe (this problem would pass it)
         again = study_probe(study, _Lock(), tiny(PROBE_LENGTH), "gpu")  # type: ignore[arg-type]
         assert again == {"risky"}
@@ -261,7 +262,7 @@ def test_the_study_records_the_outcome_once_and_a_resumed_study_reads_it() -> No
         monkey.undo()
     cpu = optuna.create_study(directions=["minimize", "minimize"])
     assert study_probe(cpu, _Lock(), tiny(32), "cpu") == frozenset()  # type: ignore[arg-type]
-    assert cpu.user_attrs[PROBE_ATTR] == {}
+    assert cpu.user_attrs[PROBE] == {}
 
 
 def _policies(schedule: Schedule) -> set[str]:
@@ -304,7 +305,7 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
                   study_name="probed", on_confirm=notes.append)
     assert result.measured == 8
     study = load_study("probed")
-    why = study.user_attrs[PROBE_ATTR]["everything"]
+    why = study.user_attrs[PROBE]["everything"]
     assert why.startswith(
         f"{LEFT_OUT}: compile failed (8x8 everything/everything unroll=1 at T=64): ")
     assert notes == [f"probe: everything: {why}"]
@@ -319,16 +320,18 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
     assert f"probe: everything: {why}" in capsys.readouterr().out.splitlines()
 
 
-@pytest.mark.parametrize(("reason", "failed"), [
-    ("build failed: RuntimeError: x", True),
-    ("compile failed: INTERNAL: during context [end-of-post-layout_assignment]", True),
-    ("out of memory at compile: RESOURCE_EXHAUSTED", True),
-    ("at T'=4000: compile failed: INTERNAL: ...", True),  # the short run's compile
-    ("run failed: JaxRuntimeError", False),
-    ("at T'=4000: run failed: x", False),
-    ("non-finite output: output [1] has NaN/inf", False),
-    ("out of memory at run: RESOURCE_EXHAUSTED", False),
+@pytest.mark.parametrize(("failed_at", "out_of_memory", "failed"), [
+    ("build", False, True),
+    ("compile", False, True),
+    ("compile", True, True),
+    ("run", False, False),  # a run failure, a non-finite output
+    ("run", True, False),
 ])
-def test_what_counts_as_a_failed_compile(reason: str, failed: bool) -> None:
-    assert compile_failed(Measurement("k", ERROR, reason)) is failed
+def test_what_counts_as_a_failed_compile(failed_at: FailedAt, out_of_memory: bool,
+                                         failed: bool) -> None:
+    """Read from the measurement's data (at full length or a short run's ``at T'=...``),
+    whatever its reason's words say."""
+    m = Measurement("k", ERROR, "at T'=4000: anything", failed_at=failed_at,
+                    out_of_memory=out_of_memory)
+    assert compile_failed(m) is failed
     assert not compile_failed(Measurement("k", OK, ""))

@@ -23,9 +23,10 @@ from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule
+from autoremat._search.attrs import PROBE
 from autoremat._search.candidates import Verdict
 from autoremat._search.planner import Planner
-from autoremat._search.probe import LEFT_OUT, OFFERED, PROBE_ATTR, PROBE_LENGTH
+from autoremat._search.probe import LEFT_OUT, OFFERED, PROBE_LENGTH
 from autoremat._search.probe_cache import CACHE_ENV, VerdictCache, cache_path
 from autoremat._search.probe_guard import ProbeGuard, combination
 from autoremat._search.short_runs import ShortRuns
@@ -83,7 +84,7 @@ def test_nothing_is_probed_until_a_candidate_uses_a_risky_choice(runs: list[Sche
     assert len(runs) == 2 and guard.verdicts["offload_dots"].startswith(f"{OFFERED}: ")
     assert notes == [f"probe: offload_dots: {guard.verdicts['offload_dots']}"]
     assert guard.allows(DOTS) and len(runs) == 2  # known: not probed twice
-    assert guard.study.user_attrs[PROBE_ATTR] == guard.verdicts
+    assert guard.study.user_attrs[PROBE] == guard.verdicts
 
 
 def test_a_combination_is_probed_and_left_out_though_each_choice_passes(
@@ -101,7 +102,7 @@ def test_a_combination_is_probed_and_left_out_though_each_choice_passes(
     assert guard.refused_combinations == {frozenset({"offload_carries", "offload_dots"})}
     n = len(runs)
     assert not guard.allows(BOTH_DEEPER) and len(runs) == n  # never proposed again
-    assert guard.allows(DOTS) and guard.study.user_attrs[PROBE_ATTR][COMBO] == \
+    assert guard.allows(DOTS) and guard.study.user_attrs[PROBE][COMBO] == \
         guard.verdicts[COMBO]
 
 
@@ -116,7 +117,7 @@ def test_verdicts_cost_nothing_twice_on_the_same_platform(
     assert set(again.verdicts) == {"offload_carries", "offload_dots", COMBO}  # read at start
     assert not again.allows(BOTH) and again.allows(DOTS) and len(runs) == n
     assert again.probed == [] and all(v.endswith(" (cached)") for v in again.verdicts.values())
-    assert len(notes) == 3 and again.study.user_attrs[PROBE_ATTR] == again.verdicts
+    assert len(notes) == 3 and again.study.user_attrs[PROBE] == again.verdicts
     other = _guard(cache, problem="other|def")  # another problem: its compile failure holds
     assert other.verdicts[COMBO].startswith(f"{LEFT_OUT}: compile failed")
     assert "[found on tiny]" in other.verdicts[COMBO]

@@ -15,7 +15,7 @@ from jax import lax
 
 import autoremat
 from autoremat import Schedule
-from autoremat._measure.problem import seed_lstm
+from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules.nested import pieces as _pieces
 from autoremat._schedules.policy import ZERO_ARG_POLICIES
 from tests.helpers import (

@@ -13,7 +13,7 @@ import autoremat
 import autoremat._search.short_runs as short_runs
 from autoremat._cli.printing import result_table
 from autoremat._measure.measure import compile_schedule
-from autoremat._measure.problem import seed_lstm
+from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule
 from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_study
 from autoremat._search.study import load_study, measured_trials

@@ -20,15 +20,16 @@ from typing import Any, Final
 
 from autoremat._errors import ScheduleError, TuneError
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET
-from autoremat._measure.mesh import SEED_AXES, parse_mesh, seed_batch
-from autoremat._measure.problem import seed_lstm
+from autoremat._measure.mesh import parse_mesh
+from autoremat._models.layer_stack import DEFAULT as STACK
+from autoremat._models.seed_lstm import SEED_AXES, seed_batch, seed_lstm
 from autoremat._schedules.safe_yaml import read_yaml_file
 from autoremat._search.storage import DEFAULT_HEARTBEAT
 from autoremat._search.tune import DEFAULT_TIME_LIMIT
 from autoremat._units import parse_duration
 
 BUILTIN_PROBLEM: Final = "seed_lstm"
-#: The built-in transformer whose layers are the scan (``autoremat._measure.layer_stack``).
+#: The built-in transformer whose layers are the scan (``autoremat._models.layer_stack``).
 LAYER_STACK: Final = "layer_stack"
 STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
 _MAX_SIZE: Final = 2**31 - 1  # lax.scan lengths and array dimensions are int32
@@ -128,26 +129,33 @@ _SIZE = _integer(1, _MAX_SIZE, f"a positive integer up to {_MAX_SIZE}")
 #: ``seed_lstm``'s defaults: the one home of the built-in problem's sizes.
 _SEED: Final = {k: v.default for k, v in inspect.signature(seed_lstm).parameters.items()}
 
-#: The layer stack's own sizes (``--problem layer_stack``; it shares --seq-len and --batch).
+#: The layer stack's own sizes (``--problem layer_stack``; it shares --seq-len and --batch);
+#: their defaults are ``LayerStack``'s.
 LAYER_SETTINGS: Final = (
-    Setting("layers", f"{LAYER_STACK}: transformer blocks, the scan's length (24)", _SIZE, int),
-    Setting("d_model", f"{LAYER_STACK}: model width (1024)", _SIZE, int),
-    Setting("heads", f"{LAYER_STACK}: attention heads, dividing --d-model (16)", _SIZE, int),
-    Setting("mlp", f"{LAYER_STACK}: MLP width (4096)", _SIZE, int),
+    Setting("layers", f"{LAYER_STACK}: transformer blocks, the scan's length ({STACK.layers})",
+            _SIZE, int),
+    Setting("d_model", f"{LAYER_STACK}: model width ({STACK.d_model})", _SIZE, int),
+    Setting("heads", f"{LAYER_STACK}: attention heads, dividing --d-model ({STACK.heads})",
+            _SIZE, int),
+    Setting("mlp", f"{LAYER_STACK}: MLP width ({STACK.mlp})", _SIZE, int),
 )
 
 #: The built-in problems' sizes (``tune`` and ``show``).
 PROBLEM_SETTINGS: Final = (
     Setting("seq_len", f"built-in problems: sequence length ({_SEED['seq_len']}; "
-            f"{LAYER_STACK}: tokens, 2048)", _SIZE, int),
+            f"{LAYER_STACK}: tokens, {STACK.seq_len})", _SIZE, int),
     Setting("batch", f"built-in problems: batch size ({seed_batch(None, None)}; "
-            f"{LAYER_STACK}: 8)", _SIZE, int),
+            f"{LAYER_STACK}: {STACK.batch})", _SIZE, int),
     Setting("hidden", f"built-in problem: LSTM width ({_SEED['hidden']})", _SIZE, int),
     Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
-    Setting("fused_readout", "built-in problem: the readout and loss inside the scanned step "
-            "(seq2seq): nothing T-long is stacked, so a schedule removes almost all temp", _boolean,
+    Setting("fused_readout", "built-in problem: only schedules with the readout and loss "
+            "inside the scanned step (seq2seq): nothing T-long is stacked, so a schedule removes "
+            "almost all temp (default: the search tries fused and unfused)", _boolean,
             default=False, const=True),
+    Setting("unfused_readout", "built-in problem: only schedules with the readout after the "
+            "scan, as written (its T-long stack of states is a floor under every schedule)",
+            _boolean, default=False, const=True),
     Setting("mesh", "built-in problem on many devices: data=4 splits the batch over 4 devices; "
             "data=2,fsdp=2 also splits parameters and optimizer state over fsdp (FSDP); the "
             "batch defaults to a multiple of the device count. Every figure and --budget are "
@@ -158,7 +166,8 @@ PROBLEM_SETTINGS: Final = (
 PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "
                        f"callable returning one); default: {BUILTIN_PROBLEM}, the seed LSTM "
                        f"(hidden {_SEED['hidden']}, batch {seed_batch(None, None)}, "
-                       f"T={_SEED['seq_len']:,}, seq2seq, Adam); {LAYER_STACK}: a "
+                       f"T={_SEED['seq_len']:,}, seq2seq, Adam; its readout fused into the scanned step "
+                       f"or not, as the search chooses); {LAYER_STACK}: a "
                        "decoder-only transformer whose scan is over its layers (bfloat16, "
                        "MaxText's checkpoint names)")
 

@@ -1,3 +1,10 @@
-"""Measurement: a ``Problem`` (a train step built for a schedule), compiled memory
-(``memory_analysis()``) and step time as a ``Measurement``, where the memory goes, the
-devices and mesh it was measured on, and whether a saved schedule is stale."""
+"""Measurement of any ``Problem`` (it knows no model: the built-in ones are
+``autoremat._models``'s).
+
+``problem`` (a train step built for a schedule; ``from_loss``: one from an unmodified
+loss), ``measure`` (compile, ``memory_analysis()``, run, time) and its record
+``measurement``; a failure as data (``failure``); where the memory goes and the floor
+(``breakdown``); the device (``device``), its allocator (``allocator``) and a step's own
+need on it (``device_memory``); many devices (``mesh``); is a saved schedule stale
+(``stale``).
+"""

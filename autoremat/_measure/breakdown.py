@@ -1,7 +1,8 @@
 """Where a measured step's memory goes, and the part no schedule can remove.
 
-``memory_analysis()`` gives four figures (argument, output, temp, alias). The
-breakdown splits them further, each part from where it is known exactly:
+``memory_analysis()`` gives four figures (argument, output, temp, alias; ``memory_parts``
+reads them, ``total_of`` is the step's total). The breakdown splits them further, each
+part from where it is known exactly:
 
 * arguments: per argument of the step (``Problem.arg_names``: params,
   optimizer state, inputs, ...), as the device holds them (``on_device_size_in_bytes``:
@@ -37,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from autoremat._measure.device_memory import unmeasured_reason
-from autoremat._measure.measurement import fit_figure
+from autoremat._measure.measurement import PROOF_FIELDS, fit_figure
 from autoremat._measure.mesh import device_note, leaf_bytes
 from autoremat._units import format_bytes
 
@@ -51,8 +52,7 @@ KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_by
 #: The figures measured on a device that reports ``memory_stats()`` (GPU, TPU;
 #: ``autoremat._measure.device_memory``), kept only where measured: on a CPU a
 #: breakdown, a front's JSON and a schedule's meta are as without them.
-DEVICE_KEYS = ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes", "fit_proof_bytes",
-               "fit_proof_failed")
+DEVICE_KEYS = ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes", *PROOF_FIELDS)
 
 
 def breakdown_figures(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,6 +90,31 @@ def device_bytes(leaf: Any) -> int:
         return int(size()) // max(1, int(sharding.num_devices))
     except Exception:  # deleted, or not placed: the shape's bytes
         return per
+
+
+def memory_parts(compiled: Any) -> dict[str, int | None]:
+    """``memory_analysis()`` sizes; ``None`` where missing or negative."""
+    try:
+        analysis = compiled.memory_analysis()
+    except Exception:
+        analysis = None
+    if isinstance(analysis, (list, tuple)):  # some versions: one per device
+        analysis = analysis[0] if analysis else None
+    names = {"argument": "argument_size_in_bytes", "output": "output_size_in_bytes",
+             "temp": "temp_size_in_bytes", "alias": "alias_size_in_bytes"}
+    parts: dict[str, int | None] = {}
+    for part, attr in names.items():
+        value = getattr(analysis, attr, None) if analysis is not None else None
+        parts[part] = int(value) if isinstance(value, int) and value >= 0 else None
+    return parts
+
+
+def total_of(parts: dict[str, int | None]) -> int | None:
+    """argument + output + temp - alias; ``None`` when XLA reported nothing usable."""
+    core = [parts["argument"], parts["output"], parts["temp"]]
+    if any(v is None for v in core) or sum(v for v in core if v is not None) == 0:
+        return None
+    return sum(v for v in core if v is not None) - (parts["alias"] or 0)
 
 
 def argument_parts(args: Sequence[Any], names: Sequence[str] | None) -> tuple[tuple[str, int], ...]:
@@ -255,7 +280,7 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
 
 def proof_text(fig: Figures) -> str:
     """One line on the proof of fit (``""``: none was run)."""
-    proven, failed = _get(fig, "fit_proof_bytes"), _get(fig, "fit_proof_failed")
+    proven, failed = (_get(fig, k) for k in PROOF_FIELDS)
     if failed:
         return f"proof of fit: FAILED ({failed})"
     if proven is None:

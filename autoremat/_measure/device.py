@@ -1,5 +1,6 @@
-"""Facts about the device a step is measured on: what it is, its memory, and a
-fingerprint of the arguments a schedule was tuned with (the stale check).
+"""Facts about the device a step is measured on: what it is, and a fingerprint of the
+arguments a schedule was tuned with (the stale check). Its memory is read by
+``autoremat._measure.allocator``.
 
 Each function imports jax when called (``import autoremat`` stays jax-free).
 """
@@ -30,15 +31,6 @@ def environment() -> dict[str, str]:
     }
 
 
-def device_memory_bytes() -> int | None:
-    """The default device's memory limit (GPU/TPU ``bytes_limit``), else ``None``."""
-    import jax
-
-    stats = memory_stats(jax.devices()[0])
-    limit = stats.get("bytes_limit") if stats else None
-    return int(limit) if isinstance(limit, int) and limit > 0 else None
-
-
 def arguments_fingerprint(args: Any) -> str:
     """A short hash of the argument tree's structure, shapes and dtypes (not values), and
     on many devices of the mesh and each leaf's partition spec (``mesh.sharding_text``)."""
@@ -56,26 +48,3 @@ def arguments_fingerprint(args: Any) -> str:
     if sharded:
         parts.append(sharded)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def peak_bytes_in_use() -> int | None:
-    """The largest ``peak_bytes_in_use`` over every local device (GPU/TPU), else ``None``:
-    with a sharded step, the device that needed the most."""
-    import jax
-
-    peaks = []
-    for device in jax.local_devices():
-        stats = memory_stats(device)
-        peak = stats.get("peak_bytes_in_use") if stats else None
-        if isinstance(peak, int) and peak > 0:
-            peaks.append(peak)
-    return max(peaks, default=None)
-
-
-def memory_stats(device: Any) -> dict[str, Any] | None:
-    """``device.memory_stats()`` (GPU/TPU), or ``None`` where the backend has none."""
-    try:
-        stats = device.memory_stats()
-    except Exception:
-        return None
-    return stats if isinstance(stats, dict) else None

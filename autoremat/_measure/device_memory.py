@@ -1,7 +1,8 @@
 """A step's own device memory, read where each platform books it; the proof of fit.
 
 Two ways a device's allocator books a compiled step's memory, so two methods, one per
-platform (``METHODS``), each checked against the truth before its figure is used:
+platform (``need`` picks it: ``reserved_need``, ``gap_need``), each checked against the
+truth before its figure is used (``VALIDATED``):
 
 **TPU: the program's reservation** (``reserved_need``). The TPU runtime books a
 program's temporaries as a reservation at the bottom of HBM (``bytes_reserved``), made
@@ -47,7 +48,8 @@ beyond what is live on each device -- a filler holds the rest. ``tune`` runs its
 with only the budget on the device before writing it (``autoremat._search.tune``).
 
 Everything here reads devices through ``meters()``, one ``Meter`` per local device that
-reports ``bytes_in_use`` and ``peak_bytes_in_use``; on a CPU there is none, so nothing is
+reports ``bytes_in_use`` and ``peak_bytes_in_use`` (read by ``autoremat._measure.allocator``,
+the one reader of ``memory_stats()``); on a CPU there is none, so nothing is
 filled or recorded and ``measured`` is just a call. Tests replace ``meters`` with
 stand-in devices that simulate an allocator (``tests/test_device_memory.py``).
 """
@@ -58,10 +60,10 @@ import contextlib
 import gc
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
-from autoremat._measure.device import memory_stats, peak_bytes_in_use
+from autoremat._measure.allocator import Stats, read
+from autoremat._measure.failure import is_out_of_memory
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
 T = TypeVar("T")
@@ -85,23 +87,6 @@ VALIDATED: Final[Mapping[str, str]] = {
            "bisected need for every step of 80 MB or more; 0.5-1.7 MB over it (never under) "
            "for steps of 1-4 MB",
 }
-
-
-@dataclass(frozen=True)
-class Stats:
-    """One reading of a device's allocator.
-
-    Attributes:
-      in_use: ``bytes_in_use``.
-      peak: ``peak_bytes_in_use`` (the process's high-water mark).
-      reserved: ``bytes_reserved`` (TPU: the largest loaded program's temporaries).
-      limit: ``bytes_limit`` (what the allocator may hand out in all).
-    """
-
-    in_use: int
-    peak: int
-    reserved: int | None = None
-    limit: int | None = None
 
 
 class Meter(Protocol):
@@ -131,7 +116,7 @@ class JaxMeter:
         return str(self.device.platform)
 
     def stats(self) -> Stats | None:
-        return _stats(memory_stats(self.device))
+        return read(self.device)
 
     def fill(self, nbytes: int, exact: bool = False) -> Callable[[], None]:
         import jax
@@ -166,17 +151,6 @@ def chunks(nbytes: int, exact: bool = False) -> list[int]:
     return [*sizes, rest] if exact and rest > 0 else sizes
 
 
-def _stats(raw: Mapping[str, Any] | None) -> Stats | None:
-    if not raw:
-        return None
-    in_use, peak = raw.get("bytes_in_use"), raw.get("peak_bytes_in_use")
-    if not isinstance(in_use, int) or not isinstance(peak, int) or peak <= 0:
-        return None
-    reserved, limit = raw.get("bytes_reserved"), raw.get("bytes_limit")
-    return Stats(in_use, max(peak, in_use), reserved if isinstance(reserved, int) else None,
-                 limit if isinstance(limit, int) and limit > 0 else None)
-
-
 def meters() -> list[Meter]:
     """One ``Meter`` per local device that reports ``bytes_in_use`` and
     ``peak_bytes_in_use`` (GPU, TPU); empty on a CPU."""
@@ -192,17 +166,10 @@ def meters() -> list[Meter]:
 
 def process_peak() -> int | None:
     """The process's high-water mark: the largest ``peak_bytes_in_use`` over the
-    ``meters()``, else over every device reporting a peak (``device.peak_bytes_in_use``;
-    ``None`` when none does). On a TPU it does not count programs' temporaries."""
+    ``meters()`` (``None``: none reports one). On a TPU it does not count programs'
+    temporaries."""
     readings = [m.stats() for m in meters()]
-    known = [s.peak for s in readings if s is not None]
-    return max(known) if known else peak_bytes_in_use()
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """The device ran out of memory (XLA's ``RESOURCE_EXHAUSTED``)."""
-    text = str(e)
-    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+    return max((s.peak for s in readings if s is not None), default=None)
 
 
 def unmeasured_reason(platform: str) -> str:

@@ -1,74 +1,71 @@
 """What is measured, and how: the one place that defines every figure.
 
-``measure_step(step, args)`` takes any un-jitted step (an autoremat schedule's
-or a competitor's), compiles it ahead of time with
-``jax.jit(step).lower(*args).compile()`` and reads the compiled executable's
-``memory_analysis()``; ``measure(problem, schedule)`` is
+``measure_step(step, args)`` takes any un-jitted step (an autoremat schedule's or a
+competitor's), compiles it ahead of time with ``jax.jit(step).lower(*args).compile()`` and
+reads the compiled executable's ``memory_analysis()``; ``measure(problem, schedule)`` is
 ``problem.build(schedule)`` followed by ``measure_step``:
 
-* ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` are
-  XLA's own figures for that executable (``alias`` is output memory that
-  reuses argument buffers, so it is counted once);
-* ``total_bytes = argument + output + temp - alias``: what the step needs on
-  the device while it runs. This is known after compiling, before running.
+* ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` are XLA's own
+  figures for that executable (``alias`` is output memory that reuses argument buffers, so
+  it is counted once);
+* ``total_bytes = argument + output + temp - alias``: what the step needs on the device
+  while it runs. This is known after compiling, before running.
 * the breakdown (``autoremat._measure.breakdown``): ``argument_parts`` (bytes per
-  argument: params, optimizer state, inputs), ``stacked_bytes`` and
-  ``carry_bytes`` (what the autoremat scans stack and carry, reported at
-  trace time); the rest of temp is the schedule's.
+  argument: params, optimizer state, inputs), ``stacked_bytes`` and ``carry_bytes`` (what
+  the autoremat scans stack and carry, reported at trace time); the rest of temp is the
+  schedule's.
 
-A step whose total is over the budget is not run (``status`` is
-``"over_budget"``); so is one the compiler refused for want of device memory when
-its message states the size (``compiler_bytes``, ``stated_bytes``) -- any other
-compile failure is an ``"error"`` with no size. Otherwise the step runs once as a warm-up (its loss and
-every floating output must be finite), then ``repeats`` more times, where
-``repeats`` adapts to the warm-up time so timing one schedule takes about
-``time_budget`` seconds (between ``min_repeats`` and ``max_repeats`` runs;
-by default, when the warm-up alone was longer than ``time_budget``, that
-one run is the figure);
-so timing takes ``max(time_budget, min_repeats * step)``;
-``step_seconds`` is the median wall time of those runs, each ended by
-``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the device's
-``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
-the whole process's buffers (on a GPU an upper bound for this step; on a TPU it
-leaves out every program's temporaries, so it bounds nothing: shown as the process's,
-never as the step's).
+A step whose total is over the budget is not run (``status`` is ``"over_budget"``); so is
+one the compiler refused for want of device memory when its message states the size
+(``compiler_bytes``) -- any other compile failure is an ``"error"`` with no size. Where a
+measurement failed is data (``failed_at``, ``out_of_memory``;
+``autoremat._measure.failure``). Otherwise the step runs once as a warm-up (its loss and
+every floating output must be finite), then ``repeats`` more times, where ``repeats``
+adapts to the warm-up time so timing one schedule takes about ``time_budget`` seconds
+(between ``min_repeats`` and ``max_repeats`` runs; by default, when the warm-up alone was
+longer than ``time_budget``, that one run is the figure); so timing takes
+``max(time_budget, min_repeats * step)``; ``step_seconds`` is the median wall time of
+those runs, each ended by ``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the
+device's ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
+the whole process's buffers (on a GPU an upper bound for this step; on a TPU it leaves out
+every program's temporaries, so it bounds nothing: shown as the process's, never as the
+step's).
 
-On a device whose ``memory_stats()`` reports ``bytes_in_use`` and
-``peak_bytes_in_use`` (GPU, TPU), two more figures are measured where the platform's
-method was checked against the truth (``device_memory.VALIDATED``; elsewhere ``None``,
-and ``device_memory.unmeasured_reason`` says why), each isolated from earlier trials
-in the process (``autoremat._measure.device_memory``: read where the platform books
-it -- a TPU program's reservation, a GPU's high-water mark):
+On a device whose ``memory_stats()`` reports ``bytes_in_use`` and ``peak_bytes_in_use``
+(GPU, TPU), two more figures are measured where the platform's method was checked against
+the truth (``device_memory.VALIDATED``; elsewhere ``None``, and
+``device_memory.unmeasured_reason`` says why), each isolated from earlier trials in the
+process (``autoremat._measure.device_memory``: read where the platform books it -- a TPU
+program's reservation, a GPU's high-water mark):
 
-* ``compile_scratch_bytes``: what compiling took on the device (XLA:GPU's
-  autotuning), freed before the step runs -- transient, not part of the step; none
-  on a TPU, whose compiles take no device memory;
-* ``runtime_peak_bytes``: the arguments plus what the warm-up run needed beyond them
-  (on a TPU its outputs and its program's reservation): the step's own need, to
-  compare with ``total_bytes`` (the estimate).
+* ``compile_scratch_bytes``: what compiling took on the device (XLA:GPU's autotuning),
+  freed before the step runs -- transient, not part of the step; none on a TPU, whose
+  compiles take no device memory;
+* ``runtime_peak_bytes``: the arguments plus what the warm-up run needed beyond them (on a
+  TPU its outputs and its program's reservation): the step's own need, to compare with
+  ``total_bytes`` (the estimate).
 
-Where the runtime peak is measured it decides the fit (``Measurement.fit_bytes``): a
-step whose estimate is over the budget still compiles and runs its warm-up there (the
-estimate can be a third over the truth on a TPU), and one whose runtime peak is over
-the budget is ``"over_budget"`` after its warm-up (not timed further), whatever its
-estimate. On a CPU, and on a platform whose method is not validated, the estimate
-decides, and a step over it is not run.
+Where the runtime peak is measured it decides the fit (``Measurement.fit_bytes``): a step
+whose estimate is over the budget still compiles and runs its warm-up there (the estimate
+can be a third over the truth on a TPU), and one whose runtime peak is over the budget is
+``"over_budget"`` after its warm-up (not timed further), whatever its estimate. On a CPU,
+and on a platform whose method is not validated, the estimate decides, and a step over it
+is not run.
 
-On many devices (arguments placed with a ``NamedSharding``), JAX's SPMD
-partitioner compiles one program per device and every figure above is one
-device's (``autoremat._measure.mesh``): ``devices`` and ``mesh`` say which, the
-argument parts are per-device shards, and ``peak_bytes`` is the largest
-over the devices. The scans' ``stacked_bytes``/``carry_bytes`` are not
-recorded there: the scan sees whole (traced) arrays, not one device's share.
+On many devices (arguments placed with a ``NamedSharding``), JAX's SPMD partitioner
+compiles one program per device and every figure above is one device's
+(``autoremat._measure.mesh``): ``devices`` and ``mesh`` say which, the argument parts are
+per-device shards, and ``peak_bytes`` is the largest over the devices. The scans'
+``stacked_bytes``/``carry_bytes`` are not recorded there: the scan sees whole (traced)
+arrays, not one device's share.
 
-Known caveat: ``memory_analysis()`` returns ``None`` or zero/-1 sizes on some
-backends and versions (jax issues 18954, 12848); missing parts are recorded
-as ``None`` and ``total_bytes`` falls back to ``peak_bytes`` when that exists.
+Known caveat: ``memory_analysis()`` returns ``None`` or zero/-1 sizes on some backends and
+versions (jax issues 18954, 12848); missing parts are recorded as ``None`` and
+``total_bytes`` falls back to ``peak_bytes`` when that exists.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -77,8 +74,15 @@ from typing import Any, Final
 
 from autoremat._errors import one_line
 from autoremat._measure import device_memory
-from autoremat._measure.breakdown import argument_parts, argument_sharding, scan_figures
+from autoremat._measure.breakdown import (
+    argument_parts,
+    argument_sharding,
+    memory_parts,
+    scan_figures,
+    total_of,
+)
 from autoremat._measure.device import environment
+from autoremat._measure.failure import BUILD, COMPILE, RUN, is_out_of_memory, stated_bytes, words
 from autoremat._measure.measurement import (
     ERROR,
     OK,
@@ -109,7 +113,8 @@ def measure(
     """Compile, size and time ``problem``'s step under ``schedule``.
 
     ``problem.build(schedule)`` then ``measure_step`` (see there for the
-    arguments); a build that raises is recorded as ``"build failed: ..."``.
+    arguments); a build that raises is recorded (``failed_at="build"``, reason
+    ``"build failed: ..."``).
     """
     compiled = compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     if not run or compiled.executable is None:
@@ -212,13 +217,13 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         (executable, scans, seconds), scratch = device_memory.measured(compile_now,
                                                                             compiling=True)
     except Exception as e:
-        why = f"{_kind_of_failure(e, 'compile')}: {one_line(e)}"
-        stated = stated_bytes(e) if device_memory.is_out_of_memory(e) else None
-        if stated is None:  # another failure is no size
-            return Compiled(Measurement(label, ERROR, why, **env))
-        # The compiler refused it for want of memory and said how much: a size.
-        return Compiled(Measurement(label, OVER_BUDGET, why, compiler_bytes=stated, **env))
-    parts = _memory_parts(executable)
+        oom = is_out_of_memory(e)
+        stated = stated_bytes(e) if oom else None
+        # Refused for want of memory with a size stated: a size; any other failure is none.
+        return Compiled(Measurement(label, ERROR if stated is None else OVER_BUDGET,
+                                    f"{words(COMPILE, oom)}: {one_line(e)}", failed_at=COMPILE,
+                                    out_of_memory=oom, compiler_bytes=stated, **env))
+    parts = memory_parts(executable)
     figures: dict[str, Any] = {
         # Traced shapes are whole arrays, not one device's: on many devices no scan figure.
         "argument_parts": argument_parts(args, arg_names),
@@ -230,7 +235,7 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         "argument_bytes": parts["argument"],
         "output_bytes": parts["output"],
         "alias_bytes": parts["alias"],
-        "total_bytes": _total(parts),
+        "total_bytes": total_of(parts),
     }
     total = figures["total_bytes"]
     if (budget_bytes is not None and total is not None and total > budget_bytes
@@ -251,8 +256,8 @@ def compile_schedule(problem: Problem, schedule: Schedule, *, budget_bytes: int 
         step, args = built if built is not None else problem.build(schedule)
     except Exception as e:
         env: dict[str, Any] = environment()
-        return Compiled(Measurement(schedule.key(), ERROR, f"build failed: {one_line(e)}",
-                                    **env))
+        return Compiled(Measurement(schedule.key(), ERROR, f"{words(BUILD)}: {one_line(e)}",
+                                    failed_at=BUILD, out_of_memory=is_out_of_memory(e), **env))
     return compile_step(step, args, budget_bytes=budget_bytes, label=schedule.key(),
                         arg_names=problem.arg_names, compiler_options=schedule.compiler_options)
 
@@ -315,7 +320,8 @@ class _Timing:
             self.figures["runtime_peak_bytes"] = self.runtime_peak(rise)
             loss, bad = _check_finite(out)
             if bad:
-                return self.measurement(ERROR, f"non-finite output: {bad}", loss=loss)
+                return self.measurement(ERROR, f"non-finite output: {bad}", loss=loss,
+                                        failed_at=RUN)
             over = self.runtime_over(budget_bytes)
             if over:  # the estimate fit, the run did not: timed no further
                 return self.measurement(OVER_BUDGET, over, loss=loss,
@@ -335,7 +341,9 @@ class _Timing:
                 min(max_repeats, int(time_budget / max(warmup, 1e-6))))
             samples += [self.once()[0] for _ in range(repeats - len(samples))]
         except Exception as e:
-            return self.measurement(ERROR, f"{_kind_of_failure(e, 'run')}: {one_line(e)}")
+            oom = is_out_of_memory(e)
+            return self.measurement(ERROR, f"{words(RUN, oom)}: {one_line(e)}", failed_at=RUN,
+                                    out_of_memory=oom)
         return self.timed(samples, loss, budget_bytes)
 
     def runtime_peak(self, rise: int | None) -> int | None:
@@ -368,7 +376,7 @@ class _Timing:
         if total is None:
             return self.measurement(
                 ERROR, "no memory figure: memory_analysis() and memory_stats() gave none",
-                loss=loss)
+                loss=loss, failed_at=RUN)
         fit = fit_figure(total, self.figures["runtime_peak_bytes"])[0]
         if budget_bytes is not None and fit is not None and fit > budget_bytes:
             return self.measurement(OVER_BUDGET, f"over budget: {fit} bytes > budget "
@@ -382,31 +390,6 @@ _FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_by
                    "carry_bytes", "argument_sharding", "compile_scratch_bytes",
                    "runtime_peak_bytes")
 _ENV: Final = ("device_kind", "platform", "jax_version", "flax_version", "devices", "mesh")
-
-
-def _memory_parts(compiled: Any) -> dict[str, int | None]:
-    """``memory_analysis()`` sizes; ``None`` where missing or negative."""
-    try:
-        analysis = compiled.memory_analysis()
-    except Exception:
-        analysis = None
-    if isinstance(analysis, (list, tuple)):  # some versions: one per device
-        analysis = analysis[0] if analysis else None
-    names = {"argument": "argument_size_in_bytes", "output": "output_size_in_bytes",
-             "temp": "temp_size_in_bytes", "alias": "alias_size_in_bytes"}
-    parts: dict[str, int | None] = {}
-    for part, attr in names.items():
-        value = getattr(analysis, attr, None) if analysis is not None else None
-        parts[part] = int(value) if isinstance(value, int) and value >= 0 else None
-    return parts
-
-
-def _total(parts: dict[str, int | None]) -> int | None:
-    """argument + output + temp - alias; ``None`` when XLA reported nothing usable."""
-    core = [parts["argument"], parts["output"], parts["temp"]]
-    if any(v is None for v in core) or sum(v for v in core if v is not None) == 0:
-        return None
-    return sum(v for v in core if v is not None) - (parts["alias"] or 0)
 
 
 def _check_finite(out: Any) -> tuple[float | None, str]:
@@ -424,34 +407,3 @@ def _check_finite(out: Any) -> tuple[float | None, str]:
         if not np.isfinite(arr).all():
             return loss, f"output {jax.tree_util.keystr(path) or '()'} has NaN/inf"
     return loss, ""
-
-
-#: Where XLA states a size when it runs out of device memory: the first number is the
-#: size asked for ("the total memory required for HLO temporaries (64.06G) exceeds
-#: available HBM (15.75G)" at compile on a TPU; "Attempting to reserve 938.52M at the
-#: bottom of memory" loading a program there; "... to allocate 123456 bytes").
-_STATED: Final = (
-    re.compile(r"memory required for [^()]*\((\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\)"),
-    re.compile(r"Used\s+(\d+(?:\.\d+)?)([KMGT]?)(?:i?B)? of "),
-    re.compile(r"(?:reserve|allocate)\s+(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B|\s*bytes)?\b"),
-)
-#: XLA prints sizes with binary units (tsl ``HumanReadableNumBytes``: "G" is 2^30 bytes,
-#: not 10^9), so "64.06G" is 64.06 GiB.
-_UNITS: Final = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def stated_bytes(e: BaseException | str) -> int | None:
-    """The size XLA says a program needed when it ran out of device memory (bytes, the
-    first size its message states; ``_STATED``), or ``None``: the message names none."""
-    text = str(e)
-    for pattern in _STATED:
-        match = pattern.search(text)
-        if match:
-            return int(float(match.group(1)) * _UNITS[match.group(2)])
-    return None
-
-
-def _kind_of_failure(e: BaseException, stage: str) -> str:
-    if device_memory.is_out_of_memory(e):
-        return f"out of memory at {stage}"
-    return f"{stage} failed"

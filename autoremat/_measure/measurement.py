@@ -8,15 +8,26 @@ trial attrs, and says whether they fit a budget.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Final, Literal
 
 from autoremat._errors import TuneError
+from autoremat._measure.failure import FailedAt
 
 #: A measurement's outcome (``Measurement.status``; stored as this text).
 Status = Literal["ok", "over_budget", "error"]
 OK: Final[Status] = "ok"
 OVER_BUDGET: Final[Status] = "over_budget"
+
+
+#: The proof of fit's fields (``Measurement.fit_proof_bytes``, ``fit_proof_failed``).
+PROOF_FIELDS: Final = ("fit_proof_bytes", "fit_proof_failed")
+
+
+def proof_attrs(passed_bytes: int | None, failed: str = "") -> dict[str, Any]:
+    """A proof of fit's outcome as attrs (``Measurement.proved`` reads them): it passed with
+    ``passed_bytes`` on the device, or failed (``failed``: why)."""
+    return dict(zip(PROOF_FIELDS, (passed_bytes, failed), strict=True))
 
 
 def fit_figure(total_bytes: int | None, runtime_peak_bytes: int | None) -> tuple[int | None, str]:
@@ -38,7 +49,11 @@ class Measurement:
         (compiled, total over the budget, not run; or refused by the compiler for
         want of device memory, with the size it stated: ``compiler_bytes``) or ``"error"`` (build,
         compile or run failed, out of memory, or a non-finite loss).
-      reason: why it is not ``ok`` (empty when it is).
+      reason: why it is not ``ok`` (empty when it is), in words.
+      failed_at: where it failed: ``"build"``, ``"compile"`` or ``"run"`` (``""``: it did
+        not; ``autoremat._measure.failure``); the reason's words start with it.
+      out_of_memory: it failed because the device ran out of memory (with
+        ``compiler_bytes`` when the compiler stated its size).
       total_bytes: argument + output + temp - alias, in bytes (see module doc).
       temp_bytes, argument_bytes, output_bytes, alias_bytes: the parts.
       peak_bytes: device ``peak_bytes_in_use`` after running (GPU/TPU only): the
@@ -119,6 +134,8 @@ class Measurement:
     fit_proof_bytes: int | None = None
     fit_proof_failed: str = ""
     compiler_bytes: int | None = None
+    failed_at: FailedAt = ""
+    out_of_memory: bool = False
 
     @property
     def cut(self) -> bool:
@@ -155,6 +172,12 @@ class Measurement:
         data["argument_sharding"] = tuple((str(n), str(h))
                                           for n, h in data.get("argument_sharding") or ())
         return cls(**data)
+
+    def proved(self, attrs: Mapping[str, Any]) -> Measurement:
+        """This measurement with a proof of fit's outcome (``proof_attrs``; a key left out
+        is no outcome)."""
+        passed, failed = (attrs.get(k) for k in PROOF_FIELDS)
+        return replace(self, fit_proof_bytes=passed, fit_proof_failed=str(failed or ""))
 
     def predicted(self, seq_len: int) -> bool:
         """The step time is predicted from a run shorter than ``seq_len``, not measured."""

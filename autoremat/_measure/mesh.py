@@ -1,4 +1,4 @@
-"""Many devices: mesh specs, what a step's arguments are laid out on, and the seed's rules.
+"""Many devices: mesh specs and what a step's arguments are laid out on.
 
 A step measured with sharded arguments (``jax.device_put(x, NamedSharding)``)
 is compiled by JAX's SPMD partitioner into one program per device; XLA's
@@ -8,27 +8,18 @@ which mesh (``layout``), how big each argument is per device and whether it
 is replicated or sharded (``leaf_bytes``), and spells a mesh as ``data=4`` or
 ``data=2,fsdp=2`` (``parse_mesh``/``format_mesh``, stdlib only: the CLI
 checks ``--mesh`` without importing jax).
-
-The built-in problem's rule (``shard_seed_args``): the batch is split over
-every mesh axis (``data`` and ``fsdp``); with an ``fsdp`` axis, each
-parameter and optimizer-state array is split along its largest axis divisible
-by the ``fsdp`` size (FSDP / ZeRO-3), anything else is replicated. Sharding
-the batch ``n`` ways divides the scan's activations, residuals and carries by
-``n``; replicated parameters and optimizer state stay whole on every device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import ProblemError
 
 if TYPE_CHECKING:
     import jax
 
-#: The mesh axes the built-in problem knows: the batch over both, parameters over ``fsdp``.
-SEED_AXES: Final = ("data", "fsdp")
 MeshAxes = tuple[tuple[str, int], ...]
 
 
@@ -139,56 +130,3 @@ def sharding_text(args: Any) -> str:
     specs = [str(getattr(getattr(leaf, "sharding", None), "spec", "-"))
              for leaf in jax.tree_util.tree_leaves(args)]
     return f"mesh={mesh};devices={devices};" + ",".join(specs)
-
-
-def fsdp_axis(shape: tuple[int, ...], size: int) -> int | None:
-    """The axis FSDP splits over ``size`` devices: the largest divisible one (the first
-    of equals); ``None`` (replicate) when none divides or ``size`` is 1."""
-    fits = [i for i, n in enumerate(shape) if size > 1 and n % size == 0]
-    return max(fits, key=lambda i: (shape[i], -i)) if fits else None
-
-
-def shard_seed_args(args: tuple[Any, ...], mesh: jax.sharding.Mesh,
-                    batch_args: tuple[int, ...]) -> tuple[Any, ...]:
-    """The seed's arguments placed on ``mesh`` (module doc): ``args[i]`` for ``i`` in
-    ``batch_args`` split along axis 0 over every mesh axis, the others FSDP or replicated.
-
-    Raises:
-      ProblemError: an axis other than ``data``/``fsdp``, or a batch not divisible
-        by the mesh's device count.
-    """
-    import jax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    names = tuple(mesh.axis_names)
-    unknown = [n for n in names if n not in SEED_AXES]
-    if unknown:
-        raise ProblemError(f"mesh: the built-in problem splits its batch over 'data' and its "
-                           f"parameters over 'fsdp'; axis {unknown[0]!r} is neither")
-    batch = int(args[batch_args[0]].shape[0])
-    if batch % mesh.size:
-        raise ProblemError(f"batch: {batch} does not split over the mesh's {mesh.size} "
-                           f"devices; use a multiple of {mesh.size}")
-    fsdp = int(dict(mesh.shape).get("fsdp", 1))
-
-    def param_spec(leaf: Any) -> P:
-        axis = fsdp_axis(tuple(getattr(leaf, "shape", ())), fsdp)
-        return P() if axis is None else P(*([None] * axis), "fsdp")
-
-    def place(i: int, arg: Any) -> Any:
-        if i in batch_args:
-            return jax.device_put(arg, NamedSharding(mesh, P(names)))
-        return jax.tree_util.tree_map(
-            lambda leaf: jax.device_put(leaf, NamedSharding(mesh, param_spec(leaf))), arg)
-
-    return tuple(place(i, a) for i, a in enumerate(args))
-
-
-def seed_batch(batch: int | None, mesh: jax.sharding.Mesh | None) -> int:
-    """The built-in problem's batch: ``batch``, else 10 -- with a mesh, the smallest
-    multiple of its device count that is >= 10 (``data=4``: 12)."""
-    if batch is not None:
-        return batch
-    size = 1 if mesh is None else int(mesh.size)
-    return -(-10 // size) * size

@@ -1,6 +1,10 @@
 """The registry of schedule kinds, their constructors, and the YAML form of any schedule.
 
-The base ``Schedule`` (``autoremat._schedules.base``) knows no kind. This module
+The base ``Schedule`` (``autoremat._schedules.base``) knows no kind; beside it,
+``policy`` (checkpoint policies), ``platforms`` and ``safe_yaml``; each kind is a module
+with its builder (``nested``/``nested_scan``, its search space ``nested_space``;
+``groups``, built on ``nested_scan``; ``binomial``/``binomial_scan``/
+``binomial_backward`` over ``revolve``'s tables). This module
 imports every kind module, registers each class in ``KINDS`` (``kind:`` name
 -> class), and dispatches on it: ``from_data`` (a YAML mapping -> the kind's
 object), ``parse_schedule`` / ``read_schedule`` / ``dump_schedule`` /

@@ -1,2 +1,13 @@
-"""The search: the space of schedules, the cost model, the planner, short runs at long T,
-the Optuna study (storage, resume), the confirmation of the pick and the Pareto front."""
+"""The search: a schedule that fits a budget, found by measuring, as an Optuna study.
+
+``tune`` runs it: the space of schedules (``space``; ``named_policies``: policies over a
+step's own checkpoint names; ``short_scans``: the short heavy scans; ``presets``: a layer
+stack's presets, tried first), the cost model (``predict``) and the ``planner`` (its pool's
+``candidates``, its compiles ahead: ``planner_ahead`` on ``compile_pool``'s threads)
+choose what to measure next; a ``worker`` measures it; long scans are timed on short runs
+(``short_runs``) and the pick at full length (``confirm``); risky choices are checked when
+first proposed (``probe``, ``probe_guard``, their verdicts kept by ``probe_cache``) and
+the pick is proved to fit (``proof``). The study: its storage and lock (``storage``), opened or resumed
+(``resume``), read (``study``), the names written into it (``attrs``), and its Pareto
+front (``pareto``).
+"""

@@ -1,6 +1,7 @@
 """The names autoremat writes into a study, in one place: each trial's user attrs (besides
-its ``Measurement.to_attrs`` figures). The keys a tuned schedule's ``meta`` records live
-with the first stage that reads them (``autoremat._measure.stale``).
+its ``Measurement.to_attrs`` figures) and the study's own (besides ``StudyInfo``'s fields).
+The keys a tuned schedule's ``meta`` records live with the first stage that reads them
+(``autoremat._measure.stale``).
 
 A trial that measured a schedule holds ``SCHEDULE`` (``Schedule.to_data``), ``SCHEDULE_KEY``,
 ``DESCRIBE`` and ``MEASURED`` (and ``COMPILE_FAILED`` when its build or compile failed:
@@ -9,6 +10,9 @@ it measured nothing and is not one of ``n_trials``); while a worker measures it,
 because the study had its ``total_trials``, ``TOTAL_REACHED``; a re-queued trial of a dead
 worker ``RETRY_OF`` and ``RETRY_REASON``. A trial enqueued before it runs (a seed, a retry)
 holds ``SCHEDULE``: the worker that takes it measures that schedule.
+
+The study holds, besides ``StudyInfo``: the probe's outcome (``PROBE``), and per trial its
+full-length confirmation (``confirmed_key``) and its proof of fit (``proof_key``).
 """
 
 from __future__ import annotations
@@ -29,3 +33,19 @@ RETRY_REASON: Final = "retry_reason"
 #: Study user attr of a layer stack with ``checkpoint_name`` tags: what each tag costs
 #: (``presets.LayerCosts.table``: bytes per layer and over all, recompute FLOPs per layer).
 NAME_COSTS: Final = "name_costs"
+
+#: The study attr holding the probe's outcome (``autoremat._search.probe``): choice
+#: label -> one line.
+PROBE: Final = "probe"
+
+
+def confirmed_key(number: int) -> str:
+    """The study attr holding trial ``number``'s full-length timing (``Measurement``
+    attrs, ``autoremat._search.confirm``); a finished trial's own attrs cannot change."""
+    return f"confirmed:{number}"
+
+
+def proof_key(number: int) -> str:
+    """The study attr holding trial ``number``'s proof of fit (``autoremat._search.proof``):
+    its ``Measurement.proof_attrs``."""
+    return f"fit_proof:{number}"

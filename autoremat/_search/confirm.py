@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Final
 
 from autoremat._measure.measure import compile_schedule, time_compiled
 from autoremat._measure.problem import Problem
-from autoremat._search.study import MeasuredTrial, confirmed_key, measured_trials
+from autoremat._search.attrs import confirmed_key
+from autoremat._search.study import MeasuredTrial, measured_trials
 
 if TYPE_CHECKING:
     import optuna
@@ -41,8 +42,8 @@ ALWAYS_SECONDS: Final = 900.0
 
 #: The figures a full-length timing replaces (the estimate is the same compile's; the
 #: measured runtime peak exists only once the step ran at full length).
-_CONFIRMED: Final = ("status", "reason", "step_seconds", "step_samples", "peak_bytes", "loss",
-                     "timed_seq_len", "runtime_peak_bytes")
+_CONFIRMED: Final = ("status", "reason", "failed_at", "out_of_memory", "step_seconds",
+                     "step_samples", "peak_bytes", "loss", "timed_seq_len", "runtime_peak_bytes")
 
 
 def _next(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> MeasuredTrial | None:

@@ -40,7 +40,6 @@ when they come up, in the sequential order, so the pick is a sequential search's
 from __future__ import annotations
 
 import random
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
+from autoremat._measure.failure import COMPILE
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled
 from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
@@ -285,11 +285,12 @@ class Planner(CompilesAhead):
 
     def _compile_failed(self, cand: Candidate, m: Measurement | None = None) -> None:
         """A combination of risky choices that failed to compile (at full length, or for
-        its short run: ``at T'=...: compile failed``) is left out."""
+        its short run: ``Measurement.failed_at``; not for want of memory) is left out."""
         m = m or (cand.compiled.measurement if cand.compiled is not None else None)
-        reason = "" if m is None or m.status != ERROR else re.sub(r"^at T'=\d+: ", "", m.reason)
-        if self.guard is not None and reason.startswith("compile failed"):
-            self.guard.compile_failed(cand.params, reason)
+        if (self.guard is not None and m is not None and m.status == ERROR
+                and m.failed_at == COMPILE and not m.out_of_memory):
+            self.guard.compile_failed(cand.params, m.reason)
+
     # -- deciding ----------------------------------------------------------------------
     def total(self, cand: Candidate) -> float | None:
         """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""

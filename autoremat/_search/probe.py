@@ -36,7 +36,7 @@ still reaches a trial -- which then fails without using up one of ``n_trials``
 
 A study probes lazily (``autoremat._search.probe_guard``): a choice when the
 planner first proposes a schedule using it, and each combination of choices it
-proposes; the verdicts are recorded in the study (user attr ``PROBE_ATTR``: label
+proposes; the verdicts are recorded in the study (user attr ``attrs.PROBE``: label
 -> ``"offered: ..."`` or ``"left out: ..."``; a resumed study or another worker
 reads them back) and cached beside the storage (``autoremat._search.probe_cache``).
 ``study_probe`` probes every choice at once and records the outcome the same way.
@@ -52,6 +52,7 @@ from autoremat._measure.problem import Problem
 from autoremat._schedules import KINDS, nested, plain
 from autoremat._schedules.base import NO_NAMES, Check, Schedule
 from autoremat._search import space
+from autoremat._search.attrs import PROBE
 
 if TYPE_CHECKING:
     import optuna
@@ -69,8 +70,6 @@ RTOL: Final = 1e-5
 #: ``studies/results/search_tpu.md``), which 1e-5 refused; a miscompiled offload is off
 #: by the size of the values, far past 1e-4 (the tests check exactness, not this).
 ATOL_FRACTION: Final = 1e-4
-#: The study user attr holding the outcome: choice label -> one line.
-PROBE_ATTR: Final = "probe"
 OFFERED: Final = "offered"
 LEFT_OUT: Final = "left out"
 def checks(seq_len: int, platform: str, named: space.Named = NO_NAMES) -> dict[str, Check]:
@@ -210,13 +209,13 @@ def study_probe(study: optuna.Study, lock: StudyLock, problem: Problem, platform
     """The labels this study leaves out: the outcome recorded in the study, else
     ``probe``'s, recorded (the first worker's wins). ``on_note`` gets one line per
     choice left out, and per choice offered after a probe."""
-    recorded = study.user_attrs.get(PROBE_ATTR)
+    recorded = study.user_attrs.get(PROBE)
     if not isinstance(recorded, Mapping):
         outcome = probe(problem, platform, named=named)
         with lock:  # another worker may have recorded its outcome meanwhile
-            recorded = study.user_attrs.get(PROBE_ATTR)
+            recorded = study.user_attrs.get(PROBE)
             if not isinstance(recorded, Mapping):
-                study.set_user_attr(PROBE_ATTR, outcome)
+                study.set_user_attr(PROBE, outcome)
                 recorded = outcome
     outcome = {str(k): str(v) for k, v in recorded.items()}
     if on_note is not None:

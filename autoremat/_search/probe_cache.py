@@ -18,7 +18,7 @@ Where: ``probes.json`` in the folder of the SQLite file of the study storage
 storages (PostgreSQL) ``runs/probes.json`` under the working folder; for an
 in-memory storage none. ``AUTOREMAT_PROBE_CACHE`` overrides it: a path, or ``off``.
 A file that cannot be read or written is no cache (the study still records every
-verdict, ``probe.PROBE_ATTR``).
+verdict, ``attrs.PROBE``).
 """
 
 from __future__ import annotations

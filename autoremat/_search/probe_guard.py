@@ -21,7 +21,7 @@ the study: the planner drops it (``refused``, ``refused_combinations``). A
 combination that compiled at the probe's length but fails to compile in a trial
 is recorded as left out too (``compile_failed``).
 
-Every verdict is recorded in the study (user attr ``probe.PROBE_ATTR``, read back
+Every verdict is recorded in the study (user attr ``attrs.PROBE``, read back
 by other workers and resumed studies, shown by ``autoremat pareto``) and in a
 cache file beside the storage (``autoremat._search.probe_cache``), so a verdict
 costs nothing twice on the same platform, device kind and jax/jaxlib.
@@ -40,7 +40,8 @@ from autoremat._schedules.base import NO_NAMES, Check
 from autoremat._schedules.policy import Policy
 from autoremat._search import probe as probe_module
 from autoremat._search import space
-from autoremat._search.probe import LEFT_OUT, PROBE_ATTR
+from autoremat._search.attrs import PROBE
+from autoremat._search.probe import LEFT_OUT
 from autoremat._search.probe_cache import VerdictCache
 
 if TYPE_CHECKING:
@@ -144,10 +145,10 @@ class ProbeGuard:
     def _record(self, label: str, verdict: str, *, put: bool = False) -> None:
         self.verdicts[label] = verdict
         with self.lock:
-            recorded = dict(self.study.user_attrs.get(PROBE_ATTR) or {})
+            recorded = dict(self.study.user_attrs.get(PROBE) or {})
             if label not in recorded:
                 recorded[label] = verdict
-                self.study.set_user_attr(PROBE_ATTR, recorded)
+                self.study.set_user_attr(PROBE, recorded)
             else:
                 self.verdicts[label] = str(recorded[label])  # the first worker's wins
         if put and self.cache is not None:
@@ -156,7 +157,7 @@ class ProbeGuard:
             self.on_note(f"probe: {label}: {self.verdicts[label]}")
 
     def _read_study(self) -> None:
-        recorded = self.study.user_attrs.get(PROBE_ATTR)
+        recorded = self.study.user_attrs.get(PROBE)
         if isinstance(recorded, Mapping):
             for k, v in recorded.items():
                 self.verdicts.setdefault(str(k), str(v))

@@ -6,7 +6,7 @@ the step alone; the proof asks the device itself. The pick is compiled again and
 once with a filler holding all of the device's memory but the budget -- its arguments
 live, ``budget - arguments`` free (``device_memory.runs_within``; per device on a
 mesh). A pick that runs out of memory so is marked (the study attr
-``proof_key(number)``; ``MeasuredTrial.of`` reads it as ``fit_proof_failed``, and
+``attrs.proof_key(number)``; ``MeasuredTrial.of`` reads it as ``fit_proof_failed``, and
 ``Measurement.fits`` is then false), and the next fastest is proved in turn, up to
 ``MAX_TRIES`` picks. One that passes records ``fit_proof_bytes`` (the budget), which the
 written schedule's ``meta``, ``autoremat show`` and ``autoremat pareto`` report.
@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Final
 from autoremat._errors import one_line
 from autoremat._measure import device_memory
 from autoremat._measure.measure import compile_schedule
+from autoremat._measure.measurement import proof_attrs
 from autoremat._measure.problem import Problem
-from autoremat._search.study import MeasuredTrial, choose, proof_key
+from autoremat._search.attrs import proof_key
+from autoremat._search.study import MeasuredTrial, choose
 from autoremat._units import format_bytes
 
 if TYPE_CHECKING:
@@ -48,8 +50,8 @@ def prove_fit(study: optuna.Study, problem: Problem, budget_bytes: int,
         ok, why = _run(problem, best, budget_bytes)
         if ok is None:
             return f"proof of fit: not run ({why})"
-        study.set_user_attr(proof_key(best.number),
-                            {"fit_proof_bytes": budget_bytes} if ok else {"fit_proof_failed": why})
+        study.set_user_attr(proof_key(best.number), proof_attrs(budget_bytes if ok else None,
+                                                                "" if ok else why))
         if ok:
             return _passed(best, budget_bytes)
         if on_line is not None:

@@ -133,7 +133,9 @@ class ShortRuns:
                           cut_after=None if cut_after is None else cut_after / k)
         short.release()
         if m.status != OK:
-            return replace(full, status=ERROR, reason=f"at T'={n}: {m.reason}", loss=m.loss)
+            return replace(full, status=ERROR, reason=f"at T'={n}: {m.reason}", loss=m.loss,
+                           failed_at=m.failed_at, out_of_memory=m.out_of_memory,
+                           compiler_bytes=m.compiler_bytes)
         measured = m.step_seconds if m.step_seconds is not None else m.cut_seconds
         return replace(
             full, loss=m.loss, step_samples=m.step_samples, timed_seq_len=n,

@@ -21,7 +21,7 @@ from autoremat._measure.breakdown import DEVICE_KEYS, floor_message, seed_lstm_a
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
-from autoremat._search.attrs import COMPILE_FAILED, MEASURED, SCHEDULE
+from autoremat._search.attrs import COMPILE_FAILED, MEASURED, SCHEDULE, confirmed_key, proof_key
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
 from autoremat._units import format_bytes
 
@@ -108,22 +108,8 @@ class MeasuredTrial:
                         extrapolated_seconds=m.step_seconds)
         proof = (study_attrs or {}).get(proof_key(trial.number))
         if proof is not None:
-            m = replace(m, fit_proof_bytes=proof.get("fit_proof_bytes"),
-                        fit_proof_failed=str(proof.get("fit_proof_failed") or ""))
+            m = m.proved(proof)
         return cls(trial.number, from_data(attrs[SCHEDULE]), m)
-
-
-def confirmed_key(number: int) -> str:
-    """The study attr holding trial ``number``'s full-length timing (``Measurement``
-    attrs: ``status``, ``reason``, ``step_seconds``, ``step_samples``, ``peak_bytes``,
-    ``loss``, ``timed_seq_len``); a finished trial's own attrs cannot change."""
-    return f"confirmed:{number}"
-
-
-def proof_key(number: int) -> str:
-    """The study attr holding trial ``number``'s proof of fit (``autoremat._search.proof``):
-    ``{"fit_proof_bytes": budget}`` or ``{"fit_proof_failed": why}``."""
-    return f"fit_proof:{number}"
 
 
 def load_study(study_name: str, storage: str | None = None) -> optuna.Study:

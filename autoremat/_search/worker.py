@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from autoremat._measure.failure import BUILD, COMPILE
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import from_data
@@ -61,15 +61,10 @@ class MeasurementFailed(RuntimeError):
     """A schedule failed to build, compile or run; the trial is marked FAIL."""
 
 
-#: How ``autoremat._measure.measure`` starts the reason of a failure before any run.
-_COMPILE_FAILURES: Final = ("build failed", "compile failed", "out of memory at compile")
-
-
 def compile_failed(m: Measurement) -> bool:
     """The schedule failed to build or compile, at full length or for its short run
-    (reason ``at T'=...: compile failed: ...``): nothing ran, nothing was measured."""
-    reason = re.sub(r"^at T'=\d+: ", "", m.reason)
-    return m.status == ERROR and reason.startswith(_COMPILE_FAILURES)
+    (``Measurement.failed_at``): nothing ran, nothing was measured."""
+    return m.status == ERROR and m.failed_at in (BUILD, COMPILE)
 
 
 def _is_measured(t: FrozenTrial) -> bool:

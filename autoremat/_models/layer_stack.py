@@ -226,9 +226,15 @@ def layer_stack_model(sizes: LayerStack) -> LayerStackModel:
     return LayerStackModel(sizes, (params, tx.init(params), tokens), tx)
 
 
-def layer_stack(layers: int = 24, d_model: int = 1024, heads: int = 16, mlp: int = 4096,
-                seq_len: int = 2048, batch: int = 8, *, vocab: int = 1024,
-                dtype: str = "bfloat16") -> Problem:
+#: The layer stack's default sizes: ``LayerStack``'s, their one home (``layer_stack`` and the
+#: command read them here).
+DEFAULT: Final = LayerStack()
+
+
+def layer_stack(layers: int = DEFAULT.layers, d_model: int = DEFAULT.d_model,
+                heads: int = DEFAULT.heads, mlp: int = DEFAULT.mlp,
+                seq_len: int = DEFAULT.seq_len, batch: int = DEFAULT.batch, *,
+                vocab: int = DEFAULT.vocab, dtype: str = DEFAULT.dtype) -> Problem:
     """The built-in layer-stack problem (``autoremat tune --problem layer_stack``):
     the module docstring's decoder at these sizes; its scan is over ``layers``."""
     sizes = LayerStack(layers, d_model, heads, mlp, seq_len, batch, vocab, dtype)
