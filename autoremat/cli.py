@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat._atomic import atomic_write_text
-from autoremat._cli.printing import Progress, result_table
+from autoremat._cli.printing import Progress, name_cost_lines, result_table
 from autoremat._cli.settings import (
     BUILTIN_PROBLEM,
     LAYER_SETTINGS,
@@ -55,7 +55,7 @@ from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
 from autoremat._models.layer_stack import layer_stack
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule, save_schedule
-from autoremat._search.attrs import PROBE
+from autoremat._search.attrs import NAME_COSTS, PROBE
 from autoremat._search.pareto import (
     describe_schedule,
     export_trial,
@@ -345,6 +345,8 @@ def _pareto(args: argparse.Namespace) -> int:
             print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
             for line in probe_lines(study.user_attrs.get(PROBE) or {}):
                 print(line)  # choices its probe checked (offload): offered or left out
+            for line in name_cost_lines(study.user_attrs.get(NAME_COSTS) or []):
+                print(line)  # a layer stack's tags: what keeping each costs
             info = StudyInfo.of(study)
             print(front_table(points, budget, device_note(info.devices, info.mesh),
                               info.seq_len))

@@ -16,9 +16,10 @@ resumed by the same command (the tunes' studies are in ``--out/studies.db`` too)
 1. ``presets``: every preset measured once, no budget (one that does not compile or
    run is recorded as such);
 2. ``budgets``: three budgets, unless ``--budgets`` gives them: the device's memory
-   (or, without a limit, 1.1x the largest preset that ran), the geometric mean of the
-   smallest and largest preset that ran, and the smallest less half its temp (no
-   preset fits; what no schedule removes -- arguments, outputs -- still does);
+   (or, without a limit, 1.1x the largest preset that ran), halfway between ``full``
+   and ``minimal`` (where ``minimal`` ran; else the geometric mean of the smallest and
+   largest preset that ran), and the smallest less half its temp (no preset fits;
+   what no schedule removes -- arguments, outputs -- still does);
 3. ``tune 1..3``: ``autoremat.tune`` at each budget (``--tune-limit``, and never past
    the deadline), then its pick measured again beside the presets;
 4. ``check``: at a float32 size small enough for any device, every preset's and every
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import autoremat
+from autoremat._models.layer_stack import CHECKPOINT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -64,6 +66,8 @@ PRESETS: dict[str, tuple[str, Any]] = {
     "full": ("remat_policy=full (the default): nothing saved", "nothing_saveable"),
     "minimal": ("remat_policy=minimal: the weight matmuls' outputs saved",
                 "checkpoint_dots_with_no_batch_dims"),
+    "checkpoint_dots": ("JAX's checkpoint_dots: every matmul's output, attention's too",
+                        "checkpoint_dots"),
     "save_qkv_proj": ("remat_policy=save_qkv_proj", {"save_only_these_names": QKV}),
     "save_dot_except_mlp": ("remat_policy=save_dot_except_mlp",
                             {"save_only_these_names": [*QKV, "out_proj"]}),
@@ -78,9 +82,16 @@ PRESETS: dict[str, tuple[str, Any]] = {
                                "names_which_can_be_offloaded": QKV, **OFFLOAD}}),
     "minimal_offloaded": ("remat_policy=minimal_offloaded",
                           {"offload_dot_with_no_batch_dims": OFFLOAD}),
+    "save_all_names": ("every checkpoint name saved (save_only_these_names)",
+                       {"save_only_these_names": list(CHECKPOINT_NAMES)}),
     "flax_remat": ("flax nn.scan(nn.remat(block)), nothing_saveable", None),
 }
 FULL = {"layers": 24, "d_model": 1024, "heads": 16, "mlp": 4096, "seq_len": 2048, "batch": 8}
+#: The MLP-heavy size (issue 45): 512 tokens, MLP 4 x d_model, so the weight matmuls and
+#: the MLP's activations outweigh attention's scores.
+MLP_HEAVY = {"layers": 12, "d_model": 1536, "heads": 12, "mlp": 6144, "seq_len": 512,
+             "batch": 16}
+SIZES = {"builtin": FULL, "mlp": MLP_HEAVY}
 SMALL = {"layers": 4, "d_model": 32, "heads": 4, "mlp": 64, "seq_len": 16, "batch": 2}
 #: The check stage's float32 size (the default stack's shape, shrunk).
 CHECK = {"layers": 6, "d_model": 128, "heads": 4, "mlp": 256, "seq_len": 128, "batch": 2}
@@ -165,7 +176,10 @@ def auto_budgets(presets: dict[str, dict[str, Any]], device_bytes: int | None) -
                          "give --budgets")
     (low, low_temp), (high, _) = ran[0], ran[-1]
     top = device_bytes or int(1.1 * high)
-    return [top, int(math.sqrt(low * high)), low - low_temp // 2]
+    full, minimal = (presets.get(n, {}).get("fit_bytes") for n in ("full", "minimal"))
+    mid = (full + minimal) // 2 if full and minimal and minimal > full else int(
+        math.sqrt(low * high))
+    return [top, mid, low - low_temp // 2]
 
 
 def tune_at(model: Any, budget: int, limit: float, storage: str, trials: int | None,
@@ -178,14 +192,28 @@ def tune_at(model: Any, budget: int, limit: float, storage: str, trials: int | N
                             study_name=f"{problem.name} under {budget}B", n_trials=trials,
                             time_budget=time_budget)
     seconds = time.monotonic() - start
-    out: dict[str, Any] = {"budget_bytes": budget, "tune_seconds": seconds,
-                           "trials": result.n_trials, "pick": None}
+    measured = study_trials(result.study_name, storage)
+    out: dict[str, Any] = {
+        "budget_bytes": budget, "tune_seconds": seconds, "trials": len(measured), "pick": None,
+        "over_budget": sum((t.measurement.fit_bytes or 0) > budget for t in measured),
+        "measured": [t.schedule.describe() for t in measured]}
     if result.best is not None and result.best_trial is not None:
         again = autoremat.measure(problem, result.best, time_budget=time_budget)
         out["pick"] = {"describe": result.best.describe(), "schedule": result.best.to_data(),
                        "in_tune": row(result.best_trial.measurement, 0.0),
                        **row(again, time.monotonic() - start - seconds)}
     return out
+
+
+def study_trials(name: str, storage: str) -> list[Any]:
+    """The study's measured trials (``MeasuredTrial``), in order."""
+    import optuna
+
+    from autoremat._search.study import MeasuredTrial
+
+    found = [MeasuredTrial.of(t) for t in optuna.load_study(study_name=name,
+                                                            storage=storage).trials]
+    return [t for t in found if t is not None]
 
 
 def check_values(sizes: dict[str, int], schedules: dict[str, Any]) -> dict[str, Any]:
@@ -246,8 +274,8 @@ def report(data: dict[str, Any]) -> list[str]:
     if data.get("tunes"):
         lines += ["", "## At three budgets", "",
                   "| budget | presets that fit | fastest preset that fits | its step ms | "
-                  "autoremat's pick | pick's total | pick's step ms | pick / fastest preset "
-                  "| tune s |", "|---|---|---|---|---|---|---|---|---|"]
+                  "autoremat's pick | pick's fit | pick's step ms | pick / fastest preset "
+                  "| tune s | trials (over budget) |", "|---|---|---|---|---|---|---|---|---|---|"]
         presets = data["presets"]
         for key, t in data["tunes"].items():
             budget = int(key)
@@ -262,7 +290,7 @@ def report(data: dict[str, Any]) -> list[str]:
             lines.append(f"| {_mb(budget)} | {', '.join(fitting) or '(no preset)'} | {best or '-'} | "
                          f"{_ms(best_s)} | {pick.get('describe', 'nothing fits')} | "
                          f"{_mb(pick.get('fit_bytes'))} | {_ms(pick_s)} | {ratio} | "
-                         f"{t['tune_seconds']:.0f} |")
+                         f"{t['tune_seconds']:.0f} | {t['trials']} ({t.get('over_budget', '?')}) |")
     if data.get("check"):
         lines += ["", f"## Values (float32, highest precision, sizes {data['check']['sizes']})",
                   "", "| schedule | max relative difference from the unscheduled model |",
@@ -283,6 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--trials", type=int, help="measure up to N schedules per tune")
     p.add_argument("--time-budget", type=float, default=2.0,
                    help="seconds of timed runs per schedule")
+    p.add_argument("--size", choices=list(SIZES), default="builtin",
+                   help="builtin: the built-in stack's default sizes; mlp: the MLP-heavy size")
     p.add_argument("--small", action="store_true", help="a tiny stack (tests)")
     p.add_argument("--allow-cpu", action="store_true", help="run without an accelerator")
     args = p.parse_args(argv)
@@ -296,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from autoremat._models.layer_stack import LayerStack, layer_stack_model
     from autoremat._units import parse_bytes
 
-    sizes = SMALL if args.small else FULL
+    sizes = SMALL if args.small else SIZES[args.size]
     results = Results(args.out, sizes)
     data = results.data
     data["environment"] = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}

@@ -20,6 +20,7 @@ import pytest
 
 import autoremat._search.compile_pool as pool_module
 import autoremat._search.planner as plan_module
+import autoremat._search.planner_ahead as ahead_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
@@ -195,7 +196,7 @@ class Recorder:
         self.thread_made: list[Compiled] = []
         self.pools: list[CompilePool] = []
         self.planners: list[plan_module.Planner] = []
-        real_compile = plan_module.compile_schedule
+        real_compile = ahead_module.compile_schedule
         real_quietly = pool_module.compile_quietly
         real_for_problem = CompilePool.for_problem.__func__  # type: ignore[attr-defined]
         real_take, real_close = CompilePool.take, CompilePool.close
@@ -244,7 +245,7 @@ class Recorder:
             real_planner_close(planner)
 
         real_planner_close = plan_module.Planner.close
-        monkeypatch.setattr(plan_module, "compile_schedule", main_compile)
+        monkeypatch.setattr(ahead_module, "compile_schedule", main_compile)
         monkeypatch.setattr(pool_module, "compile_quietly", slow_compile)
         monkeypatch.setattr(CompilePool, "for_problem", classmethod(for_problem))
         monkeypatch.setattr(CompilePool, "take", take)

@@ -116,22 +116,24 @@ def test_the_probes_instance_is_the_same_stack_small(model: Any) -> None:
 
 def test_name_policies_are_chains_not_the_power_set(tags: dict[str, Any]) -> None:
     offered = name_policies(tags, offload=False)
-    save = [p for p in offered.values() if p.name == "save_only_these_names"]
+    save = [p for label, p in offered.items() if label.startswith("save(")]
     assert [len(p.names) for p in save] == [3, 6, 8]
     assert all(set(a.names) < set(b.names) for a, b in itertools.pairwise(save))
     assert "decoder_layer_input" not in save[0].names  # free to recompute: kept last
     assert not any(p.name.startswith("save_and_offload") for p in offered.values())
+    assert offered["save_qkv_proj"].names == ("query_proj", "key_proj", "value_proj")  # MaxText
     assert any(p.name == "save_and_offload_only_these_names"
                for p in name_policies(tags, offload=True).values())
 
 
 def test_the_space_offers_name_policies_only_when_passed_them(model: Any) -> None:
     step, args = model.problem().build(autoremat.plain(LAYERS))
-    offered = named_policies(step, args, LAYERS, "cpu")
+    found = scanned_tags(step, args, LAYERS)
+    offered = named_policies(found, "cpu")
     cpu = policy_choices("cpu", named=offered)
     rng = random.Random(0)
     labels = {propose({}, LAYERS, "cpu", rng, named=offered)[1].get("d2_p1") for _ in range(200)}
-    on_tpu = named_policies(step, args, LAYERS, "tpu")
+    on_tpu = named_policies(found, "tpu")
     tpu = policy_choices("tpu", named=on_tpu)
     probed = NestedSchedule.checks(LAYERS, "tpu", on_tpu)
     assert set(POLICIES) < set(cpu) and not any(lb.startswith("offload(") for lb in cpu)
@@ -197,6 +199,10 @@ def test_cli_tunes_the_layer_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "problem: layer_stack(L=4,d=16,H=2,mlp=32,S=4,B=2,bf16)" in out
     assert autoremat.load_schedule("schedule.yaml").meta["seq_len"] == 4
+    assert main(["pareto", "--storage", f"sqlite:///{tmp_path}/s.db"]) == 0
+    table = capsys.readouterr().out  # the tags' costs, from the study
+    assert "what each checkpoint name costs" in table
+    assert any(line.split()[:1] == ["mlpwi"] for line in table.splitlines())
     for argv, message in [
         (["--layers", "4"], "--layers: sizes the built-in layer_stack only; add --problem"),
         (["--problem", "layer_stack", "--hidden", "8"], "--hidden: sizes the seed LSTM only"),

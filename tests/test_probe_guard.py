@@ -22,7 +22,8 @@ import autoremat._search.probe as probe_module
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
-from autoremat._schedules.nested import OFFLOAD_POLICIES, NestedSchedule
+from autoremat._schedules.nested import NestedSchedule
+from autoremat._schedules.nested_space import OFFLOAD_POLICIES
 from autoremat._search.attrs import PROBE
 from autoremat._search.candidates import Verdict
 from autoremat._search.planner import Planner
@@ -166,10 +167,12 @@ def test_a_trial_whose_short_run_failed_to_compile_leaves_its_combination_out(
     both = next(c for c in planner.pool.values()
                 if guard.used(c.params) == {"offload_carries", "offload_dots"})
     key = both.schedule.key()
-    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: run failed: x"))
+    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: run failed: x",
+                                              failed_at="run"))
     assert guard.verdicts == {}
-    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: compile failed: INTERNAL"))
-    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: compile failed: INTERNAL "
+    planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: compile failed: INTERNAL",
+                                              failed_at="compile"))
+    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: at T'=16: compile failed: INTERNAL "
                                      "(in a trial, not the probe)")
     assert not guard.allows(both.params) and runs == []  # never probed: known to fail
 

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 import autoremat
-import autoremat._search.planner as plan_module
+import autoremat._search.planner_ahead as ahead_module
 import autoremat._search.short_runs as short_runs_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import compile_schedule
@@ -60,7 +60,7 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
         return spy
 
     # patched where the search looks them up (both import them at module level)
-    monkeypatch.setattr(plan_module, "compile_schedule", spy_compile(plan_module.compile_schedule))
+    monkeypatch.setattr(ahead_module, "compile_schedule", spy_compile(ahead_module.compile_schedule))
     monkeypatch.setattr(short_runs_module, "time_compiled",
                         spy_time(short_runs_module.time_compiled))
     # no n_trials: the planner decides what to time (n_trials asks for exactly that

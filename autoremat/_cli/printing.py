@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autoremat._measure.breakdown import breakdown_lines
 from autoremat._measure.measurement import ERROR, Measurement
@@ -153,3 +153,19 @@ def result_table(result: TuneResult) -> str:
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement)] if shown else []),
     ])
+
+
+def name_cost_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What each ``checkpoint_name`` tag of a layer stack costs (``presets.LayerCosts.table``,
+    a study's ``NAME_COSTS``): keeping it, per layer and over all layers; not keeping it,
+    the matmul FLOPs a layer's backward pass redoes. Empty without tags."""
+    if not rows:
+        return []
+    out = ["what each checkpoint name costs (from the step's trace; kept = bytes stored, "
+           "recompute = matmul FLOPs redone when not kept):",
+           f"  {'name':<22} {'kept per layer':>15} {'kept, all layers':>17} "
+           f"{'recompute per layer':>20}"]
+    for r in rows:
+        out.append(f"  {r['name']:<22} {format_bytes(r['bytes_per_layer']):>15} "
+                   f"{format_bytes(r['bytes']):>17} {r['flops_per_layer'] / 1e9:>14.3f} GFLOP")
+    return out

@@ -12,8 +12,8 @@ thread's included: one per ``CORES_PER_COMPILE`` host cores (a compile uses
 threads of its own, and the timing's host thread needs a core), at most
 ``MAX_WORKERS``; and 1 on a CPU platform, whose timed step runs on those same
 cores (a compile beside it would slow the figure). So 1 on a 2-core machine, 3 on
-a TPU v5e's 13-core host. ``AUTOREMAT_COMPILE_WORKERS`` overrides the rule. With
-1 there is no thread: every compile runs on the main thread when the planner
+a TPU v5e's 13-core host. The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS)
+overrides the rule. With 1 there is no thread: every compile runs on the main thread when the planner
 needs it -- the sequential search, unchanged.
 
 **Device memory**: a compile taken ahead and not yet consumed holds its executable,

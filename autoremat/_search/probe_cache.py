@@ -16,7 +16,7 @@ fingerprint). A later study on the same environment reads it:
 Where: ``probes.json`` in the folder of the SQLite file of the study storage
 (``runs/probes.json`` for the default ``sqlite:///runs/autoremat.db``); for other
 storages (PostgreSQL) ``runs/probes.json`` under the working folder; for an
-in-memory storage none. ``AUTOREMAT_PROBE_CACHE`` overrides it: a path, or ``off``.
+in-memory storage none. The variable ``CACHE_ENV`` (AUTOREMAT_PROBE_CACHE) overrides it: a path, or ``off``.
 A file that cannot be read or written is no cache (the study still records every
 verdict, ``attrs.PROBE``).
 """
