@@ -114,7 +114,8 @@ class CompilesAhead:
                     continue
             if calibrated and cut is not None and predicted > cut:
                 continue
-            if self.memory_model.surely_over(cand.structure):
+            if self.memory_model.surely_over(cand.structure) or (
+                    self.layers is not None and self.layers.over(cand.schedule)):
                 continue
             if not self.explore_front and self._dominated(cand, predicted):
                 continue
