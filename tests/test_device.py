@@ -117,3 +117,15 @@ def test_gradients_equal_lax_scans_at_highest_precision(platform: str) -> None:
             scale = float(np.abs(np.asarray(want)).max())
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
                                        atol=1e-6 * scale, err_msg=schedule.describe())
+
+
+def test_the_seed_problem_is_made_on_the_host_and_lives_on_the_device(platform: str) -> None:
+    """Issue 47: its arguments are computed by the CPU (no QR compiled for the
+    accelerator), then placed on the default device, where its step runs."""
+    from autoremat._models.seed_lstm import _host_cpu
+
+    assert _host_cpu() is not None
+    problem = seed_lstm(seq_len=100)
+    step, args = problem.build(autoremat.plain(100))
+    assert {d.platform for leaf in jax.tree.leaves(args) for d in leaf.devices()} == {platform}
+    assert np.isfinite(float(jax.tree.leaves(jax.jit(step)(*args))[-1].sum()))

@@ -125,6 +125,29 @@ def test_where_the_compile_decides_a_preset_over_the_budget_brings_its_groups(
         (3, MINIMAL), (LAYERS - 3, Policy("nothing_saveable"))]
 
 
+def test_a_preset_over_the_budget_pairs_with_the_fastest_preset_that_fits(
+        costs: LayerCosts) -> None:
+    """Between two measured presets: the larger on as many layers as fit, the fastest one
+    within the budget on the rest; fewer layers when the pair is over by its own figure."""
+    plan = LayerPlan(costs, budget_bytes=1000)
+    assert plan.observe(autoremat.nested([LAYERS]), 700, {}) == []  # full; no tag fits
+    assert plan.observe(autoremat.nested([LAYERS], MINIMAL), 820, {}, step=1.0) == []
+    none = Policy("none")
+    nothing = Policy("nothing_saveable")
+    proposed = plan.observe(autoremat.nested([LAYERS], none), 1120, {})
+    assert [[(g.length, g.policy) for g in s.groups] for s in proposed] == [
+        [(4, none), (2, nothing)],  # 70 bytes a layer more than full, 300 of room
+        [(3, none), (3, MINIMAL)]]  # 50 a layer more than minimal, 180 of room
+    (fewer,) = plan.observe(proposed[1], 1100, {})  # 93 a layer more than minimal: 1 fits
+    assert [(g.length, g.policy) for g in fewer.groups] == [(1, none), (5, MINIMAL)]
+    assert plan.observe(fewer, 1001, {}) == []  # not fewer than one
+    qkv = Policy("save_only_these_names", args=("query_proj", "key_proj", "value_proj"))
+    assert plan.observe(autoremat.nested([LAYERS], qkv), 990, {}, step=2.0) == []  # slower
+    (faster,) = plan.observe(autoremat.nested([LAYERS], qkv), 900, {}, step=0.5)
+    assert [(g.length, g.policy) for g in faster.groups] == [(2, none), (4, qkv)]
+    assert [plan.priority(s.key()) for s in [*proposed, fewer, faster]] == [0, 1, 2, 3]
+
+
 def test_presets_are_measured_first_and_the_study_keeps_the_tag_costs(
         problem: autoremat.Problem, tmp_path: Path) -> None:
     step, args = problem.build(autoremat.plain(LAYERS))

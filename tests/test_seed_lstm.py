@@ -19,3 +19,11 @@ def test_the_problem_is_its_loss_under_remat_scans_with_the_old_figures() -> Non
         assert (m.stacked_bytes or 0) == (0 if fused else 32 * 2 * 8 * 4)
         assert problem.at_length is not None and problem.at_length(16).name == (
             problem.name.replace("T=32", "T=16"))
+
+
+def test_on_a_cpu_the_arguments_are_made_where_they_run() -> None:
+    """The host-side build (issue 47: no QR compiled for an accelerator) is for an
+    accelerator only; ``tests/test_device.py`` checks it there."""
+    from autoremat._models.seed_lstm import _host_cpu
+
+    assert _host_cpu() is None

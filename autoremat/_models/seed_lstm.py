@@ -211,10 +211,32 @@ def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim
         return carry0, (params, tx.init(params), x, y)
 
     # One compiled program, not ~45 op-by-op ones (issue 47: on a TPU v5e each eager op
-    # compiled on its own, most of the 41 s before the first line); the same values.
-    carry0, args = jax.jit(arrays)()
+    # compiled on its own, most of the 41 s before the first line), compiled and run on
+    # the host's CPU, then put on the device: the recurrent kernel's orthogonal init is a
+    # QR decomposition, which an accelerator's compiler takes 10-19 s to compile (a TPU
+    # v5e, issue 47) and a CPU's LAPACK call does not. The values are the CPU's.
+    host = _host_cpu()
+    if host is None:
+        carry0, args = jax.jit(arrays)()
+    else:
+        with jax.default_device(host):
+            carry0, args = jax.jit(arrays)()
+        carry0, args = jax.device_put((carry0, args), jax.devices()[0])
     return SeedModel(cell, readout, tx, carry0, args, seq2seq,
                      fused_readout is not False, fused_readout is None)
+
+
+def _host_cpu() -> Any:
+    """The host's CPU device where the default device is an accelerator (``None``: the
+    default is a CPU, or no CPU backend is loaded, ``JAX_PLATFORMS`` without ``cpu``)."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return None
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return None
 
 
 def seed_lstm(

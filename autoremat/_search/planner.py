@@ -142,12 +142,13 @@ class Planner(CompilesAhead):
             self.add(schedule, params)
             self.layers.first.append(schedule.key())
 
-    def _observe_layers(self, schedule: Schedule, size: int | None) -> None:
-        """A layer stack's plan sees a sized or measured schedule; its proposals join the
-        pool (``presets.LayerPlan.observe``)."""
+    def _observe_layers(self, schedule: Schedule, size: int | None,
+                        step: float | None = None) -> None:
+        """A layer stack's plan sees a sized or measured (``step``: timed) schedule; its
+        proposals join the pool (``presets.LayerPlan.observe``)."""
         if self.layers is not None:
             presets = policy_choices(self.platform, "step", self.named)
-            for proposal in self.layers.observe(schedule, size, presets):
+            for proposal in self.layers.observe(schedule, size, presets, step):
                 self.add(proposal, {})
 
     def _first(self, cand: Candidate) -> int | None:
@@ -197,7 +198,8 @@ class Planner(CompilesAhead):
             self.cut[key] = (fit, m.cut_seconds)
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
-        self._observe_layers(cand.schedule, m.size_bytes if fit is None else fit)
+        self._observe_layers(cand.schedule, m.size_bytes if fit is None else fit,
+                             m.step_seconds)
         self._compile_failed(cand, m)
         if refit:
             self._refit()

@@ -32,6 +32,11 @@ dots policies are what its user would try first too.
    (``autoremat._schedules.groups``) giving that preset to as many layers as the room
    pays for (``split``: per layer, what the preset keeps more than ``full``) and
    ``nothing`` to the rest.
+5. Between two presets that were both measured: a preset over the budget by its own
+   figure (no remat, typically, refused by the compiler with the size it needed) on as
+   many layers as fit, the fastest preset timed within the budget on the rest
+   (``LayerPlan.pair``; per layer, the difference of their figures). A pair found over
+   the budget by its own figure is proposed again with fewer layers of the larger one.
 
 The trade-off: a preset costs a compile and a timing (a few seconds each on a TPU);
 about ten of them are the price of never losing to one. The byte predictions ignore
@@ -186,6 +191,10 @@ class LayerPlan:
     predicts: bool = False
     first: list[str] = field(default_factory=list)  # schedule keys tried first, in order
     base: float | None = None  # full's measured fit_bytes
+    #: one policy on every layer, timed within the budget: ``(fit bytes, step s, policy)``
+    fits: list[tuple[float, float, Policy]] = field(default_factory=list)
+    #: one policy on every layer, over the budget by its own figure: ``(size, policy)``
+    overs: list[tuple[float, Policy]] = field(default_factory=list)
 
     def priority(self, key: str) -> int | None:
         """The rank of a schedule tried first (``None``: an ordinary candidate)."""
@@ -208,17 +217,20 @@ class LayerPlan:
         limit = self.budget_bytes * (1 + MARGIN) if guess[1] else self.budget_bytes
         return guess[0] > limit
 
-    def observe(self, schedule: Schedule, size: int | None,
-                presets: Mapping[str, Policy]) -> list[Schedule]:
-        """A sized or measured schedule: ``full``'s figure (``nothing_saveable`` on every
-        layer) brings the knapsack's tags and, where the plan ``predicts``, a groups
-        schedule per preset predicted over the budget; a preset of one policy found over
-        the budget by its own figure brings its groups schedule. New candidates to try
-        first, each proposed once."""
+    def observe(self, schedule: Schedule, size: int | None, presets: Mapping[str, Policy],
+                step: float | None = None) -> list[Schedule]:
+        """A sized or measured (``step``: timed) schedule: ``full``'s figure (``nothing_saveable``
+        on every layer) brings the knapsack's tags and, where the plan ``predicts``, a
+        groups schedule per preset predicted over the budget; a preset found over the
+        budget by its own figure brings its groups schedules (against ``nothing``, and
+        against the fastest preset that fits: ``pair``), and so does a new fastest preset
+        within the budget for every preset over it. New candidates to try first, each
+        proposed once."""
         if size is None:
             return []
         layers = self.costs.layers
-        out: list[Schedule] = []
+        out: list[Schedule | None] = []
+        policy = _one_policy(schedule)
         if _is_full(schedule) and self.base is None:
             self.base = float(size)
             kept = knapsack(self.costs, self.budget_bytes - self.base)
@@ -226,16 +238,49 @@ class LayerPlan:
                 out.append(NestedSchedule.build([layers], [Policy("save_only_these_names",
                                                                   args=kept)]))
             if self.predicts:
-                out += [s for p in presets.values()
-                        if (s := self._grouped(p, self.costs.keeps(p))) is not None]
-        elif self.base is not None and size > self.budget_bytes and (
-                isinstance(schedule, NestedSchedule) and schedule.depth == 1):
-            policy = schedule.levels[0].policy
-            out += [s for s in [self._grouped(policy, ((size - self.base) / layers, True))]
-                    if s is not None]
-        fresh = [s for s in out if s.key() not in self.first]
+                out += [self._grouped(p, self.costs.keeps(p)) for p in presets.values()]
+        elif policy is not None and self.base is not None and size > self.budget_bytes:
+            self.overs.append((float(size), policy))
+            out += [self._grouped(policy, ((size - self.base) / layers, True)),
+                    self.pair(float(size), policy)]
+        elif policy is not None and step is not None and size <= self.budget_bytes:
+            fastest = min((s for _, s, _ in self.fits), default=None)
+            self.fits.append((float(size), step, policy))
+            if fastest is None or step < fastest:
+                out += [self.pair(s, p) for s, p in self.overs]
+        elif isinstance(schedule, GroupsSchedule) and size > self.budget_bytes:
+            out.append(self._fewer(schedule, float(size)))
+        fresh = [s for s in out if s is not None and s.key() not in self.first]
+        fresh = list({s.key(): s for s in fresh}.values())
         self.first += [s.key() for s in fresh]
         return fresh
+
+    def pair(self, size: float, policy: Policy) -> Schedule | None:
+        """``policy`` (over the budget at ``size`` on every layer) on as many layers as
+        the room above the fastest preset timed within the budget pays for, that preset
+        on the rest: per layer, the difference of the two figures."""
+        best = min(self.fits, key=lambda f: f[1], default=None)
+        if best is None or best[2] == policy:
+            return None
+        k = split(self.costs.layers, (size - best[0]) / self.costs.layers,
+                  self.budget_bytes - best[0])
+        return None if k is None else GroupsSchedule.build(
+            [(k, policy), (self.costs.layers - k, best[2])])
+
+    def _fewer(self, schedule: GroupsSchedule, size: float) -> Schedule | None:
+        """A pair of groups over the budget at ``size``: fewer layers of its first policy,
+        per layer what it measured more than its second policy's own figure."""
+        spans = [(n, p) for _, n, p in schedule.spans(self.costs.layers)]
+        if len(spans) != 2:
+            return None
+        (k, first), (_, rest) = spans
+        floor = self.base if rest == Policy("nothing_saveable") else next(
+            (s for s, _, p in self.fits if p == rest), None)
+        if floor is None or size <= floor:
+            return None
+        fewer = split(self.costs.layers, (size - floor) / k, self.budget_bytes - floor)
+        return None if fewer is None or fewer >= k else GroupsSchedule.build(
+            [(fewer, first), (self.costs.layers - fewer, rest)])
 
     def _grouped(self, policy: Policy, per_layer: tuple[float, bool]) -> Schedule | None:
         """``policy`` on as many layers as the room pays for, ``nothing`` on the rest."""
@@ -246,9 +291,16 @@ class LayerPlan:
             [(k, policy), (self.costs.layers - k, "nothing_saveable")])
 
 
+def _one_policy(schedule: Schedule) -> Policy | None:
+    """The policy of remat of each step (``None``: another schedule)."""
+    if isinstance(schedule, NestedSchedule) and schedule.depth == 1:
+        return schedule.levels[0].policy
+    return None
+
+
 def _is_full(schedule: Schedule) -> bool:
-    return (isinstance(schedule, NestedSchedule) and schedule.depth == 1
-            and schedule.levels[0].policy.name == "nothing_saveable")
+    policy = _one_policy(schedule)
+    return policy is not None and policy.name == "nothing_saveable"
 
 
 def _saved_names(policy: Policy) -> tuple[str, ...]:
