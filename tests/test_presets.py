@@ -168,6 +168,29 @@ def test_presets_are_measured_first_and_the_study_keeps_the_tag_costs(
     assert {row["name"] for row in study.user_attrs[NAME_COSTS]} == set(found.tags if found else {})
 
 
+def test_below_full_where_a_run_decides_no_per_layer_preset_is_compiled(
+        problem: autoremat.Problem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TPU's below-``full`` budget (issue 45: 3-4 per-layer presets compiled and run
+    over it) on a CPU, the plan predicting as on a TPU: every per-layer preset keeps at
+    least what ``full`` keeps, so none is compiled; the search goes on to the others."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("autoremat._search.planner.device_memory",
+                        SimpleNamespace(VALIDATED={"cpu": ""}))
+    full = autoremat.tune(problem, 10**9, n_trials=1, storage=f"sqlite:///{tmp_path}/f.db",
+                          time_limit=None).best_trial
+    assert full is not None and full.measurement.fit_bytes is not None
+    storage, budget = f"sqlite:///{tmp_path}/s.db", full.measurement.fit_bytes - 1
+    result = autoremat.tune(problem, budget, n_trials=3, storage=storage, time_limit=None)
+    trials = _trials(result.study_name, storage)
+    per_layer = [t.schedule.describe() for t in trials
+                 if isinstance(t.schedule, NestedSchedule) and t.schedule.depth == 1]
+    assert per_layer == [f"{LAYERS} nothing unroll=1"]  # the seed, over; no preset after it
+    # at this size XLA's CPU totals put every schedule over full's: nothing fits, and
+    # nothing over the budget is picked
+    assert result.best_trial is None or (result.best_trial.measurement.fit_bytes or 0) <= budget
+
+
 def _trials(name: str, storage: str) -> list[MeasuredTrial]:
     found = [MeasuredTrial.of(t) for t in optuna.load_study(study_name=name,
                                                             storage=storage).trials]

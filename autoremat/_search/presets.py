@@ -210,10 +210,13 @@ class LayerPlan:
 
     def over(self, schedule: Schedule) -> bool:
         """Where the plan ``predicts``: over the budget by more than ``MARGIN`` (a lower
-        bound: over at all)."""
+        bound: over at all), or at all once ``full`` itself is over it (a per-layer
+        schedule keeps at least what ``full`` keeps)."""
         guess = self.predicted(schedule) if self.predicts else None
         if guess is None:
             return False
+        if self.base is not None and self.base > self.budget_bytes:
+            return True
         limit = self.budget_bytes * (1 + MARGIN) if guess[1] else self.budget_bytes
         return guess[0] > limit
 
