@@ -7,14 +7,12 @@ STAND-IN. What jax does with an offload policy on this CPU is tested as it is.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 from pathlib import Path
 from typing import Any
 
 import jax
-import optuna
 import pytest
 
 import autoremat
@@ -35,7 +33,6 @@ from autoremat._search.probe import (
     probe,
     refused,
     small,
-    study_probe,
 )
 from autoremat._search.space import neighbours, parameters, propose, seeds
 from autoremat._search.study import load_study
@@ -236,33 +233,6 @@ def test_where_the_plain_scan_fails_the_probe_compares_with_remat_of_each_step()
     nothing = Problem("nothing runs", 16, lambda s: (_ for _ in ()).throw(RuntimeError("no")))
     got = probe(nothing, "gpu", choices={"c": Check(autoremat.nested([4, 4]))})
     assert got["c"].startswith(f"{LEFT_OUT}: no reference ran at T=16: "), got["c"]
-
-
-class _Lock(contextlib.nullcontext):
-    """Stands in for ``StudyLock`` (one process)."""
-
-
-def test_the_study_records_the_outcome_once_and_a_resumed_study_reads_it() -> None:
-    study = optuna.create_study(directions=["minimize", "minimize"])
-    notes: list[str] = []
-    risky = autoremat.nested([8, 8], "dots_saveable")
-    odd = _odd_one(risky, "compile")
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr("autoremat._search.probe.checks",
-                   lambda n, platform, named=None: {"risky": Check(risky)} if platform == "gpu" else {})
-    try:
-        got = study_probe(study, _Lock(), odd, "gpu", notes.append)  # type: ignore[arg-type]
-        assert got == {"risky"}
-        assert study.user_attrs[PROBE]["risky"].startswith(f"{LEFT_OUT}: compile failed")
-        assert notes == [f"probe: risky: {study.user_attrs[PROBE]['risky']}"]
-        # resumed: the recorded outcome, not a new probe (this problem would pass it)
-        again = study_probe(study, _Lock(), tiny(PROBE_LENGTH), "gpu")  # type: ignore[arg-type]
-        assert again == {"risky"}
-    finally:
-        monkey.undo()
-    cpu = optuna.create_study(directions=["minimize", "minimize"])
-    assert study_probe(cpu, _Lock(), tiny(32), "cpu") == frozenset()  # type: ignore[arg-type]
-    assert cpu.user_attrs[PROBE] == {}
 
 
 def _policies(schedule: Schedule) -> set[str]:

@@ -39,12 +39,11 @@ planner first proposes a schedule using it, and each combination of choices it
 proposes; the verdicts are recorded in the study (user attr ``attrs.PROBE``: label
 -> ``"offered: ..."`` or ``"left out: ..."``; a resumed study or another worker
 reads them back) and cached beside the storage (``autoremat._search.probe_cache``).
-``study_probe`` probes every choice at once and records the outcome the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import one_line
@@ -52,12 +51,10 @@ from autoremat._measure.problem import Problem
 from autoremat._schedules import KINDS, nested, plain
 from autoremat._schedules.base import NO_NAMES, Check, Schedule
 from autoremat._search import space
-from autoremat._search.attrs import PROBE
 
 if TYPE_CHECKING:
-    import optuna
 
-    from autoremat._search.storage import StudyLock
+    pass
 
 #: The probe's sequence length (when the problem has ``at_length``): long enough for
 #: two levels of 8, short enough to compile in about a second.
@@ -201,27 +198,6 @@ def _mismatch(got: list[Any], want: list[Any]) -> str:
 def refused(outcome: Mapping[str, str]) -> frozenset[str]:
     """The labels an outcome leaves out of the space."""
     return frozenset(k for k, v in outcome.items() if str(v).startswith(LEFT_OUT))
-
-
-def study_probe(study: optuna.Study, lock: StudyLock, problem: Problem, platform: str,
-                on_note: Callable[[str], None] | None = None,
-                named: space.Named = NO_NAMES) -> frozenset[str]:
-    """The labels this study leaves out: the outcome recorded in the study, else
-    ``probe``'s, recorded (the first worker's wins). ``on_note`` gets one line per
-    choice left out, and per choice offered after a probe."""
-    recorded = study.user_attrs.get(PROBE)
-    if not isinstance(recorded, Mapping):
-        outcome = probe(problem, platform, named=named)
-        with lock:  # another worker may have recorded its outcome meanwhile
-            recorded = study.user_attrs.get(PROBE)
-            if not isinstance(recorded, Mapping):
-                study.set_user_attr(PROBE, outcome)
-                recorded = outcome
-    outcome = {str(k): str(v) for k, v in recorded.items()}
-    if on_note is not None:
-        for line in lines(outcome):
-            on_note(line)
-    return refused(outcome)
 
 
 def lines(outcome: Mapping[str, str]) -> list[str]:
