@@ -179,11 +179,17 @@ class GroupsSchedule(Schedule):
     @classmethod
     def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any],
                    named: Mapping[str, Policy] = NO_NAMES) -> list[Param]:
-        """Two groups: ``g_first`` steps (ordered, 1 to ``T - 1``) under ``g_policy0``,
-        the rest under ``g_policy1`` (each a per-step policy of the nested kind's
-        depth 1, ``nested_space.policy_choices``, with the problem's ``named`` ones)."""
+        """Two groups: ``g_first`` steps (ordered: a quarter, half or three quarters of
+        ``T``) under ``g_policy0``, the rest under ``g_policy1`` (each a per-step policy
+        of the nested kind's depth 1, ``nested_space.policy_choices``, with the
+        problem's ``named`` ones). A coarse ladder, not every split: a short scan's
+        structures are all listed (``short_scans``), and 63 splits of a 64-step scan
+        were ~190 candidates, compiled to be ruled out; the split that pays is sized
+        from measured presets (``autoremat._search.presets``)."""
         labels = (NO_REMAT, *policy_choices(platform, "step", named))
-        return [Param("g_first", tuple(range(1, max(2, seq_len))), ordered=True),
+        splits = sorted({min(max(1, round(seq_len * q)), max(1, seq_len - 1))
+                         for q in (0.25, 0.5, 0.75)})
+        return [Param("g_first", tuple(splits), ordered=True),
                 Param("g_policy0", labels), Param("g_policy1", labels)]
 
     @classmethod
