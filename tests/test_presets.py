@@ -168,27 +168,22 @@ def test_presets_are_measured_first_and_the_study_keeps_the_tag_costs(
     assert {row["name"] for row in study.user_attrs[NAME_COSTS]} == set(found.tags if found else {})
 
 
-def test_below_full_where_a_run_decides_no_per_layer_preset_is_compiled(
-        problem: autoremat.Problem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_below_full_where_a_run_decides_every_per_layer_schedule_is_over(
+        costs: LayerCosts) -> None:
     """The TPU's below-``full`` budget (issue 45: 3-4 per-layer presets compiled and run
-    over it) on a CPU, the plan predicting as on a TPU: every per-layer preset keeps at
-    least what ``full`` keeps, so none is compiled; the search goes on to the others."""
-    from types import SimpleNamespace
-
-    monkeypatch.setattr("autoremat._search.planner.device_memory",
-                        SimpleNamespace(VALIDATED={"cpu": ""}))
-    full = autoremat.tune(problem, 10**9, n_trials=1, storage=f"sqlite:///{tmp_path}/f.db",
-                          time_limit=None).best_trial
-    assert full is not None and full.measurement.fit_bytes is not None
-    storage, budget = f"sqlite:///{tmp_path}/s.db", full.measurement.fit_bytes - 1
-    result = autoremat.tune(problem, budget, n_trials=3, storage=storage, time_limit=None)
-    trials = _trials(result.study_name, storage)
-    per_layer = [t.schedule.describe() for t in trials
-                 if isinstance(t.schedule, NestedSchedule) and t.schedule.depth == 1]
-    assert per_layer == [f"{LAYERS} nothing unroll=1"]  # the seed, over; no preset after it
-    # at this size XLA's CPU totals put every schedule over full's: nothing fits, and
-    # nothing over the budget is picked
-    assert result.best_trial is None or (result.best_trial.measurement.fit_bytes or 0) <= budget
+    over it): a per-layer schedule keeps at least what ``full`` keeps, so once ``full``
+    is over, every one is, however little it keeps more (``MARGIN`` aside); above
+    ``full`` a prediction within the margin is still measured."""
+    small = autoremat.nested([LAYERS], Policy("save_only_these_names", args=("out_proj",)))
+    extra, exact = costs.keeps(small.levels[0].policy)
+    assert exact and extra > 0
+    below = LayerPlan(costs, budget_bytes=10**6, predicts=True)
+    below.observe(autoremat.nested([LAYERS]), 10**6 + 1, {})  # full, just over
+    assert below.over(small) and below.over(autoremat.groups([(1, MINIMAL), (5, "none")]))
+    assert not below.over(autoremat.nested([2, 3]))  # recomputes whole layers: compiled
+    above = LayerPlan(costs, budget_bytes=10**6, predicts=True)
+    above.observe(autoremat.nested([LAYERS]), 10**6 - LAYERS * extra // 2, {})
+    assert not above.over(small)  # half its bytes over the budget: within the margin
 
 
 def _trials(name: str, storage: str) -> list[MeasuredTrial]:
