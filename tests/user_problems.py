@@ -59,5 +59,11 @@ def gru(seq_len: int = SEQ_LEN, batch: int = BATCH, hidden: int = HIDDEN) -> Pro
     return _problem("gru", 1, True, seq_len, batch, hidden)
 
 
+def gru_long() -> Problem:
+    """The GRU at T=160: past ``SHORT_SCAN`` (128), so the search draws from the space
+    instead of listing every structure of a short scan (and its groups of layers)."""
+    return gru(seq_len=160)
+
+
 def lstm2(seq_len: int = SEQ_LEN, batch: int = BATCH, hidden: int = HIDDEN) -> Problem:
     return _problem("lstm2", 2, False, seq_len, batch, hidden)
