@@ -173,7 +173,8 @@ class GroupsSchedule(Schedule):
     # -- the search space ------------------------------------------------------------
     @classmethod
     def searched(cls, seq_len: int) -> bool:
-        """Offered for short scans (``SHORT_SCAN``: layer stacks) of two steps or more."""
+        """Offered for short scans (``SHORT_SCAN``) of two steps or more; the search's
+        planner keeps its draws for a layer stack only (``autoremat._search.presets``)."""
         return 2 <= seq_len <= SHORT_SCAN
 
     @classmethod
