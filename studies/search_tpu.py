@@ -65,6 +65,7 @@ def _sizes(small: bool) -> dict[str, Any]:
         return {"big": dict(seq_len=256, batch=4, hidden=16), "big_budget": "2MB",
                 "big_limit": 120.0, "seed_len": 256, "seed_budget": "12MB", "seed_limit": 120.0,
                 "long_len": 512, "long_budget": "12MB", "long_limit": 120.0, "tune_trials": 3,
+                "grid": GRID[:2],
                 "offload": dict(seq_len=256, batch=4, hidden=16), "prior_len": 256,
                 "time_budget": 0.05, "tune_time_budget": 0.05, "min_stage": 1.0}
     return {"big": dict(seq_len=10_000, batch=128, hidden=1024), "big_budget": "12GB",
@@ -72,7 +73,7 @@ def _sizes(small: bool) -> dict[str, Any]:
             "long_len": 100_000, "long_budget": "1GB", "long_limit": 80.0,
             "offload": dict(seq_len=10_000, batch=128, hidden=1024), "prior_len": 10_000,
             "time_budget": 1.0, "tune_time_budget": None, "min_stage": 20.0,
-            "tune_trials": None}
+            "tune_trials": None, "grid": GRID}
 
 
 def grid_schedule(label: str, seq_len: int) -> Any:
@@ -258,7 +259,7 @@ def stage_b(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str],
             lines.append(f"- failed: {type(e).__name__}: {e}")
             continue
         rows = []
-        for name in GRID:
+        for name in s["grid"]:
             for fuse in (True, False):
                 try:
                     row = _measure(problem, grid_schedule(name, n).with_fuse(fuse),
