@@ -3,13 +3,17 @@ a tune that tries the presets first (``autoremat._search.presets``). Tiny stacks
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import jax
 import optuna
 import pytest
 
 import autoremat
+from autoremat._measure.measure import compile_schedule
 from autoremat._models.layer_stack import LayerStack, layer_stack_model
+from autoremat._scan.checkpoint_names import StepCosts
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import Policy
@@ -37,11 +41,37 @@ def problem() -> autoremat.Problem:
 
 
 @pytest.fixture(scope="module")
-def costs(problem: autoremat.Problem) -> LayerCosts:
+def found(problem: autoremat.Problem) -> StepCosts:
     step, args = problem.build(autoremat.plain(LAYERS))
-    found = step_costs(step, args, LAYERS)
-    assert found is not None
-    return LayerCosts(LAYERS, found)
+    costs = step_costs(step, args, LAYERS)
+    assert costs is not None
+    return costs
+
+
+@pytest.fixture(scope="module")
+def costs(found: StepCosts) -> LayerCosts:
+    """The trace's costs without the scanned inputs, so the byte arithmetic below is the
+    layers' alone (what splitting into groups adds: ``test_splitting_into_groups_...``)."""
+    return LayerCosts(LAYERS, dataclasses.replace(found, xs_bytes=0))
+
+
+def test_splitting_into_groups_costs_about_the_scanned_inputs_once(
+        problem: autoremat.Problem, found: StepCosts) -> None:
+    """Each group's scan takes a slice of the stacked parameters and its gradient is joined
+    back: the compiled total grows by about the parameters' bytes, which the prediction
+    adds (``SPLIT_OVERHEAD``), checked against the compiler."""
+    params = sum(x.nbytes for x in jax.tree.leaves(problem.build(autoremat.plain(LAYERS))[1][0]))
+    assert 0 < found.xs_bytes <= params
+    dots = Policy("dots_saveable")
+    one = compile_schedule(problem, autoremat.nested([LAYERS], dots)).measurement.total_bytes
+    two = compile_schedule(problem, autoremat.groups([(3, dots), (3, dots)])).measurement.total_bytes
+    with_xs = LayerCosts(LAYERS, found)
+    assert with_xs.split_bytes(1) == 0 and with_xs.split_bytes(2) == found.xs_bytes
+    predicted = with_xs.extra(autoremat.groups([(3, dots), (3, dots)]))
+    assert predicted is not None and one is not None and two is not None
+    single = with_xs.extra(autoremat.nested([LAYERS], dots))
+    assert single is not None
+    assert 0.5 * (two - one) <= predicted[0] - single[0] <= 1.5 * (two - one)  # about it
 
 
 def test_a_short_scan_of_heavy_steps_is_a_layer_stack(costs: LayerCosts) -> None:
@@ -141,11 +171,16 @@ def test_a_preset_over_the_budget_pairs_with_the_fastest_preset_that_fits(
     (fewer,) = plan.observe(proposed[1], 1100, {})  # 93 a layer more than minimal: 1 fits
     assert [(g.length, g.policy) for g in fewer.groups] == [(1, none), (5, MINIMAL)]
     assert plan.observe(fewer, 1001, {}) == []  # not fewer than one
+    out_proj = Policy("save_only_these_names", args=("out_proj",))
+    assert plan.observe(autoremat.nested([LAYERS], out_proj), 990, {}, step=2.0) == []  # slower
     qkv = Policy("save_only_these_names", args=("query_proj", "key_proj", "value_proj"))
-    assert plan.observe(autoremat.nested([LAYERS], qkv), 990, {}, step=2.0) == []  # slower
-    (faster,) = plan.observe(autoremat.nested([LAYERS], qkv), 900, {}, step=0.5)
+    timed = autoremat.nested([LAYERS], qkv)
+    (faster,) = plan.observe(timed, 900, {}, step=0.5)
     assert [(g.length, g.policy) for g in faster.groups] == [(2, none), (4, qkv)]
-    assert [plan.priority(s.key()) for s in [*proposed, fewer, faster]] == [0, 1, 2, 3]
+    # one untried pair of ``none`` is tried first, the latest: ``fewer`` is an ordinary
+    # candidate now (the pair it came from was measured: it stays where it was)
+    assert [plan.priority(s.key()) for s in [*proposed, fewer, faster]] == [0, 1, None, 2]
+    assert plan.observe(timed, 900, {}, step=0.5) == []  # seen: every round observes it again
 
 
 def test_presets_are_measured_first_and_the_study_keeps_the_tag_costs(

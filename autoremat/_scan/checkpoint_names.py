@@ -26,6 +26,8 @@ from autoremat._errors import ScheduleError
 from autoremat._scan.jax_internals import (
     CHECKPOINT_NAME,
     CHECKPOINT_NAME_PARAM,
+    NUM_CARRY,
+    NUM_CONSTS,
     SCAN,
     SCAN_BODY,
     Jaxpr,
@@ -94,12 +96,15 @@ class StepCosts:
       dot_bytes: bytes of every matmul output (what ``dots_saveable`` keeps).
       dot_no_batch_bytes: bytes of the matmul outputs without batch dimensions
         (``dots_with_no_batch_dims_saveable``: the weight matmuls, not attention's).
+      xs_bytes: bytes of what the scan scans over, every step's (a layer stack's
+        stacked parameters).
     """
 
     tags: dict[str, TaggedValue]
     flops: float
     dot_bytes: int
     dot_no_batch_bytes: int
+    xs_bytes: int = 0
 
 
 def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
@@ -112,9 +117,11 @@ def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
                 body = eqn.params[SCAN_BODY].jaxpr
                 dots = [e for j in _all_jaxprs(body) for e in j.eqns if e.primitive.name == _DOT]
                 no_batch = [e for e in dots if not e.params["dimension_numbers"][1][0]]
+                xs = eqn.invars[eqn.params[NUM_CONSTS] + eqn.params[NUM_CARRY]:]
                 return StepCosts(scanned_values(jaxpr, length), sum(_dot_flops(e) for e in dots),
                                  sum(_bytes(e.outvars[0].aval) for e in dots),
-                                 sum(_bytes(e.outvars[0].aval) for e in no_batch))
+                                 sum(_bytes(e.outvars[0].aval) for e in no_batch),
+                                 sum(_bytes(v.aval) for v in xs))
     return None
 
 
