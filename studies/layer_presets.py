@@ -209,11 +209,9 @@ def study_trials(name: str, storage: str) -> list[Any]:
     """The study's measured trials (``MeasuredTrial``), in order."""
     import optuna
 
-    from autoremat._search.study import MeasuredTrial
+    from autoremat._search.study import measured_trials
 
-    found = [MeasuredTrial.of(t) for t in optuna.load_study(study_name=name,
-                                                            storage=storage).trials]
-    return [t for t in found if t is not None]
+    return measured_trials(optuna.load_study(study_name=name, storage=storage))
 
 
 def check_values(sizes: dict[str, int], schedules: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from autoremat._search.presets import (
     split,
 )
 from autoremat._search.space import seeds
-from autoremat._search.study import MeasuredTrial
+from autoremat._search.study import MeasuredTrial, measured_trials
 from tests.tiny_problem import tiny
 
 LAYERS = 6
@@ -222,8 +222,4 @@ def test_below_full_where_a_run_decides_every_per_layer_schedule_is_over(
 
 
 def _trials(name: str, storage: str) -> list[MeasuredTrial]:
-    found = [MeasuredTrial.of(t) for t in optuna.load_study(study_name=name,
-                                                            storage=storage).trials]
-    return [t for t in found if t is not None]
-
-
+    return measured_trials(optuna.load_study(study_name=name, storage=storage))

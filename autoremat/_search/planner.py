@@ -371,8 +371,7 @@ class Planner(CompilesAhead):
                 if predicted > self.stop_ratio(cand) * best[2]:
                     continue  # near a timed schedule, and not predicted within STOP_RATIO
             if cand.compiled is None:
-                if self.memory_model.surely_over(cand.structure) or (
-                        self.layers is not None and self.layers.over(cand.schedule)):
+                if self._surely_over(cand):
                     cand.verdict = Verdict.SURELY_OVER
                     continue
                 if not explore and self._dominated(cand, predicted):

@@ -53,6 +53,12 @@ class CompilesAhead:
         def _first(self, cand: Candidate) -> int | None: ...
         def _dominated(self, cand: Candidate, predicted: float | None) -> bool: ...
 
+    def _surely_over(self, cand: Candidate) -> bool:
+        """Not worth a compile: over the budget by the memory model's rule or, in a layer
+        stack, by what the schedule keeps (``presets.LayerPlan.over``)."""
+        return self.memory_model.surely_over(cand.structure) or (
+            self.layers is not None and self.layers.over(cand.schedule))
+
     def _compile(self, cand: Candidate, built: tuple[Step, tuple[Any, ...]] | None) -> Compiled:
         """``cand`` compiled and sized: taken ahead by a compile thread, else compiled here
         (while the threads take the next ones ahead)."""
@@ -114,8 +120,7 @@ class CompilesAhead:
                     continue
             if calibrated and cut is not None and predicted > cut:
                 continue
-            if self.memory_model.surely_over(cand.structure) or (
-                    self.layers is not None and self.layers.over(cand.schedule)):
+            if self._surely_over(cand):
                 continue
             if not self.explore_front and self._dominated(cand, predicted):
                 continue
