@@ -147,8 +147,9 @@ class Planner(CompilesAhead):
                         step: float | None = None) -> None:
         """A layer stack's plan sees a sized or measured (``step``: timed) schedule; its
         proposals join the pool (``presets.LayerPlan.observe``)."""
-        if self.layers is not None:
-            presets = policy_choices(self.platform, "step", self.named)
+        if self.layers is not None:  # the presets matter only until ``full`` is seen
+            presets = policy_choices(self.platform, "step", self.named) \
+                if self.layers.base is None else {}
             for proposal in self.layers.observe(schedule, size, presets, step):
                 self.add(proposal, {})
 
