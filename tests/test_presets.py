@@ -22,6 +22,7 @@ from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.presets import (
     LayerCosts,
     LayerPlan,
+    below_full,
     is_layer_stack,
     knapsack,
     preset_labels,
@@ -95,7 +96,8 @@ def test_what_each_policy_keeps_comes_from_the_trace(costs: LayerCosts) -> None:
     assert dots > no_batch
     everything, exact = costs.keeps(Policy("none"))
     assert not exact and everything >= dots  # a lower bound
-    assert costs.extra(autoremat.nested([2, 3])) is None  # not one policy per layer
+    # chunks of layers: a lower bound, the layer inputs they do not store (2 + 3 of 6)
+    assert costs.extra(autoremat.nested([2, 3])) == (-1 * costs.costs.carry_bytes, False)
     groups = autoremat.groups([(2, qkv), (4, "nothing_saveable")])
     assert costs.extra(groups) == (2 * 3 * tokens * d * 4, True)
     table = costs.table()
@@ -219,6 +221,32 @@ def test_below_full_where_a_run_decides_every_per_layer_schedule_is_over(
     above = LayerPlan(costs, budget_bytes=10**6, predicts=True)
     above.observe(autoremat.nested([LAYERS]), 10**6 - LAYERS * extra // 2, {})
     assert not above.over(small)  # half its bytes over the budget: within the margin
+
+
+def test_below_full_remat_over_chunks_of_layers_is_tried_first(
+        problem: autoremat.Problem, found: StepCosts) -> None:
+    """Below ``full``, nested remat over chunks of layers stores fewer layer inputs: the
+    split storing fewest is proposed first (``below_full``); the prediction is a lower
+    bound of the compiler's figure; once an all-``nothing`` one is over, every nested
+    schedule storing as many inputs is, while a binomial one storing fewer is not."""
+    assert found.carry_bytes == TINY.batch * TINY.seq_len * TINY.d_model * 4  # float32
+    assert below_full(12) == autoremat.nested([4, 3]) and below_full(24) == autoremat.nested([6, 4])
+    assert below_full(13) is None and below_full(3) is None
+    costs = LayerCosts(LAYERS, found)
+    chunked = below_full(LAYERS)
+    assert chunked == autoremat.nested([3, 2])
+    full = compile_schedule(problem, autoremat.nested([LAYERS])).measurement.total_bytes
+    total = compile_schedule(problem, chunked).measurement.total_bytes
+    bound = costs.extra(chunked)
+    assert full is not None and total is not None and bound == (-found.carry_bytes, False)
+    assert full + bound[0] <= total  # a lower bound, on the compiler's figures
+    plan = LayerPlan(costs, budget_bytes=10**6, predicts=True)
+    assert plan.observe(autoremat.nested([LAYERS]), 10**6 + 1, {}) == [chunked]
+    assert plan.first == [chunked.key()] and not plan.over(chunked)
+    plan.observe(chunked, 10**6 + 2, {})  # over too: what it implies full costs there
+    assert plan.nested_base == 10**6 + 2 + found.carry_bytes
+    assert plan.over(autoremat.nested([2, 3])) and plan.over(autoremat.nested([3, 2], MINIMAL))
+    assert not plan.over(autoremat.binomial(2))  # stores 2 layer inputs, not 5
 
 
 def _trials(name: str, storage: str) -> list[MeasuredTrial]:

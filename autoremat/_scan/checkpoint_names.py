@@ -98,6 +98,8 @@ class StepCosts:
         (``dots_with_no_batch_dims_saveable``: the weight matmuls, not attention's).
       xs_bytes: bytes of what the scan scans over, every step's (a layer stack's
         stacked parameters).
+      carry_bytes: bytes of the scan's carry (a layer stack's activations between
+        layers: what remat of each layer stores per layer).
     """
 
     tags: dict[str, TaggedValue]
@@ -105,6 +107,7 @@ class StepCosts:
     dot_bytes: int
     dot_no_batch_bytes: int
     xs_bytes: int = 0
+    carry_bytes: int = 0
 
 
 def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
@@ -117,11 +120,12 @@ def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
                 body = eqn.params[SCAN_BODY].jaxpr
                 dots = [e for j in _all_jaxprs(body) for e in j.eqns if e.primitive.name == _DOT]
                 no_batch = [e for e in dots if not e.params["dimension_numbers"][1][0]]
-                xs = eqn.invars[eqn.params[NUM_CONSTS] + eqn.params[NUM_CARRY]:]
+                consts, carry = eqn.params[NUM_CONSTS], eqn.params[NUM_CARRY]
                 return StepCosts(scanned_values(jaxpr, length), sum(_dot_flops(e) for e in dots),
                                  sum(_bytes(e.outvars[0].aval) for e in dots),
                                  sum(_bytes(e.outvars[0].aval) for e in no_batch),
-                                 sum(_bytes(v.aval) for v in xs))
+                                 sum(_bytes(v.aval) for v in eqn.invars[consts + carry:]),
+                                 sum(_bytes(v.aval) for v in eqn.invars[consts:consts + carry]))
     return None
 
 

@@ -40,7 +40,6 @@ when they come up, in the sequential order, so the pick is a sequential search's
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -115,6 +114,7 @@ class Planner(CompilesAhead):
     #: Compile threads taking the next candidates ahead (``prefetch``); ``None``: none.
     compiles: CompilePool | None = None
     _seeds_ahead: list[Candidate] = field(default_factory=list)  # ``prefetch``'s enqueued seeds
+    deadline: float | None = None  # ``time.monotonic()`` to finish by (``next``'s)
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -342,9 +342,9 @@ class Planner(CompilesAhead):
             for cand in self.pool.values():
                 if cand.verdict is Verdict.DOMINATED and cand.schedule.key() not in self.taken:
                     cand.verdict = Verdict.UNDECIDED
+        self.deadline = deadline
         while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            chosen = self._next_once(left, explore or dominated, dominated)
+            chosen = self._next_once(self.time_left(), explore or dominated, dominated)
             if chosen != AGAIN:
                 return chosen if isinstance(chosen, Candidate) else None
 
@@ -354,8 +354,7 @@ class Planner(CompilesAhead):
             return None  # nothing can fit: the arguments and outputs alone are over
         best = self.best
         stop = self.stop_ratio()
-        compile_cost = (sum(self.compile_seconds) / len(self.compile_seconds)
-                        if self.compile_seconds else 0.0)
+        compile_cost = self.compile_cost()
         for predicted, cand in self._rank(compiled_first=dominated):
             if self.layers is not None and self._first(cand) is not None:
                 if cand.compiled is None and self.layers.over(cand.schedule):

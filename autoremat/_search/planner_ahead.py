@@ -11,9 +11,11 @@ sequential run's; a candidate predicted to be cut is not compiled ahead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
@@ -32,7 +34,10 @@ class CompilesAhead:
 
     problem: Problem
     budget_bytes: int
+    platform: str
     explore_front: bool
+    deadline: float | None
+    compile_seconds: list[float]
     pool: dict[str, Candidate]
     taken: set[str]
     built: tuple[str, Step, tuple[Any, ...]] | None
@@ -52,6 +57,21 @@ class CompilesAhead:
         def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
         def _first(self, cand: Candidate) -> int | None: ...
         def _dominated(self, cand: Candidate, predicted: float | None) -> bool: ...
+
+    def compile_cost(self) -> float:
+        """Mean seconds of one compile so far (0 before any)."""
+        seconds = self.compile_seconds
+        return sum(seconds) / len(seconds) if seconds else 0.0
+
+    def time_left(self) -> float | None:
+        """Seconds left to start compiles and timings (``None``: no deadline): to the
+        deadline, less one compile where the pick's proof of fit compiles it again (a
+        platform whose fit a run decides, ``device_memory.VALIDATED``; ``proof``), so
+        the tune ends within its time limit."""
+        if self.deadline is None:
+            return None
+        reserve = self.compile_cost() if self.platform in device_memory.VALIDATED else 0.0
+        return self.deadline - time.monotonic() - reserve
 
     def _surely_over(self, cand: Candidate) -> bool:
         """Not worth a compile: over the budget by the memory model's rule or, in a layer
@@ -77,7 +97,9 @@ class CompilesAhead:
         as many as they hold); one taken ahead before that is no longer among the next
         twice as many is dropped. ``first``: schedules measured before any the planner
         picks (enqueued seeds; ``None``: those given last time). A no-op without
-        threads. The results are read when their candidate comes up (``_compile``)."""
+        threads, and none is started within two compiles of the deadline
+        (``time_left``). The results are read when their candidate comes up
+        (``_compile``)."""
         if self.compiles is None or not self.compiles.threads:
             return
         if first is not None:
@@ -85,6 +107,9 @@ class CompilesAhead:
         n = self.compiles.capacity
         wanted = [c.schedule.key() for c in self.ahead(2 * n, exclude)]
         self.compiles.keep_only(wanted)
+        left = self.time_left()
+        if left is not None and left < 2 * self.compile_cost():
+            return  # one started now would be done too late to be timed, and delay the end
         for key in wanted[:n]:
             self.compiles.submit(key, self.pool[key].schedule)
 

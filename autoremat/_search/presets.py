@@ -39,6 +39,15 @@ dots policies are what its user would try first too.
    many layers as fit, the fastest preset timed within the budget on the rest
    (``LayerPlan.pair``; per layer, the difference of their figures). A pair found over
    the budget by its own figure is proposed again with fewer layers of the larger one.
+6. Below ``full`` (its own figure over the budget): no per-layer schedule fits, since each
+   keeps at least what ``full`` keeps. What can is remat over chunks of layers (Chen et
+   al. 2016, ``nested``): ``n1 x n2`` with nothing saved at either level stores
+   ``n1 + n2`` layer inputs instead of ``L``, for one more forward pass of every layer.
+   The split storing fewest is tried first (``below_full``); a nested schedule is
+   predicted at least ``full``'s figure less the layer inputs it does not store plus what
+   its innermost level keeps (``LayerCosts.extra``, a lower bound; a binomial one,
+   ``full``'s less the inputs its snapshots do not store), and once an all-``nothing``
+   one is found over the budget, from what that figure implies ``full`` costs there.
 
 The trade-off: a preset costs a compile and a timing (a few seconds each on a TPU);
 about ten of them are the price of never losing to one. The byte predictions ignore
@@ -54,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._schedules.base import SHORT_SCAN, Schedule
+from autoremat._schedules.binomial import BinomialSchedule
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import policy_choices
@@ -137,8 +147,14 @@ class LayerCosts:
 
     def extra(self, schedule: Schedule) -> tuple[float, bool] | None:
         """``keeps`` summed over the layers of a per-layer schedule (remat of each step,
-        or groups); ``None`` for any other."""
-        if isinstance(schedule, NestedSchedule) and schedule.depth == 1:
+        or groups); for a nested one a lower bound (``nested_extra``); ``None`` for any
+        other."""
+        if isinstance(schedule, NestedSchedule) and schedule.depth > 1:
+            return self.nested_extra(schedule), False
+        if isinstance(schedule, BinomialSchedule):  # stores that many layer inputs
+            unstored = self.layers - min(schedule.snapshots, self.layers)
+            return -unstored * float(self.costs.carry_bytes), False
+        if isinstance(schedule, NestedSchedule):
             spans = [(self.layers, schedule.levels[0].policy)]
         elif isinstance(schedule, GroupsSchedule):
             spans = [(n, p) for _, n, p in schedule.spans(self.layers)]
@@ -146,6 +162,14 @@ class LayerCosts:
             return None
         kept = [(n * b, exact) for n, p in spans for b, exact in [self.keeps(p)]]
         return sum(b for b, _ in kept) + self.split_bytes(len(spans)), all(e for _, e in kept)
+
+    def nested_extra(self, schedule: NestedSchedule) -> float:
+        """At least what a nested schedule keeps beyond ``full``: its innermost level's
+        policy on that level's layers (recomputed together in the backward pass), less
+        the layer inputs it does not store (``stored``; may be negative)."""
+        inner = schedule.levels[-1]
+        kept = inner.length * self.keeps(inner.policy)[0]
+        return kept - (self.layers - stored(schedule, self.layers)) * self.costs.carry_bytes
 
     def split_bytes(self, groups: int) -> float:
         """Bytes a schedule of ``groups`` groups needs beyond what its layers keep
@@ -182,6 +206,25 @@ def knapsack(costs: LayerCosts, room: float) -> tuple[str, ...]:
     return best[1]
 
 
+def stored(schedule: NestedSchedule, layers: int) -> int:
+    """Layer inputs a nested schedule of ``layers`` stores at most at once: each level's
+    chunk boundaries (the outermost count derived from ``layers``)."""
+    inner = schedule.lengths[1:]
+    return math.ceil(layers / math.prod(inner)) + sum(inner)
+
+
+def below_full(layers: int) -> NestedSchedule | None:
+    """Remat over chunks of layers storing fewest layer inputs (module docstring, 6.):
+    ``n1 x n2 = layers`` with the least ``n1 + n2`` (the shorter inner), nothing saved at
+    either level; ``None`` for fewer than 4 layers or a prime count."""
+    splits = [(d + layers // d, layers // d, d) for d in range(2, math.isqrt(layers) + 1)
+              if layers % d == 0]
+    if not splits:
+        return None
+    _, outer, inner = min(splits)
+    return NestedSchedule.build([outer, inner], "nothing_saveable")
+
+
 def split(layers: int, extra_per_layer: float, room: float) -> int | None:
     """How many of ``layers`` can keep ``extra_per_layer`` bytes more within ``room`` (at
     least one, fewer than all); ``None`` when not one can, or all can."""
@@ -203,6 +246,8 @@ class LayerPlan:
     predicts: bool = False
     first: list[str] = field(default_factory=list)  # schedule keys tried first, in order
     base: float | None = None  # full's measured fit_bytes
+    #: ``full``'s figure as an all-``nothing`` nested schedule measured over implies it
+    nested_base: float | None = None
     #: one policy on every layer, timed within the budget: ``(fit bytes, step s, policy)``
     fits: list[tuple[float, float, Policy]] = field(default_factory=list)
     #: one policy on every layer, over the budget by its own figure: ``(size, policy)``
@@ -221,7 +266,10 @@ class LayerPlan:
         extra = self.costs.extra(schedule)
         if extra is None or self.base is None:
             return None
-        return self.base + extra[0], extra[1]
+        base = self.base
+        if _chunked(schedule):
+            base = max(base, self.nested_base or base)
+        return base + extra[0], extra[1]
 
     def over(self, schedule: Schedule) -> bool:
         """Where the plan ``predicts``: over the budget by more than ``MARGIN`` (a lower
@@ -230,7 +278,8 @@ class LayerPlan:
         guess = self.predicted(schedule) if self.predicts else None
         if guess is None:
             return False
-        if self.base is not None and self.base > self.budget_bytes:
+        per_layer = isinstance(schedule, GroupsSchedule) or _one_policy(schedule) is not None
+        if per_layer and self.base is not None and self.base > self.budget_bytes:
             return True
         limit = self.budget_bytes * (1 + MARGIN) if guess[1] else self.budget_bytes
         return guess[0] > limit
@@ -259,6 +308,9 @@ class LayerPlan:
                                                                   args=kept)]))
             if self.predicts:
                 out += [self._grouped(p, self.costs.keeps(p)) for p in presets.values()]
+            if size > self.budget_bytes:
+                nested = below_full(layers)
+                out.append(None if nested is None or self.over(nested) else nested)
         elif policy is not None and self.base is not None and size > self.budget_bytes:
             self.overs.append((float(size), policy))
             out += [self._grouped(policy, ((size - self.base) / layers, True)),
@@ -270,6 +322,10 @@ class LayerPlan:
                 out += [self.pair(s, p) for s, p in self.overs]
         elif isinstance(schedule, GroupsSchedule) and size > self.budget_bytes:
             out.append(self._fewer(schedule, float(size)))
+        elif _all_nothing(schedule) and size > self.budget_bytes:
+            assert isinstance(schedule, NestedSchedule)
+            implied = size + (layers - stored(schedule, layers)) * self.costs.costs.carry_bytes
+            self.nested_base = max(self.nested_base or implied, implied)
         fresh = [s for s in out if s is not None and s.key() not in self.first]
         fresh = list({s.key(): s for s in fresh}.values())
         self.first += [s.key() for s in fresh]
@@ -329,6 +385,18 @@ def _one_policy(schedule: Schedule) -> Policy | None:
     if isinstance(schedule, NestedSchedule) and schedule.depth == 1:
         return schedule.levels[0].policy
     return None
+
+
+def _chunked(schedule: Schedule) -> bool:
+    """Stores fewer layer inputs than remat of each layer (nested, binomial)."""
+    return isinstance(schedule, BinomialSchedule) or (
+        isinstance(schedule, NestedSchedule) and schedule.depth > 1)
+
+
+def _all_nothing(schedule: Schedule) -> bool:
+    """A nested schedule of several levels, each saving nothing."""
+    return isinstance(schedule, NestedSchedule) and schedule.depth > 1 and all(
+        lv.policy.name == "nothing_saveable" for lv in schedule.levels)
 
 
 def _is_full(schedule: Schedule) -> bool:
