@@ -356,3 +356,31 @@ def test_nothing_compiled_ahead_is_left_holding_an_executable(searches: Any) -> 
     held = {id(c.compiled) for c in planner.pool.values() if c.compiled is not None}
     for compiled in recorder.thread_made:  # released, or the planner's (as sequentially)
         assert compiled.executable is None or id(compiled) in held
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_near_the_deadline_a_device_keeps_a_compile_for_the_proof_and_starts_none_ahead(
+        platform: str) -> None:
+    """On a device the pick's proof of fit compiles it again (``proof``): the planner's
+    time left keeps one compile for it, so the tune ends within its limit; and no compile
+    is taken ahead within two compiles of the deadline (it would be done too late to be
+    timed, and hold up the end)."""
+    import time
+
+    problem = tiny()
+    pool = CompilePool(lambda s: Compiled(Measurement("x", OK)), workers=2)
+    planner = plan_module.Planner(problem, BUDGET, platform, ShortRuns(problem), compiles=pool)
+    try:
+        planner.compile_seconds = [3.0, 5.0]
+        reserve = 4.0 if platform == "tpu" else 0.0
+        planner.deadline = time.monotonic() + 100
+        left = planner.time_left()
+        assert left is not None and 99 - reserve < left <= 100 - reserve
+        planner.deadline = time.monotonic() + 7.0 + reserve  # under two compiles left
+        planner.prefetch()
+        assert pool.submitted == 0
+        planner.deadline = time.monotonic() + 100
+        planner.prefetch()
+        assert pool.submitted == 1
+    finally:
+        planner.close()

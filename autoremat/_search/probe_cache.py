@@ -4,8 +4,9 @@ A probe (``autoremat._search.probe``) compiles and runs a short instance of the
 problem -- seconds on a TPU each -- and its verdict depends on the device and its
 XLA more than on the study. So every verdict is also written to a cache file,
 keyed by the environment (platform, device kind, jax and jaxlib versions:
-``environment_key``), the choice's label (a combination of choices is one label:
-``"offload_carries & offload_dots"``) and the problem (its name and argument
+``environment_key``, and the probe's tolerances, ``probe.RULES``), the choice's
+label (a combination of choices is one label: ``"offload_carries & offload_dots"``)
+and the problem (its name and argument
 fingerprint). A later study on the same environment reads it:
 
 * a verdict found on the same problem is reused, whatever it says;

@@ -80,6 +80,7 @@ from autoremat._search.attrs import NAME_COSTS
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.presets import LayerCosts, is_layer_stack
+from autoremat._search.probe import RULES
 from autoremat._search.probe_cache import VerdictCache, cache_path, environment_key
 from autoremat._search.probe_guard import ProbeGuard
 from autoremat._search.proof import prove_fit
@@ -224,7 +225,7 @@ def _probe_guard(problem: Problem, info: StudyInfo, study: Any, lock: StudyLock,
                  named: Mapping[str, Policy]) -> ProbeGuard:
     """The study's probe of risky choices, run as the planner first proposes each
     (``autoremat._search.probe_guard``), its verdicts cached beside the storage."""
-    cache = VerdictCache(cache_path(storage), environment_key(),
+    cache = VerdictCache(cache_path(storage), f"{environment_key()}|{RULES}",
                          f"{problem.name}|{info.fingerprint}")
     return ProbeGuard(problem, info.platform or "", study, lock, cache, on_note, named)
 
