@@ -54,8 +54,10 @@ missing here)::
                         combinations it proposes; probe_cache: the verdicts beside the storage
         named_policies  policies over the problem's own checkpoint_name tags, per level
         short_scans     short heavy scans (layers): every structure of the space listed
-        presets         layer stacks: the presets a user would pick, tried first; what each
-                        tag costs (knapsack); groups between two presets
+        presets         layer stacks: the presets a user would pick, tried first; groups
+                        between two presets; chunks of layers below full
+        layer_costs     what a layer stack's schedules keep, from the trace; what each
+                        tag costs (knapsack)
         tune            the search: open the study, run a worker, confirm, prove, answer
         proof           the proof of fit: the pick runs with only the budget on the device
         worker          one worker's loop: plan, claim (no schedule twice), measure, count

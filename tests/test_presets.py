@@ -18,17 +18,9 @@ from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import NAME_COSTS
+from autoremat._search.layer_costs import MARGIN, LayerCosts, below_full, knapsack
 from autoremat._search.named_policies import named_policies, step_costs
-from autoremat._search.presets import (
-    MARGIN,
-    LayerCosts,
-    LayerPlan,
-    below_full,
-    is_layer_stack,
-    knapsack,
-    preset_labels,
-    split,
-)
+from autoremat._search.presets import LayerPlan, is_layer_stack, preset_labels, split
 from autoremat._search.space import seeds
 from autoremat._search.study import MeasuredTrial, measured_trials
 from tests.tiny_problem import tiny
@@ -235,8 +227,9 @@ def test_below_full_where_a_run_decides_every_per_layer_schedule_is_over(
 
 def test_below_full_remat_over_chunks_of_layers_is_tried_first(
         problem: autoremat.Problem, found: StepCosts) -> None:
-    """Below ``full``, nested remat over chunks of layers stores fewer layer inputs: the
-    split storing fewest is proposed first (``below_full``); the prediction errs low
+    """Below ``full``, remat over chunks of layers stores fewer layer inputs: Revolve
+    storing just enough fewer, then the nested split storing fewest (``below_full``),
+    are proposed first; the prediction errs low
     against the compiler's figure; once an all-``nothing`` one is over, every nested
     schedule storing as many inputs is, while a binomial one storing fewer is not."""
     assert found.carry_bytes == TINY.batch * TINY.seq_len * TINY.d_model * 4  # float32
@@ -251,8 +244,9 @@ def test_below_full_remat_over_chunks_of_layers_is_tried_first(
     assert full is not None and total is not None and bound == (-2 * found.carry_bytes, False)
     assert full + bound[0] <= total  # errs low, on the compiler's figures
     plan = LayerPlan(costs, budget_bytes=10**6, predicts=True)
-    assert plan.observe(autoremat.nested([LAYERS]), 10**6 + 1, {}) == [chunked]
-    assert plan.first == [chunked.key()] and not plan.over(chunked)
+    revolve = autoremat.binomial(LAYERS - 2)  # 1 byte over: one input's bytes, one more
+    assert plan.observe(autoremat.nested([LAYERS]), 10**6 + 1, {}) == [revolve, chunked]
+    assert plan.first == [revolve.key(), chunked.key()] and not plan.over(chunked)
     plan.observe(chunked, 10**6 + 2, {})  # over too: what it implies full costs there
     assert plan.nested_base == 10**6 + 2 + 2 * found.carry_bytes
     assert plan.over(autoremat.nested([2, 3])) and plan.over(autoremat.nested([3, 2], MINIMAL))

@@ -57,9 +57,10 @@ from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import Policy
 from autoremat._search.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
+from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.planner_ahead import CompilesAhead
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
-from autoremat._search.presets import LayerCosts, LayerPlan, preset_labels, preset_params
+from autoremat._search.presets import LayerPlan, preset_labels, preset_params
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seeds

@@ -22,8 +22,8 @@ dots policies are what its user would try first too.
    measured to fit.
 3. Where a run decides the fit (a TPU or GPU: ``device_memory.VALIDATED``), a preset
    predicted over the budget is not compiled or run: what it keeps beyond ``full``
-   (``LayerCosts.keeps``: the tags' and matmul outputs' bytes per layer, from the
-   trace, times the layers) plus ``full``'s measured figure. A TPU's compiled estimate
+   (``layer_costs.LayerCosts``: the tags' and matmul outputs' bytes per layer, from
+   the trace, times the layers) plus ``full``'s measured figure. A TPU's compiled estimate
    overshoots a layer stack by up to a third; the trace's bytes do not. A schedule of
    several groups needs more: each group scans a slice of the stacked parameters and
    their gradient is joined back (``SPLIT_OVERHEAD``, ``LayerCosts.split_bytes``). Elsewhere
@@ -40,15 +40,13 @@ dots policies are what its user would try first too.
    (``LayerPlan.pair``; per layer, the difference of their figures). A pair found over
    the budget by its own figure is proposed again with fewer layers of the larger one.
 6. Below ``full`` (its own figure over the budget): no per-layer schedule fits, since each
-   keeps at least what ``full`` keeps. What can is remat over chunks of layers (Chen et
-   al. 2016, ``nested``): ``n1 x n2`` with nothing saved at either level stores
-   ``n1 + n2`` layer inputs instead of ``L``, for one more forward pass of every layer.
-   The split storing fewest is tried first (``below_full``); a nested schedule is
-   predicted from ``full``'s figure less the layer inputs it does not store (twice
-   their bytes, ``STORED_PER_INPUT``) plus what its levels keep (``LayerCosts.extra``:
-   meant to err low; a binomial one,
-   ``full``'s less the inputs its snapshots do not store), and once an all-``nothing``
-   one is found over the budget, from what that figure implies ``full`` costs there.
+   keeps at least what ``full`` keeps; chunked schedules store fewer layer inputs
+   (``autoremat._search.layer_costs``). First Revolve (``binomial``) storing just
+   enough fewer inputs at one input's bytes each, which recomputes fewest layers, then
+   the nested ``n1 x n2`` storing fewest (``below_full``), nothing saved at either level
+   (``LayerPlan._below_full``). Once one of them is found over the budget, the inputs
+   it does not store say what ``full`` costs there (``nested_base``), and every chunked
+   schedule is predicted from that.
 
 The trade-off: a preset costs a compile and a timing (a few seconds each on a TPU);
 about ten of them are the price of never losing to one. The byte predictions ignore
@@ -57,7 +55,6 @@ what XLA fuses away, so a prediction within ``MARGIN`` of the budget is measured
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,6 +66,7 @@ from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import NO_REMAT, Policy
+from autoremat._search.layer_costs import MARGIN, LayerCosts, below_full, knapsack, stored
 from autoremat._search.named_policies import MAXTEXT, MAXTEXT_OFFLOADED
 
 if TYPE_CHECKING:
@@ -76,29 +74,10 @@ if TYPE_CHECKING:
 
 #: A step of at least this many matmul FLOPs is heavy (the module docstring).
 HEAVY_FLOPS: Final = 1e4
-#: A prediction within this fraction over the budget is measured, not ruled out.
-MARGIN: Final = 0.05
-#: The knapsack tries every subset of at most this many tags (else the greedy ranking).
-MAX_EXACT_TAGS: Final = 14
-#: What a schedule of ``n >= 2`` groups needs more than one scan, per group, as a
-#: fraction of the scanned inputs' bytes (``StepCosts.xs_bytes``: a stack's parameters):
-#: each group's scan takes a slice of them and its gradient is joined back. Measured
-#: on a CPU (6 layers, d_model 64: 0.99x for 2 groups, 1.46x for 3); not yet on a TPU.
-SPLIT_OVERHEAD: Final = 0.5
-#: What remat of each layer stores per layer, at most, in layer inputs' bytes (its carry,
-#: ``StepCosts.carry_bytes``): a chunked schedule's prediction subtracts this much per
-#: layer input it does not store, so it errs low. On the TPU the built-in stack's
-#: ``6x4 nothing/nothing`` needed 700 MB less than ``full`` for 14 inputs of 33.5 MB
-#: not stored (1.5x).
-STORED_PER_INPUT: Final = 2.0
 #: The fixed presets, by their label in the search space (``nested_space.POLICIES``).
 FIXED: Final = ("dots_no_batch", "dots", NO_REMAT)
 #: The platform's own offloaded preset (MaxText's ``minimal_offloaded``).
 OFFLOADED: Final = ("offload_step",)
-_ZERO: Final = ("nothing_saveable",)
-_NO_BATCH: Final = ("dots_with_no_batch_dims_saveable", "checkpoint_dots_with_no_batch_dims")
-_DOTS: Final = ("dots_saveable", "checkpoint_dots")
-_ALL: Final = (NO_REMAT, "everything_saveable")
 
 
 def is_layer_stack(seq_len: int, costs: StepCosts | None) -> bool:
@@ -126,136 +105,6 @@ def preset_params(label: str) -> dict[str, Any]:
     return {"kind": "nested", "depth": 1, "d1_policy": label, "d1_unroll": 1}
 
 
-@dataclass(frozen=True)
-class LayerCosts:
-    """What each per-layer policy keeps, from the trace (``StepCosts``), over ``layers``."""
-
-    layers: int
-    costs: StepCosts
-
-    def keeps(self, policy: Policy) -> tuple[float, bool]:
-        """Bytes one layer under ``policy`` keeps beyond ``nothing_saveable``, and whether
-        that is exact (else a lower bound: no remat keeps every residual, counted as
-        every matmul output and tag)."""
-        tags = self.costs.tags
-        if policy.name in _ZERO or (policy.offloads and not _saved_names(policy)):
-            return 0.0, True
-        if policy.name in _NO_BATCH:
-            return float(self.costs.dot_no_batch_bytes), True
-        if policy.name in _DOTS:
-            return float(self.costs.dot_bytes), True
-        if policy.name == "save_only_these_names" or policy.offloads:
-            return float(sum(tags[n].bytes for n in _saved_names(policy) if n in tags)), True
-        if policy.name in _ALL:
-            return float(max(self.costs.dot_bytes, sum(t.bytes for t in tags.values()))), False
-        if policy.name in ("save_anything_except_these_names", "save_any_names_but_these"):
-            return float(sum(t.bytes for n, t in tags.items() if n not in policy.names)), False
-        return 0.0, False
-
-    def extra(self, schedule: Schedule) -> tuple[float, bool] | None:
-        """``keeps`` summed over the layers of a per-layer schedule (remat of each step,
-        or groups); for a nested one a lower bound (``nested_extra``); ``None`` for any
-        other."""
-        if isinstance(schedule, NestedSchedule) and schedule.depth > 1:
-            return self.nested_extra(schedule), False
-        if isinstance(schedule, BinomialSchedule):  # stores that many layer inputs
-            unstored = self.layers - min(schedule.snapshots, self.layers)
-            return -unstored * self.input_bytes, False
-        if isinstance(schedule, NestedSchedule):
-            spans = [(self.layers, schedule.levels[0].policy)]
-        elif isinstance(schedule, GroupsSchedule):
-            spans = [(n, p) for _, n, p in schedule.spans(self.layers)]
-        else:
-            return None
-        kept = [(n * b, exact) for n, p in spans for b, exact in [self.keeps(p)]]
-        return sum(b for b, _ in kept) + self.split_bytes(len(spans)), all(e for _, e in kept)
-
-    def nested_extra(self, schedule: NestedSchedule) -> float:
-        """At least what a nested schedule keeps beyond ``full``, less the layer inputs it
-        does not store (``stored``; may be negative): its innermost level's policy on that
-        level's layers (recomputed together in the backward pass), or an outer level's on
-        every layer that level's body spans (all of them for the outermost: the tags it
-        saves stay for the whole backward pass), counted ``1 - MARGIN`` (on the TPU, 6x2
-        keeping four tags at the outer level needed 0.3% less than all four on every
-        layer). An outer level's bound is counted only where ``keeps`` is exact (not
-        ``none``: an unwrapped body stores what its inner levels keep). A tag with no
-        matmul to redo is left out: it may be the layer input, stored anyway."""
-        levels = schedule.levels
-        kept = levels[-1].length * self._bound(levels[-1].policy)[0]
-        spans = self.layers
-        for level in levels[:-1]:
-            per_layer, exact = self._bound(level.policy)
-            if exact:
-                kept = max(kept, (1 - MARGIN) * spans * per_layer)
-            spans = math.ceil(spans / level.length)
-        return kept - (self.layers - stored(schedule, self.layers)) * self.input_bytes
-
-    @property
-    def input_bytes(self) -> float:
-        """What ``full`` stores per layer, at most (``STORED_PER_INPUT``)."""
-        return STORED_PER_INPUT * self.costs.carry_bytes
-
-    def _bound(self, policy: Policy) -> tuple[float, bool]:
-        """``keeps`` without the tags that redo no matmul (``nested_extra``)."""
-        if policy.name != "save_only_these_names":
-            return self.keeps(policy)
-        tags = self.costs.tags
-        return float(sum(tags[n].bytes for n in policy.names if n in tags and tags[n].flops)), True
-
-    def split_bytes(self, groups: int) -> float:
-        """Bytes a schedule of ``groups`` groups needs beyond what its layers keep
-        (``SPLIT_OVERHEAD``; none for one group)."""
-        return SPLIT_OVERHEAD * groups * self.costs.xs_bytes if groups > 1 else 0.0
-
-    def table(self) -> list[dict[str, Any]]:
-        """Per tag: bytes per layer, over all layers, and the matmul FLOPs a layer redoes
-        when it is not kept (``TaggedValue``), dearest per byte first."""
-        ranked = sorted(self.costs.tags.values(), key=lambda t: (-t.flops_per_byte, t.name))
-        return [{"name": t.name, "bytes_per_layer": t.bytes, "bytes": t.bytes * self.layers,
-                 "flops_per_layer": t.flops} for t in ranked]
-
-
-def knapsack(costs: LayerCosts, room: float) -> tuple[str, ...]:
-    """The tags whose bytes over every layer fit in ``room`` and save the most recompute
-    FLOPs: every subset of up to ``MAX_EXACT_TAGS`` tags, else the dearest per byte
-    first. Empty when none fits."""
-    tags = [t for t in costs.costs.tags.values() if t.bytes * costs.layers <= room]
-    if len(tags) > MAX_EXACT_TAGS:
-        tags.sort(key=lambda t: -t.flops_per_byte)
-        chosen, used = [], 0.0
-        for t in tags:
-            if used + t.bytes * costs.layers <= room:
-                chosen.append(t.name)
-                used += t.bytes * costs.layers
-        return tuple(sorted(chosen))
-    best: tuple[float, tuple[str, ...]] = (0.0, ())
-    for k in range(1, len(tags) + 1):
-        for subset in itertools.combinations(tags, k):
-            if sum(t.bytes for t in subset) * costs.layers <= room:
-                best = max(best, (sum(t.flops for t in subset),
-                                  tuple(sorted(t.name for t in subset))))
-    return best[1]
-
-
-def stored(schedule: NestedSchedule, layers: int) -> int:
-    """Layer inputs a nested schedule of ``layers`` stores at most at once: each level's
-    chunk boundaries (the outermost count derived from ``layers``)."""
-    inner = schedule.lengths[1:]
-    return math.ceil(layers / math.prod(inner)) + sum(inner)
-
-
-def below_full(layers: int) -> NestedSchedule | None:
-    """Remat over chunks of layers storing fewest layer inputs (module docstring, 6.):
-    ``n1 x n2 = layers`` with the least ``n1 + n2`` (the shorter inner), nothing saved at
-    either level; ``None`` for fewer than 4 layers or a prime count."""
-    splits = [(d + layers // d, layers // d, d) for d in range(2, math.isqrt(layers) + 1)
-              if layers % d == 0]
-    if not splits:
-        return None
-    _, outer, inner = min(splits)
-    return NestedSchedule.build([outer, inner], "nothing_saveable")
-
-
 def split(layers: int, extra_per_layer: float, room: float) -> int | None:
     """How many of ``layers`` can keep ``extra_per_layer`` bytes more within ``room`` (at
     least one, fewer than all); ``None`` when not one can, or all can."""
@@ -277,7 +126,7 @@ class LayerPlan:
     predicts: bool = False
     first: list[str] = field(default_factory=list)  # schedule keys tried first, in order
     base: float | None = None  # full's measured fit_bytes
-    #: ``full``'s figure as an all-``nothing`` nested schedule measured over implies it
+    #: ``full``'s figure as a chunked schedule saving nothing, measured over, implies it
     nested_base: float | None = None
     #: one policy on every layer, timed within the budget: ``(fit bytes, step s, policy)``
     fits: list[tuple[float, float, Policy]] = field(default_factory=list)
@@ -340,8 +189,7 @@ class LayerPlan:
             if self.predicts:
                 out += [self._grouped(p, self.costs.keeps(p)) for p in presets.values()]
             if size > self.budget_bytes:
-                nested = below_full(layers)
-                out.append(None if nested is None or self.over(nested) else nested)
+                out += self._below_full(float(size))
         elif policy is not None and self.base is not None and size > self.budget_bytes:
             self.overs.append((float(size), policy))
             out += [self._grouped(policy, ((size - self.base) / layers, True)),
@@ -354,7 +202,6 @@ class LayerPlan:
         elif isinstance(schedule, GroupsSchedule) and size > self.budget_bytes:
             out.append(self._fewer(schedule, float(size)))
         elif _all_nothing(schedule) and size > self.budget_bytes:
-            assert isinstance(schedule, NestedSchedule)
             implied = size + (layers - stored(schedule, layers)) * self.costs.input_bytes
             self.nested_base = max(self.nested_base or implied, implied)
         fresh = [s for s in out if s is not None and s.key() not in self.first]
@@ -401,6 +248,18 @@ class LayerPlan:
             self.pairs[first] = smaller.key()  # the pair of ``first`` now
         return smaller
 
+    def _below_full(self, size: float) -> list[Schedule]:
+        """``full`` over the budget at ``size`` (module docstring, 6.): Revolve storing
+        as many layer inputs as leave the room, at one input's bytes each and one more
+        (the fewest recomputed layers: ``binomial``), then the nested split storing
+        fewest (``below_full``); those not predicted over."""
+        carry = self.costs.costs.carry_bytes
+        unstored = math.ceil((size - self.budget_bytes) / carry) + 1 if carry else 0
+        keep = self.costs.layers - unstored
+        tries = [BinomialSchedule(snapshots=keep) if 1 <= keep < self.costs.layers else None,
+                 below_full(self.costs.layers)]
+        return [t for t in tries if t is not None and not self.over(t)]
+
     def _grouped(self, policy: Policy, per_layer: tuple[float, bool]) -> Schedule | None:
         """``policy`` on as many layers as the room pays for, ``nothing`` on the rest."""
         if self.base is None or not per_layer[1]:
@@ -425,19 +284,12 @@ def _chunked(schedule: Schedule) -> bool:
 
 
 def _all_nothing(schedule: Schedule) -> bool:
-    """A nested schedule of several levels, each saving nothing."""
-    return isinstance(schedule, NestedSchedule) and schedule.depth > 1 and all(
-        lv.policy.name == "nothing_saveable" for lv in schedule.levels)
+    """A binomial schedule, or a nested one of several levels each saving nothing."""
+    return isinstance(schedule, BinomialSchedule) or (
+        isinstance(schedule, NestedSchedule) and schedule.depth > 1
+        and all(lv.policy.name == "nothing_saveable" for lv in schedule.levels))
 
 
 def _is_full(schedule: Schedule) -> bool:
     policy = _one_policy(schedule)
     return policy is not None and policy.name == "nothing_saveable"
-
-
-def _saved_names(policy: Policy) -> tuple[str, ...]:
-    """The tags a name policy keeps on the device (an offloading one: its saved names)."""
-    if policy.name == "save_and_offload_only_these_names":
-        saved = dict(policy.kwargs).get("names_which_can_be_saved", ())
-        return (saved,) if isinstance(saved, str) else tuple(saved)
-    return policy.names

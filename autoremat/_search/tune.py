@@ -78,8 +78,9 @@ from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import NAME_COSTS
 from autoremat._search.confirm import confirm
+from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.named_policies import named_policies, step_costs
-from autoremat._search.presets import LayerCosts, is_layer_stack
+from autoremat._search.presets import is_layer_stack
 from autoremat._search.probe import RULES
 from autoremat._search.probe_cache import VerdictCache, cache_path, environment_key
 from autoremat._search.probe_guard import ProbeGuard

@@ -35,8 +35,8 @@ from autoremat._search.attrs import (
 )
 from autoremat._search.candidates import Candidate
 from autoremat._search.compile_pool import CompilePool
+from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.planner import Planner
-from autoremat._search.presets import LayerCosts
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock
 from autoremat._search.study import MeasuredTrial, StudyInfo
