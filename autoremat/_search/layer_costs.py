@@ -101,19 +101,18 @@ class LayerCosts:
         """At least what a nested schedule keeps beyond ``full``, less the layer inputs it
         does not store (``stored``; may be negative): its innermost level's policy on that
         level's layers (recomputed together in the backward pass), or an outer level's on
-        every layer that level's body spans (all of them for the outermost: the tags it
-        saves stay for the whole backward pass), counted ``1 - MARGIN`` (on the TPU, 6x2
+        every layer that level's body spans (all of them for the outermost: what it saves
+        stays for the whole backward pass), counted ``1 - MARGIN`` (on the TPU, 6x2
         keeping four tags at the outer level needed 0.3% less than all four on every
-        layer). An outer level's bound is counted only where ``keeps`` is exact (not
-        ``none``: an unwrapped body stores what its inner levels keep). A tag with no
-        matmul to redo is left out: it may be the layer input, stored anyway."""
+        layer; outer ``dots`` and ``dots_with_no_batch_dims`` levels needed more than
+        their matmuls on every layer). Not for an outer ``none`` level: an unwrapped body
+        stores what its inner levels keep."""
         levels = schedule.levels
-        kept = levels[-1].length * self._bound(levels[-1].policy)[0]
+        kept = levels[-1].length * self._bound(levels[-1].policy)
         spans = self.layers
         for level in levels[:-1]:
-            per_layer, exact = self._bound(level.policy)
-            if exact:
-                kept = max(kept, (1 - MARGIN) * spans * per_layer)
+            if level.policy.name != NO_REMAT:
+                kept = max(kept, (1 - MARGIN) * spans * self._bound(level.policy))
             spans = math.ceil(spans / level.length)
         return kept - (self.layers - stored(schedule, self.layers)) * self.input_bytes
 
@@ -122,12 +121,18 @@ class LayerCosts:
         """What ``full`` stores per layer, at most (``STORED_PER_INPUT``)."""
         return STORED_PER_INPUT * self.costs.carry_bytes
 
-    def _bound(self, policy: Policy) -> tuple[float, bool]:
-        """``keeps`` without the tags that redo no matmul (``nested_extra``)."""
-        if policy.name != "save_only_these_names":
-            return self.keeps(policy)
-        tags = self.costs.tags
-        return float(sum(tags[n].bytes for n in policy.names if n in tags and tags[n].flops)), True
+    def _bound(self, policy: Policy) -> float:
+        """At least what ``policy`` keeps per layer (``nested_extra``): ``keeps``, its
+        lower bound where not exact, counting no tag that redoes no matmul (it may be the
+        layer input, stored anyway)."""
+        tags = {n: t for n, t in self.costs.tags.items() if t.flops}
+        if policy.name == "save_only_these_names":
+            return float(sum(tags[n].bytes for n in policy.names if n in tags))
+        if policy.name in ("save_anything_except_these_names", "save_any_names_but_these"):
+            return float(sum(t.bytes for n, t in tags.items() if n not in policy.names))
+        if policy.name in _ALL:
+            return float(max(self.costs.dot_bytes, sum(t.bytes for t in tags.values())))
+        return self.keeps(policy)[0]
 
     def split_bytes(self, groups: int) -> float:
         """Bytes a schedule of ``groups`` groups needs beyond what its layers keep
