@@ -4,6 +4,7 @@ a tune that tries the presets first (``autoremat._search.presets``). Tiny stacks
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax
@@ -13,7 +14,8 @@ import pytest
 import autoremat
 from autoremat._measure.measure import compile_schedule
 from autoremat._models.layer_stack import LayerStack, layer_stack_model
-from autoremat._scan.checkpoint_names import StepCosts
+from autoremat._scan.checkpoint_names import StepCosts, TaggedValue
+from autoremat._schedules import from_data
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import Policy
@@ -251,6 +253,29 @@ def test_below_full_remat_over_chunks_of_layers_is_tried_first(
     assert plan.nested_base == 10**6 + 2 + 2 * found.carry_bytes
     assert plan.over(autoremat.nested([2, 3])) and plan.over(autoremat.nested([3, 2], MINIMAL))
     assert not plan.over(autoremat.binomial(2))  # stores 2 layer inputs, not 5
+
+
+def test_chunked_predictions_err_low_on_the_tpus_measured_trials() -> None:
+    """Every nested or binomial schedule the TPU v5e ran in the side-by-side (issue 45,
+    ``studies/results/layer_presets*.md``: both sizes, 2026-12-06) needed at least its
+    prediction from ``full``'s measured figure and the trace's bytes, which
+    ``tests/data/tpu_layer_trials.json`` holds as the search saw them."""
+    data = json.loads((Path(__file__).parent / "data" / "tpu_layer_trials.json").read_text())
+    checked = 0
+    for size in data.values():
+        c = size["costs"]
+        tags = {n: TaggedValue(n, t["bytes"], t["flops"]) for n, t in c["tags"].items()}
+        costs = LayerCosts(size["layers"], StepCosts(
+            tags, c["flops"], c["dot_bytes"], c["dot_no_batch_bytes"], c["xs_bytes"],
+            c["carry_bytes"]))
+        plan = LayerPlan(costs, budget_bytes=2**62, predicts=True)
+        plan.base = size["full_fit_bytes"]
+        for trial in size["chunked"]:
+            guess = plan.predicted(from_data(trial["schedule"]))
+            assert guess is not None and not guess[1], trial
+            assert guess[0] <= trial["fit_bytes"], trial
+            checked += 1
+    assert checked == 8
 
 
 def _trials(name: str, storage: str) -> list[MeasuredTrial]:
