@@ -74,9 +74,11 @@ class CompilesAhead:
         return self.deadline - time.monotonic() - reserve
 
     def _surely_over(self, cand: Candidate) -> bool:
-        """Not worth a compile: over the budget by the memory model's rule or, in a layer
-        stack, by what the schedule keeps (``presets.LayerPlan.over``)."""
-        return self.memory_model.surely_over(cand.structure) or (
+        """Not worth a compile: over the budget by the memory model's rule or far over it by
+        its guess (``MemoryModel.far_over``) or, in a layer stack, by what the schedule
+        keeps (``presets.LayerPlan.over``)."""
+        return self.memory_model.surely_over(cand.structure) or self.memory_model.far_over(
+            cand.structure, self.budget_bytes) or (
             self.layers is not None and self.layers.over(cand.schedule))
 
     def _compile(self, cand: Candidate, built: tuple[Step, tuple[Any, ...]] | None) -> Compiled:

@@ -113,6 +113,13 @@ GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0, graphs=-1.0)
 TPU_PRIOR: Final = Prior(loop=0.31, bookkeeping=0.0)
 #: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
 PRIORS: Final[dict[str, Prior]] = {**dict.fromkeys(GPU_PLATFORMS, GPU_PRIOR), "tpu": TPU_PRIOR}
+#: A schedule the memory model predicts at this many times the budget is not compiled
+#: (``MemoryModel.far_over``): on a user's GRU (T=160, budget half of plain's) the
+#: model's guesses were 0.63-1.25x the compiled totals, and 21 of 27 schedules it
+#: compiled were 1.6-3.7x over the budget.
+FAR_OVER: Final = 1.5
+#: ... once it is fit on at least this many sized schedules (the seeds, typically).
+FAR_POINTS: Final = 5
 
 
 def prior_for(platform: str) -> Prior:
@@ -324,6 +331,7 @@ class MemoryModel:
 
     ``predict``: a least-squares fit of bytes on the terms over the schedules
     sized so far (to rank them; ``None`` before two were sized).
+    ``far_over``: predicted far over the budget (``FAR_OVER``), not compiled.
     ``surely_over``: a schedule that stores at least as much as one already over
     the budget (``Structure.stores_at_least``: more saved policies at the same
     lengths, a larger unroll, plain at any unroll once plain is over), or one
@@ -350,6 +358,12 @@ class MemoryModel:
     def mark_over(self, structure: Structure) -> None:
         """``structure`` was over the budget by its run (sized at compile as fitting)."""
         self.over.append(structure)
+
+    def far_over(self, structure: Structure, budget_bytes: int) -> bool:
+        """Predicted at ``FAR_OVER`` times the budget or more, by a fit on at least
+        ``FAR_POINTS`` sized schedules: not worth a compile."""
+        guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
+        return guess is not None and guess >= FAR_OVER * budget_bytes
 
     def surely_over(self, structure: Structure) -> bool:
         if any(structure.stores_at_least(o) for o in self.over):
