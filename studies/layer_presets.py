@@ -194,7 +194,8 @@ def tune_at(model: Any, budget: int, limit: float, storage: str, trials: int | N
     seconds = time.monotonic() - start
     measured = study_trials(result.study_name, storage)
     out: dict[str, Any] = {
-        "budget_bytes": budget, "tune_seconds": seconds, "trials": len(measured), "pick": None,
+        "budget_bytes": budget, "tune_seconds": seconds, "limit_seconds": limit,
+        "trials": len(measured), "pick": None,
         "over_budget": sum((t.measurement.fit_bytes or 0) > budget for t in measured),
         "measured": [t.schedule.describe() for t in measured]}
     if result.best is not None and result.best_trial is not None:
@@ -285,10 +286,13 @@ def report(data: dict[str, Any]) -> list[str]:
             ok = pick and fits(pick, budget)
             ratio = ("-" if not ok else "fits where none does" if best_s is None
                      else f"{pick_s / best_s:.2f}")
+            cut = (f" (cut to {t['limit_seconds']:.0f} s by --deadline)"
+                   if t.get("cut_by_deadline") else "")
             lines.append(f"| {_mb(budget)} | {', '.join(fitting) or '(no preset)'} | {best or '-'} | "
                          f"{_ms(best_s)} | {pick.get('describe', 'nothing fits')} | "
                          f"{_mb(pick.get('fit_bytes'))} | {_ms(pick_s)} | {ratio} | "
-                         f"{t['tune_seconds']:.0f} | {t['trials']} ({t.get('over_budget', '?')}) |")
+                         f"{t['tune_seconds']:.0f}{cut} | {t['trials']} "
+                         f"({t.get('over_budget', '?')}) |")
     if data.get("check"):
         lines += ["", f"## Values (float32, highest precision, sizes {data['check']['sizes']})",
                   "", "| schedule | max relative difference from the unscheduled model |",
@@ -362,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         data["tunes"][str(budget)] = t = tune_at(model, budget, limit, storage, args.trials,
                                                  args.time_budget)
+        t["cut_by_deadline"] = limit < args.tune_limit  # less than --tune-limit was left
         log(f"tune at {_mb(budget)}: {(t['pick'] or {}).get('describe')} in "
             f"{t['tune_seconds']:.0f} s")
         results.save()
