@@ -8,7 +8,6 @@ on ``--mesh data=4``.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -42,25 +41,13 @@ def _env(devices: int) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, dict[str, Any]]:
-    """Every record ``mesh_checks.py`` printed, by ``(front, context, kind)`` or check name.
-    Run once per test session: xdist workers that get these tests share the printout
-    (a file beside their temporary folders, written under a lock)."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # every worker's base folder is in it
-    printed = shared / "mesh_checks.jsonl"
-    with open(shared / "mesh_checks.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not printed.exists():
-            out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_checks.py")],
-                                 capture_output=True, text=True, timeout=600, env=_env(4),
-                                 check=False)
-            assert out.returncode == 0, out.stderr[-3000:]
-            printed.write_text(out.stdout)
-        text = printed.read_text()
+def records() -> dict[Any, dict[str, Any]]:
+    """Every record ``mesh_checks.py`` printed, by ``(front, context, kind)`` or check name."""
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_checks.py")],
+                         capture_output=True, text=True, timeout=600, env=_env(4), check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
     found: dict[Any, dict[str, Any]] = {}
-    for line in text.splitlines():
+    for line in out.stdout.splitlines():
         r = json.loads(line)
         found[r["check"] if "check" in r else (r["front"], r["context"], r["kind"])] = r
     return found
