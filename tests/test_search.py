@@ -356,6 +356,27 @@ def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
     assert sized.surely_over(ne(2000)) and not sized.surely_over(ne(50))
 
 
+def test_memory_model_rules_out_what_it_predicts_far_over_once_it_fits_its_points() -> None:
+    """``far_over``: predicted at 1.5x the budget or more by a fit on at least five sized
+    schedules that misses none of them by half -- not compiled; fewer points, or a fit
+    that misses one, rules nothing out."""
+    from autoremat._search.predict import FAR_OVER, FAR_POINTS, MemoryModel, Structure
+
+    seq_len = 10_000
+    ne = lambda n: Structure.of(autoremat.nested(  # noqa: E731
+        [seq_len // n, n], ["nothing_saveable", "everything_saveable"]), seq_len)
+    size = lambda n: 10**6 * ne(n).terms[1]  # noqa: E731  # 1 MB per step of residuals kept
+    memory = MemoryModel()
+    for n in (10, 20, 40, 50)[:FAR_POINTS - 1]:
+        memory.add(ne(n), int(size(n)), over_budget=False)
+    budget = int(size(50))
+    assert size(500) > 2 * FAR_OVER * budget and not memory.far_over(ne(500), budget)  # 4 points
+    memory.add(ne(100), int(size(100)), over_budget=False)
+    assert memory.far_over(ne(500), budget) and not memory.far_over(ne(60), budget)
+    memory.add(ne(25), int(10 * size(25)), over_budget=False)  # a point the fit misses
+    assert not memory.far_over(ne(500), budget)
+
+
 def _plain_out_of_memory(problem: Problem, compiles: list[str]) -> Problem:
     """A stand-in for a device that cannot hold the plain scan (the CPU never runs out
     of memory at compile): a plain scan's step, at any unroll, raises XLA:TPU's

@@ -361,9 +361,12 @@ class MemoryModel:
 
     def far_over(self, structure: Structure, budget_bytes: int) -> bool:
         """Predicted at ``FAR_OVER`` times the budget or more, by a fit on at least
-        ``FAR_POINTS`` sized schedules: not worth a compile."""
+        ``FAR_POINTS`` sized schedules that misses none of them by ``FAR_OVER - 1`` of
+        its size or more: not worth a compile."""
         guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
-        return guess is not None and guess >= FAR_OVER * budget_bytes
+        if guess is None or guess < FAR_OVER * budget_bytes:
+            return False
+        return all(abs((self.predict(s) or 0.0) - y) < (FAR_OVER - 1) * y for s, y in self.points)
 
     def surely_over(self, structure: Structure) -> bool:
         if any(structure.stores_at_least(o) for o in self.over):
