@@ -343,6 +343,8 @@ class MemoryModel:
         self.points: list[tuple[Structure, float]] = []
         self.over: list[Structure] = []
         self.refused: list[float] = []  # sizes the compiler stated, out of memory
+        self._coef: list[float] | None = None
+        self._trusted: bool | None = None  # ``far_over``'s check of the fit
 
     def add(self, structure: Structure, total_bytes: int, over_budget: bool,
             refused: bool = False) -> None:
@@ -353,7 +355,8 @@ class MemoryModel:
             self.over.append(structure)
         if refused:
             self.refused.append(float(total_bytes))
-        self._coef: list[float] | None = None
+        self._coef = None
+        self._trusted = None
 
     def mark_over(self, structure: Structure) -> None:
         """``structure`` was over the budget by its run (sized at compile as fitting)."""
@@ -366,7 +369,10 @@ class MemoryModel:
         guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
         if guess is None or guess < FAR_OVER * budget_bytes:
             return False
-        return all(abs((self.predict(s) or 0.0) - y) < (FAR_OVER - 1) * y for s, y in self.points)
+        if self._trusted is None:  # once per fit
+            self._trusted = all(abs((self.predict(s) or 0.0) - y) < (FAR_OVER - 1) * y
+                                for s, y in self.points)
+        return self._trusted
 
     def surely_over(self, structure: Structure) -> bool:
         if any(structure.stores_at_least(o) for o in self.over):
