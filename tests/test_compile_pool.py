@@ -14,6 +14,7 @@ import threading
 import zlib
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -360,26 +361,24 @@ def test_nothing_compiled_ahead_is_left_holding_an_executable(searches: Any) -> 
 
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])
 def test_near_the_deadline_a_device_keeps_a_compile_for_the_proof_and_starts_none_ahead(
-        platform: str) -> None:
+        platform: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a device the pick's proof of fit compiles it again (``proof``): the planner's
     time left keeps one compile for it, so the tune ends within its limit; and no compile
     is taken ahead within two compiles of the deadline (it would be done too late to be
-    timed, and hold up the end)."""
-    import time
-
+    timed, and hold up the end). A stopped clock: no wall-clock time is read."""
+    monkeypatch.setattr(ahead_module, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     problem = tiny()
     pool = CompilePool(lambda s: Compiled(Measurement("x", OK)), workers=2)
     planner = plan_module.Planner(problem, BUDGET, platform, ShortRuns(problem), compiles=pool)
     try:
         planner.compile_seconds = [3.0, 5.0]
         reserve = 4.0 if platform == "tpu" else 0.0
-        planner.deadline = time.monotonic() + 100
-        left = planner.time_left()
-        assert left is not None and 99 - reserve < left <= 100 - reserve
-        planner.deadline = time.monotonic() + 7.0 + reserve  # under two compiles left
+        planner.deadline = 1100.0
+        assert planner.time_left() == 100 - reserve
+        planner.deadline = 1007.0 + reserve  # 7 s left: under two compiles
         planner.prefetch()
         assert pool.submitted == 0
-        planner.deadline = time.monotonic() + 100
+        planner.deadline = 1100.0
         planner.prefetch()
         assert pool.submitted == 1
     finally:

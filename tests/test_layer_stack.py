@@ -68,6 +68,9 @@ SCHEDULES = [
     autoremat.nested([4, 2]),  # 6 layers: one chunk of 4 and a remainder
     autoremat.nested([1, 2, 3], ["nothing_saveable", "nothing_saveable", "dots_saveable"]),
     autoremat.binomial(2),
+    # what the search proposes below ``full`` (``presets.LayerPlan._below_full``)
+    autoremat.nested([3, 2]),
+    autoremat.binomial(LAYERS - 2),
 ]
 
 

@@ -84,10 +84,11 @@ class LayerCosts:
         """``keeps`` summed over the layers of a per-layer schedule (remat of each step,
         or groups); for a nested one a lower bound (``nested_extra``); ``None`` for any
         other."""
-        if isinstance(schedule, NestedSchedule) and schedule.depth > 1:
-            return self.nested_extra(schedule), False
         if isinstance(schedule, BinomialSchedule):  # stores that many layer inputs
             return -(self.layers - stored(schedule, self.layers)) * self.input_bytes, False
+        if chunked(schedule):
+            assert isinstance(schedule, NestedSchedule)
+            return self.nested_extra(schedule), False
         if isinstance(schedule, NestedSchedule):
             spans = [(self.layers, schedule.levels[0].policy)]
         elif isinstance(schedule, GroupsSchedule):
@@ -167,6 +168,13 @@ def knapsack(costs: LayerCosts, room: float) -> tuple[str, ...]:
                 best = max(best, (sum(t.flops for t in subset),
                                   tuple(sorted(t.name for t in subset))))
     return best[1]
+
+
+def chunked(schedule: Schedule) -> bool:
+    """Recomputes whole layers, storing fewer layer inputs than remat of each layer (a
+    binomial schedule, a nested one of several levels)."""
+    return isinstance(schedule, BinomialSchedule) or (
+        isinstance(schedule, NestedSchedule) and schedule.depth > 1)
 
 
 def stored(schedule: Schedule, layers: int) -> int:

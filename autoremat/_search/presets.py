@@ -66,7 +66,14 @@ from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import NO_REMAT, Policy
-from autoremat._search.layer_costs import MARGIN, LayerCosts, below_full, knapsack, stored
+from autoremat._search.layer_costs import (
+    MARGIN,
+    LayerCosts,
+    below_full,
+    chunked,
+    knapsack,
+    stored,
+)
 from autoremat._search.named_policies import MAXTEXT, MAXTEXT_OFFLOADED
 
 if TYPE_CHECKING:
@@ -147,7 +154,7 @@ class LayerPlan:
         if extra is None or self.base is None:
             return None
         base = self.base
-        if _chunked(schedule):
+        if chunked(schedule):
             base = max(base, self.nested_base or base)
         return base + extra[0], extra[1]
 
@@ -277,17 +284,11 @@ def _one_policy(schedule: Schedule) -> Policy | None:
     return None
 
 
-def _chunked(schedule: Schedule) -> bool:
-    """Stores fewer layer inputs than remat of each layer (nested, binomial)."""
-    return isinstance(schedule, BinomialSchedule) or (
-        isinstance(schedule, NestedSchedule) and schedule.depth > 1)
-
-
 def _all_nothing(schedule: Schedule) -> bool:
     """A binomial schedule, or a nested one of several levels each saving nothing."""
-    return isinstance(schedule, BinomialSchedule) or (
-        isinstance(schedule, NestedSchedule) and schedule.depth > 1
-        and all(lv.policy.name == "nothing_saveable" for lv in schedule.levels))
+    saves = [lv.policy.name for lv in schedule.levels] \
+        if isinstance(schedule, NestedSchedule) else []
+    return chunked(schedule) and all(name == "nothing_saveable" for name in saves)
 
 
 def _is_full(schedule: Schedule) -> bool:
