@@ -84,6 +84,7 @@ def child(argv: list[str]) -> int:
     """Run ``autoremat`` with ``argv``, time-stamping what the parent reads (module doc)."""
     _emit("start")
     import autoremat._measure.measure as measure_module
+    import autoremat._search.compile_pool as pool_module
     import autoremat._search.probe_guard as guard_module
     import autoremat._search.tune as tune_module
     import autoremat._search.worker as worker_module
@@ -96,8 +97,27 @@ def child(argv: list[str]) -> int:
         compiled = real_compile(*args, **kwargs)
         m = compiled.measurement
         _emit("compile", start=start, seconds=time.time() - start, status=m.status,
-              oom=m.reason.startswith("out of memory at compile"), reason=m.reason[:200])
+              oom=m.reason.startswith("out of memory at compile"), reason=m.reason[:200],
+              thread=threading.current_thread().name, label=m.schedule_key[:120],
+              own_seconds=m.compile_seconds)  # lowering and XLA, not the wait for a timing
         return compiled
+
+    real_timing = measure_module._Timing.run
+
+    def timing(self: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        m = real_timing(self, **kwargs)
+        _emit("timing", start=start, seconds=time.time() - start, label=self.label[:120],
+              runs=len(m.step_samples or ()), cut=m.cut_seconds is not None,
+              thread=threading.current_thread().name)
+        return m
+
+    real_close = pool_module.CompilePool.close
+
+    def close(self: Any, wait: bool = False) -> None:
+        real_close(self, wait)
+        _emit("pool", threads=self.threads, submitted=self.submitted, taken=self.taken,
+              released=self.released, cancelled=self.cancelled)
 
     real_probe = guard_module.ProbeGuard._probe
 
@@ -152,6 +172,8 @@ def child(argv: list[str]) -> int:
 
     cli._problem_of = problem_of
     measure_module.compile_step = compile_step
+    measure_module._Timing.run = timing  # type: ignore[method-assign]
+    pool_module.CompilePool.close = close  # type: ignore[method-assign]
     guard_module.ProbeGuard._probe = probe  # type: ignore[method-assign]
     worker_module.Worker.callback = callback  # type: ignore[method-assign]
     tune_module.confirm = timed("confirm", tune_module.confirm)
@@ -216,10 +238,10 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
 
     of = {kind: [e for e in events if e["event"] == kind]
           for kind in ("compile", "probe", "trial", "confirm", "proof", "start", "end",
-                       "jax_imported", "backend", "xla_compile")}
+                       "jax_imported", "backend", "xla_compile", "timing", "pool")}
     trials = [e for e in of["trial"] if e["measured"]]
     failed = [e for e in trials if e["compile_failed"]]
-    combined = [e for e in failed if e["describe"].count("offload") >= 2]
+    combined = [e for e in failed if placements(e["describe"]) >= 2]
     problem_t = first("problem:")
     trial_ts = [e["t"] for e in of["trial"]]
     wrote = first("wrote ")
@@ -253,10 +275,43 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
         "target_s": TARGET_S[case],
         "platform": of["end"][0].get("platform") if of["end"] else None,
         "tail": [f"{t:7.1f}s {name} {line}" for t, name, line in log[-8:]],
+        **overlap(of["compile"], of["timing"]),
+        "pool": of["pool"][-1] if of["pool"] else None,
+        "timeline": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items()}
+                     for e in events if e["event"] in ("compile", "timing", "probe", "trial",
+                                                       "proof", "confirm")],
     }
     if code != 0:
         result["stderr"] = [line for _, name, line in log if name == "err"][-15:]
     return result
+
+
+def placements(describe: str) -> int:
+    """The offload placements a schedule's description names: carries offloaded at a
+    level (``offload(...)``) and offloaded dots (``offload_dot...``)."""
+    return describe.count("offload(") + describe.count("offload_dot")
+
+
+def overlap(compiles: list[dict[str, Any]], timings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the compiles ran and how much of them ran beside a timing (the compile
+    threads' point): seconds on the main thread and on threads, the device's timing
+    seconds and runs, and the compile seconds that overlapped a timing."""
+    spans = [(e["start"], e["start"] + e["seconds"]) for e in timings]
+
+    def beside(e: dict[str, Any]) -> float:
+        a, b = e["start"], e["start"] + e["seconds"]
+        return sum(max(0.0, min(b, d) - max(a, c)) for c, d in spans)
+
+    on_main = [e for e in compiles if e.get("thread", "MainThread") == "MainThread"]
+    return {
+        "timing_s": sum(e["seconds"] for e in timings), "timings": len(timings),
+        "timed_runs": sum(e["runs"] for e in timings),
+        "compile_main_s": sum(e["seconds"] for e in on_main),
+        "compile_threads_s": sum(e["seconds"] for e in compiles) - sum(
+            e["seconds"] for e in on_main),
+        "compile_own_s": sum(e.get("own_seconds") or 0.0 for e in compiles),
+        "compile_beside_timing_s": sum(beside(e) for e in compiles),
+    }
 
 
 def _s(v: float | None) -> str:
@@ -291,6 +346,13 @@ def markdown(results: list[dict[str, Any]], header: list[str]) -> str:
                    f"{_s(r['startup_s'])} ({len(before)} XLA compiles before it, "
                    f"{sum(before):.1f} s; {r['xla_compiles']} in the run, "
                    f"{r['xla_compile_s']:.1f} s)")
+        out.append(f"- device: {r['timings']} timings, {r['timed_runs']} runs, "
+                   f"{r['timing_s']:.1f} s; compiles (wall, lock waits included): main thread "
+                   f"{r['compile_main_s']:.1f} s, threads {r['compile_threads_s']:.1f} s "
+                   f"(their own: {r['compile_own_s']:.1f} s), beside a timing "
+                   f"{r['compile_beside_timing_s']:.1f} s; compiles ahead: "
+                   + (", ".join(f"{k} {v}" for k, v in r["pool"].items() if k not in (
+                       "event", "t")) if r["pool"] else "none"))
         out += [f"- {x}" for x in ([r["study_line"]] if r["study_line"] else [])]
         out += [f"- pick: {r['pick'].strip()}" if r["pick"] else "- pick: none"]
         out += [f"- probe: {v}" for v in r["probe_verdicts"]]

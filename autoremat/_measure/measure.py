@@ -23,13 +23,17 @@ measurement failed is data (``failed_at``, ``out_of_memory``;
 every floating output must be finite), then ``repeats`` more times, where ``repeats``
 adapts to the warm-up time so timing one schedule takes about ``time_budget`` seconds
 (between ``min_repeats`` and ``max_repeats`` runs; by default, when the warm-up alone was
-longer than ``time_budget``, that one run is the figure); so timing takes
-``max(time_budget, min_repeats * step)``; ``step_seconds`` is the median wall time of
-those runs, each ended by ``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the
-device's ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of
-the whole process's buffers (on a GPU an upper bound for this step; on a TPU it leaves out
-every program's temporaries, so it bounds nothing: shown as the process's, never as the
-step's).
+longer than ``time_budget``, that one run is the figure); so timing takes at most
+``max(time_budget, min_repeats * step)``. It stops sooner once the runs are steady: after
+``min_repeats`` runs, as soon as they all lie within ``STEADY`` (1%) of their median -- a
+TPU's runs agree to about 0.1% (``studies/results/tune_time.md``), so three runs say what
+twelve would, and a big model's trial times in four runs instead of ``time_budget``'s
+worth; a busy CPU's runs seldom agree so closely, and time on as before. ``step_seconds``
+is the median wall time of those runs, each ended by ``jax.block_until_ready``. On
+GPU/TPU, ``peak_bytes`` is the device's ``memory_stats()["peak_bytes_in_use"]`` after the
+runs -- a high-water mark of the whole process's buffers (on a GPU an upper bound for this
+step; on a TPU it leaves out every program's temporaries, so it bounds nothing: shown as
+the process's, never as the step's).
 
 On a device whose ``memory_stats()`` reports ``bytes_in_use`` and ``peak_bytes_in_use``
 (GPU, TPU), two more figures are measured where the platform's method was checked against
@@ -98,6 +102,9 @@ from autoremat._schedules.base import Schedule
 
 #: About how long timing one schedule may take, in seconds (``time_budget``).
 DEFAULT_TIME_BUDGET: Final = 5.0
+#: Timing stops once ``min_repeats`` runs or more all lie within this fraction of their
+#: median (the module doc): more runs would move the median by less than that.
+STEADY: Final = 0.01
 
 
 def measure(
@@ -336,10 +343,11 @@ class _Timing:
                     samples.append(self.once()[0])
                 if samples[0] > cut_after:
                     return self.measurement(OK, loss=loss, cut_seconds=samples[0])
+            fewest = 3 if min_repeats is None else min_repeats
             repeats = 1 if long_step else max(
-                3 if min_repeats is None else min_repeats,
-                min(max_repeats, int(time_budget / max(warmup, 1e-6))))
-            samples += [self.once()[0] for _ in range(repeats - len(samples))]
+                fewest, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
+            while len(samples) < repeats and not (len(samples) >= fewest and steady(samples)):
+                samples.append(self.once()[0])
         except Exception as e:
             oom = is_out_of_memory(e)
             return self.measurement(ERROR, f"{words(RUN, oom)}: {one_line(e)}", failed_at=RUN,
@@ -390,6 +398,12 @@ _FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_by
                    "carry_bytes", "argument_sharding", "compile_scratch_bytes",
                    "runtime_peak_bytes")
 _ENV: Final = ("device_kind", "platform", "jax_version", "flax_version", "devices", "mesh")
+
+
+def steady(samples: Sequence[float]) -> bool:
+    """Every sample within ``STEADY`` of their median (timing may stop: the module doc)."""
+    mid = statistics.median(samples)
+    return mid > 0 and all(abs(x - mid) <= STEADY * mid for x in samples)
 
 
 def _check_finite(out: Any) -> tuple[float | None, str]:
