@@ -23,7 +23,9 @@ more, which one it is worth timing:
    ``breakdown.floor_bytes``); else when the best prediction left is clearly slower than
    the best measured schedule that fits -- by ``STOP_RATIO``, widened by
    twice the model's own leave-one-out error (``stop_ratio``): a model off
-   by 15% must not rule out a schedule predicted 20% slower -- or the time
+   by 15% must not rule out a schedule predicted 20% slower -- or when
+   ``PATIENCE`` compiles of candidates predicted slower than the best brought
+   no timing (each over, dominated or predicted too slow once sized) -- or the time
    left cannot pay for the next compile or timing.
 
 With ``explore_front`` step 4's ratio test is off: every fitting schedule
@@ -76,6 +78,10 @@ STOP_RATIO: Final = 1.15
 MAX_STOP: Final = 1.6
 #: A schedule whose first run is this much slower than the best that fits is cut.
 CUT_RATIO: Final = 1.3
+#: Compiles of candidates predicted slower than the best (at most a point of the front)
+#: with no timing since, before the search stops (step 4). On the seed LSTM (CPU, 4 GB)
+#: the last 6-7 compiles were Revolve schedules none timed once sized: 7-8 s, no trial.
+PATIENCE: Final = 3
 
 
 @dataclass
@@ -116,6 +122,7 @@ class Planner(CompilesAhead):
     compiles: CompilePool | None = None
     _seeds_ahead: list[Candidate] = field(default_factory=list)  # ``prefetch``'s enqueued seeds
     deadline: float | None = None  # ``time.monotonic()`` to finish by (``next``'s)
+    fruitless: int = 0  # compiles in a row that brought nothing (``PATIENCE``)
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -247,8 +254,8 @@ class Planner(CompilesAhead):
 
     # -- screening ---------------------------------------------------------------------
     def take_compiled(self, cand: Candidate) -> Compiled:
-        """The candidate compiled and sized (compiled now if it was not screened). The pool
-        keeps only the sized figures afterwards (the caller runs and releases it)."""
+        """The candidate compiled and sized (now if not screened); the pool keeps only the
+        sized figures (the caller runs and releases it)."""
         if cand.compiled is None:
             self._screen(cand)
         assert cand.compiled is not None
@@ -283,9 +290,8 @@ class Planner(CompilesAhead):
 
     # -- the study's probe (``probe_guard``) ---------------------------------------------
     def _probed(self, cand: Candidate) -> bool:
-        """The risky choices ``cand`` uses, and their combination, passed the study's
-        probe (probed now where they were not); else it is refused, and the choices
-        left out leave the proposals."""
+        """``cand``'s risky choices passed the study's probe (probed now where not); else
+        it is refused, and the choices left out leave the proposals."""
         if self.guard is None or self.guard.allows(cand.params):
             return True
         cand.verdict = Verdict.REFUSED
@@ -367,7 +373,7 @@ class Planner(CompilesAhead):
                 continue
             calibrated = self.time_model.points >= 2 and best is not None
             if calibrated and not explore and best is not None:
-                if predicted > stop * best[2]:
+                if predicted > stop * best[2] or self.fruitless >= PATIENCE:
                     return None
                 if predicted > self.stop_ratio(cand) * best[2]:
                     continue  # near a timed schedule, and not predicted within STOP_RATIO
@@ -382,6 +388,7 @@ class Planner(CompilesAhead):
                 if not self._probed(cand):
                     continue
                 self._screen(cand)
+                self.fruitless += best is not None and predicted > best[2]  # no pick there
                 return AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
             if m.status == ERROR:
@@ -398,6 +405,7 @@ class Planner(CompilesAhead):
             timing = run if run > self.time_budget else run + max(3 * run, self.time_budget)
             if time_left is not None and self.time_model.points and time_left < timing:
                 return None
+            self.fruitless = 0
             return cand
         return None
 
