@@ -144,22 +144,25 @@ def test_a_combination_that_fails_to_compile_at_full_length_is_left_out(
     assert not guard.allows(BOTH) and runs == []
 
 
-def test_an_offload_at_an_unroll_above_one_is_probed_at_that_unroll(
+def test_an_offload_that_fails_at_an_unroll_above_one_is_left_out_at_that_unroll(
         runs: list[Schedule]) -> None:
     """``offload_dots`` at unroll 2 failed to compile at full length on a TPU v5e though it
-    passed its probe at unroll 1: the unroll is a choice of its own there."""
+    passed its probe at unroll 1: the unroll is a choice of its own there -- not probed
+    alone (a probe costs seconds), left out once a trial fails; probed in a combination."""
     unrolled = {**DOTS, "d2_unroll": 2}
     guard = _guard(None)
     assert guard.used(unrolled) == {"offload_dots", "unroll=2"}
     assert guard.used({**PLAIN, "d1_unroll": 2}) == frozenset()  # no offload: nothing risky
-    assert guard.allows(unrolled)
+    assert guard.allows(unrolled) and guard.probed == ["offload_dots"] and len(runs) == 2
+    guard.compile_failed(unrolled, "compile failed: INTERNAL: async-start")  # a trial's
     label = combination(frozenset({"offload_dots", "unroll=2"}))
-    assert guard.probed == ["offload_dots", label] and len(runs) == 3
-    assert isinstance(runs[-1], NestedSchedule) and runs[-1].unroll == 2
-    assert guard.verdicts[label].startswith(OFFERED)
-    at_four = {**DOTS, "d2_unroll": 4}
-    guard.compile_failed(at_four, "compile failed: INTERNAL: async-start")  # a trial's
-    assert not guard.allows(at_four) and guard.allows(unrolled) and len(runs) == 3
+    assert guard.verdicts[label].startswith(f"{LEFT_OUT}: compile failed: INTERNAL: async")
+    assert not guard.allows(unrolled) and guard.allows({**DOTS, "d2_unroll": 4})
+    assert guard.allows(DOTS) and len(runs) == 2
+    both = {**BOTH, "d2_unroll": 4}  # two choices: probed, at the candidate's unroll
+    assert not guard.allows(both)
+    assert guard.probed[-1] == combination(frozenset({*guard.used(BOTH), "unroll=4"}))
+    assert isinstance(runs[-1], NestedSchedule) and runs[-1].unroll == 4
 
 
 def test_the_planner_refuses_what_the_guard_leaves_out_before_compiling_it(

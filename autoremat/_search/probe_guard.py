@@ -16,10 +16,12 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
   parameters); its label is the choices joined by `` & ``
   (``"offload_carries & offload_dots"``);
 * a candidate that offloads at an ``unroll`` above 1 counts that unroll as one more
-  choice (``"unroll=2"``; the combination is probed as above): at T=10^4 on a TPU v5e,
-  ``offload_dot_with_no_batch_dims`` at unroll 2 failed to compile ("The async-start
-  expects the shape of operand 0 to match ...") though it had passed its probe at unroll 1,
-  and the trial was lost (``studies/results/tune_time.md``).
+  choice (``"unroll=2"``), probed only within a combination of two or more choices (a
+  probe of a big model's choice takes 8-13 s on a TPU v5e), but left out like one when a
+  trial fails to compile: at T=10^4 on a TPU v5e ``offload_dot_with_no_batch_dims`` at
+  unroll 2 failed to compile ("The async-start expects the shape of operand 0 to match
+  ...") though it had passed its probe at unroll 1 (``studies/results/tune_time.md``); the
+  trial is lost once, then that choice at that unroll never again on that platform.
 
 A choice or combination left out is never compiled and never proposed again in
 the study: the planner drops it (``refused``, ``refused_combinations``). A
@@ -121,10 +123,11 @@ class ProbeGuard:
             return True
         if any(combo <= used for combo in self.refused_combinations):
             return False
-        for label in sorted(used - {k for k in used if k.startswith(UNROLL)}):
+        choices = frozenset(k for k in used if not k.startswith(UNROLL))
+        for label in sorted(choices):
             if self._verdict(label, functools.partial(self._single, label)).startswith(LEFT_OUT):
                 return False
-        if len(used) < 2:
+        if len(choices) < 2:
             return True
         return not self._verdict(combination(used),
                                  lambda: self._combined(params, used)).startswith(LEFT_OUT)
