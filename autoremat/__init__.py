@@ -46,7 +46,8 @@ missing here)::
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: parameters -> Schedule; the seeds
         predict         the cost model; planner: which schedule to time next; candidates:
-                        its pool's entries; planner_ahead: its compiles ahead
+                        its pool's entries; planner_ahead: its compiles ahead;
+                        offload_twins: an offload only where its twin does not fit
         compile_pool    compile threads: the planner's next candidates compile while one is timed
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem;

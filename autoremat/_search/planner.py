@@ -17,7 +17,8 @@ more, which one it is worth timing:
    executable kept, so a schedule timed later is not compiled twice;
 3. one over the budget, or dominated on memory and predicted time by a
    schedule already timed, is never timed (nor compiled, when the memory
-   model's guess already makes it dominated); the first that is neither is;
+   model's guess already makes it dominated; nor an offloading one whose twin
+   without the copies fits, ``offload_twins``); the first that is neither is;
 4. the search is done at once when the budget is under what no schedule
    removes (arguments, outputs, stacked per-step outputs:
    ``breakdown.floor_bytes``); else when the best prediction left is clearly slower than
@@ -60,6 +61,7 @@ from autoremat._schedules.policy import Policy
 from autoremat._search.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
 from autoremat._search.layer_costs import LayerCosts
+from autoremat._search.offload_twins import OffloadTwins
 from autoremat._search.planner_ahead import CompilesAhead
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.presets import LayerPlan, preset_labels, preset_params
@@ -85,7 +87,7 @@ PATIENCE: Final = 3
 
 
 @dataclass
-class Planner(CompilesAhead):
+class Planner(CompilesAhead, OffloadTwins):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
@@ -378,6 +380,10 @@ class Planner(CompilesAhead):
                 if predicted > self.stop_ratio(cand) * best[2]:
                     continue  # near a timed schedule, and not predicted within STOP_RATIO
             if cand.compiled is None:
+                screen = self.twin_first(cand)  # an offload's twin first (``offload_twins``)
+                if screen is None:
+                    continue
+                cand = screen
                 if self._surely_over(cand):
                     cand.verdict = Verdict.SURELY_OVER
                     continue

@@ -57,6 +57,8 @@ class CompilesAhead:
         def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
         def _first(self, cand: Candidate) -> int | None: ...
         def _dominated(self, cand: Candidate, predicted: float | None) -> bool: ...
+        def twin(self, cand: Candidate) -> Candidate | None: ...
+        def twin_fits(self, twin: Candidate) -> bool | None: ...
 
     def compile_cost(self) -> float:
         """Mean seconds of one compile so far (0 before any)."""
@@ -118,8 +120,9 @@ class CompilesAhead:
     def ahead(self, n: int, exclude: str | None = None) -> list[Candidate]:
         """The first ``n`` candidates ``_next_once`` would compile, by today's models: open
         and unsized, short of the stop, not surely over the budget, not dominated by the
-        memory model's guess, and not predicted to be cut (over ``cut_after``: one that is
-        cut is compiled only when it comes up); ``exclude``: a key left out. The enqueued
+        memory model's guess (nor an offload by its twin), and not predicted to be cut
+        (over ``cut_after``: one that is cut is compiled only when it comes up);
+        ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction."""
         self._seeds_ahead = [c for c in self._seeds_ahead if c.verdict is Verdict.UNDECIDED
                              and c.compiled is None and c.schedule.key() not in self.taken]
@@ -136,6 +139,9 @@ class CompilesAhead:
                 continue
             if self.guard is not None and self.guard.used(cand.params):
                 continue  # probed first, on the main thread (``_probed``)
+            twin = self.twin(cand)
+            if twin is not None and self.twin_fits(twin) is not False:
+                continue  # its twin first, or dominated by it (``offload_twins``)
             if self._first(cand) is not None:  # a layer stack's preset: no prediction rules it out
                 if self.layers is None or not self.layers.over(cand.schedule):
                     found.append(cand)

@@ -1,0 +1,100 @@
+"""An offloading candidate's twin: the same schedule keeping on the device what it offloads.
+
+An offload placement (``nested_space.OFFLOAD_POLICIES``) trades time for device memory:
+the offloaded residuals are computed as its twin computes them, then copied to the host
+and back. The twin keeps them on the device (``ON_DEVICE``: offloaded dots saved as
+``dots_with_no_batch_dims_saveable``; offloaded chunk-boundary carries kept as
+``nothing_saveable`` keeps them), so it does the same work without the copies: the
+offloading schedule is never the faster of the two, and is worth trying only where its
+twin does not fit the budget.
+
+``Planner`` (``autoremat._search.planner``) inherits ``OffloadTwins``: before it probes
+or compiles an offloading candidate, it looks at the twin (``twin``, added to the pool):
+
+* the twin fits (timed, or sized within the budget): the candidate is dominated, never
+  probed, compiled or timed -- on a TPU v5e the big model at 12 GB spent 21 s probing
+  carry offload and a trial on a schedule whose twin fitted with 6x room, and the seed at
+  4 GB 5 s of probes (``studies/results/tune_time.md``);
+* not known yet: the twin is compiled first (``twin_first``);
+* over the budget (or refused, or failed): the candidate goes on as any other.
+
+With ``explore_front`` an offloading schedule is a point of the front in its own right
+(less memory), so there it is tried as before; so is an offloading policy over the
+problem's own names (``named_policies``), which has no twin here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from autoremat._measure.measurement import OK
+from autoremat._schedules.base import Schedule
+from autoremat._search.candidates import Candidate, Verdict
+
+#: Each offload label's twin, keeping the same residuals on the device.
+ON_DEVICE: Final[dict[str, str]] = {"offload_step": "dots_no_batch",
+                                    "offload_dots": "dots_no_batch",
+                                    "offload_carries": "nothing"}
+
+
+def on_device(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``params`` with each offload label swapped for its twin (``ON_DEVICE``); ``None``
+    where none is used."""
+    if not any(isinstance(v, str) and v in ON_DEVICE for v in params.values()):
+        return None
+    return {k: ON_DEVICE.get(v, v) if isinstance(v, str) else v for k, v in params.items()}
+
+
+class OffloadTwins:
+    """The twin part of ``Planner`` (module doc); the attributes declared here are the
+    planner's."""
+
+    budget_bytes: int
+    explore_front: bool
+    pool: dict[str, Candidate]
+    timed: dict[str, tuple[int, float]]
+    cut: dict[str, tuple[int, float]]
+    taken: set[str]
+
+    def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
+        raise NotImplementedError  # the planner's
+
+    def add(self, schedule: Schedule, params: dict[str, Any]) -> None:
+        raise NotImplementedError  # the planner's
+
+    def twin(self, cand: Candidate) -> Candidate | None:
+        """``cand``'s twin in the pool (added there); ``None``: it offloads nothing, or the
+        whole front is wanted."""
+        params = None if self.explore_front else on_device(cand.params)
+        if params is None:
+            return None
+        schedule, params = self.propose(params)
+        self.add(schedule, params)
+        return self.pool[schedule.key()]
+
+    def twin_fits(self, twin: Candidate) -> bool | None:
+        """The twin fits the budget (timed, or sized within it); ``False``: it does not,
+        or will not be measured; ``None``: not known yet."""
+        key = twin.schedule.key()
+        for figures in (self.timed, self.cut):
+            if key in figures:
+                return figures[key][0] <= self.budget_bytes
+        m = twin.sized
+        if m is not None:
+            return m.status == OK and m.total_bytes is not None and \
+                m.total_bytes <= self.budget_bytes
+        return None if twin.verdict is Verdict.UNDECIDED and key not in self.taken else False
+
+    def twin_first(self, cand: Candidate) -> Candidate | None:
+        """What to screen in ``cand``'s place: its twin while the twin's fit is unknown,
+        ``cand`` where the twin does not fit; ``None`` where it does (``cand`` is then
+        dominated)."""
+        twin = self.twin(cand)
+        if twin is None:
+            return cand
+        fits = self.twin_fits(twin)
+        if fits:
+            cand.verdict = Verdict.DOMINATED
+            return None
+        return twin if fits is None else cand

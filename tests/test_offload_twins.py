@@ -1,0 +1,73 @@
+"""An offloading candidate waits for its twin (the same schedule keeping on the device what
+it offloads) and is dropped where the twin fits; it goes on where the twin does not.
+
+No TPU here: the platform is the string ``"tpu"`` (its offload placements) on this CPU;
+the twin's figures are recorded measurements, so nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
+from autoremat._search.candidates import Candidate, Verdict
+from autoremat._search.offload_twins import ON_DEVICE, on_device
+from autoremat._search.planner import Planner
+from autoremat._search.short_runs import ShortRuns
+from tests.tiny_problem import tiny
+
+BUDGET = 10**6
+
+
+def _planner(explore_front: bool = False) -> Planner:
+    problem = tiny(64)
+    return Planner(problem, BUDGET, "tpu", ShortRuns(problem), explore_front=explore_front)
+
+
+def _offloading(planner: Planner, label: str) -> Candidate:
+    return next(c for c in planner.pool.values() if label in c.params.values())
+
+
+def test_the_twin_keeps_on_the_device_what_is_offloaded() -> None:
+    params = {"kind": "nested", "depth": 2, "d2_n0": 8, "d2_p0": "offload_carries",
+              "d2_p1": "offload_dots", "d2_unroll": 2}
+    assert on_device(params) == {**params, "d2_p0": "nothing", "d2_p1": "dots_no_batch"}
+    assert on_device({"kind": "nested", "depth": 1, "d1_policy": "offload_step"}) == {
+        "kind": "nested", "depth": 1, "d1_policy": "dots_no_batch"}
+    assert on_device({**params, "d2_p0": "nothing", "d2_p1": "everything"}) is None
+    assert set(ON_DEVICE) == {"offload_step", "offload_dots", "offload_carries"}
+
+
+@pytest.mark.parametrize("label", ["offload_dots", "offload_carries", "offload_step"])
+def test_an_offload_waits_for_its_twin_and_is_dropped_where_the_twin_fits(label: str) -> None:
+    planner = _planner()
+    cand = _offloading(planner, label)
+    twin = planner.twin(cand)
+    assert twin is not None and twin.params == on_device(cand.params)
+    assert twin.schedule.key() in planner.pool
+    assert (twin.schedule.lengths, twin.schedule.unroll) == (  # type: ignore[attr-defined]
+        cand.schedule.lengths, cand.schedule.unroll)  # type: ignore[attr-defined]
+    assert planner.twin_first(cand) is twin  # its fit unknown: the twin is screened first
+    assert cand.compiled is None and cand.verdict is Verdict.UNDECIDED
+    key = twin.schedule.key()
+    planner.record(twin.schedule, Measurement(key, OK, "", total_bytes=BUDGET // 6,
+                                              step_seconds=0.1))
+    assert planner.twin_first(cand) is None and cand.verdict is Verdict.DOMINATED
+    assert cand not in planner.ahead(len(planner.pool))  # never compiled ahead either
+
+
+def test_an_offload_goes_on_where_its_twin_is_over_the_budget() -> None:
+    planner = _planner()
+    cand = _offloading(planner, "offload_dots")
+    twin = planner.twin(cand)
+    assert twin is not None
+    planner.record(twin.schedule, Measurement(twin.schedule.key(), OVER_BUDGET, "over budget",
+                                              total_bytes=2 * BUDGET))
+    assert planner.twin_fits(twin) is False
+    assert planner.twin_first(cand) is cand and cand.verdict is Verdict.UNDECIDED
+
+
+def test_the_whole_front_tries_offloads_in_their_own_right() -> None:
+    planner = _planner(explore_front=True)
+    cand = _offloading(planner, "offload_dots")
+    assert planner.twin(cand) is None and planner.twin_first(cand) is cand
