@@ -75,9 +75,14 @@ def case_args(case: str, small: bool) -> tuple[list[str], dict[str, str]]:
 
 
 # -- the child: the CLI, instrumented ----------------------------------------------------
+_EMITTING = threading.Lock()  # compile threads emit too: one whole line at a time
+
+
 def _emit(event: str, **fields: Any) -> None:
-    print(TAG + json.dumps({"event": event, "t": time.time(), **fields}, default=str),
-          file=sys.stderr, flush=True)
+    line = TAG + json.dumps({"event": event, "t": time.time(), **fields}, default=str) + "\n"
+    with _EMITTING:
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 def child(argv: list[str]) -> int:
@@ -217,8 +222,15 @@ def run_case(case: str, small: bool, cwd: Path, timeout: float) -> dict[str, Any
     log: list[tuple[float, str, str]] = []
     while not lines.empty():
         name, t, line = lines.get()
-        if name == "err" and line.startswith(TAG):
-            events.append(json.loads(line[len(TAG):]))
+        if name == "err" and TAG in line:  # XLA's own stderr may share the line
+            head, *pieces = line.split(TAG)
+            for piece in pieces:
+                try:
+                    events.append(json.loads(piece))
+                except json.JSONDecodeError:  # cut by another writer: that event is lost
+                    log.append((t - launched, name, TAG + piece))
+            if head.strip():
+                log.append((t - launched, name, head))
         else:
             log.append((t - launched, name, line))
     for e in events:

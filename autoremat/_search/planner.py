@@ -25,8 +25,8 @@ more, which one it is worth timing:
    the best measured schedule that fits -- by ``STOP_RATIO``, widened by
    twice the model's own leave-one-out error (``stop_ratio``): a model off
    by 15% must not rule out a schedule predicted 20% slower -- or when
-   ``PATIENCE`` compiles of candidates predicted slower than the best brought
-   no timing (each over, dominated or predicted too slow once sized) -- or the time
+   ``PATIENCE`` candidates were compiled since the best last improved by
+   ``IMPROVES`` -- or the time
    left cannot pay for the next compile or timing.
 
 With ``explore_front`` step 4's ratio test is off: every fitting schedule
@@ -45,12 +45,11 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
-from autoremat._measure.failure import COMPILE
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled
 from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
@@ -65,12 +64,10 @@ from autoremat._search.offload_twins import OffloadTwins
 from autoremat._search.planner_ahead import CompilesAhead
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
 from autoremat._search.presets import LayerPlan, preset_labels, preset_params
+from autoremat._search.probe_guard import GuardedCandidates, ProbeGuard
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seeds
-
-if TYPE_CHECKING:
-    from autoremat._search.probe_guard import ProbeGuard
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -80,14 +77,20 @@ STOP_RATIO: Final = 1.15
 MAX_STOP: Final = 1.6
 #: A schedule whose first run is this much slower than the best that fits is cut.
 CUT_RATIO: Final = 1.3
-#: Compiles of candidates predicted slower than the best (at most a point of the front)
-#: with no timing since, before the search stops (step 4). On the seed LSTM (CPU, 4 GB)
-#: the last 6-7 compiles were Revolve schedules none timed once sized: 7-8 s, no trial.
-PATIENCE: Final = 3
+#: Candidates the planner chose and compiled (not the study's seeds, not a layer
+#: stack's presets) since the best last improved by ``IMPROVES`` before the search
+#: stops (step 4): the time model ranks what is left, but where it is off (three-level and
+#: offloading schedules of the big model on a TPU v5e, 7-10 s a compile) the search spent
+#: half its time after its pick on compiles, probes and timings that changed nothing; on
+#: the seed LSTM (CPU, 4 GB) 10 trials and 14 compiles after its pick (its last seven
+#: compiles Revolve schedules, none timed).
+PATIENCE: Final = 6
+#: An improvement of the best by less than this (its timing noise) does not count.
+IMPROVES: Final = 0.01
 
 
 @dataclass
-class Planner(CompilesAhead, OffloadTwins):
+class Planner(CompilesAhead, OffloadTwins, GuardedCandidates):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
@@ -124,7 +127,8 @@ class Planner(CompilesAhead, OffloadTwins):
     compiles: CompilePool | None = None
     _seeds_ahead: list[Candidate] = field(default_factory=list)  # ``prefetch``'s enqueued seeds
     deadline: float | None = None  # ``time.monotonic()`` to finish by (``next``'s)
-    fruitless: int = 0  # compiles in a row that brought nothing (``PATIENCE``)
+    since_best: int = 0  # candidates compiled since the best last improved (``PATIENCE``)
+    _improved: float | None = None  # the best's seconds when it last improved
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -224,6 +228,9 @@ class Planner(CompilesAhead, OffloadTwins):
         self.time_model.fit([(self.pool[k].structure, b, s)
                              for k, (b, s) in {**self.cut, **self.timed}.items()])
         best = self.best
+        if best is not None and (self._improved is None
+                                 or best[2] < (1 - IMPROVES) * self._improved):
+            self._improved, self.since_best = best[2], 0
         if best is not None and best[0] != self._best_key:
             self._best_key = best[0]
             if self.pool[best[0]].params:
@@ -289,24 +296,6 @@ class Planner(CompilesAhead, OffloadTwins):
                 self._args, self._fingerprint = cand.compiled.args, fp
             elif fp == self._fingerprint:
                 cand.compiled.args = self._args
-
-    # -- the study's probe (``probe_guard``) ---------------------------------------------
-    def _probed(self, cand: Candidate) -> bool:
-        """``cand``'s risky choices passed the study's probe (probed now where not); else
-        it is refused, and the choices left out leave the proposals."""
-        if self.guard is None or self.guard.allows(cand.params):
-            return True
-        cand.verdict = Verdict.REFUSED
-        self.refused = self.guard.refused
-        return False
-
-    def _compile_failed(self, cand: Candidate, m: Measurement | None = None) -> None:
-        """A combination of risky choices that failed to compile (at full length, or for
-        its short run: ``Measurement.failed_at``; not for want of memory) is left out."""
-        m = m or (cand.compiled.measurement if cand.compiled is not None else None)
-        if (self.guard is not None and m is not None and m.status == ERROR
-                and m.failed_at == COMPILE and not m.out_of_memory):
-            self.guard.compile_failed(cand.params, m.reason)
 
     # -- deciding ----------------------------------------------------------------------
     def total(self, cand: Candidate) -> float | None:
@@ -375,7 +364,7 @@ class Planner(CompilesAhead, OffloadTwins):
                 continue
             calibrated = self.time_model.points >= 2 and best is not None
             if calibrated and not explore and best is not None:
-                if predicted > stop * best[2] or self.fruitless >= PATIENCE:
+                if predicted > stop * best[2] or self.since_best >= PATIENCE:
                     return None
                 if predicted > self.stop_ratio(cand) * best[2]:
                     continue  # near a timed schedule, and not predicted within STOP_RATIO
@@ -394,7 +383,7 @@ class Planner(CompilesAhead, OffloadTwins):
                 if not self._probed(cand):
                     continue
                 self._screen(cand)
-                self.fruitless += best is not None and predicted > best[2]  # no pick there
+                self.since_best += 1  # the planner's own choice (not a seed, not a preset)
                 return AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
             if m.status == ERROR:
@@ -411,7 +400,6 @@ class Planner(CompilesAhead, OffloadTwins):
             timing = run if run > self.time_budget else run + max(3 * run, self.time_budget)
             if time_left is not None and self.time_model.points and time_left < timing:
                 return None
-            self.fruitless = 0
             return cand
         return None
 

@@ -42,12 +42,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import one_line
+from autoremat._measure.failure import COMPILE
+from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import NO_NAMES, Check
 from autoremat._schedules.policy import Policy
 from autoremat._search import probe as probe_module
 from autoremat._search import space
 from autoremat._search.attrs import PROBE
+from autoremat._search.candidates import Candidate, Verdict
 from autoremat._search.probe import LEFT_OUT
 from autoremat._search.probe_cache import VerdictCache
 
@@ -219,3 +222,29 @@ class ProbeGuard:
             if self._reference is None:
                 return f"{LEFT_OUT}: {self._no_reference}"
             return probe_module._verdict(target, check, self._reference)
+
+
+class GuardedCandidates:
+    """The probe part of ``Planner`` (``autoremat._search.planner``): a candidate's risky
+    choices are probed before its first compile, and a combination that fails to compile
+    in a trial is left out. The attributes declared here are the planner's."""
+
+    guard: ProbeGuard | None
+    refused: frozenset[str]
+
+    def _probed(self, cand: Candidate) -> bool:
+        """``cand``'s risky choices passed the study's probe (probed now where not); else
+        it is refused, and the choices left out leave the proposals."""
+        if self.guard is None or self.guard.allows(cand.params):
+            return True
+        cand.verdict = Verdict.REFUSED
+        self.refused = self.guard.refused
+        return False
+
+    def _compile_failed(self, cand: Candidate, m: Measurement | None = None) -> None:
+        """A combination of risky choices that failed to compile (at full length, or for
+        its short run: ``Measurement.failed_at``; not for want of memory) is left out."""
+        m = m or (cand.compiled.measurement if cand.compiled is not None else None)
+        if (self.guard is not None and m is not None and m.status == ERROR
+                and m.failed_at == COMPILE and not m.out_of_memory):
+            self.guard.compile_failed(cand.params, m.reason)
