@@ -71,3 +71,21 @@ def test_the_whole_front_tries_offloads_in_their_own_right() -> None:
     planner = _planner(explore_front=True)
     cand = _offloading(planner, "offload_dots")
     assert planner.twin(cand) is None and planner.twin_first(cand) is cand
+
+
+def test_a_twin_the_memory_model_puts_far_under_the_budget_is_not_compiled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the memory model is sure the twin fits (``MemoryModel.far_under``), the offload
+    is dominated at once: no compile of the twin to find out."""
+    planner = _planner()
+    cand = _offloading(planner, "offload_dots")
+    seen: list[int] = []
+
+    def far_under(structure: object, budget: int) -> bool:
+        seen.append(budget)
+        return True
+
+    monkeypatch.setattr(planner.memory_model, "far_under", far_under)
+    assert planner.twin_first(cand) is None and cand.verdict is Verdict.DOMINATED
+    twin = planner.twin(cand)
+    assert twin is not None and twin.compiled is None and seen == [BUDGET]

@@ -359,7 +359,7 @@ def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
 def test_memory_model_rules_out_what_it_predicts_far_over_once_it_fits_its_points() -> None:
     """``far_over``: predicted at 1.5x the budget or more by a fit on at least five sized
     schedules that misses none of them by half -- not compiled; fewer points, or a fit
-    that misses one, rules nothing out."""
+    that misses one, rules nothing out (``far_under``, its mirror, rules nothing in)."""
     from autoremat._search.predict import FAR_OVER, FAR_POINTS, MemoryModel, Structure
 
     seq_len = 10_000
@@ -371,10 +371,13 @@ def test_memory_model_rules_out_what_it_predicts_far_over_once_it_fits_its_point
         memory.add(ne(n), int(size(n)), over_budget=False)
     budget = int(size(50))
     assert size(500) > 2 * FAR_OVER * budget and not memory.far_over(ne(500), budget)  # 4 points
+    assert not memory.far_under(ne(10), budget)  # 4 points: no more sure below than above
     memory.add(ne(100), int(size(100)), over_budget=False)
     assert memory.far_over(ne(500), budget) and not memory.far_over(ne(60), budget)
+    assert size(10) * FAR_OVER < budget and memory.far_under(ne(10), budget)  # far_under too
+    assert not memory.far_under(ne(40), budget)  # within the budget, not far under it
     memory.add(ne(25), int(10 * size(25)), over_budget=False)  # a point the fit misses
-    assert not memory.far_over(ne(500), budget)
+    assert not memory.far_over(ne(500), budget) and not memory.far_under(ne(10), budget)
 
 
 def _plain_out_of_memory(problem: Problem, compiles: list[str]) -> Problem:

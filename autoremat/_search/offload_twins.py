@@ -15,6 +15,9 @@ or compiles an offloading candidate, it looks at the twin (``twin``, added to th
   probed, compiled or timed -- on a TPU v5e the big model at 12 GB spent 21 s probing
   carry offload and a trial on a schedule whose twin fitted with 6x room, and the seed at
   4 GB 5 s of probes (``studies/results/tune_time.md``);
+* predicted far under the budget by a memory model that fits its points
+  (``MemoryModel.far_under``): the same, without the twin's compile -- on the seed at 4 GB
+  the twins of four offloads were compiled first, 1.4-2.3 s each, to find 100 MB;
 * not known yet: the twin is compiled first (``twin_first``);
 * over the budget (or refused, or failed): the candidate goes on as any other.
 
@@ -31,6 +34,7 @@ from typing import Any, Final
 from autoremat._measure.measurement import OK
 from autoremat._schedules.base import Schedule
 from autoremat._search.candidates import Candidate, Verdict
+from autoremat._search.predict import MemoryModel
 
 #: Each offload label's twin, keeping the same residuals on the device.
 ON_DEVICE: Final[dict[str, str]] = {"offload_step": "dots_no_batch",
@@ -56,6 +60,7 @@ class OffloadTwins:
     timed: dict[str, tuple[int, float]]
     cut: dict[str, tuple[int, float]]
     taken: set[str]
+    memory_model: MemoryModel
 
     def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
         raise NotImplementedError  # the planner's
@@ -74,8 +79,8 @@ class OffloadTwins:
         return self.pool[schedule.key()]
 
     def twin_fits(self, twin: Candidate) -> bool | None:
-        """The twin fits the budget (timed, or sized within it); ``False``: it does not,
-        or will not be measured; ``None``: not known yet."""
+        """The twin fits the budget (timed, or sized within it, or predicted far under it);
+        ``False``: it does not, or will not be measured; ``None``: not known yet."""
         key = twin.schedule.key()
         for figures in (self.timed, self.cut):
             if key in figures:
@@ -84,7 +89,9 @@ class OffloadTwins:
         if m is not None:
             return m.status == OK and m.total_bytes is not None and \
                 m.total_bytes <= self.budget_bytes
-        return None if twin.verdict is Verdict.UNDECIDED and key not in self.taken else False
+        if twin.verdict is not Verdict.UNDECIDED or key in self.taken:
+            return False
+        return True if self.memory_model.far_under(twin.structure, self.budget_bytes) else None
 
     def twin_first(self, cand: Candidate) -> Candidate | None:
         """What to screen in ``cand``'s place: its twin while the twin's fit is unknown,

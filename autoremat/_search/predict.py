@@ -331,7 +331,8 @@ class MemoryModel:
 
     ``predict``: a least-squares fit of bytes on the terms over the schedules
     sized so far (to rank them; ``None`` before two were sized).
-    ``far_over``: predicted far over the budget (``FAR_OVER``), not compiled.
+    ``far_over``: predicted far over the budget (``FAR_OVER``), not compiled;
+    ``far_under``: far under it.
     ``surely_over``: a schedule that stores at least as much as one already over
     the budget (``Structure.stores_at_least``: more saved policies at the same
     lengths, a larger unroll, plain at any unroll once plain is over), or one
@@ -367,9 +368,17 @@ class MemoryModel:
         ``FAR_POINTS`` sized schedules that misses none of them by ``FAR_OVER - 1`` of
         its size or more: not worth a compile."""
         guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
-        if guess is None or guess < FAR_OVER * budget_bytes:
-            return False
-        if self._trusted is None:  # once per fit
+        return guess is not None and guess >= FAR_OVER * budget_bytes and self._trust()
+
+    def far_under(self, structure: Structure, budget_bytes: int) -> bool:
+        """Predicted at the budget over ``FAR_OVER`` or less, by a fit ``far_over`` trusts:
+        sure to fit without a compile (an offload's twin, ``offload_twins``)."""
+        guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
+        return guess is not None and guess * FAR_OVER <= budget_bytes and self._trust()
+
+    def _trust(self) -> bool:
+        """The fit misses none of its points by ``FAR_OVER - 1`` of its size (once per fit)."""
+        if self._trusted is None:
             self._trusted = all(abs((self.predict(s) or 0.0) - y) < (FAR_OVER - 1) * y
                                 for s, y in self.points)
         return self._trusted
