@@ -201,7 +201,14 @@ class Recorder:
         real_quietly = pool_module.compile_quietly
         real_for_problem = CompilePool.for_problem.__func__  # type: ignore[attr-defined]
         real_take, real_close = CompilePool.take, CompilePool.close
+        real_submit = CompilePool.submit
         recorder = self
+
+        def submit(pool: CompilePool, key: str, schedule: Schedule) -> bool:
+            handed = real_submit(pool, key, schedule)
+            if handed:
+                recorder.note("submit", key)
+            return handed
 
         def main_compile(problem: Problem, schedule: Schedule, **kw: Any) -> Compiled:
             recorder.note("compile start", schedule.key())
@@ -250,6 +257,7 @@ class Recorder:
         monkeypatch.setattr(pool_module, "compile_quietly", slow_compile)
         monkeypatch.setattr(CompilePool, "for_problem", classmethod(for_problem))
         monkeypatch.setattr(CompilePool, "take", take)
+        monkeypatch.setattr(CompilePool, "submit", submit)
         monkeypatch.setattr(CompilePool, "close", close)
         monkeypatch.setattr(plan_module.Planner, "close", planner_close)
         monkeypatch.setattr(ShortRuns, "time", self.fake_time)
@@ -383,3 +391,16 @@ def test_near_the_deadline_a_device_keeps_a_compile_for_the_proof_and_starts_non
         assert pool.submitted == 1
     finally:
         planner.close()
+
+
+def test_no_schedule_is_compiled_twice_and_the_seeds_go_ahead_first(searches: Any) -> None:
+    """What a thread compiled ahead is what the planner takes, never compiled again on the
+    main thread; the first compiles handed to a thread are the study's enqueued seeds
+    (handed over while the plain scan compiles), not the planner's guesses."""
+    recorder, order, _ = searches[2]
+    started = [k for what, k, _ in recorder.events if what == "compile start"]
+    assert len(started) == len(set(started)), started
+    whats = [what for what, _, _ in recorder.events]
+    handed = [k for what, k, _ in recorder.events if what == "submit"]
+    assert handed and handed[0] == order[1]  # the second seed ...
+    assert whats.index("submit") < whats.index("compile end")  # ... while the first compiles

@@ -99,18 +99,18 @@ class CompilesAhead:
                  first: Sequence[Schedule] | None = None) -> None:
         """Hand the compile threads the candidates ``next`` would compile next (``ahead``,
         as many as they hold); one taken ahead before that is no longer among the next
-        twice as many is dropped. ``first``: schedules measured before any the planner
-        picks (enqueued seeds; ``None``: those given last time). A no-op without
-        threads, and none is started within two compiles of the deadline
-        (``time_left``). The results are read when their candidate comes up
-        (``_compile``)."""
+        twice as many is dropped -- but ``exclude``, the one compiled or taken now.
+        ``first``: schedules measured before any the planner picks (enqueued seeds;
+        ``None``: those given last time). A no-op without threads, and none is started
+        within two compiles of the deadline (``time_left``). The results are read when
+        their candidate comes up (``_compile``)."""
         if self.compiles is None or not self.compiles.threads:
             return
         if first is not None:
             self._seeds_ahead = [self.candidate(s) for s in first]
         n = self.compiles.capacity
         wanted = [c.schedule.key() for c in self.ahead(2 * n, exclude)]
-        self.compiles.keep_only(wanted)
+        self.compiles.keep_only([*wanted, *([exclude] if exclude else [])])
         left = self.time_left()
         if left is not None and left < 2 * self.compile_cost():
             return  # one started now would be done too late to be timed, and delay the end

@@ -176,9 +176,12 @@ class Worker:
         trial.set_user_attr(SCHEDULE, schedule.to_data())
         trial.set_user_attr(DESCRIBE, schedule.describe())
         self.claim(trial, key)
+        # the next candidates (the enqueued seeds first) compile while this one compiles
+        # (the first seeds beside the plain scan, not the largest candidates: on a TPU
+        # they ran out of memory beside it) and while it is timed
+        self.planner.prefetch(exclude=key, first=self.waiting())
         compiled = self.planner.take_compiled(cand)
-        # the next candidates (the enqueued seeds first) compile while this one is timed
-        self.planner.prefetch(first=self.waiting())
+        self.planner.prefetch()
         trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
                             cut_after=self.planner.cut_after())
