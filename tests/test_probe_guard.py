@@ -151,18 +151,19 @@ def test_an_offload_that_fails_at_an_unroll_above_one_is_left_out_at_that_unroll
     alone (a probe costs seconds), left out once a trial fails; probed in a combination."""
     unrolled = {**DOTS, "d2_unroll": 2}
     guard = _guard(None)
-    assert guard.used(unrolled) == {"offload_dots", "unroll=2"}
+    assert guard.used(unrolled) == {"offload_dots", "unroll>1"}
     assert guard.used({**PLAIN, "d1_unroll": 2}) == frozenset()  # no offload: nothing risky
-    assert guard.allows(unrolled) and guard.probed == ["offload_dots"] and len(runs) == 2
-    guard.compile_failed(unrolled, "compile failed: INTERNAL: async-start")  # a trial's
-    label = combination(frozenset({"offload_dots", "unroll=2"}))
-    assert guard.verdicts[label].startswith(f"{LEFT_OUT}: compile failed: INTERNAL: async")
-    assert not guard.allows(unrolled) and guard.allows({**DOTS, "d2_unroll": 4})
-    assert guard.allows(DOTS) and len(runs) == 2
     both = {**BOTH, "d2_unroll": 4}  # two choices: probed, at the candidate's unroll
     assert not guard.allows(both)
-    assert guard.probed[-1] == combination(frozenset({*guard.used(BOTH), "unroll=4"}))
+    assert guard.probed[-1] == combination(frozenset({*guard.used(BOTH), "unroll>1"}))
     assert isinstance(runs[-1], NestedSchedule) and runs[-1].unroll == 4
+    n = len(runs)
+    assert guard.allows(unrolled) and "offload_dots" in guard.probed and len(runs) == n
+    guard.compile_failed(unrolled, "compile failed: INTERNAL: async-start")  # a trial's
+    label = combination(frozenset({"offload_dots", "unroll>1"}))
+    assert guard.verdicts[label].startswith(f"{LEFT_OUT}: compile failed: INTERNAL: async")
+    assert not guard.allows(unrolled) and not guard.allows({**DOTS, "d2_unroll": 8})
+    assert guard.allows(DOTS) and len(runs) == n  # at unroll 1 it stays
 
 
 def test_the_planner_refuses_what_the_guard_leaves_out_before_compiling_it(

@@ -409,3 +409,44 @@ def test_tune_compiles_one_plain_scan_the_device_refused() -> None:
     assert len(refused) == 1 and refused[0].measurement.status == "over_budget"
     assert refused[0].measurement.compiler_bytes == int(64.06 * 2**30)
     assert result.best_trial is not None and result.best_trial.measurement.fits(BUDGET)
+
+
+def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PATIENCE``: the planner's own compiles that fit, counted since the best last
+    improved by ``IMPROVES``; one over the budget (the memory model is off) does not
+    count, and a better best starts the count again."""
+    from autoremat._measure.measure import Compiled
+    from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
+    from autoremat._search import planner as planner_module
+    from autoremat._search.short_runs import ShortRuns
+
+    problem = tiny(64)
+    planner = planner_module.Planner(problem, 10**9, "cpu", ShortRuns(problem))
+    seeds = [s for s, _ in space.seeds(64)][:3]
+    for i, schedule in enumerate(seeds[:2]):  # two timed: the time model is calibrated
+        planner.record(schedule, Measurement(schedule.key(), OK, "", total_bytes=10**6,
+                                             step_seconds=0.010 + i * 0.001))
+    assert planner.since_best == 0 and planner.best is not None
+    statuses = iter([OVER_BUDGET] * 3 + [OK] * 100)
+
+    def screen(cand: Any) -> None:  # sized, as a compile would: over the budget, then fits
+        status = next(statuses)
+        cand.compiled = Compiled(Measurement(cand.schedule.key(), status, "",
+                                             total_bytes=10**6 if status == OK else 10**10))
+
+    monkeypatch.setattr(planner, "_screen", screen)
+    monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+    for _ in range(3):
+        assert planner._next_once(None, False, False) == "again"
+    assert planner.since_best == 0  # three over the budget: not counted
+    for n in range(1, planner_module.PATIENCE + 1):
+        assert planner._next_once(None, False, False) in ("again", None)
+        cand = next(c for c in planner.pool.values() if c.compiled is not None
+                    and c.verdict.name == "UNDECIDED" and c.sized.status == OK)
+        cand.verdict = planner_module.Verdict.DOMINATED  # sized, not timed
+        assert planner.since_best == n
+    assert planner.next(None) is None  # patience spent: done
+    planner.record(seeds[2], Measurement(seeds[2].key(), OK, "", total_bytes=10**6,
+                                         step_seconds=0.005))  # a better best
+    assert planner.since_best == 0 and planner._next_once(None, False, False) is not None

@@ -25,8 +25,8 @@ more, which one it is worth timing:
    the best measured schedule that fits -- by ``STOP_RATIO``, widened by
    twice the model's own leave-one-out error (``stop_ratio``): a model off
    by 15% must not rule out a schedule predicted 20% slower -- or when
-   ``PATIENCE`` candidates were compiled since the best last improved by
-   ``IMPROVES`` -- or the time
+   ``PATIENCE`` candidates within the budget were compiled since the best last
+   improved by ``IMPROVES`` -- or the time
    left cannot pay for the next compile or timing.
 
 With ``explore_front`` step 4's ratio test is off: every fitting schedule
@@ -51,7 +51,7 @@ from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
 from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled
-from autoremat._measure.measurement import ERROR, OVER_BUDGET, Measurement
+from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.groups import GroupsSchedule
@@ -77,13 +77,14 @@ STOP_RATIO: Final = 1.15
 MAX_STOP: Final = 1.6
 #: A schedule whose first run is this much slower than the best that fits is cut.
 CUT_RATIO: Final = 1.3
-#: Candidates the planner chose and compiled (not the study's seeds, not a layer
-#: stack's presets) since the best last improved by ``IMPROVES`` before the search
-#: stops (step 4): the time model ranks what is left, but where it is off (three-level and
-#: offloading schedules of the big model on a TPU v5e, 7-10 s a compile) the search spent
-#: half its time after its pick on compiles, probes and timings that changed nothing; on
-#: the seed LSTM (CPU, 4 GB) 10 trials and 14 compiles after its pick (its last seven
-#: compiles Revolve schedules, none timed).
+#: Candidates the planner chose and compiled and found within the budget (not the
+#: study's seeds, not a layer stack's presets; not one over the budget or failed: those
+#: say the memory model is off, not that nothing faster is left) since the best last
+#: improved by ``IMPROVES`` before the search stops (step 4): the time model ranks what is
+#: left, but where it is off (three-level and offloading schedules of the big model on a
+#: TPU v5e, 7-10 s a compile) the search spent half its time after its pick on compiles,
+#: probes and timings that changed nothing; on the seed LSTM (CPU, 4 GB) 10 trials and 14
+#: compiles after its pick (its last seven compiles Revolve schedules, none timed).
 PATIENCE: Final = 6
 #: An improvement of the best by less than this (its timing noise) does not count.
 IMPROVES: Final = 0.01
@@ -382,8 +383,8 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates):
                     return None
                 if not self._probed(cand):
                     continue
-                self._screen(cand)
-                self.since_best += 1  # the planner's own choice (not a seed, not a preset)
+                self._screen(cand)  # the planner's own choice (not a seed, not a preset):
+                self.since_best += cand.sized is not None and cand.sized.status == OK  # fits
                 return AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
             if m.status == ERROR:

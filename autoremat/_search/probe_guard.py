@@ -15,13 +15,14 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
   candidate's own structure at the probe's length (``space.propose`` of its
   parameters); its label is the choices joined by `` & ``
   (``"offload_carries & offload_dots"``);
-* a candidate that offloads at an ``unroll`` above 1 counts that unroll as one more
-  choice (``"unroll=2"``), probed only within a combination of two or more choices (a
-  probe of a big model's choice takes 8-13 s on a TPU v5e), but left out like one when a
-  trial fails to compile: at T=10^4 on a TPU v5e ``offload_dot_with_no_batch_dims`` at
-  unroll 2 failed to compile ("The async-start expects the shape of operand 0 to match
-  ...") though it had passed its probe at unroll 1 (``studies/results/tune_time.md``); the
-  trial is lost once, then that choice at that unroll never again on that platform.
+* a candidate that offloads at an ``unroll`` above 1 counts that as one more choice
+  (``"unroll>1"``), probed only within a combination of two or more choices (a probe of
+  a big model's choice takes 8-13 s on a TPU v5e), but left out like one when a trial
+  fails to compile: at T=10^4 on a TPU v5e ``offload_dot_with_no_batch_dims`` failed to
+  compile at unroll 2, 4 and 8 alike ("The async-start expects the shape of operand 0 to
+  match ...", the unrolled stack's shape) though it had passed its probe at unroll 1
+  (``studies/results/tune_time.md``); the trial is lost once, then that choice unrolled
+  never again on that platform.
 
 A choice or combination left out is never compiled and never proposed again in
 the study: the planner drops it (``refused``, ``refused_combinations``). A
@@ -61,9 +62,8 @@ if TYPE_CHECKING:
 
 #: Joins the labels of a combination of choices.
 JOIN: Final = " & "  # a label may hold "+" (``names``: "offload(a,b,+3)")
-#: The label of an offloading candidate's unroll above 1, a choice of its own:
-#: ``"unroll=2"`` (module doc).
-UNROLL: Final = "unroll="
+#: The label of an offloading candidate's unroll above 1, a choice of its own (module doc).
+UNROLLED: Final = "unroll>1"
 
 
 def combination(labels: frozenset[str]) -> str:
@@ -109,12 +109,12 @@ class ProbeGuard:
 
     def used(self, params: Mapping[str, Any]) -> frozenset[str]:
         """The risky choices a candidate's parameters use; where one offloads, its unroll
-        above 1 too (``"unroll=2"``, module doc)."""
+        above 1 too (``"unroll>1"``, module doc)."""
         used = frozenset(v for v in params.values() if isinstance(v, str) and v in self.labels)
         unroll = max((v for k, v in params.items() if k.endswith("_unroll")
                       and isinstance(v, int)), default=1)
         if unroll > 1 and used & self.offloading:
-            used |= {f"{UNROLL}{unroll}"}
+            used |= {UNROLLED}
         return used
 
     # -- the planner's question --------------------------------------------------------
@@ -126,7 +126,7 @@ class ProbeGuard:
             return True
         if any(combo <= used for combo in self.refused_combinations):
             return False
-        choices = frozenset(k for k in used if not k.startswith(UNROLL))
+        choices = used - {UNROLLED}
         for label in sorted(choices):
             if self._verdict(label, functools.partial(self._single, label)).startswith(LEFT_OUT):
                 return False
