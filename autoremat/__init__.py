@@ -31,7 +31,8 @@ missing here)::
     _measure/     -> measure: compiled memory and step time of any Problem
         problem         Problem: a train step built for a schedule; find a user's by name
         from_loss       a Problem from an unmodified loss, params, batch and optimizer
-        measure         compile -> memory_analysis -> run -> time; measurement: the record
+        measure         compile -> memory_analysis; timing: run -> time, until the runs are
+                        steady; measurement: the record
         failure         a failure as data: where (build, compile, run), out of memory, the size
         breakdown       where the memory goes (memory_analysis' parts); the floor no schedule
                         removes

@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import autoremat
-from autoremat._measure.measure import compile_schedule, time_compiled
+from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import Measurement
 from autoremat._measure.problem import Problem
+from autoremat._measure.timing import time_compiled
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.binomial import snapshot_range

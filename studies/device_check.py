@@ -145,7 +145,8 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
     ``beside_plain``: plain's program is loaded (and has run) while this one is measured."""
     from autoremat import bounds, seed_lstm
     from autoremat._measure import device_memory
-    from autoremat._measure.measure import compile_schedule, time_compiled
+    from autoremat._measure.measure import compile_schedule
+    from autoremat._measure.timing import time_compiled
 
     problem = seed_lstm(seq_len=seq_len, seq2seq=loss != "last state",
                         fused_readout=loss == "fused readout")

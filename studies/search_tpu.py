@@ -159,7 +159,7 @@ def _tune(problem: Any, budget: str, limit: float, storage: str, name: str,
     from autoremat._units import parse_bytes
 
     start = time.monotonic()
-    from autoremat._measure.measure import DEFAULT_TIME_BUDGET
+    from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 
     with counting_compiles() as seen:
         result = autoremat.tune(problem, parse_bytes(budget), time_limit=limit,

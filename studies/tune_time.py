@@ -89,6 +89,7 @@ def child(argv: list[str]) -> int:
     """Run ``autoremat`` with ``argv``, time-stamping what the parent reads (module doc)."""
     _emit("start")
     import autoremat._measure.measure as measure_module
+    import autoremat._measure.timing as timing_module
     import autoremat._search.compile_pool as pool_module
     import autoremat._search.probe_guard as guard_module
     import autoremat._search.tune as tune_module
@@ -107,7 +108,7 @@ def child(argv: list[str]) -> int:
               own_seconds=m.compile_seconds)  # lowering and XLA, not the wait for a timing
         return compiled
 
-    real_timing = measure_module._Timing.run
+    real_timing = timing_module._Timing.run
 
     def timing(self: Any, **kwargs: Any) -> Any:
         start = time.time()
@@ -177,7 +178,7 @@ def child(argv: list[str]) -> int:
 
     cli._problem_of = problem_of
     measure_module.compile_step = compile_step
-    measure_module._Timing.run = timing  # type: ignore[method-assign]
+    timing_module._Timing.run = timing  # type: ignore[method-assign]
     pool_module.CompilePool.close = close  # type: ignore[method-assign]
     guard_module.ProbeGuard._probe = probe  # type: ignore[method-assign]
     worker_module.Worker.callback = callback  # type: ignore[method-assign]

@@ -164,7 +164,8 @@ def test_a_trace_and_a_timing_hold_the_measure_lock_an_xla_compile_does_not() ->
     beside a timing; XLA's compile, outside the GIL, does."""
     import jax.numpy as jnp
 
-    from autoremat._measure.measure import compile_step, time_compiled
+    from autoremat._measure.measure import compile_step
+    from autoremat._measure.timing import time_compiled
 
     lock = pool_module.device_memory.MEASURE_LOCK
     seen: dict[str, bool] = {}

@@ -127,27 +127,6 @@ def test_repeats_are_bounded() -> None:
         sorted(m.step_samples)[1] - sorted(m.step_samples)[0]) / 2
 
 
-@pytest.mark.parametrize(("times", "runs"), [
-    ([0.100, 0.1004, 0.0998, 0.1001], 3),  # steady (a TPU's runs): three say it
-    ([0.100, 0.150, 0.1004, 0.100, 0.100], 4),  # one outlier among four
-    ([0.100, 0.150, 0.120] + [0.100] * 20, 20),  # two: timed to the end
-    ([0.1, 0.2] * 20, 20),  # never steady: max_repeats
-])
-def test_timing_stops_once_the_runs_are_steady(times: list[float], runs: int,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the fewest runs, timing stops as soon as they all lie within ``STEADY`` of
-    their median; runs that disagree go on to ``time_budget``'s worth (``max_repeats``)."""
-    from autoremat._measure import measure as measure_module
-
-    compiled = measure_module.compile_step(lambda x: x * 2.0, (np.ones(3, np.float32),))
-    runs_left = iter([0.1, *times])  # the warm-up, then each timed run's seconds
-    monkeypatch.setattr(measure_module._Timing, "once",
-                        lambda self: (next(runs_left), np.ones(3, np.float32)))
-    m = measure_module.time_compiled(compiled, time_budget=100.0)
-    assert m.step_samples == pytest.approx(times[:runs])
-    assert measure_module.steady(times[:runs]) is (runs < 20)
-
-
 def test_run_false_sizes_only() -> None:
     m = measure(tiny(), autoremat.plain(32), run=False)
     assert m.status == OK and m.step_seconds is None and m.total_bytes is not None

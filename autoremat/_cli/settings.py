@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from autoremat._errors import ScheduleError, TuneError
-from autoremat._measure.measure import DEFAULT_TIME_BUDGET
 from autoremat._measure.mesh import parse_mesh
+from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._models.layer_stack import DEFAULT as STACK
 from autoremat._models.seed_lstm import SEED_AXES, seed_batch, seed_lstm
 from autoremat._schedules.safe_yaml import read_yaml_file

@@ -2,8 +2,8 @@
 ``autoremat._models``'s).
 
 ``problem`` (a train step built for a schedule; ``from_loss``: one from an unmodified
-loss), ``measure`` (compile, ``memory_analysis()``, run, time) and its record
-``measurement``; a failure as data (``failure``); where the memory goes and the floor
+loss), ``measure`` (compile, ``memory_analysis()``), ``timing`` (run, time) and their
+record ``measurement``; a failure as data (``failure``); where the memory goes and the floor
 (``breakdown``); the device (``device``), its allocator (``allocator``) and a step's own
 need on it (``device_memory``); many devices (``mesh``); is a saved schedule stale
 (``stale``).

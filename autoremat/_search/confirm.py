@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
-from autoremat._measure.measure import compile_schedule, time_compiled
+from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import Problem
+from autoremat._measure.timing import time_compiled
 from autoremat._search.attrs import confirmed_key
 from autoremat._search.study import MeasuredTrial, measured_trials
 

@@ -47,15 +47,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
-from autoremat._measure.measure import DEFAULT_TIME_BUDGET, Compiled
+from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
+from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.groups import GroupsSchedule
-from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import Policy
 from autoremat._search.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
@@ -63,7 +62,7 @@ from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.offload_twins import OffloadTwins
 from autoremat._search.planner_ahead import CompilesAhead
 from autoremat._search.predict import MemoryModel, Structure, TimeModel
-from autoremat._search.presets import LayerPlan, preset_labels, preset_params
+from autoremat._search.presets import LayerPlan, PresetsFirst
 from autoremat._search.probe_guard import GuardedCandidates, ProbeGuard
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
@@ -91,7 +90,7 @@ IMPROVES: Final = 0.01
 
 
 @dataclass
-class Planner(CompilesAhead, OffloadTwins, GuardedCandidates):
+class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
@@ -149,29 +148,6 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates):
             self._add_presets(self.layer_costs)
 
     # -- the pool ----------------------------------------------------------------------
-    def _add_presets(self, costs: LayerCosts) -> None:
-        """A layer stack's presets, tried before any other candidate (``presets``)."""
-        self.layers = LayerPlan(costs, self.budget_bytes,
-                                predicts=self.platform in device_memory.VALIDATED)
-        for label in preset_labels(self.platform, self.named, self.refused):
-            schedule, params = self.propose(preset_params(label))
-            self.add(schedule, params)
-            self.layers.first.append(schedule.key())
-
-    def _observe_layers(self, schedule: Schedule, size: int | None,
-                        step: float | None = None) -> None:
-        """A layer stack's plan sees a sized or measured (``step``: timed) schedule; its
-        proposals join the pool (``presets.LayerPlan.observe``)."""
-        if self.layers is not None:  # the presets matter only until ``full`` is seen
-            presets = policy_choices(self.platform, "step", self.named) \
-                if self.layers.base is None else {}
-            for proposal in self.layers.observe(schedule, size, presets, step):
-                self.add(proposal, {})
-
-    def _first(self, cand: Candidate) -> int | None:
-        """The rank of a candidate tried before all others (a layer stack's preset)."""
-        return None if self.layers is None else self.layers.priority(cand.schedule.key())
-
     def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
         """``space.propose`` in this planner's space (its refused and named choices)."""
         return propose(wanted, self.problem.seq_len, self.platform, self.rng, self.refused,
@@ -403,21 +379,3 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates):
                 return None
             return cand
         return None
-
-    def _next_first(self, cand: Candidate, time_left: float | None,
-                    compile_cost: float) -> Candidate | Literal["again"] | None:
-        """A candidate tried before all others (``presets``): compiled, then timed when it
-        fits, whatever the time model predicts; ``None``: not this one (rank on)."""
-        if cand.compiled is None:
-            if time_left is not None and time_left < compile_cost:
-                return None
-            if not self._probed(cand):
-                return None
-            self._screen(cand)
-            return AGAIN
-        if cand.compiled.measurement.status == ERROR:
-            return cand  # recorded as a failed trial
-        if cand.compiled.executable is None:
-            cand.verdict = Verdict.NO_EXECUTABLE
-            return None
-        return cand

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from autoremat._errors import ProblemError
-from autoremat._measure.measure import Compiled, compile_schedule, time_compiled
+from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.problem import Problem
+from autoremat._measure.timing import time_compiled
 from autoremat._schedules.base import Schedule
 
 #: The length a short run aims at: about half a second a step for the seed's LSTM on

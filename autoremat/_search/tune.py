@@ -71,9 +71,9 @@ from typing import Any, Final
 
 from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._measure.device import arguments_fingerprint, environment
-from autoremat._measure.measure import DEFAULT_TIME_BUDGET
 from autoremat._measure.mesh import layout
 from autoremat._measure.problem import Problem, Step
+from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import NAME_COSTS

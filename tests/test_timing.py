@@ -1,0 +1,31 @@
+"""Timing a compiled step (``autoremat._measure.timing``): runs until their median is
+known. The runs here are played by a stand-in of ``_Timing.once`` (seconds given, no
+clock), so nothing depends on this machine's speed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autoremat._measure import timing
+from autoremat._measure.measure import compile_step
+
+
+@pytest.mark.parametrize(("times", "runs"), [
+    ([0.100, 0.1004, 0.0998, 0.1001], 3),  # steady (a TPU's runs): three say it
+    ([0.100, 0.150, 0.1004, 0.100, 0.100], 4),  # one outlier among four
+    ([0.100, 0.150, 0.120] + [0.100] * 20, 20),  # two: timed to the end
+    ([0.1, 0.2] * 20, 20),  # never steady: max_repeats
+])
+def test_timing_stops_once_the_runs_are_steady(times: list[float], runs: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the fewest runs, timing stops as soon as three runs, and all but at most one,
+    lie within ``STEADY`` of their median; runs that disagree go on to ``time_budget``'s
+    worth (``max_repeats``)."""
+    compiled = compile_step(lambda x: x * 2.0, (np.ones(3, np.float32),))
+    runs_left = iter([0.1, *times])  # the warm-up, then each timed run's seconds
+    monkeypatch.setattr(timing._Timing, "once",
+                        lambda self: (next(runs_left), np.ones(3, np.float32)))
+    m = timing.time_compiled(compiled, time_budget=100.0)
+    assert m.step_samples == pytest.approx(times[:runs])
+    assert timing.steady(times[:runs]) is (runs < 20)
