@@ -61,6 +61,7 @@ class OffloadTwins:
     cut: dict[str, tuple[int, float]]
     taken: set[str]
     memory_model: MemoryModel
+    twins: dict[str, str | None]  # candidate key -> its twin's key (``None``: no twin)
 
     def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
         raise NotImplementedError  # the planner's
@@ -69,14 +70,21 @@ class OffloadTwins:
         raise NotImplementedError  # the planner's
 
     def twin(self, cand: Candidate) -> Candidate | None:
-        """``cand``'s twin in the pool (added there); ``None``: it offloads nothing, or the
-        whole front is wanted."""
-        params = None if self.explore_front else on_device(cand.params)
-        if params is None:
+        """``cand``'s twin in the pool (added there, once: the planner ranks its pool
+        often); ``None``: it offloads nothing, or the whole front is wanted."""
+        if self.explore_front:
             return None
-        schedule, params = self.propose(params)
-        self.add(schedule, params)
-        return self.pool[schedule.key()]
+        key = cand.schedule.key()
+        if key not in self.twins:
+            params = on_device(cand.params)
+            if params is None:
+                self.twins[key] = None
+            else:
+                schedule, params = self.propose(params)
+                self.add(schedule, params)
+                self.twins[key] = schedule.key()
+        twin = self.twins[key]
+        return None if twin is None else self.pool[twin]
 
     def twin_fits(self, twin: Candidate) -> bool | None:
         """The twin fits the budget (timed, or sized within it, or predicted far under it);

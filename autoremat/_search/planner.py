@@ -128,6 +128,7 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
     _seeds_ahead: list[Candidate] = field(default_factory=list)  # ``prefetch``'s enqueued seeds
     deadline: float | None = None  # ``time.monotonic()`` to finish by (``next``'s)
     since_best: int = 0  # candidates compiled since the best last improved (``PATIENCE``)
+    twins: dict[str, str | None] = field(default_factory=dict)  # ``offload_twins``
     _improved: float | None = None  # the best's seconds when it last improved
 
     def __post_init__(self) -> None:

@@ -149,8 +149,7 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
                    **compiler}]
     if fuse:
         unfused = [{**p, "fuse": "unfused"} for p in params
-                   if platform != "cpu" and p["kind"] == "nested" and p.get("depth", 1) >= 2]
-        unfused = unfused[:1]
+                   if platform != "cpu" and p["kind"] == "nested" and p.get("depth", 1) >= 2][:1]
         params = [{**p, "fuse": "fused"} for p in params] + unfused
     return [(build(p, seq_len, platform), p) for p in params]
 
