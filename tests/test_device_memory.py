@@ -509,7 +509,8 @@ def test_tune_proves_its_pick_and_writes_the_next_when_one_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """A stand-in TPU where every schedule needs 1 MB when it runs -- but the first one
-    proved, whichever it is, needs 20 MB when it runs with only the 10 MB budget free."""
+    proved, whichever it is, needs 20 MB when it runs with only the 10 MB budget free.
+    The first pick runs the executable the search timed; the next is compiled again."""
     from autoremat.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -517,10 +518,12 @@ def test_tune_proves_its_pick_and_writes_the_next_when_one_fails(
     monkeypatch.setattr(device_memory, "meters", lambda: [tpu])
     base = tiny()
     failed_proof: list[str] = []
+    builds: dict[str, int] = {}
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
         step, args = base.build(schedule)
         key = schedule.key()
+        builds[key] = builds.get(key, 0) + 1
 
         def wrapped(*a: Any) -> Any:
             w, loss = step(*a)
@@ -543,7 +546,9 @@ def test_tune_proves_its_pick_and_writes_the_next_when_one_fails(
     result = tune(problem, 10 * MB, n_trials=4, time_budget=0.02, study_name="s", out=out,
                   explore_front=True)  # no cut trial: each has a time to be the next
     assert len(failed_proof) == 1
+    assert builds[failed_proof[0]] == 1  # the first pick: the search's executable ran
     assert result.best_trial is not None and result.best is not None
+    assert builds[result.best_trial.schedule.key()] == 2  # the next: compiled again
     assert result.best_trial.schedule.key() != failed_proof[0]
     assert result.best_trial.measurement.fit_proof_bytes == 10 * MB
     assert result.best.meta["fit_proof_bytes"] == 10 * MB

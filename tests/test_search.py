@@ -378,6 +378,52 @@ def test_memory_model_rules_out_what_it_predicts_far_over_once_it_fits_its_point
     assert not memory.far_under(ne(40), budget)  # within the budget, not far under it
     memory.add(ne(25), int(10 * size(25)), over_budget=False)  # a point the fit misses
     assert not memory.far_over(ne(500), budget) and not memory.far_under(ne(10), budget)
+    bent = MemoryModel()  # fits its points, but more stored costs fewer bytes: no machine
+    for n in (10, 20, 40, 50, 100):
+        bent.add(ne(n), int(10**9 - size(n)), over_budget=False)
+    guess = bent.predict(ne(2))
+    assert guess is not None and guess > 2 * FAR_OVER * budget
+    assert not bent.far_over(ne(2), budget)
+
+
+def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_resemble(
+) -> None:
+    """Fit on the TPU's seeds (unfused among them), the memory model predicts within 25%
+    (at least 60% where two ``everything`` levels lead) the compiled totals of schedules
+    like those that ran out of memory on a TPU v5e (issue 47): an outer ``everything``
+    level stores every step below it whole (as plain does, whatever the inner levels
+    save), an outer ``dots`` level the dots of every step below it; an unfused schedule
+    adds the readout's stack."""
+    from autoremat._models.seed_lstm import seed_lstm
+    from autoremat._search.predict import MemoryModel, Structure
+
+    seq_len = 200
+    problem = seed_lstm(seq_len=seq_len, batch=8, hidden=64, fused_readout=None)
+    n, e, d = "nothing_saveable", "everything_saveable", "dots_saveable"
+    fused = lambda *a: autoremat.nested(*a).with_fuse(True)  # noqa: E731
+    seeds = [autoremat.plain(seq_len).with_fuse(True), fused([seq_len], n),
+             fused([10, 20], [n, e]), fused([5, 4, 10], [n, n, e]),
+             fused([2, 10, 10], [n, d, e]), autoremat.nested([10, 20], [n, e]).with_fuse(False)]
+    unlike = [fused([10, 20], [e, n]), fused([2, 10, 10], [e, e, n]), fused([100, 2], [d, e]),
+              fused([2, 50, 2], [n, e, n])]
+
+    def size(schedule: Schedule) -> int:
+        total = compile_schedule(problem, schedule).measurement.total_bytes
+        assert total is not None
+        return total
+
+    memory = MemoryModel()
+    for s in seeds:
+        memory.add(Structure.of(s, seq_len), size(s), over_budget=False)
+    plain = size(seeds[0])
+    for s in unlike:
+        guess, total = memory.predict(Structure.of(s, seq_len)), size(s)
+        assert guess is not None
+        if s.levels[0].policy.name == e:  # whole, as plain is (two such levels: more)
+            assert total > 0.9 * plain and Structure.of(s, seq_len).terms[1] > seq_len
+            assert 0.6 * total < guess < 1.25 * total, s.describe()
+        else:
+            assert guess == pytest.approx(total, rel=0.25), s.describe()
 
 
 def _plain_out_of_memory(problem: Problem, compiles: list[str]) -> Problem:

@@ -35,8 +35,11 @@ of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
 ``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
 stop test).
 ``MemoryModel`` predicts ``total_bytes`` before compiling from what a
-schedule stores (``Features.terms``), fitted per kind on the
-schedules sized so far. Both only *order* candidates; every figure the tuner
+schedule stores (``Features.terms``) and whether it is unfused (the readout's stack),
+fitted on the schedules sized so far, each by its relative error and with no pull
+towards a prior: plain's point alone sets the bytes of a whole step (on the big model
+on a TPU v5e the pulled fit put them at 2 MB, not 6.9, and let 12 of 26 compiles run
+out of memory). Both only *order* candidates; every figure the tuner
 reports is measured.
 """
 
@@ -326,6 +329,12 @@ class TimeModel:
         return max(self.floor, value * ratio ** (1.0 - d))
 
 
+def _memory_row(structure: Structure) -> list[float]:
+    """The memory model's features: a constant, ``Structure.terms``, and unfused (the
+    per-step outputs stacked: the same bytes for every unfused schedule of a problem)."""
+    return [1.0, *structure.terms, float(structure.kind.endswith("/unfused"))]
+
+
 class MemoryModel:
     """``total_bytes`` before compiling, from what a schedule stores (``Structure.terms``).
 
@@ -377,10 +386,16 @@ class MemoryModel:
         return guess is not None and guess * FAR_OVER <= budget_bytes and self._trust()
 
     def _trust(self) -> bool:
-        """The fit misses none of its points by ``FAR_OVER - 1`` of its size (once per fit)."""
+        """The fit misses none of its points by ``FAR_OVER - 1`` of its size, and storing
+        more of a term costs no fewer bytes (a slope taking 5% of the smallest point off
+        at the largest term: a fit bent through few points, not a machine); once per fit."""
         if self._trusted is None:
-            self._trusted = all(abs((self.predict(s) or 0.0) - y) < (FAR_OVER - 1) * y
-                                for s, y in self.points)
+            fits = all(abs((self.predict(s) or 0.0) - y) < (FAR_OVER - 1) * y
+                       for s, y in self.points)
+            rows = [_memory_row(s) for s, _ in self.points]
+            low = 0.05 * min(y for _, y in self.points)
+            self._trusted = fits and all(c * max(r[j] for r in rows) >= -low
+                                         for j, c in enumerate(self._coef or []) if j)
         return self._trusted
 
     def surely_over(self, structure: Structure) -> bool:
@@ -395,12 +410,12 @@ class MemoryModel:
         if len(self.points) < 2:
             return None
         if getattr(self, "_coef", None) is None:
-            rows = [[1.0, *s.terms] for s, _ in self.points]
+            rows = [_memory_row(s) for s, _ in self.points]
             ys = [y for _, y in self.points]
             low = min(ys)
-            self._coef = _ridge(rows, ys, [low, 0.0, 0.0, 0.0], [1.0 / y**2 for y in ys],
-                                ridge=1e-4)
+            self._coef = _ridge(rows, ys, [low, 0.0, 0.0, 0.0, 0.0], [1.0 / y**2 for y in ys],
+                                ridge=1e-9)
         coef = self._coef
         assert coef is not None
-        value = coef[0] + sum(c * x for c, x in zip(coef[1:], structure.terms, strict=True))
+        value = _dot(coef, _memory_row(structure))
         return max(0.5 * min(y for _, y in self.points), value)

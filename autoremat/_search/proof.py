@@ -2,14 +2,15 @@
 budget on the device.
 
 Every figure the search compares with the budget is an estimate or a measurement of
-the step alone; the proof asks the device itself. The pick is compiled again and run
-once with a filler holding all of the device's memory but the budget -- its arguments
-live, ``budget - arguments`` free (``device_memory.runs_within``; per device on a
-mesh). A pick that runs out of memory so is marked (the study attr
-``attrs.proof_key(number)``; ``MeasuredTrial.of`` reads it as ``fit_proof_failed``, and
-``Measurement.fits`` is then false), and the next fastest is proved in turn, up to
-``MAX_TRIES`` picks. One that passes records ``fit_proof_bytes`` (the budget), which the
-written schedule's ``meta``, ``autoremat show`` and ``autoremat pareto`` report.
+the step alone; the proof asks the device itself. The pick (the executable the search
+timed it with, else compiled again) is run once with a filler holding all of the
+device's memory but the budget -- its arguments live, ``budget - arguments`` free
+(``device_memory.runs_within``; per device on a mesh). A pick that runs out of memory
+so is marked (the study attr ``attrs.proof_key(number)``; ``MeasuredTrial.of`` reads it
+as ``fit_proof_failed``, and ``Measurement.fits`` is then false), and the next fastest
+is proved in turn, up to ``MAX_TRIES`` picks. One that passes records
+``fit_proof_bytes`` (the budget), which the written schedule's ``meta``, ``autoremat
+show`` and ``autoremat pareto`` report.
 
 On a CPU there is no device memory to fill: the proof is skipped, and said.
 """
@@ -24,6 +25,7 @@ from autoremat._measure import device_memory
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import proof_attrs
 from autoremat._measure.problem import Problem
+from autoremat._measure.timing import Compiled
 from autoremat._search.attrs import proof_key
 from autoremat._search.study import MeasuredTrial, choose
 from autoremat._units import format_bytes
@@ -36,9 +38,12 @@ MAX_TRIES: Final = 3
 
 
 def prove_fit(study: optuna.Study, problem: Problem, budget_bytes: int,
-              on_line: Callable[[str], None] | None = None) -> str:
+              on_line: Callable[[str], None] | None = None,
+              compiled: Compiled | None = None) -> str:
     """Prove the study's pick fits ``budget_bytes`` on the device (module doc). Returns one
-    line saying what was proved ("" when nothing fits)."""
+    line saying what was proved ("" when nothing fits). ``compiled``: a schedule's
+    executable at full length, run instead of compiling again when it is the pick's (the
+    search keeps its best's: ``Worker.take_kept``)."""
     if not device_memory.meters():
         return "proof of fit: skipped (a CPU has no device memory to fill)"
     for _ in range(MAX_TRIES):
@@ -47,7 +52,8 @@ def prove_fit(study: optuna.Study, problem: Problem, budget_bytes: int,
             return "proof of fit: no pick left that fits"
         if best.measurement.fit_proof_bytes is not None:
             return _passed(best, budget_bytes)
-        ok, why = _run(problem, best, budget_bytes)
+        mine = compiled is not None and compiled.measurement.schedule_key == best.schedule.key()
+        ok, why = _run(problem, best, budget_bytes, compiled if mine else None)
         if ok is None:
             return f"proof of fit: not run ({why})"
         study.set_user_attr(proof_key(best.number), proof_attrs(budget_bytes if ok else None,
@@ -66,12 +72,13 @@ def _passed(trial: MeasuredTrial, budget_bytes: int) -> str:
             f"{format_bytes(budget_bytes)} on the device (its arguments live, the rest free)")
 
 
-def _run(problem: Problem, trial: MeasuredTrial, budget_bytes: int) -> tuple[bool | None, str]:
-    """Compile the trial's schedule and run it once within the budget."""
-    compiled = compile_schedule(problem, trial.schedule)
+def _run(problem: Problem, trial: MeasuredTrial, budget_bytes: int,
+         compiled: Compiled | None) -> tuple[bool | None, str]:
+    """Run the trial's schedule once within the budget: ``compiled``, else compiled now."""
+    if compiled is None or compiled.executable is None:
+        compiled = compile_schedule(problem, trial.schedule)
     executable, args = compiled.executable, compiled.args
     arguments = compiled.measurement.argument_bytes
-    compiled.release()
     if executable is None or arguments is None:
         return None, f"it did not compile again: {compiled.measurement.reason or 'no sizes'}"
 

@@ -193,8 +193,11 @@ def tune(
     search_measured = search.measured
     unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
                                                  time_budget=time_budget, on_confirm=on_confirm)
-    del search  # its executables: what they reserve on a device is not the pick's
-    proof = "" if interrupted else prove_fit(study, problem, budget_bytes, on_confirm)
+    kept = search.take_kept()  # the best's executable: the proof runs it
+    del search  # its other executables: what they reserve on a device is not the pick's
+    proof = "" if interrupted else prove_fit(study, problem, budget_bytes, on_confirm, kept)
+    if kept is not None:
+        kept.release()
     result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
                        interrupted=interrupted, unconfirmed=unconfirmed, proof=proof)
     if out is not None:
