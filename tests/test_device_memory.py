@@ -549,6 +549,8 @@ def test_tune_proves_its_pick_and_writes_the_next_when_one_fails(
     assert builds[failed_proof[0]] == 1  # the first pick: the search's executable ran
     assert result.best_trial is not None and result.best is not None
     assert builds[result.best_trial.schedule.key()] == 2  # the next: compiled again
+    # a TPU's mark is no process peak: the search took reservations back, lifting it
+    assert tpu.peak > 1_000 * MB and result.best_trial.measurement.peak_bytes is None
     assert result.best_trial.schedule.key() != failed_proof[0]
     assert result.best_trial.measurement.fit_proof_bytes == 10 * MB
     assert result.best.meta["fit_proof_bytes"] == 10 * MB

@@ -166,9 +166,10 @@ def meters() -> list[Meter]:
 
 def process_peak() -> int | None:
     """The process's high-water mark: the largest ``peak_bytes_in_use`` over the
-    ``meters()`` (``None``: none reports one). On a TPU it does not count programs'
-    temporaries."""
-    readings = [m.stats() for m in meters()]
+    ``meters()`` (``None``: none reports one). ``None`` on a TPU: its mark counts no
+    program's temporaries, and taking a reservation back (``reserved_need``, while the
+    search holds its best's executable for the proof) lifts it to the chip's size."""
+    readings = [m.stats() for m in meters() if m.platform not in RESERVING_PLATFORMS]
     return max((s.peak for s in readings if s is not None), default=None)
 
 
