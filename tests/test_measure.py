@@ -166,6 +166,17 @@ def test_fingerprint_tracks_shapes_not_values() -> None:
     assert a != arguments_fingerprint((jnp.zeros((2, 3)), {"v": jnp.ones(4)}))
 
 
+def test_the_host_link_is_timed_once_by_copies_there_and_back() -> None:
+    """``host_bandwidth``: bytes over the best copy's seconds, timed once per process."""
+    import autoremat._measure.device as device
+
+    device.host_bandwidth.cache_clear()
+    bandwidth = device.host_bandwidth()
+    if bandwidth is None:
+        pytest.skip("this jax's CPU has no pinned_host memory to copy to")
+    assert 1e6 < bandwidth < 1e13 and device.host_bandwidth() is bandwidth
+
+
 def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
     from autoremat._measure.breakdown import breakdown_lines, floor_bytes
     from autoremat._measure.measurement import Measurement

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
+from autoremat._measure.timing import Compiled
 from autoremat._search.candidates import Candidate, Verdict
 from autoremat._search.offload_twins import ON_DEVICE, on_device
 from autoremat._search.planner import Planner
@@ -89,3 +90,27 @@ def test_a_twin_the_memory_model_puts_far_under_the_budget_is_not_compiled(
     assert planner.twin_first(cand) is None and cand.verdict is Verdict.DOMINATED
     twin = planner.twin(cand)
     assert twin is not None and twin.compiled is None and seen == [BUDGET]
+
+
+@pytest.mark.parametrize("bandwidth, dropped", [(1e6, True), (1e12, False)])
+def test_an_offload_whose_copies_alone_are_slower_than_the_best_is_dropped(
+        monkeypatch: pytest.MonkeyPatch, bandwidth: float, dropped: bool) -> None:
+    """Its twin over the budget, an offload still moves at least what the twin keeps more:
+    over a host link of ``bandwidth`` bytes/s, 1.5 MB take 1.5 s (dropped: the best takes
+    0.1 s) or 1.5 us (it goes on)."""
+    import autoremat._search.offload_twins as twins_module
+
+    monkeypatch.setattr(twins_module, "host_bandwidth", lambda: bandwidth)
+    planner = _planner()
+    cand = _offloading(planner, "offload_dots")
+    twin = planner.twin(cand)
+    assert twin is not None
+    twin.compiled = Compiled(Measurement(twin.schedule.key(), OVER_BUDGET, "over budget",
+                                         total_bytes=2 * BUDGET))  # sized: over
+    best = next(c for c in planner.pool.values() if c.params.get("depth") == 1
+                and c.params.get("d1_policy") == "nothing")
+    planner.record(best.schedule, Measurement(best.schedule.key(), OK, "",
+                                              total_bytes=BUDGET // 2, step_seconds=0.1))
+    monkeypatch.setattr(planner.memory_model, "predict", lambda s: BUDGET // 2)
+    assert planner.twin_first(cand) is (None if dropped else cand)
+    assert (cand.verdict is Verdict.DOMINATED) is dropped

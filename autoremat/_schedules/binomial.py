@@ -172,7 +172,7 @@ class BinomialSchedule(Schedule):
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
         """Three repetitions: ``C(s + 3, 3) >= T`` snapshots (none at ``T = 1``);
-        none on a GPU (``GPU_PLATFORMS``).
+        none on a GPU (``GPU_PLATFORMS``) or a TPU.
 
         A seed is always timed. On a CPU, where the plain scan is bound by memory
         traffic, binomial runs near plain (s=17 at T=10^5: 1.10-1.19x) and its
@@ -183,8 +183,11 @@ class BinomialSchedule(Schedule):
         cost 2 s of a 100 s search to learn that. There it stays in the space
         (the smallest schedules are binomial: the planner times one when no
         nested schedule fits the budget) but is not seeded; the cost model's
-        GPU prior (``autoremat._search.predict.PRIORS``) ranks it as slow."""
-        if seq_len < 2 or platform in GPU_PLATFORMS:
+        GPU prior (``autoremat._search.predict.PRIORS``) ranks it as slow. So on a
+        TPU v5e: s=11 ran 3.71x plain (``studies/results/search_tpu.md``), and its seed
+        was cut or never the pick in every tune there (``studies/results/tune_time.md``),
+        at 2-5 s a tune; the TPU prior ranks it slow too."""
+        if seq_len < 2 or platform in GPU_PLATFORMS or platform == "tpu":
             return []
         low, high = snapshot_range(seq_len)
         return [{"snapshots": min(max(_fewest_snapshots(seq_len, 3), low), high)}]
