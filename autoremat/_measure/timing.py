@@ -10,7 +10,9 @@ longer than ``time_budget``, that one run is the figure); so timing takes at mos
 ``STEADY`` (1%) of their median -- more runs would hardly move it: a TPU's runs mostly
 agree so (``studies/results/tune_time.md``), and a big model's trial times in three or
 four runs instead of ``time_budget``'s worth (12); a busy CPU's seldom do, and time on as
-before. ``step_seconds`` is the median wall time of those runs, each ended by
+before. By default the warm-up counts as one of those three when it lies within 1% of
+the first two runs (it then had no one-time cost to speak of: a big model's step of
+0.4 s on a TPU): one run fewer. ``step_seconds`` is the median wall time of those runs, each ended by
 ``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the device's
 ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of the whole
 process's buffers (on a GPU an upper bound for this step; on a TPU it leaves out every
@@ -138,8 +140,12 @@ class _Timing:
             fewest = 3 if min_repeats is None else min_repeats
             repeats = 1 if long_step else max(
                 fewest, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
+            warm = [warmup] if min_repeats is None and not long_step else []
             while len(samples) < repeats and not (len(samples) >= fewest and steady(samples)):
                 samples.append(self.once()[0])
+                if warm and len(samples) == fewest - 1 and steady(warm + samples):
+                    samples = warm + samples  # the warm-up ran as the runs did: it counts
+                    break
         except Exception as e:
             oom = is_out_of_memory(e)
             return self.measurement(ERROR, f"{words(RUN, oom)}: {one_line(e)}", failed_at=RUN,
