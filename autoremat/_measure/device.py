@@ -12,6 +12,7 @@ import math
 import time
 from typing import Any, Final
 
+from autoremat._measure.device_memory import MEASURE_LOCK
 from autoremat._measure.mesh import sharding_text
 
 #: Bytes copied each way when the host link is timed (``host_bandwidth``).
@@ -65,8 +66,6 @@ def host_bandwidth() -> float | None:
     figure (``autoremat._search.offload_twins``). Timed once per process, when first asked."""
     import jax
     import jax.numpy as jnp
-
-    from autoremat._measure.device_memory import MEASURE_LOCK
 
     seconds: list[float] = []
 
