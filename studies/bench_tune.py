@@ -245,7 +245,7 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
                       flush=True)
                 t1 = time.perf_counter()
                 p = short_runs.time(s, compiled, budget_bytes=budget, time_budget=time_budget,
-                                    cut_after=None)
+                                    best=None)
                 short_wall += time.perf_counter() - t1
                 if p.step_seconds is not None and p.predicted(seq_len):
                     predicted.append((p.step_seconds, m.step_seconds))

@@ -26,6 +26,7 @@ from autoremat._errors import TuneError
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
 from autoremat._measure.problem import Problem
+from autoremat._measure.timing import CUT_RATIO
 from autoremat._schedules.base import Schedule
 from autoremat._search.compile_pool import WORKERS_ENV, CompilePool, compile_workers
 from autoremat._search.short_runs import ShortRuns
@@ -274,7 +275,7 @@ class Recorder:
             self.cv.notify_all()
 
     def fake_time(self, schedule: Schedule, sized: Compiled, *, budget_bytes: int | None,
-                  time_budget: float, cut_after: float | None) -> Measurement:
+                  time_budget: float, best: float | None) -> Measurement:
         """The fake timer: a made-up step time from the schedule's work (no run). It
         ends once every compile handed to a thread has started, as a device's timing
         would while the threads compile."""
@@ -298,7 +299,7 @@ class Recorder:
         seconds = (schedule.cost(seq_len).evaluations + (zlib.crc32(key.encode()) % 97) / 97
                    ) * 1e-4
         ran = replace(m, timed_seq_len=seq_len)
-        if cut_after is not None and seconds > cut_after:
+        if best is not None and seconds > CUT_RATIO * best:
             return replace(ran, cut_seconds=seconds)
         return replace(ran, step_seconds=seconds, step_samples=(seconds,))
 

@@ -180,17 +180,19 @@ def steady_clock(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     timed: list[str] = []
 
     def time_it(runs: Any, schedule: Schedule, sized: Any, *, budget_bytes: int | None,
-                time_budget: float, cut_after: float | None) -> Any:
+                time_budget: float, best: float | None) -> Any:
         from dataclasses import replace
 
+        from autoremat._measure.timing import CUT_RATIO
+
         m = real(runs, schedule, sized, budget_bytes=budget_bytes, time_budget=time_budget,
-                 cut_after=None)
+                 best=None)
         if m.step_seconds is None:
             return m  # not run (over the budget, failed): as measured
         timed.append(schedule.key())
         seconds = (schedule.cost(runs.problem.seq_len).evaluations * 1e-5
                    + (zlib.crc32(schedule.key().encode()) % 97) * 1e-7)
-        if cut_after is not None and seconds > cut_after:
+        if best is not None and seconds > CUT_RATIO * best:
             return replace(m, step_seconds=None, step_samples=(), cut_seconds=seconds)
         return replace(m, step_seconds=seconds, step_samples=(seconds,))
 

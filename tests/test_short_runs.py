@@ -68,7 +68,7 @@ def test_a_short_run_keeps_the_full_length_bytes_and_scales_its_time(short: int)
     short_total = compile_schedule(problem.at_length(100), schedule).measurement.total_bytes
     assert full_total is not None and short_total is not None and short_total < full_total
     m = short_runs.ShortRuns(problem).time(schedule, sized, budget_bytes=BUDGET,
-                                         time_budget=0.05, cut_after=None)
+                                         time_budget=0.05, best=None)
     assert m.status == "ok" and m.total_bytes == full_total
     assert (m.timed_seq_len, m.short_seq_len) == (100, 100)
     assert m.short_seconds is not None and m.step_seconds is not None
@@ -80,7 +80,7 @@ def test_full_length_problems_record_their_length(short: int) -> None:
     problem = small(150)
     sized = compile_schedule(problem, autoremat.nested([15, 10]), budget_bytes=BUDGET)
     m = short_runs.ShortRuns(problem).time(autoremat.nested([15, 10]), sized,
-                                         budget_bytes=BUDGET, time_budget=0.05, cut_after=None)
+                                         budget_bytes=BUDGET, time_budget=0.05, best=None)
     assert m.timed_seq_len == 150 and m.short_seq_len is None and m.short_seconds is None
 
 
@@ -187,5 +187,5 @@ def test_a_loss_problem_is_timed_on_the_first_steps_of_its_batch(short: int) -> 
     runs = short_runs.ShortRuns(stuck)
     with pytest.warns(RuntimeWarning, match="timed at full length"):
         m = runs.time(schedule, compile_schedule(stuck, schedule), budget_bytes=BUDGET,
-                      time_budget=0.05, cut_after=None)
+                      time_budget=0.05, best=None)
     assert m.status == "ok" and m.timed_seq_len == T and runs.scale(schedule) == 1.0

@@ -32,7 +32,8 @@ more, which one it is worth timing:
 With ``explore_front`` step 4's ratio test is off: every fitting schedule
 not dominated is timed, so the whole front gets measured (within limits).
 The tuner also stops timing a schedule after its first run when that run is
-already ``CUT_RATIO`` x slower than the best that fits (a *cut* trial).
+already ``timing.CUT_RATIO`` x slower than the best that fits (a *cut* trial), and
+after its fewest runs when they all are ``timing.BEATEN`` slower (``rival``).
 
 With compile threads (``compiles``, ``autoremat._search.compile_pool``) the next
 candidates of step 2 are compiled ahead (``prefetch``: while a schedule is timed, and
@@ -74,8 +75,6 @@ POOL_SIZE: Final = 300
 #: (at least; ``Planner.stop_ratio`` widens it by the model's error, up to ``MAX_STOP``).
 STOP_RATIO: Final = 1.15
 MAX_STOP: Final = 1.6
-#: A schedule whose first run is this much slower than the best that fits is cut.
-CUT_RATIO: Final = 1.3
 #: Candidates the planner chose and compiled and found within the budget (not the
 #: study's seeds, not a layer stack's presets; not one over the budget or failed: those
 #: say the memory model is off, not that nothing faster is left) since the best last
@@ -245,10 +244,11 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
             d = self.time_model.nearest(cand.structure, float(self.total(cand) or 0))[0]
         return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self.time_model.error * d))
 
-    def cut_after(self) -> float | None:
-        """Seconds after which a first run is cut (``None``: time it in full)."""
+    def rival(self) -> float | None:
+        """The best step that fits, which a timing competes with (``timing.CUT_RATIO``,
+        ``BEATEN``); ``None``: time in full (none yet, or the whole front wanted)."""
         best = self.best
-        return None if self.explore_front or best is None else CUT_RATIO * best[2]
+        return None if self.explore_front or best is None else best[2]
 
     def candidate(self, schedule: Schedule) -> Candidate:
         """The pool's candidate of a schedule that came from the study (a seed, or a

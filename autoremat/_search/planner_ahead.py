@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.problem import Problem, Step
+from autoremat._measure.timing import CUT_RATIO
 from autoremat._schedules.base import Schedule
 from autoremat._search.candidates import Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
@@ -51,7 +52,7 @@ class CompilesAhead:
     if TYPE_CHECKING:
         @property
         def best(self) -> tuple[str, int, float] | None: ...
-        def cut_after(self) -> float | None: ...
+        def rival(self) -> float | None: ...
         def stop_ratio(self, cand: Candidate | None = None) -> float: ...
         def candidate(self, schedule: Schedule) -> Candidate: ...
         def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
@@ -121,14 +122,15 @@ class CompilesAhead:
         """The first ``n`` candidates ``_next_once`` would compile, by today's models: open
         and unsized, short of the stop, not surely over the budget, not dominated by the
         memory model's guess (nor an offload by its twin), and not predicted to be cut
-        (over ``cut_after``: one that is cut is compiled only when it comes up);
+        (over ``CUT_RATIO`` x the best: one that is cut is compiled only when it comes up);
         ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction."""
         self._seeds_ahead = [c for c in self._seeds_ahead if c.verdict is Verdict.UNDECIDED
                              and c.compiled is None and c.schedule.key() not in self.taken]
         found = [c for c in self._seeds_ahead if c.schedule.key() != exclude and not (
             self.built is not None and self.built[0] == c.schedule.key())][:n]
-        best, cut, stop = self.best, self.cut_after(), self.stop_ratio()
+        best, rival, stop = self.best, self.rival(), self.stop_ratio()
+        cut = None if rival is None else CUT_RATIO * rival
         calibrated = self.time_model.points >= 2 and best is not None
         for predicted, cand in self._rank():
             key = cand.schedule.key()

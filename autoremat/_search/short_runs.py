@@ -114,16 +114,16 @@ class ShortRuns:
         return self._at.get(n)
 
     def time(self, schedule: Schedule, sized: Compiled, *, budget_bytes: int | None,
-             time_budget: float, cut_after: float | None) -> Measurement:
+             time_budget: float, best: float | None) -> Measurement:
         """Time ``sized`` (``schedule`` compiled at full length: its bytes) -- at full
-        length, or on a short run whose times are scaled to full length. ``cut_after``
-        is in full-length seconds."""
+        length, or on a short run whose times are scaled to full length. ``best`` (the
+        best step, ``timing.time_compiled``'s) is in full-length seconds."""
         seq_len = self.problem.seq_len
         n = self.length(schedule)
         problem = self._short(n) if n < seq_len and sized.executable is not None else None
         if problem is None:
             m = time_compiled(sized, budget_bytes=budget_bytes, time_budget=time_budget,
-                              cut_after=cut_after)
+                              best=best)
             ran = m.step_seconds is not None or m.cut_seconds is not None
             return replace(m, timed_seq_len=seq_len) if ran else m
         full = sized.measurement
@@ -131,7 +131,7 @@ class ShortRuns:
         k = scale(schedule, seq_len, n)
         short = compile_schedule(problem, schedule)
         m = time_compiled(short, time_budget=time_budget, max_repeats=SHORT_REPEATS,
-                          cut_after=None if cut_after is None else cut_after / k)
+                          best=None if best is None else best / k)
         short.release()
         if m.status != OK:
             return replace(full, status=ERROR, reason=f"at T'={n}: {m.reason}", loss=m.loss,

@@ -187,7 +187,7 @@ class Worker:
         self.planner.prefetch()
         trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
-                            cut_after=self.planner.cut_after())
+                            best=self.planner.rival())
         self.planner.record(schedule, m)
         self._keep_if_best(key, compiled)
         for k, v in m.to_attrs().items():
