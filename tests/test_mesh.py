@@ -8,6 +8,7 @@ on ``--mesh data=4``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -41,13 +42,24 @@ def _env(devices: int) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[Any, dict[str, Any]]:
-    """Every record ``mesh_checks.py`` printed, by ``(front, context, kind)`` or check name."""
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_checks.py")],
-                         capture_output=True, text=True, timeout=600, env=_env(4), check=False)
-    assert out.returncode == 0, out.stderr[-3000:]
+def records(tmp_path_factory: pytest.TempPathFactory,
+            worker_id: str) -> dict[Any, dict[str, Any]]:
+    """Every record ``mesh_checks.py`` printed, by ``(front, context, kind)`` or check name.
+    Run once per test run: the xdist workers that run this module share its output (a
+    file beside their temporary folders, behind a lock; 13-29 s each)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent
+    printed = shared / "mesh_checks.jsonl"
+    with open(shared / "mesh_checks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker runs it, the others wait
+        if not printed.exists():
+            out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_checks.py")],
+                                 capture_output=True, text=True, timeout=600, env=_env(4),
+                                 check=False)
+            assert out.returncode == 0, out.stderr[-3000:]
+            printed.write_text(out.stdout)
     found: dict[Any, dict[str, Any]] = {}
-    for line in out.stdout.splitlines():
+    for line in printed.read_text().splitlines():
         r = json.loads(line)
         found[r["check"] if "check" in r else (r["front"], r["context"], r["kind"])] = r
     return found
