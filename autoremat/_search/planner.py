@@ -129,7 +129,6 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
     since_best: int = 0  # candidates compiled since the best last improved (``PATIENCE``)
     twins: dict[str, str | None] = field(default_factory=dict)  # ``offload_twins``
     _improved: float | None = None  # the best's seconds when it last improved
-    _neighboured: set[str] = field(default_factory=set)  # keys whose neighbours joined
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -211,28 +210,12 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
             self._improved, self.since_best = best[2], 0
         if best is not None and best[0] != self._best_key:
             self._best_key = best[0]
-            self._add_neighbours(self.pool[best[0]])
-
-    def _add_neighbours(self, cand: Candidate) -> None:
-        """``cand``'s neighbours (``space.neighbours``) join the pool, once."""
-        key = cand.schedule.key()
-        if not cand.params or key in self._neighboured:
-            return
-        self._neighboured.add(key)
-        for schedule, params in neighbours(cand.params, self.problem.seq_len, self.platform,
-                                           self.rng, self.refused, self.problem.fuse_choice,
-                                           self.named):
-            self.add(schedule, params)
-
-    def anticipate(self, cand: Candidate) -> None:
-        """``cand`` is about to be timed: where it is predicted to beat the best, its
-        neighbours join the pool now (as they would once it is the best), so the compile
-        threads take the likeliest next candidates while it is timed, not the main thread
-        after it (on a TPU v5e most of the big model's 30 s of main-thread compiles were
-        a new best's neighbours)."""
-        best, predicted = self.best, self.predict(cand)
-        if best is None or (predicted is not None and predicted < best[2]):
-            self._add_neighbours(cand)
+            if self.pool[best[0]].params:
+                for schedule, params in neighbours(self.pool[best[0]].params,
+                                                   self.problem.seq_len, self.platform, self.rng,
+                                                   self.refused, self.problem.fuse_choice,
+                                                   self.named):
+                    self.add(schedule, params)
 
     def stop_ratio(self, cand: Candidate | None = None) -> float:
         """``STOP_RATIO`` widened by twice the time model's median error, at most

@@ -385,6 +385,16 @@ class MemoryModel:
         guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
         return guess is not None and guess * FAR_OVER <= budget_bytes and self._trust()
 
+    def step_dots_bytes(self) -> float | None:
+        """Bytes of one step's partial residuals (what a ``dots`` policy keeps of a step), by
+        a fit ``far_over`` trusts; ``None``: no such fit, or it saw no dots kept."""
+        if len(self.points) < FAR_POINTS or self.predict(self.points[0][0]) is None:
+            return None
+        if not self._trust() or not any(s.terms[2] for s, _ in self.points):
+            return None
+        assert self._coef is not None
+        return self._coef[3] if self._coef[3] > 0 else None
+
     def _trust(self) -> bool:
         """The fit misses none of its points by ``FAR_OVER - 1`` of its size, and storing
         more of a term costs no fewer bytes (a slope taking 5% of the smallest point off

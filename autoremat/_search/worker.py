@@ -183,7 +183,6 @@ class Worker:
         # they ran out of memory beside it) and while it is timed
         self.planner.prefetch(exclude=key, first=self.waiting())
         compiled = self.planner.take_compiled(cand)
-        self.planner.anticipate(cand)  # a likely best's neighbours compile while it is timed
         self.planner.prefetch()
         trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
