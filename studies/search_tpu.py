@@ -64,7 +64,7 @@ def _sizes(small: bool) -> dict[str, Any]:
     if small:
         return {"big": dict(seq_len=256, batch=4, hidden=16), "big_budget": "2MB",
                 "big_limit": 120.0, "seed_len": 256, "seed_budget": "12MB", "seed_limit": 120.0,
-                "long_len": 512, "long_budget": "12MB", "long_limit": 120.0, "tune_trials": 3,
+                "long_len": 512, "long_budget": "12MB", "long_limit": 120.0, "tune_trials": 2,
                 "grid": GRID[1:2],
                 "offload": dict(seq_len=256, batch=4, hidden=16), "prior_len": 256,
                 "time_budget": 0.05, "tune_time_budget": 0.05, "min_stage": 1.0}
