@@ -259,7 +259,8 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
     trial_ts = [e["t"] for e in of["trial"]]
     wrote = first("wrote ")
     result = {
-        "case": case, "name": NAMES[case], "command": "autoremat " + " ".join(argv).replace(f"{ROOT}{os.sep}", ""),
+        "case": case, "name": NAMES[case],
+        "command": "autoremat " + " ".join(argv).replace(f"{ROOT}{os.sep}", ""),
         "exit": code, "total_s": total,
         "written_s": wrote,
         "first_line_s": log[0][0] if log else None,
