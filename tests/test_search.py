@@ -404,8 +404,8 @@ def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_
     n, e, d = "nothing_saveable", "everything_saveable", "dots_saveable"
     fused = lambda *a: autoremat.nested(*a).with_fuse(True)  # noqa: E731
     seeds = [autoremat.plain(seq_len).with_fuse(True), fused([seq_len], n),
-             fused([10, 10], [n, e]), fused([5, 4, 5], [n, n, e]),
-             fused([2, 10, 5], [n, d, e]), autoremat.nested([10, 10], [n, e]).with_fuse(False)]
+             fused([10, 10], [n, e]), fused([2, 10, 5], [n, d, e]),
+             autoremat.nested([10, 10], [n, e]).with_fuse(False)]
     unlike = [fused([10, 10], [e, n]), fused([2, 10, 5], [e, e, n]), fused([50, 2], [d, e]),
               fused([2, 25, 2], [n, e, n])]
 

@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
 
 from tests.env import module_path
 
@@ -72,33 +75,48 @@ def test_one_row_at_a_tiny_length() -> None:
 SEARCH_TPU = Path(__file__).resolve().parents[1] / "studies" / "search_tpu.py"
 
 
-def test_search_tpu_runs_every_stage_at_tiny_sizes_on_a_cpu(tmp_path: Path) -> None:
-    """The TPU search script's plumbing (issue 36), at --small sizes on this CPU: one
-    line per stage, each stage's result in the JSON and the Markdown as it finishes.
-    Its figures are not measurements of anything (the sizes are not the issue's)."""
+def _search_tpu(out: Path, stages: str) -> dict[str, Any]:
+    """``search_tpu.py --small --allow-cpu --stages ...``: one line per stage, each
+    stage's result in the JSON and the Markdown as it finishes; the stages' results."""
+    proc = subprocess.run([sys.executable, str(SEARCH_TPU), "--out", str(out), "--allow-cpu",
+                           "--small", "--stages", stages],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wanted = stages.split(",")
+    printed = [line for line in proc.stdout.splitlines() if line[:1] in wanted
+               and line[1:2] == "."]
+    assert len(printed) == len(wanted) and not any("FAILED" in line for line in printed)
+    found: dict[str, Any] = json.loads((out / "search_tpu.json").read_text())["stages"]
+    assert set(found) == set(wanted) and all("error" not in r for r in found.values())
+    md = (out / "search_tpu.md").read_text()
+    assert all(f"## {k}" in md for k in wanted)
+    return found
+
+
+def test_search_tpu_runs_its_stages_at_tiny_sizes_on_a_cpu(tmp_path: Path) -> None:
+    """The TPU search script's plumbing (issue 36), at --small sizes on this CPU; stage b
+    (two tunes and their grids, 16 s) in the slow test below. Its figures are not
+    measurements of anything (the sizes are not the issue's)."""
     out = tmp_path / "results"
     off = subprocess.run([sys.executable, str(SEARCH_TPU), "--out", str(out)],
                          capture_output=True, text=True, timeout=120, check=False)
     assert off.returncode == 0 and "no TPU here" in off.stdout and not out.exists()
-    proc = subprocess.run([sys.executable, str(SEARCH_TPU), "--out", str(out), "--allow-cpu",
-                           "--small", "--stages", "a,b,d,e"],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    printed = [line for line in proc.stdout.splitlines() if line[:2] in ("a.", "b.", "d.", "e.")]
-    assert len(printed) == 4 and not any("FAILED" in line for line in printed), proc.stdout
-    data = json.loads((out / "search_tpu.json").read_text())
-    stages = data["stages"]
-    assert set(stages) == {"a", "b", "d", "e"}
-    assert all("error" not in r for r in stages.values())
+    stages = _search_tpu(out, "a,d,e")
     assert stages["a"]["compiles"] >= 1 and stages["a"]["pick"] is not None
-    for label in ("from_loss", "built_in"):  # fusion was a choice in both
+    assert set(stages["d"]["probe"]) == {"offload_step", "offload_dots", "offload_carries"}
+    assert "loop" in stages["e"]
+
+
+@pytest.mark.slow
+def test_search_tpu_stage_b_tunes_fused_and_unfused_at_tiny_sizes(tmp_path: Path) -> None:
+    """Stage b: the seed tuned from its loss and built in, fusion a choice in both, and
+    the grid timed fused and unfused."""
+    stages = _search_tpu(tmp_path / "results", "b")
+    for label in ("from_loss", "built_in"):
         b = stages["b"][label]
         assert b["pick"] is not None and b["fuse"] in (True, False)
         assert {row["fused"] for row in b["grid"]} == {True, False}
-    assert set(stages["d"]["probe"]) == {"offload_step", "offload_dots", "offload_carries"}
-    assert "loop" in stages["e"]
-    md = (out / "search_tpu.md").read_text()
-    assert all(f"## {k}" in md for k in "abde") and "target 1.05x" in md
+    assert "target 1.05x" in (tmp_path / "results" / "search_tpu.md").read_text()
 
 
 TUNE_TIME = Path(__file__).resolve().parents[1] / "studies" / "tune_time.py"
