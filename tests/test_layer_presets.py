@@ -1,5 +1,6 @@
 """studies/layer_presets.py off an accelerator: it says so; at a tiny size on the CPU
-(--small --allow-cpu) every stage runs and writes its table. CPU figures, not a result."""
+(--small --allow-cpu) every stage runs and writes its table (``-m slow``). CPU figures,
+not a result."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "studies" / "layer_presets.py"
 
@@ -18,6 +21,7 @@ def test_without_an_accelerator_it_says_so(tmp_path: Path) -> None:
     assert "no accelerator here" in proc.stdout and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # two runs of every stage, 22 s: issue 45's study, its results recorded
 def test_every_stage_at_a_tiny_size(tmp_path: Path) -> None:
     out = tmp_path / "r"
     argv = [sys.executable, str(SCRIPT), "--out", str(out), "--small", "--allow-cpu",
