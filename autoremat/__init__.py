@@ -46,7 +46,8 @@ missing here)::
         layer_stack     the layer stack: a decoder whose layers are one scan
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: parameters -> Schedule; the seeds
-        predict         the cost model; planner: which schedule to time next; candidates:
+        predict         the cost model; memory_model: bytes before compiling; planner:
+                        which schedule to time next; candidates:
                         its pool's entries; planner_ahead: its compiles ahead;
                         offload_twins: an offload only where its twin does not fit
         compile_pool    compile threads: the planner's next candidates compile while one is timed

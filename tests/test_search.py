@@ -278,7 +278,8 @@ def _interleaved(compiled: list[Any], rounds: int) -> list[float]:
 
 
 def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> None:
-    from autoremat._search.predict import MemoryModel, Structure, TimeModel
+    from autoremat._search.memory_model import MemoryModel
+    from autoremat._search.predict import Structure, TimeModel
 
     seq_len = 10_000
     schedules = [autoremat.plain(seq_len), autoremat.nested([seq_len], "nothing_saveable"),
@@ -326,7 +327,8 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
 def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
     """More saved policies at the same lengths, a larger unroll, plain at any unroll:
     each stores at least what a schedule over the budget stored."""
-    from autoremat._search.predict import MemoryModel, Structure
+    from autoremat._search.memory_model import MemoryModel
+    from autoremat._search.predict import Structure
 
     seq_len = 10_000
     s = lambda sched: Structure.of(sched, seq_len)  # noqa: E731
@@ -362,7 +364,8 @@ def test_memory_model_rules_out_what_it_predicts_far_over_once_it_fits_its_point
     """``far_over``: predicted at 1.5x the budget or more by a fit on at least five sized
     schedules that misses none of them by half -- not compiled; fewer points, or a fit
     that misses one, rules nothing out (``far_under``, its mirror, rules nothing in)."""
-    from autoremat._search.predict import FAR_OVER, FAR_POINTS, MemoryModel, Structure
+    from autoremat._search.memory_model import FAR_OVER, FAR_POINTS, MemoryModel
+    from autoremat._search.predict import Structure
 
     seq_len = 10_000
     ne = lambda n: Structure.of(autoremat.nested(  # noqa: E731
@@ -397,7 +400,8 @@ def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_
     save), an outer ``dots`` level the dots of every step below it; an unfused schedule
     adds the readout's stack."""
     from autoremat._models.seed_lstm import seed_lstm
-    from autoremat._search.predict import MemoryModel, Structure
+    from autoremat._search.memory_model import MemoryModel
+    from autoremat._search.predict import Structure
 
     seq_len = 100
     problem = seed_lstm(seq_len=seq_len, batch=8, hidden=64, fused_readout=None)

@@ -13,11 +13,10 @@ four runs instead of ``time_budget``'s worth (12); a busy CPU's seldom do, and t
 before. By default the warm-up counts as one of those three when it lies within 1% of
 the first two runs (it then had no one-time cost to speak of: a big model's step of
 0.4 s on a TPU): one run fewer. ``step_seconds`` is the median wall time of those runs, each ended by
-``jax.block_until_ready``. On GPU/TPU, ``peak_bytes`` is the device's
+``jax.block_until_ready``. On a GPU, ``peak_bytes`` is the device's
 ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of the whole
-process's buffers (on a GPU an upper bound for this step; on a TPU it leaves out every
-program's temporaries, so it bounds nothing: shown as the process's, never as the
-step's).
+process's buffers, an upper bound for this step, shown as the process's; on a TPU there
+is none (``device_memory.process_peak``).
 
 The warm-up also gives the step's runtime peak where the platform's method was checked
 (``device_memory``; ``measure``'s module doc says what the figures mean), and a step

@@ -42,7 +42,7 @@ from autoremat._measure.measurement import OK
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._search.candidates import Candidate, Verdict
-from autoremat._search.predict import MemoryModel
+from autoremat._search.memory_model import MemoryModel
 
 #: The offload labels that move a step's dots: every step's, out and back, each step.
 DOTS_OFFLOADS: Final = ("offload_step", "offload_dots")

@@ -60,9 +60,10 @@ from autoremat._schedules.policy import Policy
 from autoremat._search.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
 from autoremat._search.layer_costs import LayerCosts
+from autoremat._search.memory_model import MemoryModel
 from autoremat._search.offload_twins import OffloadTwins
 from autoremat._search.planner_ahead import CompilesAhead
-from autoremat._search.predict import MemoryModel, Structure, TimeModel
+from autoremat._search.predict import Structure, TimeModel
 from autoremat._search.presets import LayerPlan, PresetsFirst
 from autoremat._search.probe_guard import GuardedCandidates, ProbeGuard
 from autoremat._search.short_runs import ShortRuns

@@ -22,7 +22,8 @@ from autoremat._measure.timing import CUT_RATIO
 from autoremat._schedules.base import Schedule
 from autoremat._search.candidates import Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
-from autoremat._search.predict import MemoryModel, TimeModel
+from autoremat._search.memory_model import MemoryModel
+from autoremat._search.predict import TimeModel
 from autoremat._search.presets import LayerPlan
 
 if TYPE_CHECKING:
