@@ -21,6 +21,8 @@ from autoremat import Schedule
 from autoremat._models.seed_lstm import seed_lstm
 from tests.helpers import _temp_bytes, assert_close, brute_advances
 
+SLOW = pytest.mark.slow
+
 
 def _tanh_loss(w: jax.Array, c0: jax.Array, xs: jax.Array, schedule: Schedule | None,
                reverse: bool = False) -> jax.Array:
@@ -139,6 +141,7 @@ def test_counted_evaluations_equal_the_optimum_for_all_small_T() -> None:
 # --- memory -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_memory_at_1e5_is_under_5_mb_and_inputs_get_no_cotangent() -> None:
     """The seed's train step (seq2seq=False) at T=10^5 with s=32: temp <= 5 MB.
 
@@ -172,7 +175,8 @@ def _hvp(schedule: Schedule | None, reverse: bool) -> Any:
     return jax.grad(inner, argnums=(0, 1, 2))(*args)
 
 
-@pytest.mark.parametrize(("snapshots", "reverse"), [(1, False), (3, False), (4, True), (17, False)])
+@pytest.mark.parametrize(("snapshots", "reverse"), [(1, False), pytest.param(3, False, marks=SLOW),
+                                                   (4, True), pytest.param(17, False, marks=SLOW)])
 def test_grad_of_grad_equals_lax_scan(snapshots: int, reverse: bool) -> None:
     assert_close(_hvp(autoremat.binomial(snapshots), reverse), _hvp(None, reverse))
 
@@ -226,7 +230,7 @@ def test_the_differentiated_backward_has_no_while_loop() -> None:
     assert "scan[" in static and "while[" not in static and "custom_jvp_call" not in static
 
 
-@pytest.mark.parametrize("snapshots", [1, 4, 17])
+@pytest.mark.parametrize("snapshots", [pytest.param(1, marks=SLOW), 4, 17])
 def test_the_static_backward_equals_lax_scan_to_second_order(snapshots: int) -> None:
     """``backward: static``: the gradient (no loop of dynamic length), and its own
     derivative, equal ``lax.scan``'s."""

@@ -132,6 +132,7 @@ def test_slopes_and_ratios_from_rows() -> None:
     assert "| 10,000 | last | plain | 0.21x / 0.050x | 1.20x |" in report.ratio_table(ratios)
 
 
+@pytest.mark.slow
 def test_isolated_row_matches_in_process_and_records_peak() -> None:
     """The GPU path (a fresh process per row, device peak) works on CPU: peak is n/a, figures agree."""
     import jax
@@ -173,6 +174,7 @@ def test_merge_keeps_other_groups_and_replaces_remeasured_ones() -> None:
     assert "Commands (" in "\n".join(report._commands_md(commands))
 
 
+@pytest.mark.slow
 def test_fused_readout_rows_match_plain_and_are_checked(tmp_path: Path) -> None:
     """``--fused-readout``: the fused rows follow the unfused ones, agree with the unfused plain
     scan (loss and gradients) and stack nothing, so their temp is far below plain's."""

@@ -153,7 +153,7 @@ ANY_LENGTH = {"steps": st.integers(1, 60), "reverse": st.booleans(),
               "lengths": st.lists(st.integers(1, 9), min_size=1, max_size=4)}
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, database=None)
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
 @given(**ANY_LENGTH)
 def test_property_any_length_any_levels(steps: int, lengths: list[int], reverse: bool) -> None:
     _check_any_length_any_levels(steps, lengths, reverse)

@@ -93,6 +93,7 @@ def _search_tpu(out: Path, stages: str) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.slow
 def test_search_tpu_runs_its_stages_at_tiny_sizes_on_a_cpu(tmp_path: Path) -> None:
     """The TPU search script's plumbing (issue 36), at --small sizes on this CPU; stage b
     (two tunes and their grids, 16 s) in the slow test below. Its figures are not
@@ -122,6 +123,7 @@ def test_search_tpu_stage_b_tunes_fused_and_unfused_at_tiny_sizes(tmp_path: Path
 TUNE_TIME = Path(__file__).resolve().parents[1] / "studies" / "tune_time.py"
 
 
+@pytest.mark.slow
 def test_tune_time_breaks_tunes_into_phases_at_tiny_sizes_on_a_cpu(tmp_path: Path) -> None:
     """The tune-time benchmark's plumbing (issue 47), at --small sizes on this CPU: CLI
     runs as fresh processes (two of the three cases: the built-in problem and a user's),
