@@ -406,3 +406,28 @@ def test_no_schedule_is_compiled_twice_and_the_seeds_go_ahead_first(searches: An
     handed = [k for what, k, _ in recorder.events if what == "submit"]
     assert handed and handed[0] == order[1]  # the second seed ...
     assert whats.index("submit") < whats.index("compile end")  # ... while the first compiles
+
+
+def test_one_predicted_to_be_cut_is_compiled_ahead_after_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner compiles a candidate predicted to be cut when it comes up (the model
+    may be wrong), so a thread with room takes it ahead -- after every candidate predicted
+    to be timed in full, whatever their rank: on a TPU v5e two such compiles on the main
+    thread held the device 11 s (``studies/results/tune_time.md``)."""
+    problem = tiny()
+    pool = CompilePool(lambda s: Compiled(Measurement("x", OK)), workers=3)
+    planner = plan_module.Planner(problem, BUDGET, "tpu", ShortRuns(problem), compiles=pool)
+    try:
+        a, b, c = [cand for cand in planner.pool.values() if cand.params][:3]
+        planner.timed = {"timed": (1, 1.0)}  # the best: 1 s, fits
+        planner.time_model.points = 2
+        cut = CUT_RATIO * 1.05
+        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+            (1.0, a), (cut, b), (1.1, c)])
+        monkeypatch.setattr(planner, "stop_ratio", lambda cand=None: 1.6)
+        monkeypatch.setattr(planner, "_surely_over", lambda cand: False)
+        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        assert planner.ahead(3) == [a, c, b]
+        assert planner.ahead(2) == [a, c]
+    finally:
+        planner.close()

@@ -122,8 +122,10 @@ class CompilesAhead:
     def ahead(self, n: int, exclude: str | None = None) -> list[Candidate]:
         """The first ``n`` candidates ``_next_once`` would compile, by today's models: open
         and unsized, short of the stop, not surely over the budget, not dominated by the
-        memory model's guess (nor an offload by its twin), and not predicted to be cut
-        (over ``CUT_RATIO`` x the best: one that is cut is compiled only when it comes up);
+        memory model's guess (nor an offload by its twin); those predicted to be cut (over
+        ``CUT_RATIO`` x the best) after the rest: ``next`` compiles them too when they come
+        up, and compiled here they cost the device no wait (a TPU v5e's big model waited
+        11 s on two such compiles on the main thread, ``studies/results/tune_time.md``);
         ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction."""
         self._seeds_ahead = [c for c in self._seeds_ahead if c.verdict is Verdict.UNDECIDED
@@ -133,6 +135,7 @@ class CompilesAhead:
         best, rival, stop = self.best, self.rival(), self.stop_ratio()
         cut = None if rival is None else CUT_RATIO * rival
         calibrated = self.time_model.points >= 2 and best is not None
+        later: list[Candidate] = []  # predicted to be cut
         for predicted, cand in self._rank():
             key = cand.schedule.key()
             if len(found) >= n:
@@ -154,14 +157,12 @@ class CompilesAhead:
                     break
                 if predicted > self.stop_ratio(cand) * best[2]:
                     continue
-            if calibrated and cut is not None and predicted > cut:
-                continue
             if self._surely_over(cand):
                 continue
             if not self.explore_front and self._dominated(cand, predicted):
                 continue
-            found.append(cand)
-        return found
+            (later if calibrated and cut is not None and predicted > cut else found).append(cand)
+        return [*found, *later][:n]
 
     def close(self) -> None:
         """Release what the compile threads took ahead and stop them."""
