@@ -317,10 +317,16 @@ class Schedule(ABC):
         return f"{note} xla{{{shown}}}"
 
     def key(self) -> str:
-        """A canonical string of what affects execution (not ``meta``)."""
-        data = self.to_data()
-        data.pop("meta", None)
-        return yaml.safe_dump(data, sort_keys=True, default_flow_style=True).strip()
+        """A canonical string of what affects execution (not ``meta``). Made once per
+        schedule (a YAML dump: the planner asks for keys thousands of times a search, 4 s
+        of a TPU tune's main thread before it was kept)."""
+        key = self.__dict__.get("_key")
+        if key is None:
+            data = self.to_data()
+            data.pop("meta", None)
+            key = yaml.safe_dump(data, sort_keys=True, default_flow_style=True).strip()
+            object.__setattr__(self, "_key", key)  # not a field: eq, hash, replace ignore it
+        return key
 
     def to_data(self) -> dict[str, Any]:
         """The YAML-safe mapping form (see the module docstring)."""
