@@ -178,8 +178,9 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
                 compiler_options=dict(compiler_options) if compiler_options else None)
         return executable, scans, time.perf_counter() - start
 
-    env: dict[str, Any] = environment()  # str values, passed to the str fields
-    env["devices"], env["mesh"] = layout(args)
+    with device_memory.MEASURE_LOCK:  # Python: not beside a timing (the sizing's note)
+        env: dict[str, Any] = environment()  # str values, passed to the str fields
+        env["devices"], env["mesh"] = layout(args)
     try:  # the scratch: what compiling took on the device (None on a CPU)
         (executable, scans, seconds), scratch = device_memory.measured(compile_now,
                                                                             compiling=True)
@@ -190,28 +191,32 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
         return Compiled(Measurement(label, ERROR if stated is None else OVER_BUDGET,
                                     f"{words(COMPILE, oom)}: {one_line(e)}", failed_at=COMPILE,
                                     out_of_memory=oom, compiler_bytes=stated, **env))
-    parts = memory_parts(executable)
-    figures: dict[str, Any] = {
-        # Traced shapes are whole arrays, not one device's: on many devices no scan figure.
-        "argument_parts": argument_parts(args, arg_names),
-        **scan_figures(scans if env["devices"] == 1 else [], env["platform"]),
-        "argument_sharding": argument_sharding(args, arg_names, env["devices"]),
-        "compile_seconds": seconds,
-        "compile_scratch_bytes": scratch,
-        "temp_bytes": parts["temp"],
-        "argument_bytes": parts["argument"],
-        "output_bytes": parts["output"],
-        "alias_bytes": parts["alias"],
-        "total_bytes": total_of(parts),
-    }
-    total = figures["total_bytes"]
-    if (budget_bytes is not None and total is not None and total > budget_bytes
-            and env["platform"] not in device_memory.VALIDATED):
-        return Compiled(Measurement(
-            label, OVER_BUDGET,
-            f"over budget: total {total} bytes > budget {budget_bytes} bytes (not run)",
-            **figures, **env))
-    return Compiled(Measurement(label, OK, "", **figures, **env), executable, tuple(args))
+    # Sizing is Python (it holds the GIL): on a compile thread, never beside a timing --
+    # a TPU v5e's 0.41-s step ran 2-18% slower beside a trace; a compile that ended
+    # during a timing left its runs unsteady (11-12 runs to a figure).
+    with device_memory.MEASURE_LOCK:
+        parts = memory_parts(executable)
+        figures: dict[str, Any] = {
+            # Traced shapes are whole arrays, not one device's: on many devices no scan figure.
+            "argument_parts": argument_parts(args, arg_names),
+            **scan_figures(scans if env["devices"] == 1 else [], env["platform"]),
+            "argument_sharding": argument_sharding(args, arg_names, env["devices"]),
+            "compile_seconds": seconds,
+            "compile_scratch_bytes": scratch,
+            "temp_bytes": parts["temp"],
+            "argument_bytes": parts["argument"],
+            "output_bytes": parts["output"],
+            "alias_bytes": parts["alias"],
+            "total_bytes": total_of(parts),
+        }
+        total = figures["total_bytes"]
+        if (budget_bytes is not None and total is not None and total > budget_bytes
+                and env["platform"] not in device_memory.VALIDATED):
+            return Compiled(Measurement(
+                label, OVER_BUDGET,
+                f"over budget: total {total} bytes > budget {budget_bytes} bytes (not run)",
+                **figures, **env))
+        return Compiled(Measurement(label, OK, "", **figures, **env), executable, tuple(args))
 
 
 def compile_schedule(problem: Problem, schedule: Schedule, *, budget_bytes: int | None = None,
