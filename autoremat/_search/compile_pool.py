@@ -24,8 +24,9 @@ longer wants (``keep_only``) is released, and ``close`` releases the rest.
 its step under ``device_memory.MEASURE_LOCK``, which a timing holds (a build may put
 arrays on the device, inside a measured warm-up; Python holds the GIL that a timed
 run waits for: a TPU v5e's 0.41-s step ran 2-18% slower beside a trace, even with a
-0.1-ms switch interval, and none slower beside XLA compiles); on a platform whose compiles take device memory and run on it
-(XLA:GPU's autotuning; not a TPU) it compiles under it too. A thread traces only
+0.1-ms switch interval, and none slower beside XLA compiles); on a platform whose
+compiles take device memory and run on it (XLA:GPU's autotuning; not a TPU) it
+compiles under it too. A thread traces only
 under the main thread's JAX trace context (``jax.default_matmul_precision`` and the
 like are set per thread): where they differ it hands the compile back, and the main
 thread compiles it when it comes up.
