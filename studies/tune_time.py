@@ -115,6 +115,7 @@ def child(argv: list[str]) -> int:
         m = real_timing(self, **kwargs)
         _emit("timing", start=start, seconds=time.time() - start, label=self.label[:120],
               runs=len(m.step_samples or ()), cut=m.cut_seconds is not None,
+              samples_ms=[round(x * 1e3, 2) for x in m.step_samples or ()],
               thread=threading.current_thread().name)
         return m
 
