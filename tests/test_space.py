@@ -19,9 +19,10 @@ from autoremat._schedules.nested_space import (
     UNROLLS,
     depths,
     policy_choices,
+    unrolled_inner,
 )
 from autoremat._schedules.policy import NO_REMAT
-from autoremat._search.space import propose, seeds
+from autoremat._search.space import neighbours, propose, seeds
 from autoremat.bounds import repetitions
 
 
@@ -106,3 +107,22 @@ def test_snap_prefers_near_divisors() -> None:
     assert snap(95, 10_000) == 100  # within 25%
     assert snap(10, 97) == 10  # 97 is prime: no divisor near, keep the length
     assert depths(3) == [1] and depths(8) == [1, 2, 3] and depths(10_000) == [1, 2, 3, 4]
+
+
+def test_neighbours_of_a_nested_schedule_run_its_innermost_level_fully_unrolled() -> None:
+    """Besides one-parameter moves, the innermost length and unroll move together
+    (``unrolled_inner``): from 3334x3 unroll 2, 5000x2 unroll 2 and 2500x4 unroll 4 --
+    the TPU v5e's fastest, which moving one of them at a time passed by."""
+    rng = random.Random(0)
+    wanted = {"kind": "nested", "depth": 2, "d2_n0": 3, "d2_p0": "nothing",
+              "d2_p1": "everything", "d2_unroll": 2}
+    schedule, params = propose(wanted, 10_000, "tpu", rng, fuse=True)
+    assert schedule.describe().startswith("3334x3 nothing/everything unroll=2")
+    found = {s.describe() for s, _ in neighbours(params, 10_000, "tpu", rng, fuse=True)}
+    fuse = schedule.options_note()
+    assert {f"5000x2 nothing/everything unroll=2{fuse}",
+            f"2500x4 nothing/everything unroll=4{fuse}"} <= found
+    assert unrolled_inner({**params, "d2_n0": 8, "d2_unroll": 8}) == [
+        {**params, "d2_n0": 4, "d2_unroll": 4}]
+    assert unrolled_inner({"kind": "nested", "depth": 1, "d1_policy": "nothing",
+                           "d1_unroll": 2}) == []

@@ -247,6 +247,13 @@ class Schedule(ABC):
         whose levels take policies to offer beside its fixed ones."""
 
     @classmethod
+    def tied_moves(cls, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Params of this kind two or more parameters away from ``params`` that the search
+        should try near a good schedule (``space.neighbours``, whose other moves change
+        one parameter): where parameters pay off only together. This default: none."""
+        return []
+
+    @classmethod
     def searched(cls, seq_len: int) -> bool:
         """Whether the search offers this kind at ``T = seq_len`` (this default: always)."""
         return True

@@ -199,6 +199,11 @@ class NestedSchedule(Schedule):
         return nested_space.parameters(seq_len, platform, chosen, named)
 
     @classmethod
+    def tied_moves(cls, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """``nested_space.unrolled_inner``: the innermost level fully unrolled."""
+        return nested_space.unrolled_inner(params)
+
+    @classmethod
     def from_params(cls, params: Mapping[str, Any], seq_len: int, platform: str,
                     named: Named = NO_NAMES) -> NestedSchedule:
         lengths, policies, unroll = nested_space.from_params(params, seq_len, platform, named)

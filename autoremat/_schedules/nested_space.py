@@ -113,6 +113,22 @@ def from_params(params: Mapping[str, Any], seq_len: int, platform: str,
     return lengths, policies, min(params[f"d{depth}_unroll"], lengths[-1])
 
 
+def unrolled_inner(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The innermost chunk length and the unroll set together to one value of ``UNROLLS``
+    (2 and up): the current unroll and those beside it -- the innermost level run fully
+    unrolled. A move of one of them at a time passes through slow schedules: on a TPU v5e
+    (the big seed LSTM, ``studies/results/tune_time.md``) 3334x3 ``nothing/everything``
+    at unroll 2 ran in 409 ms, 2500x4 in 575 ms at unroll 2 and in 390 ms at unroll 4, and
+    the search, cut at the first, never proposed the last."""
+    depth = params.get("depth")
+    length, unroll = params.get(f"d{depth}_n0"), params.get(f"d{depth}_unroll")
+    if not isinstance(depth, int) or depth < 2 or length is None or unroll not in UNROLLS:
+        return []
+    i = UNROLLS.index(unroll)
+    tied = [u for u in UNROLLS[max(0, i - 1):i + 2] if u >= 2 and (u, u) != (length, unroll)]
+    return [{**params, f"d{depth}_n0": u, f"d{depth}_unroll": u} for u in tied]
+
+
 def seed_params(seq_len: int) -> list[dict[str, Any]]:
     """``NestedSchedule.seed_params`` (its docstring says why these)."""
     params: list[dict[str, Any]] = [

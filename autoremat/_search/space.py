@@ -179,7 +179,7 @@ def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.
                named: Named = NO_NAMES) -> list[tuple[Schedule, dict[str, Any]]]:
     """Schedules one parameter away from ``params``: each length scaled by 1/2..2,
     each choice swapped for every other, or, of an ``ordered`` parameter (e.g. the
-    nested depth), for the choice before or after it."""
+    nested depth), for the choice before or after it; and the kind's ``tied_moves``."""
     chosen = propose(params, seq_len, platform, rng, refused, fuse, named)[1]
     out = []
     for param in parameters(chosen, seq_len, platform, refused, fuse, named):
@@ -193,4 +193,6 @@ def neighbours(params: dict[str, Any], seq_len: int, platform: str, rng: random.
             values = [c for c in param.choices if c != value]
         out += [propose({**params, param.name: v}, seq_len, platform, rng, refused, fuse, named)
                 for v in values]
-    return out
+    kind = KINDS.get(str(params.get("kind")))
+    tied = kind.tied_moves(params) if kind is not None else []
+    return out + [propose(p, seq_len, platform, rng, refused, fuse, named) for p in tied]
