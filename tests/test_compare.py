@@ -23,6 +23,7 @@ def _load(name: str = "compare"):  # type: ignore[no-untyped-def]
     return importlib.import_module(name)
 
 
+@pytest.mark.slow  # the benchmark's plumbing end to end (17 s)
 def test_compare_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                       capsys: pytest.CaptureFixture[str]) -> None:
     import jax

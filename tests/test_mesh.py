@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FOUR = "--xla_force_host_platform_device_count=4"
 FRONTS = ("scan", "linen", "nnx")
 CONTEXTS = ("jit_data", "jit_fsdp", "shard_map", "pmap")
-CASES = [(f, c, k) for f in FRONTS for c in CONTEXTS
+#: The scan front in CI; Flax's fronts (the same builders inside ``nn.scan``/``nnx.scan``,
+#: 15 s more of subprocess) with ``-m slow``.
+CASES = [(f, c, k) if f == "scan" else pytest.param(f, c, k, marks=pytest.mark.slow)
+         for f in FRONTS for c in CONTEXTS
          for k in (("plain", "nested", "binomial", "binomial_static") if f == "scan"
                    else ("nested", "binomial"))]
 
@@ -41,19 +44,18 @@ def _env(devices: int) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory,
-            worker_id: str) -> dict[Any, dict[str, Any]]:
-    """Every record ``mesh_checks.py`` printed, by ``(front, context, kind)`` or check name.
-    Run once per test run: the xdist workers that run this module share its output (a
-    file beside their temporary folders, behind a lock; 13-29 s each)."""
+def _checked(tmp_path_factory: pytest.TempPathFactory, worker_id: str, name: str,
+             args: list[str]) -> dict[Any, dict[str, Any]]:
+    """Every record ``mesh_checks.py args`` printed, by ``(front, context, kind)`` or check
+    name. Run once per test run: the xdist workers that need it share its output (a file
+    ``name`` beside their temporary folders, behind a lock)."""
     base = tmp_path_factory.getbasetemp()
     shared = base if worker_id == "master" else base.parent
-    printed = shared / "mesh_checks.jsonl"
-    with open(shared / "mesh_checks.lock", "w") as lock:
+    printed = shared / f"{name}.jsonl"
+    with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker runs it, the others wait
         if not printed.exists():
-            out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_checks.py")],
+            out = subprocess.run([sys.executable, str(ROOT / "tests" / "mesh_checks.py"), *args],
                                  capture_output=True, text=True, timeout=600, env=_env(4),
                                  check=False)
             assert out.returncode == 0, out.stderr[-3000:]
@@ -65,10 +67,26 @@ def records(tmp_path_factory: pytest.TempPathFactory,
     return found
 
 
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory,
+            worker_id: str) -> dict[Any, dict[str, Any]]:
+    """The seed problem's checks and the scan front's records (23 s)."""
+    return _checked(tmp_path_factory, worker_id, "mesh_checks", ["scan"])
+
+
+@pytest.fixture(scope="module")
+def flax_records(tmp_path_factory: pytest.TempPathFactory,
+                 worker_id: str) -> dict[Any, dict[str, Any]]:
+    """The Flax fronts' records (``-m slow``)."""
+    return _checked(tmp_path_factory, worker_id, "mesh_checks_flax",
+                    ["--fronts-only", "linen", "nnx"])
+
+
 @pytest.mark.parametrize(("front", "context", "kind"), CASES)
 def test_values_gradients_and_collectives_match_the_plain_scan(
-        records: dict[Any, dict[str, Any]], front: str, context: str, kind: str) -> None:
-    r = records[(front, context, kind)]
+        request: pytest.FixtureRequest, front: str, context: str, kind: str) -> None:
+    r = request.getfixturevalue("records" if front == "scan" else "flax_records")[
+        (front, context, kind)]
     assert r["error"] == "" and r["mismatch"] == "", r
     got, plain = r["collectives"], r["plain_collectives"]
     # Nothing new is communicated, and nothing more in any loop (run every time step).
