@@ -126,3 +126,5 @@ def test_neighbours_of_a_nested_schedule_run_its_innermost_level_fully_unrolled(
         {**params, "d2_n0": 4, "d2_unroll": 4}]
     assert unrolled_inner({"kind": "nested", "depth": 1, "d1_policy": "nothing",
                            "d1_unroll": 2}) == []
+    # only where the innermost level is short: from 100 steps at unroll 1, none
+    assert unrolled_inner({**params, "d2_n0": 100, "d2_unroll": 1}) == []

@@ -115,8 +115,9 @@ def from_params(params: Mapping[str, Any], seq_len: int, platform: str,
 
 def unrolled_inner(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The innermost chunk length and the unroll set together to one value of ``UNROLLS``
-    (2 and up): the current unroll and those beside it -- the innermost level run fully
-    unrolled. A move of one of them at a time passes through slow schedules: on a TPU v5e
+    (2 and up): the current unroll and those beside it, within a factor 2 of the length
+    -- the innermost level run fully unrolled, where it is short. A move of one of them at
+    a time passes through slow schedules: on a TPU v5e
     (the big seed LSTM, ``studies/results/tune_time.md``) 3334x3 ``nothing/everything``
     at unroll 2 ran in 409 ms, 2500x4 in 575 ms at unroll 2 and in 390 ms at unroll 4, and
     the search, cut at the first, never proposed the last."""
@@ -125,7 +126,8 @@ def unrolled_inner(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(depth, int) or depth < 2 or length is None or unroll not in UNROLLS:
         return []
     i = UNROLLS.index(unroll)
-    tied = [u for u in UNROLLS[max(0, i - 1):i + 2] if u >= 2 and (u, u) != (length, unroll)]
+    tied = [u for u in UNROLLS[max(0, i - 1):i + 2]
+            if u >= 2 and length <= 2 * u <= 4 * length and (u, u) != (length, unroll)]
     return [{**params, f"d{depth}_n0": u, f"d{depth}_unroll": u} for u in tied]
 
 
