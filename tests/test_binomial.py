@@ -206,6 +206,7 @@ def test_grad_of_grad_inside_jit_and_of_traced_scans() -> None:
         assert_close(got, want)
 
 
+@SLOW  # reverse over reverse, as grad of grad above (9 s)
 def test_jacrev_of_grad_equals_lax_scan() -> None:
     def f(w: jax.Array, s: Schedule | None) -> jax.Array:
         return _tanh_loss(w, _C0, _XS, s)

@@ -59,8 +59,17 @@ def test_the_tags_in_the_traced_step_are_found_and_its_presets_offered(example: 
     autoremat.groups([(2, "dots_saveable"), (1, "none"), (1, "nothing_saveable")]),
     autoremat.nested([2, 2], ["nothing_saveable", {"save_only_these_names": ["mlpwi"]}]),
 ], ids=lambda s: s.describe())
-def test_every_schedule_gives_the_unscheduled_loss_and_gradients(example: Any,
-                                                                 schedule: Any) -> None:
+def test_every_schedule_gives_the_unscheduled_loss_and_gradients(
+        unscheduled: tuple[Any, Any, Any, Any], schedule: Any) -> None:
+    loss, params, tokens, reference = unscheduled
+    scheduled = autoremat.remat_scans(loss, schedule, min_length=4)
+    assert_close(jax.jit(jax.value_and_grad(scheduled))(params, tokens), reference)
+
+
+@pytest.fixture(scope="module")
+def unscheduled(example: Any) -> tuple[Any, Any, Any, Any]:
+    """A 4-layer decoder's loss, parameters, tokens, and its unscheduled loss and
+    gradients (the reference), made once for every schedule above."""
     model = example.Decoder(4, 16, 2, 32)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, example.VOCAB)
     params = model.init(jax.random.PRNGKey(0), tokens)["params"]
@@ -68,9 +77,7 @@ def test_every_schedule_gives_the_unscheduled_loss_and_gradients(example: Any,
     def loss(p: Any, t: Any) -> Any:
         return example.next_token_loss(model.apply({"params": p}, t), t)
 
-    reference = jax.jit(jax.value_and_grad(loss))(params, tokens)
-    scheduled = autoremat.remat_scans(loss, schedule, min_length=4)
-    assert_close(jax.jit(jax.value_and_grad(scheduled))(params, tokens), reference)
+    return loss, params, tokens, jax.jit(jax.value_and_grad(loss))(params, tokens)
 
 
 def test_tuning_it_writes_a_pick_of_its_presets(example: Any,
