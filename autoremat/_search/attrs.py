@@ -7,8 +7,9 @@ A trial that measured a schedule holds ``SCHEDULE`` (``Schedule.to_data``), ``SC
 ``DESCRIBE`` and ``MEASURED`` (and ``COMPILE_FAILED`` when its build or compile failed:
 it measured nothing and is not one of ``n_trials``); while a worker measures it,
 ``MEASURING`` (its claim). A trial pruned as a repeat holds ``DUPLICATE_OF``; one pruned
-because the study had its ``total_trials``, ``TOTAL_REACHED``; a re-queued trial of a dead
-worker ``RETRY_OF`` and ``RETRY_REASON``. A trial enqueued before it runs (a seed, a retry)
+because the study had its ``total_trials``, ``TOTAL_REACHED``; one pruned because the
+enqueued trial its worker expected went to another worker, ``WAITING_TAKEN``; a re-queued
+trial of a dead worker ``RETRY_OF`` and ``RETRY_REASON``. A trial enqueued before it runs (a seed, a retry)
 holds ``SCHEDULE``: the worker that takes it measures that schedule.
 
 The study holds, besides ``StudyInfo``: the probe's outcome (``PROBE``), and per trial its
@@ -28,6 +29,7 @@ PREDICTED_SECONDS: Final = "predicted_seconds"
 COMPILE_FAILED: Final = "compile_failed"
 DUPLICATE_OF: Final = "duplicate_of"
 TOTAL_REACHED: Final = "total_reached"
+WAITING_TAKEN: Final = "waiting_taken"
 RETRY_OF: Final = "retry_of"
 RETRY_REASON: Final = "retry_reason"
 #: Study user attr of a layer stack with ``checkpoint_name`` tags: what each tag costs

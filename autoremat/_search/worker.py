@@ -33,6 +33,7 @@ from autoremat._search.attrs import (
     SCHEDULE,
     SCHEDULE_KEY,
     TOTAL_REACHED,
+    WAITING_TAKEN,
 )
 from autoremat._search.candidates import Candidate
 from autoremat._search.compile_pool import CompilePool
@@ -172,6 +173,7 @@ class Worker:
         elif planned is not None:
             cand = planned
         else:  # nothing planned, and the trial waiting for it was taken by another worker
+            trial.set_user_attr(WAITING_TAKEN, True)
             raise optuna.TrialPruned("no schedule to measure")
         schedule, key = cand.schedule, cand.schedule.key()
         trial.set_user_attr(SCHEDULE_KEY, key)
