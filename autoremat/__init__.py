@@ -8,6 +8,7 @@ missing here)::
                         root, plain); load/parse/dump/save the YAML form
         base            Schedule (knows no kind): fields, key, to_data; Features; Param
         policy          checkpoint policies by name, Level, int checks
+        lengths         chunk lengths: divisors, snap, the depth-th root split of T
         platforms       platform names (GPU, CUDA, offload), read by the kinds and the search
         safe_yaml       reading YAML safely: one document, plain data, bounded
         nested          the nested kind (Chen et al. 2016); nested_scan: its builder,

@@ -72,8 +72,8 @@ from autoremat._measure.device import environment
 from autoremat._measure.problem import Step
 from autoremat._models.seed_lstm import SeedModel, seed_batch, seed_lstm, seed_model
 from autoremat._schedules import from_data
-from autoremat._schedules.base import root_lengths
 from autoremat._schedules.binomial import snapshot_range
+from autoremat._schedules.lengths import root_lengths
 
 #: ``seed_lstm``'s defaults: the one home of the seed problem's sizes.
 SEED = {k: v.default for k, v in inspect.signature(seed_lstm).parameters.items()}

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoremat._schedules.base import SHORT_SCAN, Schedule, snap
+from autoremat._schedules.base import SHORT_SCAN, Schedule
 from autoremat._schedules.binomial import BinomialSchedule, snapshot_range
 from autoremat._schedules.groups import GroupsSchedule
+from autoremat._schedules.lengths import snap
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import (
     OFFLOAD_POLICIES,

@@ -226,8 +226,8 @@ def _check_finite(out: Any) -> tuple[float | None, str]:
     import numpy as np
 
     floating = [(path, leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(out)
-                if np.issubdtype(np.asarray(leaf).dtype if not hasattr(leaf, "dtype")
-                                 else leaf.dtype, np.floating)]
+                if np.issubdtype(leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype,
+                                 np.floating)]
     if not floating:
         return None, ""
     loss = next((float(np.asarray(leaf).reshape(())) for _, leaf in floating

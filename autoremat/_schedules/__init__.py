@@ -1,7 +1,8 @@
 """The registry of schedule kinds, their constructors, and the YAML form of any schedule.
 
 The base ``Schedule`` (``autoremat._schedules.base``) knows no kind; beside it,
-``policy`` (checkpoint policies), ``platforms`` and ``safe_yaml``; each kind is a module
+``policy`` (checkpoint policies), ``lengths`` (chunk lengths), ``platforms`` and
+``safe_yaml``; each kind is a module
 with its builder (``nested``/``nested_scan``, its search space ``nested_space``;
 ``groups``, built on ``nested_scan``; ``binomial``/``binomial_scan``/
 ``binomial_backward`` over ``revolve``'s tables). This module
@@ -36,10 +37,10 @@ from autoremat._schedules.base import (
     SCHEDULE_VERSION,
     Schedule,
     check_options,
-    root_lengths,
 )
 from autoremat._schedules.binomial import BinomialSchedule
 from autoremat._schedules.groups import GroupsSchedule
+from autoremat._schedules.lengths import root_lengths
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import NO_REMAT, Policy, _show
 from autoremat._schedules.safe_yaml import load_yaml_text, read_bytes

@@ -50,7 +50,6 @@ and reads and writes the YAML.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import re
 from abc import ABC, abstractmethod
@@ -378,46 +377,6 @@ def at(path: str) -> Iterator[None]:
         yield
     except ScheduleError as e:
         raise ScheduleError(f"{path}.{e}") from None
-
-
-def divisors(n: int) -> list[int]:
-    """All divisors of ``n``, ascending."""
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
-
-
-#: A length is snapped to a divisor of what it must tile when one is this close.
-SNAP_TOLERANCE: Final = 0.25
-
-
-@functools.lru_cache(maxsize=4096)  # the search snaps the same lengths again and again
-def snap(length: int, remaining: int) -> int:
-    """The divisor of ``remaining`` nearest ``length`` if within 25%, else ``length``."""
-    best = min(divisors(remaining), key=lambda k: (abs(k - length), k))
-    return best if abs(best - length) <= SNAP_TOLERANCE * length else length
-
-
-def root_lengths(seq_len: int, depth: int) -> tuple[int, ...]:
-    """``depth`` level lengths, outermost first, each near ``seq_len ** (1 / depth)``.
-
-    Inner lengths are snapped to divisors (``snap``) so most ``T`` are tiled
-    exactly; the outermost is ``ceil(T / prod(inner))`` (the builder runs any
-    remainder). Every level is at least 2 long when ``2 ** depth <= T``.
-
-    >>> root_lengths(10_000, 2), root_lengths(1_000, 3)
-    ((100, 100), (10, 10, 10))
-    """
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ScheduleError(f"depth: expected an integer >= 1, got {_show(depth)}")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ScheduleError(f"seq_len: expected an integer >= 1, got {_show(seq_len)}")
-    remaining, inner = seq_len, []  # innermost first
-    for i in range(depth - 1):
-        target = round(remaining ** (1 / (depth - i)))
-        length = max(2, snap(target, remaining))
-        inner.append(length)
-        remaining = math.ceil(remaining / length)
-    return (remaining, *reversed(inner))
 
 
 def _plain(value: Any) -> Any:

@@ -15,7 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final
 
-from autoremat._schedules.base import NO_NAMES, Param, root_lengths, snap
+from autoremat._schedules.base import NO_NAMES, Param
+from autoremat._schedules.lengths import root_lengths, snap
 from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
 from autoremat._schedules.policy import CARRY_NAME, NO_REMAT, OFFLOAD_TO_HOST, Policy, offload_names
 
