@@ -27,7 +27,9 @@ On the TPU machine (after ``source studies/device_setup.sh``)::
 
     PYTHONUNBUFFERED=1 python3 studies/tune_time.py --out studies/results/tune_time.md
 
-``--cases a,b`` runs only those. Off a TPU it says so and exits 0 unless ``--allow-cpu``;
+``--cases a,b`` runs only those; ``--sample`` samples each case's main thread every 10 ms
+and adds where its time went (seconds on the stack per function, and in time). Off a TPU
+it says so and exits 0 unless ``--allow-cpu``;
 ``--small`` shrinks every size (T=64, tiny models, 1 trial each: the CPU plumbing test,
 ``tests/test_studies.py``; its figures are not measurements of anything).
 """
@@ -44,7 +46,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The wrapper's event lines on stderr start with this.
@@ -53,6 +55,8 @@ CASES = ("a", "b", "c")
 NAMES = {"a": "big", "b": "seed", "c": "unmodified"}
 #: Issue 47's targets: seconds command to written pick (``None``: none).
 TARGET_S = {"a": 60.0, "b": 45.0, "c": None}
+#: Set (by ``--sample``) in a case's environment: its main thread is sampled (``_sample_main``).
+SAMPLE_ENV: Final = "TUNE_TIME_SAMPLE"
 
 
 def case_args(case: str, small: bool) -> tuple[list[str], dict[str, str]]:
@@ -85,9 +89,62 @@ def _emit(event: str, **fields: Any) -> None:
         sys.stderr.flush()
 
 
+def _sample_main(interval: float, stop: threading.Event) -> None:
+    """Sample the main thread's stack every ``interval`` seconds (``--sample``) and emit,
+    at ``stop``, what it was doing: per function of ``autoremat``/``optuna``, the share of
+    samples it was on the stack (inclusive), the innermost frames (self), and the runs of
+    equal ``autoremat function > innermost function`` labels in time (``spans``)."""
+    main = threading.main_thread().ident
+    inclusive: dict[str, int] = {}
+    inner: dict[str, int] = {}
+    spans: list[list[Any]] = []
+    n = 0
+    while not stop.wait(interval):
+        frame = sys._current_frames().get(main)
+        if frame is None:
+            continue
+        n += 1
+        seen: set[str] = set()
+        ours = innermost = ""
+        f: Any = frame
+        while f is not None:
+            code = f.f_code
+            path = code.co_filename.replace(os.sep, "/")
+            label = f"{path.rsplit('/', 1)[-1]}:{code.co_name}"
+            if not innermost:
+                innermost = label
+            if "/autoremat/" in path or "/optuna/" in path:
+                if not ours and "/autoremat/" in path:
+                    ours = label
+                if label not in seen:
+                    seen.add(label)
+                    inclusive[label] = inclusive.get(label, 0) + 1
+            f = f.f_back
+        inner[innermost] = inner.get(innermost, 0) + 1
+        label = f"{ours} > {innermost}"
+        now = time.time()
+        if spans and spans[-1][2] == label:
+            spans[-1][1] = now
+        else:
+            spans.append([now, now, label])
+    top = sorted(inclusive.items(), key=lambda kv: -kv[1])[:60]
+    _emit("profile", interval=interval, samples=n,
+          inclusive=[[k, round(v * interval, 2)] for k, v in top],
+          inner=[[k, round(v * interval, 2)] for k, v in
+                 sorted(inner.items(), key=lambda kv: -kv[1])[:30]],
+          spans=[[round(a, 3), round(b - a + interval, 3), lab] for a, b, lab in spans
+                 if b - a + interval >= 0.05])
+
+
 def child(argv: list[str]) -> int:
     """Run ``autoremat`` with ``argv``, time-stamping what the parent reads (module doc)."""
     _emit("start")
+    sampling = threading.Event()
+    sampler = None
+    if os.environ.get(SAMPLE_ENV):
+        sampler = threading.Thread(target=_sample_main, args=(0.01, sampling), daemon=True,
+                                   name="tune_time-sampler")
+        sampler.start()
     import autoremat._measure.measure as measure_module
     import autoremat._measure.timing as timing_module
     import autoremat._search.compile_pool as pool_module
@@ -185,7 +242,12 @@ def child(argv: list[str]) -> int:
     worker_module.Worker.callback = callback  # type: ignore[method-assign]
     tune_module.confirm = timed("confirm", tune_module.confirm)
     tune_module.prove_fit = timed("proof", tune_module.prove_fit)
-    code = cli.main(argv)
+    try:
+        code = cli.main(argv)
+    finally:
+        if sampler is not None:
+            sampling.set()
+            sampler.join()
     import jax
 
     _emit("end", code=code, platform=jax.default_backend())
@@ -193,10 +255,13 @@ def child(argv: list[str]) -> int:
 
 
 # -- the parent: run, read, break down ------------------------------------------------------
-def run_case(case: str, small: bool, cwd: Path, timeout: float) -> dict[str, Any]:
+def run_case(case: str, small: bool, cwd: Path, timeout: float,
+             sample: bool = False) -> dict[str, Any]:
     """One case as a fresh process; its lines and events, time-stamped from the launch."""
     argv, env_extra = case_args(case, small)
     env = {**os.environ, **env_extra, "PYTHONUNBUFFERED": "1"}
+    if sample:
+        env[SAMPLE_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     launched = time.time()
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", "--",
@@ -239,6 +304,8 @@ def run_case(case: str, small: bool, cwd: Path, timeout: float) -> dict[str, Any
         for key in ("t", "start"):
             if key in e:
                 e[key] -= launched
+        for span in e.get("spans", ()):
+            span[0] = round(span[0] - launched, 3)
     log.sort()
     return breakdown(case, argv, code, ended - launched, log, events)
 
@@ -252,7 +319,8 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
 
     of = {kind: [e for e in events if e["event"] == kind]
           for kind in ("compile", "probe", "trial", "confirm", "proof", "start", "end",
-                       "jax_imported", "backend", "xla_compile", "timing", "pool")}
+                       "jax_imported", "backend", "xla_compile", "timing", "pool",
+                       "profile")}
     trials = [e for e in of["trial"] if e["measured"]]
     failed = [e for e in trials if e["compile_failed"]]
     combined = [e for e in failed if placements(e["describe"]) >= 2]
@@ -292,6 +360,7 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
         "tail": [f"{t:7.1f}s {name} {line}" for t, name, line in log[-8:]],
         **overlap(of["compile"], of["timing"]),
         "pool": of["pool"][-1] if of["pool"] else None,
+        "profile": of["profile"][-1] if of["profile"] else None,
         "timeline": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items()}
                      for e in events if e["event"] in ("compile", "timing", "probe", "trial",
                                                        "proof", "confirm")],
@@ -371,6 +440,11 @@ def markdown(results: list[dict[str, Any]], header: list[str]) -> str:
         out += [f"- {x}" for x in ([r["study_line"]] if r["study_line"] else [])]
         out += [f"- pick: {r['pick'].strip()}" if r["pick"] else "- pick: none"]
         out += [f"- probe: {v}" for v in r["probe_verdicts"]]
+        if r.get("profile"):
+            prof = r["profile"]
+            out.append(f"- main thread, sampled every {prof['interval'] * 1e3:.0f} ms "
+                       f"({prof['samples']} samples), seconds on the stack: " + "; ".join(
+                           f"{k} {v:.1f}" for k, v in prof["inclusive"][:25]))
         out += [f"- lost: {v}" for v in r["failed_trials"]]
         out += ["", "```text", *r["tail"], *r.get("stderr", []), "```", ""]
     return "\n".join(out)
@@ -390,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="tiny sizes: the CPU plumbing test")
     p.add_argument("--allow-cpu", action="store_true", help="run off a TPU too")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    p.add_argument("--sample", action="store_true",
+                   help="sample each case's main thread every 10 ms (where its time goes)")
     args = p.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     if any(c not in CASES for c in cases):
@@ -410,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="tune_time-") as scratch:
         for case in cases:
-            r = run_case(case, args.small, Path(scratch), args.timeout)
+            r = run_case(case, args.small, Path(scratch), args.timeout, args.sample)
             results.append(r)
             print(f"{case}. {r['name']}: exit {r['exit']}, problem: at {_s(r['startup_s'])}, "
                   f"{r['probes']} probes {_s(r['probe_s'])}, {r['trials']} trials, "

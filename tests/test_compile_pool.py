@@ -431,3 +431,42 @@ def test_one_predicted_to_be_cut_is_compiled_ahead_after_the_others(
         assert planner.ahead(2) == [a, c]
     finally:
         planner.close()
+
+
+def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner's first choice, not taken ahead, goes to the thread kept for it
+    (``CompilePool.urgent``); until it is done the planner hands the device the next one
+    it would time that is already compiled (``meanwhile``), then takes the first choice
+    (a TPU v5e's device waited 25 s of an 83-s tune for compiles). A fake slow compiler:
+    a gate the test opens."""
+    gate = threading.Event()
+
+    def compile_fn(schedule: Schedule) -> Compiled:
+        gate.wait(60)
+        return Compiled(Measurement(schedule.key(), OK, total_bytes=100), executable=object())
+
+    problem = tiny()
+    pool = CompilePool(compile_fn, workers=2)
+    planner = plan_module.Planner(problem, BUDGET, "tpu", ShortRuns(problem), compiles=pool)
+    try:
+        first, ready = [cand for cand in planner.pool.values() if cand.params][:2]
+        ready.compiled = Compiled(Measurement(ready.schedule.key(), OK, total_bytes=100),
+                                  executable=object())
+        planner.timed = {"timed": (1, 1.0)}  # the best: 1 s, fits
+        planner.time_model.points = 2
+        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+            (0.9, first), (1.0, ready)])
+        monkeypatch.setattr(planner, "predict", lambda cand: 1.0)
+        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        assert planner._next_once(None, False, False) is ready  # the device times it ...
+        assert first.schedule.key() in pool and first.compiled is None  # ... while this compiles
+        assert planner._next_once(None, False, False) is ready  # not done yet: again
+        gate.set()
+        pool._ahead[first.schedule.key()].result(timeout=60)
+        assert planner._next_once(None, False, False) == "again"  # done: taken, sized
+        assert first.compiled is not None and first.compiled.executable is not None
+        assert pool.taken == 1 and pool.submitted == 1
+    finally:
+        gate.set()
+        planner.close()

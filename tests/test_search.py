@@ -473,7 +473,8 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``PATIENCE``: the planner's own compiles that fit, counted since the best last
     improved by ``IMPROVES``; one over the budget (the memory model is off) does not
-    count, and a better best starts the count again."""
+    count, and a better best starts the count again. Once spent, nothing more is compiled
+    (the last compiled may still be timed)."""
     from autoremat._measure.measure import Compiled
     from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
     from autoremat._search import planner as planner_module
@@ -488,8 +489,11 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
     assert planner.since_best == 0 and planner.best is not None
     statuses = iter([OVER_BUDGET] * 3 + [OK] * 100)
 
+    screens: list[str] = []
+
     def screen(cand: Any) -> None:  # sized, as a compile would: over the budget, then fits
         status = next(statuses)
+        screens.append(status)
         cand.compiled = Compiled(Measurement(cand.schedule.key(), status, "",
                                              total_bytes=10**6 if status == OK else 10**10))
 
@@ -504,7 +508,48 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
                     and c.verdict.name == "UNDECIDED" and c.sized.status == OK)
         cand.verdict = planner_module.Verdict.DOMINATED  # sized, not timed
         assert planner.since_best == n
-    assert planner.next(None) is None  # patience spent: done
+    compiled = len(screens)
+    assert planner.next(None) is None and len(screens) == compiled  # spent: done, no compile
     planner.record(seeds[2], Measurement(seeds[2].key(), OK, "", total_bytes=10**6,
                                          step_seconds=0.005))  # a better best
     assert planner.since_best == 0 and planner._next_once(None, False, False) is not None
+
+
+def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_timed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a run decides the fit (a TPU), a schedule sized over the budget is still timed
+    -- a size may overstate the run's peak -- unless it is over by more than the most a
+    timed schedule's size overstated its measured runtime peak (``overstated``; a TPU
+    v5e's unfused big model: 5.34 GB, sizes 17.5 and 21.5 GB, peaks 12.2 and 16.1 GB)."""
+    from autoremat._measure.measure import Compiled
+    from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
+    from autoremat._search import planner as planner_module
+    from autoremat._search.short_runs import ShortRuns
+
+    gb = 10**9
+    problem = tiny(64)
+    planner = planner_module.Planner(problem, 12 * gb, "tpu", ShortRuns(problem))
+    first, second, third = [s for s, _ in space.seeds(64)][:3]
+    planner.record(first, Measurement(first.key(), OK, "", total_bytes=3 * gb,
+                                      runtime_peak_bytes=3 * gb, step_seconds=0.4))
+    assert planner.overstated == 0
+    planner.record(second, Measurement(second.key(), OVER_BUDGET, "", total_bytes=17_540_000_000,
+                                       runtime_peak_bytes=12_200_000_000))
+    assert planner.overstated == 5_340_000_000
+    sized = {}
+    for schedule, total in ((third, 21_470_000_000), (first, 17_000_000_000)):
+        cand = planner.candidate(schedule)
+        cand.compiled = Compiled(Measurement(schedule.key(), OK, "", total_bytes=total),
+                                 executable=object())
+        sized[total] = cand
+    assert planner._over_at_runtime(sized[21_470_000_000])  # 16.13 GB at best: over
+    assert not planner._over_at_runtime(sized[17_000_000_000])  # 11.66 GB: a run decides
+    cpu = planner_module.Planner(problem, 12 * gb, "cpu", ShortRuns(problem))
+    cpu.overstated = planner.overstated
+    assert not cpu._over_at_runtime(sized[21_470_000_000])  # its size decided (over) already
+    unsized = next(c for c in planner.pool.values() if c.compiled is None and c.params)
+    lows = iter([18_000_000_000, 17_000_000_000, None])  # the memory model's least guess
+    monkeypatch.setattr(planner.memory_model, "low", lambda structure: next(lows))
+    monkeypatch.setattr(planner.memory_model, "surely_over", lambda structure: False)
+    assert planner._surely_over(unsized)  # not compiled: over even at its least
+    assert not planner._surely_over(unsized) and not planner._surely_over(unsized)

@@ -47,7 +47,10 @@ STEADY: Final = 0.01
 CUT_RATIO: Final = 1.3
 #: ... and one whose fewest runs all take longer than the best by this fraction is timed
 #: no further: it is not the pick, and its median already ranks it (on a TPU v5e two
-#: such schedules of the big model took 11 and 12 runs, 5.3-5.6 s, to be steady).
+#: such schedules of the big model took 11 and 12 runs, 5.3-5.6 s, to be steady); nor one
+#: whose fewest runs all take less than the best by it: the new best, whatever its median
+#: (two such took 11 runs each, 5.2-5.8 s, the same way). Only a step within this
+#: fraction of the best is timed until its runs are steady: there the order is in doubt.
 BEATEN: Final = 0.02
 
 
@@ -88,8 +91,9 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     there: the measurement has ``step_seconds=None`` and ``cut_seconds`` = that run's
     time -- two runs instead of ``repeats + 1`` for a schedule already slower than one
     measured, and no claim about its median. Once the fewest runs all take longer than
-    ``1 + BEATEN`` times it, stop too, with their median: precision matters near the
-    pick, not behind it.
+    ``1 + BEATEN`` times it, or all less than ``1 - BEATEN`` times it, stop too, with their
+    median: precision matters where the order is in doubt, not behind the pick or
+    clearly ahead of it.
     """
     if compiled.executable is None:
         return compiled.measurement
@@ -152,7 +156,7 @@ class _Timing:
                 fewest, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
             warm = [warmup] if min_repeats is None and not long_step else []
             while len(samples) < repeats and not (len(samples) >= fewest and (
-                    steady(samples) or (best is not None and min(samples) > (1 + BEATEN) * best))):
+                    steady(samples) or _ranked(samples, best))):
                 samples.append(self.once()[0])
                 if warm and len(samples) == fewest - 1 and steady(warm + samples):
                     samples = warm + samples  # the warm-up ran as the runs did: it counts
@@ -207,6 +211,13 @@ _FIGURES: Final = ("compile_seconds", "temp_bytes", "argument_bytes", "output_by
                    "carry_bytes", "argument_sharding", "compile_scratch_bytes",
                    "runtime_peak_bytes")
 _ENV: Final = ("device_kind", "platform", "jax_version", "flax_version", "devices", "mesh")
+
+
+def _ranked(samples: Sequence[float], best: float | None) -> bool:
+    """Every run is slower than ``best`` by more than ``BEATEN``, or every run faster by
+    more than it: more runs would not change which of the two is faster."""
+    return best is not None and (min(samples) > (1 + BEATEN) * best
+                                 or max(samples) < (1 - BEATEN) * best)
 
 
 def steady(samples: Sequence[float]) -> bool:

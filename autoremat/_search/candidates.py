@@ -23,6 +23,9 @@ class Verdict(enum.Enum):
     UNDECIDED = "not decided yet: it may still be timed"
     MEASURED = "measured"
     SURELY_OVER = "over budget (stores more than one that is)"
+    #: sized over the budget by more than any run's peak was under its sized figure
+    #: (``Planner.overstated``; a platform whose fit a run decides)
+    OVER_AT_RUNTIME = "over budget at run time, by its size less the most a size overstated"
     NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
     DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
     REFUSED = "uses a choice or combination the study's probe left out"

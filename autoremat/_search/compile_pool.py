@@ -4,8 +4,9 @@ XLA compiles outside the GIL, so while the device times one schedule on the main
 thread, threads can compile (``measure.compile_schedule``) the candidates the
 planner will screen next (``Planner.prefetch``): when one comes up, its
 ``Compiled`` is ready. Only the main thread reads the results (``take``), so the
-planner's models and pool change there alone, in the order a sequential search
-changes them; a thread runs one compile and nothing else.
+planner's models and pool change there alone; a thread runs one compile and nothing
+else. One thread more is kept for the compile the planner needs now (``urgent``), so the
+device times another schedule meanwhile instead of waiting for it.
 
 **How many** (``compile_workers``): the compiles under way at once, the main
 thread's included: one per ``CORES_PER_COMPILE`` host cores (a compile uses
@@ -108,9 +109,12 @@ class CompilePool:
         self.compile = compile
         self.threads = max(0, workers - 1)
         self.capacity = self.threads
-        self._executor = (ThreadPoolExecutor(self.threads, thread_name_prefix="autoremat-compile")
+        # one thread more, for the compile the planner needs now (``urgent``)
+        self._executor = (ThreadPoolExecutor(self.threads + 1,
+                                             thread_name_prefix="autoremat-compile")
                           if self.threads else None)
         self._ahead: dict[str, Future[Compiled]] = {}
+        self._urgent: set[str] = set()  # kept by ``keep_only`` until taken
         self._dropped: list[Future[Compiled]] = []  # not wanted, still compiling
         self.submitted = self.taken = self.released = self.cancelled = 0
 
@@ -134,17 +138,41 @@ class CompilePool:
         """Compile ``schedule`` on a thread (``False``: no room, or already ahead)."""
         if key in self._ahead or self.room <= 0 or self._executor is None:
             return False
+        self._hand(key, schedule)
+        return True
+
+    def _hand(self, key: str, schedule: Schedule) -> None:
         from autoremat._scan.jax_internals import trace_context  # imports jax
 
+        assert self._executor is not None
         context = contextvars.copy_context()  # the study's settings (offered names, ...)
         self._ahead[key] = self._executor.submit(context.run, self._compile, schedule,
                                                  trace_context())
         self.submitted += 1
+
+    def urgent(self, key: str, schedule: Schedule) -> bool:
+        """``key`` is compiling on a thread, not done: taken ahead, or handed now to the
+        thread kept for it when every other is busy or full (``False``: done, or no thread
+        free, and the caller compiles it). While it compiles, the device may time another."""
+        future = self._ahead.get(key)
+        if future is not None:
+            return not future.done()
+        busy = sum(not f.done() for f in [*self._ahead.values(), *self._dropped])
+        if self._executor is None or busy > self.threads:
+            return False
+        self._hand(key, schedule)
+        self._urgent.add(key)
         return True
+
+    def ready(self, key: str) -> bool:
+        """``key`` was compiled ahead and is done: ``take`` returns without waiting."""
+        future = self._ahead.get(key)
+        return future is not None and future.done()
 
     def take(self, key: str) -> Compiled | None:
         """The compile of ``key`` taken ahead (waiting for it), or ``None``: none was, or
         its thread raised (the caller compiles it, and sees the error itself)."""
+        self._urgent.discard(key)
         future = self._ahead.pop(key, None)
         if future is None:
             return None
@@ -166,7 +194,7 @@ class CompilePool:
 
     def keep_only(self, keys: Iterable[str]) -> None:
         """Drop every compile ahead but those of ``keys`` (released once compiled)."""
-        keep = set(keys)
+        keep = set(keys) | self._urgent
         for key in [k for k in self._ahead if k not in keep]:
             self._drop(self._ahead.pop(key))
         self._reap()
@@ -175,6 +203,7 @@ class CompilePool:
         """Drop every compile ahead and stop the threads: those not started are cancelled,
         those compiled released; one still compiling is released by its thread when done
         (``wait``: wait for them here), so the search's end never waits for a compile."""
+        self._urgent.clear()
         self.keep_only(())
         for future in self._dropped:
             future.add_done_callback(_release)

@@ -15,7 +15,10 @@ more, which one it is worth timing:
    others are compiled and
    sized (``measure.compile_schedule``, a fraction of timing's cost), and the
    executable kept, so a schedule timed later is not compiled twice;
-3. one over the budget, or dominated on memory and predicted time by a
+3. one over the budget -- where a run decides the fit (``device_memory.VALIDATED``), one
+   whose sized total is over it by more than any timed schedule's size overstated its
+   runtime peak (``overstated``: on a TPU v5e an unfused big model's by 5.34 GB, its
+   stacked outputs, twice) -- or dominated on memory and predicted time by a
    schedule already timed, is never timed (nor compiled, when the memory
    model's guess already makes it dominated; nor an offloading one whose twin
    without the copies fits, ``offload_twins``); the first that is neither is;
@@ -26,7 +29,8 @@ more, which one it is worth timing:
    twice the model's own leave-one-out error (``stop_ratio``): a model off
    by 15% must not rule out a schedule predicted 20% slower -- or when
    ``PATIENCE`` candidates within the budget were compiled since the best last
-   improved by ``IMPROVES`` -- or the time
+   improved by ``IMPROVES`` and none of those compiled is worth timing (no
+   compile after them: one that could not be timed would be wasted) -- or the time
    left cannot pay for the next compile or timing.
 
 With ``explore_front`` step 4's ratio test is off: every fitting schedule
@@ -37,8 +41,11 @@ after its fewest runs when they all are ``timing.BEATEN`` slower (``rival``).
 
 With compile threads (``compiles``, ``autoremat._search.compile_pool``) the next
 candidates of step 2 are compiled ahead (``prefetch``: while a schedule is timed, and
-beside each compile here), except those predicted to be cut; their results are read
-when they come up, in the sequential order, so the pick is a sequential search's.
+beside each compile here), those predicted to be cut last; their results are read
+when they come up, in the sequential order. The planner's choice not compiled ahead goes
+to a thread kept for it (``compiling``), and until it is done the device times the next
+compiled candidate the planner would time (``meanwhile``) instead of waiting: more is
+timed than sequentially, and the pick is at least as fast where the search ends alike.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from typing import Any, Final, Literal
 
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
+from autoremat._measure.device_memory import VALIDATED
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
@@ -83,8 +91,10 @@ MAX_STOP: Final = 1.6
 #: left, but where it is off (three-level and offloading schedules of the big model on a
 #: TPU v5e, 7-10 s a compile) the search spent half its time after its pick on compiles,
 #: probes and timings that changed nothing; on the seed LSTM (CPU, 4 GB) 10 trials and 14
-#: compiles after its pick (its last seven compiles Revolve schedules, none timed).
-PATIENCE: Final = 6
+#: compiles after its pick (its last seven compiles Revolve schedules, none timed). The
+#: last of them may still be timed (until stop 52 a sixth was compiled and never timed:
+#: 3 s of a TPU v5e's big model on the main thread, for nothing).
+PATIENCE: Final = 5
 #: An improvement of the best by less than this (its timing noise) does not count.
 IMPROVES: Final = 0.01
 
@@ -130,6 +140,9 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
     since_best: int = 0  # candidates compiled since the best last improved (``PATIENCE``)
     twins: dict[str, str | None] = field(default_factory=dict)  # ``offload_twins``
     _improved: float | None = None  # the best's seconds when it last improved
+    #: The most a sized total exceeded the runtime peak of the same schedule's run, in
+    #: bytes (0 when none did; ``None``: no run's peak measured yet).
+    overstated: int | None = None
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -194,6 +207,8 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
             self.timed[key] = (fit, m.step_seconds)
         elif m.cut_seconds is not None and fit is not None:
             self.cut[key] = (fit, m.cut_seconds)
+        if m.runtime_peak_bytes is not None and m.total_bytes is not None:
+            self.overstated = max(self.overstated or 0, m.total_bytes - m.runtime_peak_bytes)
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
         self._observe_layers(cand.schedule, m.size_bytes if fit is None else fit,
@@ -217,6 +232,11 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
                                                    self.refused, self.problem.fuse_choice,
                                                    self.named):
                     self.add(schedule, params)
+
+    def patience_left(self) -> int:
+        """How many more of the planner's compiles that fit may come before the best
+        improves (``PATIENCE``): after that, no compile more."""
+        return max(0, PATIENCE - self.since_best)
 
     def stop_ratio(self, cand: Candidate | None = None) -> float:
         """``STOP_RATIO`` widened by twice the time model's median error, at most
@@ -277,6 +297,17 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
                 cand.compiled.args = self._args
 
     # -- deciding ----------------------------------------------------------------------
+    def _over_at_runtime(self, cand: Candidate) -> bool:
+        """Sized over the budget by more than ``overstated`` (step 3) -- or, not sized,
+        predicted so at the least (``MemoryModel.low``): its run would be over too. Only
+        where a run decides the fit; elsewhere its size does."""
+        if self.overstated is None or self.platform not in VALIDATED:
+            return False
+        sized = cand.sized
+        total = (self.memory_model.low(cand.structure) if sized is None
+                 else sized.total_bytes)
+        return total is not None and total - self.overstated > self.budget_bytes
+
     def total(self, cand: Candidate) -> float | None:
         """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""
         sized = cand.sized
@@ -332,7 +363,8 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
         best = self.best
         stop = self.stop_ratio()
         compile_cost = self.compile_cost()
-        for predicted, cand in self._rank(compiled_first=dominated):
+        ranked = self._rank(compiled_first=dominated)
+        for i, (predicted, cand) in enumerate(ranked):
             if self.layers is not None and self._first(cand) is not None:
                 if cand.compiled is None and self.layers.over(cand.schedule):
                     cand.verdict = Verdict.SURELY_OVER  # by what it keeps (``presets``)
@@ -343,11 +375,13 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
                 continue
             calibrated = self.time_model.points >= 2 and best is not None
             if calibrated and not explore and best is not None:
-                if predicted > stop * best[2] or self.since_best >= PATIENCE:
+                if predicted > stop * best[2]:
                     return None
                 if predicted > self.stop_ratio(cand) * best[2]:
                     continue  # near a timed schedule, and not predicted within STOP_RATIO
             if cand.compiled is None:
+                if calibrated and not explore and not self.patience_left():
+                    continue  # no compile more; one compiled may still be timed
                 screen = self.twin_first(cand)  # an offload's twin first (``offload_twins``)
                 if screen is None:
                     continue
@@ -361,8 +395,13 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
                     return None
                 if not self._probed(cand):
                     continue
+                if not dominated and self.compiling(cand):  # on a thread: time another
+                    other = self.meanwhile(ranked[i + 1:], time_left)
+                    if other is not None:
+                        return other
                 self._screen(cand)  # the planner's own choice (not a seed, not a preset):
-                self.since_best += cand.sized is not None and cand.sized.status == OK  # fits
+                self.since_best += (cand.sized is not None and cand.sized.status == OK
+                                    and not self._over_at_runtime(cand))  # fits
                 return AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
             if m.status == ERROR:
@@ -370,14 +409,20 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
             if cand.compiled.executable is None:
                 cand.verdict = Verdict.NO_EXECUTABLE
                 continue
+            if self._over_at_runtime(cand):
+                cand.verdict = Verdict.OVER_AT_RUNTIME
+                continue
             if not dominated and self._dominated(cand, self.predict(cand)):
                 cand.verdict = Verdict.DOMINATED
                 continue
-            # a warm-up, then 3 runs -- or the warm-up alone, when longer than the time
-            # budget -- of the timing run (a short one: ``short_runs``)
-            run = predicted / self.short.scale(cand.schedule)
-            timing = run if run > self.time_budget else run + max(3 * run, self.time_budget)
-            if time_left is not None and self.time_model.points and time_left < timing:
+            if (time_left is not None and self.time_model.points
+                    and time_left < self.timing_cost(cand, predicted)):
                 return None
             return cand
         return None
+
+    def timing_cost(self, cand: Candidate, predicted: float) -> float:
+        """Seconds to time ``cand``: a warm-up, then 3 runs -- or the warm-up alone, when
+        longer than the time budget -- of the timing run (a short one: ``short_runs``)."""
+        run = predicted / self.short.scale(cand.schedule)
+        return run if run > self.time_budget else run + max(3 * run, self.time_budget)
