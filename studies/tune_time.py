@@ -147,6 +147,7 @@ def child(argv: list[str]) -> int:
         sampler.start()
     import autoremat._measure.measure as measure_module
     import autoremat._measure.timing as timing_module
+    import autoremat._models.seed_lstm as seed_module
     import autoremat._search.compile_pool as pool_module
     import autoremat._search.probe_guard as guard_module
     import autoremat._search.tune as tune_module
@@ -230,8 +231,19 @@ def child(argv: list[str]) -> int:
                 _emit("xla_compile", seconds=duration_secs)
 
         jax.monitoring.register_event_duration_secs_listener(listen)
-        jax.devices()  # what the problem's arguments start anyway
-        _emit("backend")
+        if settings.get("problem") is None:  # the seed's build starts the device itself,
+            real_host_cpu = seed_module._host_cpu  # its data made meanwhile
+
+            def host_cpu() -> Any:
+                try:
+                    return real_host_cpu()
+                finally:
+                    _emit("backend")
+
+            seed_module._host_cpu = host_cpu
+        else:
+            jax.devices()  # what the problem's arguments start anyway
+            _emit("backend")
         return real_problem_of(settings)
 
     cli._problem_of = problem_of

@@ -22,6 +22,7 @@ every device.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -182,7 +183,8 @@ def _lax_scan(model: SeedModel) -> RunScan:
 
 def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim: int,
                seq2seq: bool = True, fused_readout: bool | None = False) -> SeedModel:
-    """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3) and random data (``PRNGKey(0)``).
+    """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3), parameters from ``PRNGKey(0)``
+    and standard normal data (NumPy's generator, seed 0).
 
     The arguments are ``seed_lstm``'s, every size given (its defaults are the seed's
     sizes, in that one place); the data and parameters do not depend on ``fused_readout``.
@@ -198,32 +200,45 @@ def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim
     cell = nn.OptimizedLSTMCell(hidden)
     readout = nn.Dense(output_dim)
     tx = optax.adam(1e-3)
+    # The data, made by NumPy on a thread (its fill releases the GIL) while JAX starts the
+    # device: 8-10 s on a TPU v5e, and the big model's 184 MB took a host compile and run
+    with ThreadPoolExecutor(1) as pool:
+        data = pool.submit(_normal_data, (batch, seq_len, input_dim),
+                           (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
 
-    def arrays() -> tuple[Any, tuple[Any, ...]]:
-        kx, ky, kc, kd = jax.random.split(jax.random.PRNGKey(0), 4)
-        x = jax.random.normal(kx, (batch, seq_len, input_dim), jnp.float32)
-        y = jax.random.normal(ky, (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
-        carry0 = cell.initialize_carry(kc, (batch, input_dim))
-        params = {
-            "cell": cell.init(kc, carry0, x[:, 0])["params"],
-            "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
-        }
-        return carry0, (params, tx.init(params), x, y)
+        def arrays() -> tuple[Any, tuple[Any, ...]]:
+            kc, kd = jax.random.split(jax.random.PRNGKey(0))
+            carry0 = cell.initialize_carry(kc, (batch, input_dim))
+            params = {
+                "cell": cell.init(kc, carry0, jnp.zeros((batch, input_dim)))["params"],
+                "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
+            }
+            return carry0, (params, tx.init(params))
 
-    # One compiled program, not ~45 op-by-op ones (issue 47: on a TPU v5e each eager op
-    # compiled on its own, most of the 41 s before the first line), compiled and run on
-    # the host's CPU, then put on the device: the recurrent kernel's orthogonal init is a
-    # QR decomposition, which an accelerator's compiler takes 10-19 s to compile (a TPU
-    # v5e, issue 47) and a CPU's LAPACK call does not. The values are the CPU's.
-    host = _host_cpu()
-    if host is None:
-        carry0, args = jax.jit(arrays)()
-    else:
-        with jax.default_device(host):
-            carry0, args = jax.jit(arrays)()
-        carry0, args = jax.device_put((carry0, args), jax.devices()[0])
+        # One compiled program, not ~45 op-by-op ones (issue 47: on a TPU v5e each eager op
+        # compiled on its own, most of the 41 s before the first line), compiled and run on
+        # the host's CPU, then put on the device: the recurrent kernel's orthogonal init is
+        # a QR decomposition, which an accelerator's compiler takes 10-19 s to compile (a
+        # TPU v5e, issue 47) and a CPU's LAPACK call does not. The values are the CPU's.
+        host = _host_cpu()
+        if host is None:
+            carry0, (params, opt_state) = jax.jit(arrays)()
+        else:
+            with jax.default_device(host):
+                carry0, (params, opt_state) = jax.jit(arrays)()
+        x, y = data.result()
+    device = jax.devices()[0]
+    carry0, args = jax.device_put((carry0, (params, opt_state, x, y)), device)
     return SeedModel(cell, readout, tx, carry0, args, seq2seq,
                      fused_readout is not False, fused_readout is None)
+
+
+def _normal_data(*shapes: tuple[int, ...]) -> list[Any]:
+    """Standard normal float32 arrays of ``shapes`` (NumPy, seed 0)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(shape, dtype=np.float32) for shape in shapes]
 
 
 def _host_cpu() -> Any:

@@ -21,7 +21,8 @@ more, which one it is worth timing:
    stacked outputs, twice) -- or dominated on memory and predicted time by a
    schedule already timed, is never timed (nor compiled, when the memory
    model's guess already makes it dominated; nor an offloading one whose twin
-   without the copies fits, ``offload_twins``); the first that is neither is;
+   without the copies fits, ``offload_twins``; nor an unfused one whose fused twin is over
+   with what unfusing costs, ``fuse_twins``); the first that is neither is;
 4. the search is done at once when the budget is under what no schedule
    removes (arguments, outputs, stacked per-step outputs:
    ``breakdown.floor_bytes``); else when the best prediction left is clearly slower than
@@ -67,6 +68,7 @@ from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
+from autoremat._search.fuse_twins import FuseTwins
 from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.memory_model import MemoryModel
 from autoremat._search.offload_twins import OffloadTwins
@@ -100,7 +102,7 @@ IMPROVES: Final = 0.01
 
 
 @dataclass
-class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
+class Planner(CompilesAhead, OffloadTwins, FuseTwins, GuardedCandidates, PresetsFirst):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
