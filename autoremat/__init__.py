@@ -39,7 +39,6 @@ missing here)::
                         removes
         device          the device's facts; mesh: many devices, per-device layout
         allocator       the one reader of a device's allocator (memory_stats)
-        measure_lock    the lock a measurement holds; a timing before new traces
         device_memory   a step's own need, read where each platform books it; the truth it
                         is checked against (bisection); runs within a budget
         stale           is a saved schedule still the one for this problem?
@@ -51,8 +50,7 @@ missing here)::
         predict         the cost model; memory_model: bytes before compiling; planner:
                         which schedule to time next; candidates:
                         its pool's entries; planner_ahead: its compiles ahead;
-                        offload_twins: an offload only where its twin does not fit;
-                        fuse_twins: an unfused one not where its fused twin cannot
+                        offload_twins: an offload only where its twin does not fit
         compile_pool    compile threads: the planner's next candidates compile while one is timed
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem;

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-import autoremat._measure.measure_lock as measure_lock
 import autoremat._search.compile_pool as pool_module
 import autoremat._search.planner as plan_module
 import autoremat._search.planner_ahead as ahead_module
@@ -133,11 +132,11 @@ def test_a_thread_does_not_compile_under_another_jax_trace_context() -> None:
 @pytest.mark.parametrize("platform", ["tpu", "gpu"])
 def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
         platform: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A build may put arrays on the device: it waits for ``measure_lock.MEASURE_LOCK``
+    """A build may put arrays on the device: it waits for ``device_memory.MEASURE_LOCK``
     (held while a warm-up's memory is read); a TPU compile takes no device memory and
     runs outside it, a GPU one (autotuning scratch) inside."""
     events: list[str] = []
-    window = measure_lock.MEASURE_LOCK
+    window = pool_module.device_memory.MEASURE_LOCK
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
         events.append(f"build, window held: {window._is_owned()}")  # type: ignore[attr-defined]
@@ -160,51 +159,16 @@ def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
                           if platform == "tpu" else ["compile, window held: True"])
 
 
-def test_a_timing_waiting_for_the_lock_goes_before_a_trace_not_yet_started() -> None:
-    """A trace under way ends first; one that starts while a timing waits for the lock
-    waits for the timing (``measure_lock.device_first``, ``behind_the_device``)."""
-    order: list[str] = []
-    tracing, asked = threading.Event(), threading.Event()
-
-    def trace_under_way() -> None:
-        with measure_lock.behind_the_device():
-            tracing.set()
-            asked.wait(60)
-            order.append("trace under way")
-
-    def timing() -> None:
-        with measure_lock.device_first():
-            order.append("timing")
-
-    def trace_asked_later() -> None:
-        with measure_lock.behind_the_device():
-            order.append("trace asked later")
-
-    first = threading.Thread(target=trace_under_way)
-    first.start()
-    tracing.wait(60)
-    timer = threading.Thread(target=timing)
-    timer.start()
-    with measure_lock._ASKED:
-        assert measure_lock._ASKED.wait_for(lambda: measure_lock._waiting == 1, timeout=60)
-    later = threading.Thread(target=trace_asked_later)
-    later.start()
-    asked.set()
-    for t in (first, timer, later):
-        t.join(60)
-    assert order == ["trace under way", "timing", "trace asked later"]
-
-
 def test_a_trace_and_a_timing_hold_the_measure_lock_an_xla_compile_does_not() -> None:
     """A trace holds the GIL that a timed run waits for: lowering (any thread's) and
-    timing hold ``measure_lock.MEASURE_LOCK``, so a compile thread's trace never runs
+    timing hold ``device_memory.MEASURE_LOCK``, so a compile thread's trace never runs
     beside a timing; XLA's compile, outside the GIL, does."""
     import jax.numpy as jnp
 
     from autoremat._measure.measure import compile_step
     from autoremat._measure.timing import time_compiled
 
-    lock = measure_lock.MEASURE_LOCK
+    lock = pool_module.device_memory.MEASURE_LOCK
     seen: dict[str, bool] = {}
 
     def step(x: Any) -> Any:

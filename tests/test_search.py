@@ -547,9 +547,3 @@ def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_tim
     cpu = planner_module.Planner(problem, 12 * gb, "cpu", ShortRuns(problem))
     cpu.overstated = planner.overstated
     assert not cpu._over_at_runtime(sized[21_470_000_000])  # its size decided (over) already
-    unsized = next(c for c in planner.pool.values() if c.compiled is None and c.params)
-    lows = iter([18_000_000_000, 17_000_000_000, None])  # the memory model's least guess
-    monkeypatch.setattr(planner.memory_model, "low", lambda structure: next(lows))
-    monkeypatch.setattr(planner.memory_model, "surely_over", lambda structure: False)
-    assert planner._surely_over(unsized)  # not compiled: over even at its least
-    assert not planner._surely_over(unsized) and not planner._surely_over(unsized)

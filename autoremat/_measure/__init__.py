@@ -5,6 +5,6 @@
 loss), ``measure`` (compile, ``memory_analysis()``), ``timing`` (run, time) and their
 record ``measurement``; a failure as data (``failure``); where the memory goes and the floor
 (``breakdown``); the device (``device``), its allocator (``allocator``) and a step's own
-need on it (``device_memory``), under the lock a measurement holds (``measure_lock``);
-many devices (``mesh``); is a saved schedule stale (``stale``).
+need on it (``device_memory``); many devices (``mesh``); is a saved schedule stale
+(``stale``).
 """

@@ -73,7 +73,6 @@ from autoremat._measure.breakdown import (
 )
 from autoremat._measure.device import environment
 from autoremat._measure.failure import BUILD, COMPILE, is_out_of_memory, stated_bytes, words
-from autoremat._measure.measure_lock import behind_the_device
 from autoremat._measure.measurement import (
     ERROR,
     OK,
@@ -172,7 +171,7 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
 
     def compile_now() -> tuple[Any, list[Any], float]:
         with record_scans() as scans:
-            with behind_the_device():  # a trace holds the GIL: never beside a timing
+            with device_memory.MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
                 start = time.perf_counter()  # not counting the wait for a timing to end
                 lowered = jax.jit(fresh).lower(*args)
             executable = lowered.compile(

@@ -35,7 +35,6 @@ from typing import Any, Final
 from autoremat._errors import one_line
 from autoremat._measure import device_memory
 from autoremat._measure.failure import RUN, is_out_of_memory, words
-from autoremat._measure.measure_lock import device_first
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement, Status, fit_figure
 
 #: About how long timing one schedule may take, in seconds (``time_budget``).
@@ -98,7 +97,7 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     """
     if compiled.executable is None:
         return compiled.measurement
-    with device_first():  # no compile thread traces while the step is timed
+    with device_memory.MEASURE_LOCK:  # no compile thread traces while the step is timed
         return _Timing(compiled).run(budget_bytes=budget_bytes, time_budget=time_budget,
                                      min_repeats=min_repeats, max_repeats=max_repeats,
                                      on_output=on_output, best=best)

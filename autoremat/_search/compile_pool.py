@@ -43,8 +43,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
 from autoremat._errors import TuneError
+from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
-from autoremat._measure.measure_lock import behind_the_device
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
@@ -81,16 +81,15 @@ def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int,
                     platform: str) -> Compiled:
     """``compile_schedule`` from a compile thread: its build (and its lowering,
     ``compile_step``) under ``device_memory.MEASURE_LOCK``, and its XLA compile too where
-    compiling takes device memory (not a TPU); none starts while a timing waits for the
-    lock (``measure_lock.behind_the_device``)."""
+    compiling takes device memory (not a TPU)."""
     if platform not in RESERVING_PLATFORMS:
-        with behind_the_device():
+        with device_memory.MEASURE_LOCK:
             return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     try:
-        with behind_the_device():
+        with device_memory.MEASURE_LOCK:
             built = problem.build(schedule)
     except Exception:  # compile_schedule builds it again and records the failure
-        with behind_the_device():
+        with device_memory.MEASURE_LOCK:
             return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
 

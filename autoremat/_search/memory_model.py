@@ -81,15 +81,6 @@ class MemoryModel:
         guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
         return guess is not None and guess * FAR_OVER <= budget_bytes and self._trust()
 
-    def low(self, structure: Structure) -> float | None:
-        """The least ``structure`` may take by a fit ``far_over`` trusts: its guess less the
-        fit's worst relative miss on the schedules it was fit on (``None``: no such fit)."""
-        guess = self.predict(structure) if len(self.points) >= FAR_POINTS else None
-        if guess is None or not self._trust():
-            return None
-        miss = max(abs((self.predict(s) or 0.0) - y) / y for s, y in self.points)
-        return guess * (1.0 - miss)
-
     def step_dots_bytes(self) -> float | None:
         """Bytes of one step's partial residuals (what a ``dots`` policy keeps of a step), by
         a fit ``far_over`` trusts; ``None``: no such fit, or it saw no dots kept."""

@@ -21,8 +21,7 @@ more, which one it is worth timing:
    stacked outputs, twice) -- or dominated on memory and predicted time by a
    schedule already timed, is never timed (nor compiled, when the memory
    model's guess already makes it dominated; nor an offloading one whose twin
-   without the copies fits, ``offload_twins``; nor an unfused one whose fused twin is over
-   with what unfusing costs, ``fuse_twins``); the first that is neither is;
+   without the copies fits, ``offload_twins``); the first that is neither is;
 4. the search is done at once when the budget is under what no schedule
    removes (arguments, outputs, stacked per-step outputs:
    ``breakdown.floor_bytes``); else when the best prediction left is clearly slower than
@@ -68,7 +67,6 @@ from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
-from autoremat._search.fuse_twins import FuseTwins
 from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.memory_model import MemoryModel
 from autoremat._search.offload_twins import OffloadTwins
@@ -102,7 +100,7 @@ IMPROVES: Final = 0.01
 
 
 @dataclass
-class Planner(CompilesAhead, OffloadTwins, FuseTwins, GuardedCandidates, PresetsFirst):
+class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
@@ -300,15 +298,12 @@ class Planner(CompilesAhead, OffloadTwins, FuseTwins, GuardedCandidates, Presets
 
     # -- deciding ----------------------------------------------------------------------
     def _over_at_runtime(self, cand: Candidate) -> bool:
-        """Sized over the budget by more than ``overstated`` (step 3) -- or, not sized,
-        predicted so at the least (``MemoryModel.low``): its run would be over too. Only
-        where a run decides the fit; elsewhere its size does."""
-        if self.overstated is None or self.platform not in VALIDATED:
-            return False
+        """Sized over the budget by more than ``overstated`` (step 3): its run would be
+        over too. Only where a run decides the fit; elsewhere its size did already."""
         sized = cand.sized
-        total = (self.memory_model.low(cand.structure) if sized is None
-                 else sized.total_bytes)
-        return total is not None and total - self.overstated > self.budget_bytes
+        return (self.overstated is not None and sized is not None
+                and sized.total_bytes is not None and self.platform in VALIDATED
+                and sized.total_bytes - self.overstated > self.budget_bytes)
 
     def total(self, cand: Candidate) -> float | None:
         """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""

@@ -61,7 +61,6 @@ class CompilesAhead:
         def _screen(self, cand: Candidate) -> None: ...
         def _over_at_runtime(self, cand: Candidate) -> bool: ...
         def timing_cost(self, cand: Candidate, predicted: float) -> float: ...
-        def unfused_over(self, cand: Candidate) -> bool: ...
         def candidate(self, schedule: Schedule) -> Candidate: ...
         def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
         def _first(self, cand: Candidate) -> int | None: ...
@@ -86,15 +85,11 @@ class CompilesAhead:
 
     def _surely_over(self, cand: Candidate) -> bool:
         """Not worth a compile: over the budget by the memory model's rule or far over it by
-        its guess (``MemoryModel.far_over``), or at run time by its least guess
-        (``Planner._over_at_runtime``), or unfused with its fused twin over by what unfusing
-        costs (``fuse_twins``: on a TPU v5e the big model's unfused schedules, four to six
-        compiles of 2-10 s on the threads, none timed) or, in a layer stack, by what the
-        schedule keeps (``presets.LayerPlan.over``)."""
+        its guess (``MemoryModel.far_over``) or, in a layer stack, by what the schedule
+        keeps (``presets.LayerPlan.over``)."""
         return self.memory_model.surely_over(cand.structure) or self.memory_model.far_over(
             cand.structure, self.budget_bytes) or (
-            self.layers is not None and self.layers.over(cand.schedule)) or (
-            cand.compiled is None and (self._over_at_runtime(cand) or self.unfused_over(cand)))
+            self.layers is not None and self.layers.over(cand.schedule))
 
     def _compile(self, cand: Candidate, built: tuple[Step, tuple[Any, ...]] | None) -> Compiled:
         """``cand`` compiled and sized: taken ahead by a compile thread, else compiled here
