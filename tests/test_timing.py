@@ -14,15 +14,17 @@ from autoremat._measure.measure import compile_step
 @pytest.mark.parametrize(("warmup", "times", "runs"), [
     (0.13, [0.100, 0.1004, 0.0998, 0.1001], 3),  # steady (a TPU's runs): three say it
     (0.13, [0.100, 0.150, 0.1004, 0.100, 0.100], 4),  # one outlier among four
-    (0.13, [0.100, 0.150, 0.120] + [0.100] * 20, 20),  # two: timed to the end
+    (0.13, [0.100, 0.150, 0.120] + [0.100] * 20, 6),  # two, then settled: the last three
+    (0.13, [0.100, 0.150, 0.120, 0.100, 0.130] + [0.100, 0.140] * 20, 20),  # never settles
     (0.13, [0.1, 0.2] * 20, 20),  # never steady: max_repeats
     (0.1002, [0.100, 0.1004, 0.0998], 2),  # the warm-up as steady: it is the third
 ])
 def test_timing_stops_once_the_runs_are_steady(warmup: float, times: list[float], runs: int,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """After the fewest runs, timing stops as soon as three runs, and all but at most one,
-    lie within ``STEADY`` of their median; runs that disagree go on to ``time_budget``'s
-    worth (``max_repeats``). A warm-up within 1% of the first two runs is one of three."""
+    lie within ``STEADY`` of their median, or (from the fifth) the last three do; runs
+    that disagree go on to ``time_budget``'s worth (``max_repeats``). A warm-up within 1%
+    of the first two runs is one of three."""
     compiled = compile_step(lambda x: x * 2.0, (np.ones(3, np.float32),))
     runs_left = iter([warmup, *times])  # the warm-up, then each timed run's seconds
     monkeypatch.setattr(timing._Timing, "once",
