@@ -413,13 +413,8 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
                 cand.verdict = Verdict.DOMINATED
                 continue
             if (time_left is not None and self.time_model.points
-                    and time_left < self.timing_cost(cand, predicted)):
+                    and time_left < self.short.timing_cost(cand.schedule, predicted,
+                                                           self.time_budget)):
                 return None
             return cand
         return None
-
-    def timing_cost(self, cand: Candidate, predicted: float) -> float:
-        """Seconds to time ``cand``: a warm-up, then 3 runs -- or the warm-up alone, when
-        longer than the time budget -- of the timing run (a short one: ``short_runs``)."""
-        run = predicted / self.short.scale(cand.schedule)
-        return run if run > self.time_budget else run + max(3 * run, self.time_budget)

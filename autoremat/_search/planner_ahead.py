@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
+from autoremat._measure.measurement import OK
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import CUT_RATIO
 from autoremat._schedules.base import Schedule
@@ -26,6 +27,7 @@ from autoremat._search.compile_pool import CompilePool
 from autoremat._search.memory_model import MemoryModel
 from autoremat._search.predict import TimeModel
 from autoremat._search.presets import LayerPlan
+from autoremat._search.short_runs import ShortRuns
 
 if TYPE_CHECKING:
     from autoremat._search.probe_guard import ProbeGuard
@@ -49,6 +51,8 @@ class CompilesAhead:
     memory_model: MemoryModel
     time_model: TimeModel
     compiles: CompilePool | None
+    short: ShortRuns
+    time_budget: float
     _seeds_ahead: list[Candidate]
 
     if TYPE_CHECKING:
@@ -60,7 +64,6 @@ class CompilesAhead:
         def predict(self, cand: Candidate) -> float | None: ...
         def _screen(self, cand: Candidate) -> None: ...
         def _over_at_runtime(self, cand: Candidate) -> bool: ...
-        def timing_cost(self, cand: Candidate, predicted: float) -> float: ...
         def candidate(self, schedule: Schedule) -> Candidate: ...
         def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
         def _first(self, cand: Candidate) -> int | None: ...
@@ -179,8 +182,8 @@ class CompilesAhead:
         """``cand`` compiles on a thread and is not done yet (handed to the thread kept for
         it, ``CompilePool.urgent``, when none took it ahead): the device need not wait for
         it (``meanwhile``). ``False``: no thread, or it is done; it is compiled here."""
-        return self.compiles is not None and bool(self.compiles.threads) and \
-            self.compiles.urgent(cand.schedule.key(), cand.schedule)
+        return self.compiles is not None and self.compiles.urgent(cand.schedule.key(),
+                                                                  cand.schedule)
 
     def meanwhile(self, ranked: Sequence[tuple[float, Candidate]],
                   time_left: float | None) -> Candidate | None:
@@ -199,14 +202,15 @@ class CompilesAhead:
                 self._screen(cand)  # done ahead: taken without waiting
             assert cand.compiled is not None
             predicted = self.predict(cand)
-            if (cand.compiled.executable is None or cand.compiled.measurement.status != "ok"
+            if (cand.compiled.executable is None or cand.compiled.measurement.status != OK
                     or self._first(cand) is not None or self._over_at_runtime(cand)
                     or predicted is None or self._dominated(cand, predicted)):
                 continue
             if calibrated and best is not None and not self.explore_front and (
                     predicted > stop * best[2] or predicted > self.stop_ratio(cand) * best[2]):
                 continue
-            if time_left is not None and time_left < self.timing_cost(cand, predicted):
+            if time_left is not None and time_left < self.short.timing_cost(
+                    cand.schedule, predicted, self.time_budget):
                 continue
             return cand
         return None

@@ -102,6 +102,13 @@ class ShortRuns:
         n = self.length(schedule)
         return scale(schedule, self.problem.seq_len, n) if n < self.problem.seq_len else 1.0
 
+    def timing_cost(self, schedule: Schedule, predicted: float, time_budget: float) -> float:
+        """Seconds to time ``schedule`` predicted at ``predicted`` full-length seconds: a
+        warm-up, then 3 runs -- or the warm-up alone, when longer than ``time_budget`` --
+        of its timing run (``scale``)."""
+        run = predicted / self.scale(schedule)
+        return run if run > time_budget else run + max(3 * run, time_budget)
+
     def _short(self, n: int) -> Problem | None:
         """The problem on the first ``n`` steps; ``None`` once ``at_length`` refused."""
         if n not in self._at and not self._refused:
