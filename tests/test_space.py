@@ -80,6 +80,17 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
     assert isinstance(deep, NestedSchedule) and deep.lengths == (50, 40, 50)
 
 
+def test_off_a_cpu_short_unrolled_chunks_are_seeded_third() -> None:
+    for platform in ("tpu", "gpu"):
+        described = [s.describe() for s, _ in seeds(10_000, platform)]
+        assert described[:4] == ["10000 none unroll=1", "10000 nothing unroll=1",
+                                 "2500x4 nothing/everything unroll=4",  # UNROLLED_CHUNK
+                                 "100x100 nothing/everything unroll=1"]
+        assert not any("dots" in d for d in described)  # the CPU's short-chunk seed
+    assert [s.describe() for s, _ in seeds(7, "tpu")] == [
+        "7 none unroll=1", "7 nothing unroll=1", "3x3 nothing/everything unroll=1"]
+
+
 @given(st.integers(min_value=1, max_value=200_000))
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 def test_seed_candidates_cover_any_length(seq_len: int) -> None:

@@ -212,16 +212,30 @@ class NestedSchedule(Schedule):
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
         """On every platform: plain scan, per-step remat, sqrt(T) two levels (outer ``nothing``,
-        inner chunk stored), cube-root three levels (``nothing/nothing/everything``),
-        and (``T >= 1000``) three levels of short chunks, ``T/100 x 10 x 10``
+        inner chunk stored) and cube-root three levels (``nothing/nothing/everything``).
+
+        On a CPU also (``T >= 1000``) three levels of short chunks, ``T/100 x 10 x 10``
         ``nothing/dots/everything``: the innermost 10 steps stored whole, the
         middle level re-run without its matmuls. On the seed LSTM the latter was
         the fastest or within 5% of the fastest of a 101-schedule grid in 7 of
         8 T=10^4 grids measured (``studies/bench_tune.py``; 19% in the eighth,
         on a loaded machine) -- short chunks keep the backward's working set
         small -- and the cost model, which reads no cache effects, does not
-        find it by itself."""
-        return nested_space.seed_params(seq_len)
+        find it by itself. On a TPU v5e it was never the pick (cut on the big
+        seed LSTM, 2x the pick on the seed).
+
+        Off a CPU instead, third: ``T/4 x 4`` ``nothing/everything`` with the four
+        steps unrolled (``nested_space.UNROLLED_CHUNK``). Its memory is ``T/4``
+        carries plus four steps' residuals -- under per-step remat's ``T`` carries
+        wherever a step's residuals are under ``T/4`` carries -- and its time one
+        forward recompute, as per-step remat, with a quarter of the loop's
+        iterations, each four steps the compiler fuses across. An accelerator pays
+        for each loop iteration: on a TPU v5e (the big seed LSTM, T=10^4,
+        ``studies/results/tune_time.md``) 2500x4 at unroll 4 ran in 390 ms against
+        per-step remat's 516 ms and 613 ms for sqrt(T); the search's pick, 18
+        trials in, was 2000x5 at unroll 4 in 389 ms, and a move of one parameter
+        at a time from the other seeds took 12 trials to get there."""
+        return nested_space.seed_params(seq_len, platform)
 
     @classmethod
     def checks(cls, seq_len: int, platform: str,

@@ -44,6 +44,9 @@ OFFLOAD_POLICIES: Final[dict[str, Policy]] = {
 PLACEMENTS: Final[dict[str, str]] = {"offload_step": "step", "offload_dots": "innermost",
                                      "offload_carries": "outer"}
 UNROLLS: Final = (1, 2, 4, 8)
+#: Off a CPU, the innermost chunk of the unrolled-chunk seed (``NestedSchedule.seed_params``):
+#: ``T/4 x 4`` ``nothing/everything``, the four steps unrolled.
+UNROLLED_CHUNK: Final = 4
 MAX_DEPTH: Final = 4
 
 Named = Mapping[str, Policy]
@@ -132,12 +135,15 @@ def unrolled_inner(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{**params, f"d{depth}_n0": u, f"d{depth}_unroll": u} for u in tied]
 
 
-def seed_params(seq_len: int) -> list[dict[str, Any]]:
+def seed_params(seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
     """``NestedSchedule.seed_params`` (its docstring says why these)."""
     params: list[dict[str, Any]] = [
         {"depth": 1, "d1_policy": NO_REMAT, "d1_unroll": 1},
         {"depth": 1, "d1_policy": "nothing", "d1_unroll": 1},
     ]
+    if platform != "cpu" and seq_len >= 2 * UNROLLED_CHUNK:
+        params.append({"depth": 2, "d2_n0": UNROLLED_CHUNK, "d2_unroll": UNROLLED_CHUNK,
+                       "d2_p0": "nothing", "d2_p1": "everything"})
     for depth, labels in ((2, ["nothing", "everything"]),
                           (3, ["nothing", "nothing", "everything"])):
         if depth not in depths(seq_len):
@@ -148,7 +154,7 @@ def seed_params(seq_len: int) -> list[dict[str, Any]]:
         for i, label in enumerate(labels):
             p[f"d{depth}_p{i}"] = label
         params.append(p)
-    if seq_len >= 1000:
+    if seq_len >= 1000 and platform == "cpu":
         params.append({"depth": 3, "d3_unroll": 1, "d3_n0": 10, "d3_n1": 10,
                        "d3_p0": "nothing", "d3_p1": "dots", "d3_p2": "everything"})
     return params

@@ -136,7 +136,7 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
     (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice; of a
     ``layer_stack`` (``autoremat._search.presets``), remat of each layer alone.
     ``fuse`` (a choice): each seed fused (less memory; faster on a CPU) and, off a CPU,
-    the first nested seed of two levels or more unfused too (on a TPU unfused ran faster
+    the first nested seed of two levels or more not unrolled (sqrt(T)) unfused too (on a TPU unfused ran faster
     at the same memory: ``docs/tuning.md``; the time model learns the difference from that
     pair, and the neighbours of an unfused best are unfused: each further unfused seed
     cost a trial, 2-4 s on a TPU v5e, that was never the pick)."""
@@ -149,7 +149,8 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
                    **compiler}]
     if fuse:
         unfused = [{**p, "fuse": "unfused"} for p in params
-                   if platform != "cpu" and p["kind"] == "nested" and p.get("depth", 1) >= 2][:1]
+                   if platform != "cpu" and p["kind"] == "nested" and p.get("depth", 1) >= 2
+                   and p[f"d{p['depth']}_unroll"] == 1][:1]
         params = [{**p, "fuse": "fused"} for p in params] + unfused
     return [(build(p, seq_len, platform), p) for p in params]
 
