@@ -147,7 +147,6 @@ def child(argv: list[str]) -> int:
         sampler.start()
     import autoremat._measure.measure as measure_module
     import autoremat._measure.timing as timing_module
-    import autoremat._models.seed_lstm as seed_module
     import autoremat._search.compile_pool as pool_module
     import autoremat._search.probe_guard as guard_module
     import autoremat._search.tune as tune_module
@@ -232,15 +231,16 @@ def child(argv: list[str]) -> int:
 
         jax.monitoring.register_event_duration_secs_listener(listen)
         if settings.get("problem") is None:  # the seed's build starts the device itself,
-            real_host_cpu = seed_module._host_cpu  # its data made meanwhile
+            real_devices = jax.devices  # its arrays made meanwhile
 
-            def host_cpu() -> Any:
+            def devices(*args: Any, **kwargs: Any) -> Any:
                 try:
-                    return real_host_cpu()
+                    return real_devices(*args, **kwargs)
                 finally:
+                    jax.devices = real_devices  # the first call only
                     _emit("backend")
 
-            seed_module._host_cpu = host_cpu
+            jax.devices = devices
         else:
             jax.devices()  # what the problem's arguments start anyway
             _emit("backend")

@@ -21,6 +21,7 @@ every device.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -183,8 +184,8 @@ def _lax_scan(model: SeedModel) -> RunScan:
 
 def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim: int,
                seq2seq: bool = True, fused_readout: bool | None = False) -> SeedModel:
-    """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3), parameters from ``PRNGKey(0)``
-    and standard normal data (NumPy's generator, seed 0).
+    """The seed's ``OptimizedLSTMCell`` + Dense, Adam(1e-3), its parameters drawn as Flax's
+    initializers draw them and standard normal data, both by NumPy (``_host_arrays``).
 
     The arguments are ``seed_lstm``'s, every size given (its defaults are the seed's
     sizes, in that one place); the data and parameters do not depend on ``fused_readout``.
@@ -194,64 +195,59 @@ def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim
                            "there is nothing to fuse; use it with seq2seq=True")
     import flax.linen as nn
     import jax
-    import jax.numpy as jnp
     import optax
 
     cell = nn.OptimizedLSTMCell(hidden)
     readout = nn.Dense(output_dim)
     tx = optax.adam(1e-3)
-    # The data, made by NumPy on a thread (its fill releases the GIL) while JAX starts the
-    # device: 8-10 s on a TPU v5e, and the big model's 184 MB took a host compile and run
+    # Made on a thread while JAX starts the device (5-10 s on a TPU v5e): no JAX backend is
+    # needed for them (issue 47: a host compile of Flax's init, 2.2 s, and a copy of its
+    # results, 0.9 s, came after the start-up; before, eager ops, most of 41 s).
     with ThreadPoolExecutor(1) as pool:
-        data = pool.submit(_normal_data, (batch, seq_len, input_dim),
-                           (batch, seq_len, output_dim) if seq2seq else (batch, output_dim))
-
-        def arrays() -> tuple[Any, tuple[Any, ...]]:
-            kc, kd = jax.random.split(jax.random.PRNGKey(0))
-            carry0 = cell.initialize_carry(kc, (batch, input_dim))
-            params = {
-                "cell": cell.init(kc, carry0, jnp.zeros((batch, input_dim)))["params"],
-                "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"],
-            }
-            return carry0, (params, tx.init(params))
-
-        # One compiled program, not ~45 op-by-op ones (issue 47: on a TPU v5e each eager op
-        # compiled on its own, most of the 41 s before the first line), compiled and run on
-        # the host's CPU, then put on the device: the recurrent kernel's orthogonal init is
-        # a QR decomposition, which an accelerator's compiler takes 10-19 s to compile (a
-        # TPU v5e, issue 47) and a CPU's LAPACK call does not. The values are the CPU's.
-        host = _host_cpu()
-        if host is None:
-            carry0, (params, opt_state) = jax.jit(arrays)()
-        else:
-            with jax.default_device(host):
-                carry0, (params, opt_state) = jax.jit(arrays)()
-        x, y = data.result()
-    device = jax.devices()[0]
-    carry0, args = jax.device_put((carry0, (params, opt_state, x, y)), device)
+        made = pool.submit(_host_arrays, cell, readout, tx, batch, seq_len, input_dim,
+                           hidden, output_dim, seq2seq)
+        device = jax.devices()[0]
+        carry0, args = made.result()
+    carry0, args = jax.device_put((carry0, args), device)
     return SeedModel(cell, readout, tx, carry0, args, seq2seq,
                      fused_readout is not False, fused_readout is None)
 
 
-def _normal_data(*shapes: tuple[int, ...]) -> list[Any]:
-    """Standard normal float32 arrays of ``shapes`` (NumPy, seed 0)."""
+def _host_arrays(cell: nn.OptimizedLSTMCell, readout: nn.Dense, tx: optax.GradientTransformation,
+                 batch: int, seq_len: int, input_dim: int, hidden: int, output_dim: int,
+                 seq2seq: bool) -> tuple[Any, tuple[Any, ...]]:
+    """The initial carry and ``(params, opt_state, x, y)`` as NumPy arrays (seed 0), shaped by
+    ``jax.eval_shape`` (no device): zero carry, biases and optimizer state; square kernels
+    (the recurrent ones) orthogonal and the others LeCun normal, as Flax's LSTM and Dense
+    initializers; standard normal ``x`` and ``y``."""
+    import jax
+    import jax.numpy as jnp
     import numpy as np
 
+    def init(key: Any) -> Any:
+        kc, kd = jax.random.split(key)
+        carry0 = cell.initialize_carry(kc, (batch, input_dim))
+        params = {"cell": cell.init(kc, carry0, jnp.zeros((batch, input_dim)))["params"],
+                  "readout": readout.init(kd, jnp.zeros((batch, hidden)))["params"]}
+        return carry0, (params, tx.init(params))
+
     rng = np.random.default_rng(0)
-    return [rng.standard_normal(shape, dtype=np.float32) for shape in shapes]
 
+    def draw(shape: Any) -> Any:
+        if len(shape.shape) != 2:
+            return np.zeros(shape.shape, shape.dtype)
+        fan_in, fan_out = shape.shape
+        if fan_in == fan_out:  # orthogonal: Q of a normal matrix's QR, signs fixed
+            q, r = np.linalg.qr(rng.standard_normal(shape.shape))
+            return (q * np.sign(np.diag(r))).astype(shape.dtype)
+        return (rng.standard_normal(shape.shape) / np.sqrt(fan_in)).astype(shape.dtype)
 
-def _host_cpu() -> Any:
-    """The host's CPU device where the default device is an accelerator (``None``: the
-    default is a CPU, or no CPU backend is loaded, ``JAX_PLATFORMS`` without ``cpu``)."""
-    import jax
-
-    if jax.default_backend() == "cpu":
-        return None
-    try:
-        return jax.devices("cpu")[0]
-    except RuntimeError:
-        return None
+    carry0, (params, opt_state) = jax.eval_shape(init, jax.ShapeDtypeStruct((2,), jnp.uint32))
+    zeros = functools.partial(jax.tree_util.tree_map, lambda s: np.zeros(s.shape, s.dtype))
+    x = rng.standard_normal((batch, seq_len, input_dim), dtype=np.float32)
+    y = rng.standard_normal((batch, seq_len, output_dim) if seq2seq else (batch, output_dim),
+                            dtype=np.float32)
+    return zeros(carry0), (jax.tree_util.tree_map(draw, params), zeros(opt_state), x, y)
 
 
 def seed_lstm(

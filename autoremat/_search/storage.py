@@ -9,6 +9,8 @@
 * Many workers: a worker claims a schedule under ``StudyLock``, held across
   processes (a PostgreSQL advisory lock, or ``flock`` on ``<file>.lock`` for
   SQLite; the server or the kernel drops it when its holder dies).
+* A trial's attrs are written together (``set_user_attrs``): one transaction where
+  the storage is Optuna's RDB storage -- the one place that uses Optuna's internals.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from autoremat._errors import TuneError, one_line
 from autoremat._search.attrs import MEASURING, RETRY_OF, RETRY_REASON
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import optuna
     import sqlalchemy
     from optuna.storages import BaseStorage, RDBStorage
@@ -189,3 +193,47 @@ class StudyLock:
 
             fd, self._fd = self._fd, None
             os.close(fd)  # releases the flock
+
+
+def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
+    """``trial.set_user_attr`` of each of ``attrs``, in one transaction where the study's
+    storage is Optuna's RDB storage: there each ``set_user_attr`` is a transaction and a
+    commit of its own, and a measured trial writes some 40 (on a TPU VM's disk 6.2 s of
+    the big model's 87-s tune; one transaction writes them in the time of about two).
+    Elsewhere, or where this Optuna lacks the internals used here, one by one. What the
+    trial's ``user_attrs`` read back is the same either way."""
+    write = _rdb_writer(trial)
+    if write is None:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return
+    write(dict(attrs))
+
+
+def _rdb_writer(trial: optuna.Trial) -> Any:
+    """A function writing a mapping of user attrs to ``trial`` in one transaction, by
+    Optuna's own per-attr writer (``RDBStorage._set_trial_attr_without_commit``, Optuna
+    5.0-5.1) in one of its sessions; ``None`` where the storage or this Optuna has none."""
+    from optuna.storages import RDBStorage
+
+    storage = getattr(trial, "storage", None)
+    backend = getattr(storage, "_backend", storage)
+    cached = getattr(trial, "_cached_frozen_trial", None)
+    trial_id = getattr(trial, "_trial_id", None)
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+    except ImportError:  # pragma: no cover - another Optuna's layout
+        return None
+    if (not isinstance(backend, RDBStorage) or cached is None or trial_id is None
+            or not hasattr(backend, "_set_trial_attr_without_commit")):
+        return None
+
+    def write(attrs: dict[str, Any]) -> None:
+        with _create_scoped_session(backend.scoped_session) as session:
+            for key, value in attrs.items():
+                backend._set_trial_attr_without_commit(
+                    session, models.TrialUserAttributeModel, trial_id, key, value)
+        cached.user_attrs.update(attrs)  # as ``Trial.set_user_attr`` keeps it
+
+    return write

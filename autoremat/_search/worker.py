@@ -40,7 +40,7 @@ from autoremat._search.compile_pool import CompilePool
 from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.planner import Planner
 from autoremat._search.short_runs import ShortRuns
-from autoremat._search.storage import StudyLock
+from autoremat._search.storage import StudyLock, set_user_attrs
 from autoremat._search.study import MeasuredTrial, StudyInfo
 
 if TYPE_CHECKING:
@@ -142,22 +142,23 @@ class Worker:
             return self.storage.get_all_trials(self.study._study_id, deepcopy=False)
         return self.study.get_trials(deepcopy=False)
 
-    def claim(self, trial: optuna.Trial, key: str) -> None:
-        """Claim ``key`` for this trial, or prune it (duplicate, or the total is reached)."""
+    def claim(self, trial: optuna.Trial, key: str, attrs: Mapping[str, Any]) -> None:
+        """Claim ``key`` for this trial, or prune it (duplicate, or the total is reached);
+        either way the trial gets ``attrs`` (its schedule) with the outcome, in one write."""
         import optuna
 
         with self.lock:
             trials = self.fresh_trials()
             dup = _find_measured(trials, key, trial.number)
             if dup is not None:
-                trial.set_user_attr(DUPLICATE_OF, dup)
+                set_user_attrs(trial, {**attrs, DUPLICATE_OF: dup})
                 raise optuna.TrialPruned(f"schedule already measured in trial {dup}")
             if self.total_trials is not None:
                 done, running = _progress(trials, exclude=trial.number)
                 if done + running >= self.total_trials:
-                    trial.set_user_attr(TOTAL_REACHED, self.total_trials)
+                    set_user_attrs(trial, {**attrs, TOTAL_REACHED: self.total_trials})
                     raise optuna.TrialPruned(f"the study has its {self.total_trials} trials")
-            trial.set_user_attr(MEASURING, True)
+            set_user_attrs(trial, {**attrs, MEASURING: True})
 
     def objective(self, trial: optuna.Trial, planned: Candidate | None) -> tuple[float, float]:
         """Measure ``planned`` -- or, when Optuna handed this worker a trial enqueued
@@ -176,26 +177,22 @@ class Worker:
             trial.set_user_attr(WAITING_TAKEN, True)
             raise optuna.TrialPruned("no schedule to measure")
         schedule, key = cand.schedule, cand.schedule.key()
-        trial.set_user_attr(SCHEDULE_KEY, key)
-        trial.set_user_attr(SCHEDULE, schedule.to_data())
-        trial.set_user_attr(DESCRIBE, schedule.describe())
-        self.claim(trial, key)
+        self.claim(trial, key, {SCHEDULE_KEY: key, SCHEDULE: schedule.to_data(),
+                                DESCRIBE: schedule.describe()})
         # the next candidates (the enqueued seeds first) compile while this one compiles
         # (the first seeds beside the plain scan, not the largest candidates: on a TPU
         # they ran out of memory beside it) and while it is timed
         self.planner.prefetch(exclude=key, first=self.waiting())
         compiled = self.planner.take_compiled(cand)
         self.planner.prefetch()
-        trial.set_user_attr(PREDICTED_SECONDS, self.planner.predict(cand))
+        predicted = self.planner.predict(cand)
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
                             best=self.planner.rival())
         self.planner.record(schedule, m)
         self._keep_if_best(key, compiled)
-        for k, v in m.to_attrs().items():
-            trial.set_user_attr(k, v)
-        if compile_failed(m):
-            trial.set_user_attr(COMPILE_FAILED, True)  # not one of n_trials
-        trial.set_user_attr(MEASURED, True)
+        failed = {COMPILE_FAILED: True} if compile_failed(m) else {}  # not one of n_trials
+        set_user_attrs(trial, {PREDICTED_SECONDS: predicted, **m.to_attrs(), **failed,
+                               MEASURED: True})
         size = m.size_bytes  # the runtime peak, else the estimate, or the compiler's (OOM)
         if size is not None:  # refused by the compiler: over, whatever the budget says
             over = float(size - budget)
