@@ -433,6 +433,35 @@ def test_one_predicted_to_be_cut_is_compiled_ahead_after_the_others(
         planner.close()
 
 
+def test_one_likely_over_at_run_time_is_compiled_ahead_after_the_others(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over the budget by the memory model's guess less the most a size overstated a run
+    (where a run decides the fit): compiled ahead after the rest, as one predicted to be cut
+    (a TPU v5e's threads compiled four to six such unfused schedules a tune first)."""
+    problem = tiny()
+    pool = CompilePool(lambda s: Compiled(Measurement("x", OK)), workers=3)
+    planner = plan_module.Planner(problem, BUDGET, "tpu", ShortRuns(problem), compiles=pool)
+    try:
+        a, b, c = [cand for cand in planner.pool.values() if cand.params][:3]
+        guesses = {a.schedule.key(): 1.0, b.schedule.key(): BUDGET + 10.0,
+                   c.schedule.key(): BUDGET + 3.0}
+        planner.overstated = 5
+        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+            (1.0, a), (1.05, b), (1.1, c)])
+        monkeypatch.setattr(planner.memory_model, "predict",
+                            lambda structure: next(g for k, g in guesses.items()
+                                                   if planner.pool[k].structure is structure))
+        monkeypatch.setattr(planner, "_surely_over", lambda cand: False)
+        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        assert planner.ahead(3) == [a, c, b]  # b: 10 over, less 5; c: 3 over, less 5, fits
+        planner.overstated = None  # no run measured yet: its guess alone, both over
+        guesses[a.schedule.key()] = BUDGET + 1.0
+        assert planner.ahead(3) == [a, b, c]  # all over: in their order
+        assert planner.ahead(1) == [a]
+    finally:
+        planner.close()
+
+
 def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_another(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner's first choice, not taken ahead, goes to the thread kept for it

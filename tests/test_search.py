@@ -547,3 +547,8 @@ def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_tim
     cpu = planner_module.Planner(problem, 12 * gb, "cpu", ShortRuns(problem))
     cpu.overstated = planner.overstated
     assert not cpu._over_at_runtime(sized[21_470_000_000])  # its size decided (over) already
+    over = sized[21_470_000_000]
+    monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [(0.3, over)])
+    assert planner._next_once(None, False, False) is None  # not timed ...
+    assert over.verdict is planner_module.Verdict.OVER_AT_RUNTIME
+    assert planner.memory_model.surely_over(over.structure)  # ... nor what stores more

@@ -36,18 +36,18 @@ def test_timing_stops_once_the_runs_are_steady(warmup: float, times: list[float]
 
 
 @pytest.mark.parametrize(("best", "runs"), [
-    (0.100, 3),  # three runs over 1.02x the best: not the pick
+    (0.100, 2),  # two runs over 1.02x the best: not the pick
     (0.102, 4),  # within 1.02x of it: steady decides
-    (0.1180, 3),  # three runs under 0.98x the best: the new best
-    (0.1170, 4),  # one of them within 0.98x of it: steady decides
+    (0.1180, 2),  # two runs under 0.98x the best: the new best
+    (0.1170, 4),  # the second within 0.98x of it: steady decides
     (None, 4),  # nothing to beat: steady decides
 ])
-def test_timing_stops_behind_or_ahead_of_the_best_after_the_fewest_runs(
+def test_timing_stops_behind_or_ahead_of_the_best_after_two_runs(
         best: float | None, runs: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``best``: once the fewest runs all take longer than ``1 + BEATEN`` times the best
-    step, or all less than ``1 - BEATEN`` times it, timing stops with their median (not
-    cut: the time model reads it); a first run under ``CUT_RATIO`` times the best does not
-    cut it."""
+    """``best``: once ``RANKED_AFTER`` (two) runs all take longer than ``1 + BEATEN`` times
+    the best step, or all less than ``1 - BEATEN`` times it, timing stops with their median
+    (not cut: the time model reads it); a first run under ``CUT_RATIO`` times the best does
+    not cut it."""
     times = [0.1030, 0.1150, 0.1030, 0.1031, *[0.1] * 20]
     compiled = compile_step(lambda x: x * 2.0, (np.ones(3, np.float32),))
     runs_left = iter([0.12, *times])  # the warm-up (under 1.3 x 0.1), then the runs
@@ -55,4 +55,4 @@ def test_timing_stops_behind_or_ahead_of_the_best_after_the_fewest_runs(
                         lambda self: (next(runs_left), np.ones(3, np.float32)))
     m = timing.time_compiled(compiled, time_budget=100.0, best=best)
     assert m.cut_seconds is None and m.step_samples == pytest.approx(times[:runs])
-    assert timing.CUT_RATIO * 0.1 > 0.12 and timing.BEATEN == 0.02
+    assert timing.CUT_RATIO * 0.1 > 0.12 and timing.BEATEN == 0.02 and timing.RANKED_AFTER == 2

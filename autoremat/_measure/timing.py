@@ -48,13 +48,18 @@ STEADY: Final = 0.01
 #: A schedule whose first run takes this many times the best step that fits is cut
 #: (``time_compiled``'s ``best``): that run says it is not the pick.
 CUT_RATIO: Final = 1.3
-#: ... and one whose fewest runs all take longer than the best by this fraction is timed
-#: no further: it is not the pick, and its median already ranks it (on a TPU v5e two
-#: such schedules of the big model took 11 and 12 runs, 5.3-5.6 s, to be steady); nor one
-#: whose fewest runs all take less than the best by it: the new best, whatever its median
-#: (two such took 11 runs each, 5.2-5.8 s, the same way). Only a step within this
+#: ... and one whose first ``RANKED_AFTER`` runs all take longer than the best by this
+#: fraction is timed no further: it is not the pick, and its median already ranks it (on a
+#: TPU v5e two such schedules of the big model took 11 and 12 runs, 5.3-5.6 s, to be
+#: steady); nor one whose runs all take less than the best by it: the new best, whatever its
+#: median (two such took 11 runs each, 5.2-5.8 s, the same way). Only a step within this
 #: fraction of the best is timed until its runs are steady: there the order is in doubt.
 BEATEN: Final = 0.02
+#: Runs after which ``BEATEN`` decides (with the default ``min_repeats``; else that many):
+#: two runs 2% off the best rank a step as three do where runs agree within 1% (a TPU's:
+#: of the big model's 11 timings not cut, 8 took three runs and 7 were 2% off the best
+#: from their first run, ``studies/results/tune_time.md``; a run is 0.4-0.6 s there).
+RANKED_AFTER: Final = 2
 
 
 @dataclass
@@ -93,10 +98,10 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     warm-up and then one timed run each take longer than ``CUT_RATIO`` times it, stop
     there: the measurement has ``step_seconds=None`` and ``cut_seconds`` = that run's
     time -- two runs instead of ``repeats + 1`` for a schedule already slower than one
-    measured, and no claim about its median. Once the fewest runs all take longer than
-    ``1 + BEATEN`` times it, or all less than ``1 - BEATEN`` times it, stop too, with their
-    median: precision matters where the order is in doubt, not behind the pick or
-    clearly ahead of it.
+    measured, and no claim about its median. Once ``RANKED_AFTER`` runs (or, with
+    ``min_repeats``, that many) all take longer than ``1 + BEATEN`` times it, or all less
+    than ``1 - BEATEN`` times it, stop too, with their median: precision matters where the
+    order is in doubt, not behind the pick or clearly ahead of it.
     """
     if compiled.executable is None:
         return compiled.measurement
@@ -155,11 +160,13 @@ class _Timing:
                 if samples[0] > cut_after:
                     return self.measurement(OK, loss=loss, cut_seconds=samples[0])
             fewest = 3 if min_repeats is None else min_repeats
+            ranked_after = min(RANKED_AFTER, fewest) if min_repeats is None else fewest
             repeats = 1 if long_step else max(
                 fewest, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
             warm = [warmup] if min_repeats is None and not long_step else []
-            while len(samples) < repeats and not (len(samples) >= fewest and (
-                    steady(samples) or _ranked(samples, best))):
+            while len(samples) < repeats and not (
+                    (len(samples) >= fewest and steady(samples))
+                    or (len(samples) >= ranked_after and _ranked(samples, best))):
                 samples.append(self.once()[0])
                 if warm and len(samples) == fewest - 1 and steady(warm + samples):
                     samples = warm + samples  # the warm-up ran as the runs did: it counts

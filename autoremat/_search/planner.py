@@ -408,6 +408,7 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
                 continue
             if self._over_at_runtime(cand):
                 cand.verdict = Verdict.OVER_AT_RUNTIME
+                self.memory_model.mark_over(cand.structure)  # and what stores more
                 continue
             if not dominated and self._dominated(cand, self.predict(cand)):
                 cand.verdict = Verdict.DOMINATED

@@ -54,6 +54,7 @@ class CompilesAhead:
     short: ShortRuns
     time_budget: float
     _seeds_ahead: list[Candidate]
+    overstated: int | None
 
     if TYPE_CHECKING:
         @property
@@ -136,7 +137,8 @@ class CompilesAhead:
         up, and compiled here they cost the device no wait (a TPU v5e's big model waited
         11 s on two such compiles on the main thread, ``studies/results/tune_time.md``);
         ``exclude``: a key left out. The enqueued
-        seeds (``prefetch``'s ``first``) come first, whatever their prediction."""
+        seeds (``prefetch``'s ``first``) come first, whatever their prediction; those likely
+        over the budget at run time (``_guessed_over``) go after the rest too."""
         self._seeds_ahead = [c for c in self._seeds_ahead if c.verdict is Verdict.UNDECIDED
                              and c.compiled is None and c.schedule.key() not in self.taken]
         found = [c for c in self._seeds_ahead if c.schedule.key() != exclude and not (
@@ -175,8 +177,20 @@ class CompilesAhead:
             if own <= 0:
                 break
             own -= 1
-            (later if calibrated and cut is not None and predicted > cut else found).append(cand)
+            cut_or_over = (calibrated and cut is not None and predicted > cut) or (
+                self._guessed_over(cand))
+            (later if cut_or_over else found).append(cand)
         return [*found, *later][:n]
+
+    def _guessed_over(self, cand: Candidate) -> bool:
+        """Over the budget by the memory model's guess, less -- where a run decides the fit
+        (``device_memory.VALIDATED``) -- the most a size overstated a run (``overstated``):
+        likely not timed, so compiled ahead after the rest. On a TPU v5e the big model's
+        threads compiled four to six unfused schedules a tune (3-10 s each) that were then
+        over at run time, while the device waited for the fused ones behind them."""
+        guess = self.memory_model.predict(cand.structure)
+        slack = (self.overstated or 0) if self.platform in device_memory.VALIDATED else 0
+        return guess is not None and guess - slack > self.budget_bytes
 
     def compiling(self, cand: Candidate) -> bool:
         """``cand`` compiles on a thread and is not done yet (handed to the thread kept for
