@@ -499,3 +499,43 @@ def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_
     finally:
         gate.set()
         planner.close()
+
+
+def test_a_compile_ahead_that_ends_while_the_first_choice_compiles_is_timed_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing compiled yet to time meanwhile: the planner waits for the first compile under
+    way to end, not for its own choice's -- one taken ahead that ends first is timed while
+    its choice compiles on (a TPU v5e's device waited 5.7 s for a cut schedule while the
+    pick, compiled 2 s into that wait, was not looked at again). Fake slow compiles: gates
+    the test opens, the other's from a thread while the planner waits."""
+    gates = {"first": threading.Event(), "other": threading.Event()}
+    problem = tiny()
+    first, other = [c for c in plan_module.Planner(
+        problem, BUDGET, "tpu", ShortRuns(problem)).pool.values() if c.params][:2]
+    which = {first.schedule.key(): "first", other.schedule.key(): "other"}
+
+    def compile_fn(schedule: Schedule) -> Compiled:
+        gates[which[schedule.key()]].wait(60)
+        return Compiled(Measurement(schedule.key(), OK, total_bytes=100), executable=object())
+
+    pool = CompilePool(compile_fn, workers=3)
+    planner = plan_module.Planner(problem, BUDGET, "tpu", ShortRuns(problem), compiles=pool)
+    opener = threading.Timer(0.2, gates["other"].set)
+    try:
+        first, other = (planner.pool[k] for k in which)
+        planner.timed = {"timed": (1, 1.0)}  # the best: 1 s, fits
+        planner.time_model.points = 2
+        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+            (0.9, first), (1.0, other)])
+        monkeypatch.setattr(planner, "predict", lambda cand: 1.0)
+        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        assert pool.submit(other.schedule.key(), other.schedule)  # ahead, not done
+        opener.start()
+        assert planner._next_once(None, False, False) is other  # ended first: timed meanwhile
+        assert not gates["first"].is_set() and first.compiled is None  # still compiling
+        assert pool.taken == 1
+    finally:
+        opener.cancel()
+        for gate in gates.values():
+            gate.set()
+        planner.close()

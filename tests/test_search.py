@@ -438,6 +438,36 @@ def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_
             assert guess == pytest.approx(total, rel=0.25), s.describe()
 
 
+def test_until_dots_are_sized_the_memory_model_guesses_them_at_a_whole_steps_bytes() -> None:
+    """Seeds that keep no steps' dots (a TPU's) say nothing of a step's dots: the memory
+    model guesses them at a whole step's bytes (they are part of it), so an outer ``dots``
+    level that keeps every step's dots is guessed at least at its compiled total, not at a
+    ``nothing`` level's (on a TPU v5e two such were compiled, out of memory)."""
+    from autoremat._models.seed_lstm import seed_lstm
+    from autoremat._search.memory_model import MemoryModel
+    from autoremat._search.predict import Structure
+
+    seq_len = 100
+    problem = seed_lstm(seq_len=seq_len, batch=8, hidden=64, fused_readout=None)
+    n, e, d = "nothing_saveable", "everything_saveable", "dots_saveable"
+    fused = lambda *a, **k: autoremat.nested(*a, **k).with_fuse(True)  # noqa: E731
+    size = lambda s: compile_schedule(problem, s).measurement.total_bytes  # noqa: E731
+    memory = MemoryModel()
+    for s in (autoremat.plain(seq_len).with_fuse(True), fused([seq_len], n),
+              fused([25, 4], [n, e], unroll=4), fused([10, 10], [n, e]),
+              autoremat.nested([10, 10], [n, e]).with_fuse(False)):
+        memory.add(Structure.of(s, seq_len), size(s), over_budget=False)
+    outer_dots, inner_dots = fused([25, 4], [d, e], unroll=4), fused([10, 10], [n, d])
+    guess = memory.predict(Structure.of(outer_dots, seq_len))
+    assert guess is not None and size(outer_dots) <= guess < 1.5 * size(outer_dots)
+    assert memory.predict(Structure.of(inner_dots, seq_len)) == pytest.approx(
+        size(inner_dots), rel=0.25)  # a chunk's dots: a small term either way
+    memory.add(Structure.of(outer_dots, seq_len), size(outer_dots), over_budget=False)
+    dots = memory.step_dots_bytes()  # sized now: its own bytes
+    assert dots is not None and memory.predict(Structure.of(outer_dots, seq_len)) == (
+        pytest.approx(size(outer_dots), rel=0.05))
+
+
 def _plain_out_of_memory(problem: Problem, compiles: list[str]) -> Problem:
     """A stand-in for a device that cannot hold the plain scan (the CPU never runs out
     of memory at compile): a plain scan's step, at any unroll, raises XLA:TPU's

@@ -39,7 +39,7 @@ import contextlib
 import contextvars
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Final
 
 from autoremat._errors import TuneError
@@ -163,6 +163,16 @@ class CompilePool:
         self._hand(key, schedule)
         self._urgent.add(key)
         return True
+
+    def wait_other(self, key: str) -> bool:
+        """Wait until ``key``'s compile ahead is done or another one under way is: ``True``
+        when another finished first (the device may time it while ``key`` compiles on)."""
+        future = self._ahead.get(key)
+        others = [f for k, f in self._ahead.items() if k != key and not f.done()]
+        if future is None or future.done() or not others:
+            return False
+        done, _ = wait([future, *others], return_when=FIRST_COMPLETED)
+        return future not in done
 
     def ready(self, key: str) -> bool:
         """``key`` was compiled ahead and is done: ``take`` returns without waiting."""

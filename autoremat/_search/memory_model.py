@@ -118,10 +118,17 @@ class MemoryModel:
 
     def _fit(self) -> list[float] | None:
         """Bytes per unit of ``_memory_row``, each point weighed by its relative error, not
-        pulled towards a prior (module doc); ``None`` before two schedules were sized."""
+        pulled towards a prior (module doc); ``None`` before two schedules were sized.
+
+        Until a schedule that keeps steps' dots is sized, a step's dots are guessed at a
+        whole step's bytes (they are part of it): an upper bound, not 0. On a TPU v5e the
+        big model's seeds kept no dots, the fit put them at 0 bytes, and two neighbours
+        keeping 10^4 steps' dots (an outer ``dots`` level) were compiled, out of memory."""
         if self._coef is None and len(self.points) >= 2:
             rows = [_memory_row(s) for s, _ in self.points]
             ys = [y for _, y in self.points]
             self._coef = _ridge(rows, ys, [min(ys), 0.0, 0.0, 0.0, 0.0],
                                 [1.0 / y**2 for y in ys], ridge=1e-9)
+            if not any(row[3] for row in rows):
+                self._coef[3] = max(self._coef[3], self._coef[2])
         return self._coef

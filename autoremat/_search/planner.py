@@ -393,7 +393,7 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
                 if not self._probed(cand):
                     continue
                 if not dominated and self.compiling(cand):  # on a thread: time another
-                    other = self.meanwhile(ranked[i + 1:], time_left)
+                    other = self.meanwhile(ranked[i + 1:], time_left, cand.schedule.key())
                     if other is not None:
                         return other
                 self._screen(cand)  # the planner's own choice (not a seed, not a preset):
