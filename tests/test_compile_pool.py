@@ -462,6 +462,18 @@ def test_one_likely_over_at_run_time_is_compiled_ahead_after_the_others(
         planner.close()
 
 
+def _ranked_first_then(planner: plan_module.Planner, first: Any, second: Any,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner ranks ``first``, then ``second``, both predicted at the best's 1 s (a
+    timed schedule that fits) and neither dominated."""
+    planner.timed = {"timed": (1, 1.0)}
+    planner.time_model.points = 2
+    monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+        (0.9, first), (1.0, second)])
+    monkeypatch.setattr(planner, "predict", lambda cand: 1.0)
+    monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+
+
 def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_another(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner's first choice, not taken ahead, goes to the thread kept for it
@@ -482,12 +494,7 @@ def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_
         first, ready = [cand for cand in planner.pool.values() if cand.params][:2]
         ready.compiled = Compiled(Measurement(ready.schedule.key(), OK, total_bytes=100),
                                   executable=object())
-        planner.timed = {"timed": (1, 1.0)}  # the best: 1 s, fits
-        planner.time_model.points = 2
-        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
-            (0.9, first), (1.0, ready)])
-        monkeypatch.setattr(planner, "predict", lambda cand: 1.0)
-        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        _ranked_first_then(planner, first, ready, monkeypatch)
         assert planner._next_once(None, False, False) is ready  # the device times it ...
         assert first.schedule.key() in pool and first.compiled is None  # ... while this compiles
         assert planner._next_once(None, False, False) is ready  # not done yet: again
@@ -523,12 +530,7 @@ def test_a_compile_ahead_that_ends_while_the_first_choice_compiles_is_timed_mean
     opener = threading.Timer(0.2, gates["other"].set)
     try:
         first, other = (planner.pool[k] for k in which)
-        planner.timed = {"timed": (1, 1.0)}  # the best: 1 s, fits
-        planner.time_model.points = 2
-        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
-            (0.9, first), (1.0, other)])
-        monkeypatch.setattr(planner, "predict", lambda cand: 1.0)
-        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        _ranked_first_then(planner, first, other, monkeypatch)
         assert pool.submit(other.schedule.key(), other.schedule)  # ahead, not done
         opener.start()
         assert planner._next_once(None, False, False) is other  # ended first: timed meanwhile
