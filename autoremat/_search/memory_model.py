@@ -123,7 +123,11 @@ class MemoryModel:
         Until a schedule that keeps steps' dots is sized, a step's dots are guessed at a
         whole step's bytes (they are part of it): an upper bound, not 0. On a TPU v5e the
         big model's seeds kept no dots, the fit put them at 0 bytes, and two neighbours
-        keeping 10^4 steps' dots (an outer ``dots`` level) were compiled, out of memory."""
+        keeping 10^4 steps' dots (an outer ``dots`` level) were compiled, out of memory.
+        The seed LSTM's dots are 0.66 of its whole step (``tests/test_search.py``): such a
+        guess is at most 1.5x the truth, so one ``FAR_OVER`` the budget is over it; where
+        a step's dots are a smaller share, ``far_over`` may skip a schedule keeping many
+        dots that fits, until one keeping dots is sized."""
         if self._coef is None and len(self.points) >= 2:
             rows = [_memory_row(s) for s, _ in self.points]
             ys = [y for _, y in self.points]
