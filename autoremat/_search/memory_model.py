@@ -124,7 +124,7 @@ class MemoryModel:
         whole step's bytes (they are part of it): an upper bound, not 0. On a TPU v5e the
         big model's seeds kept no dots, the fit put them at 0 bytes, and two neighbours
         keeping 10^4 steps' dots (an outer ``dots`` level) were compiled, out of memory.
-        The seed LSTM's dots are 0.66 of its whole step (``tests/test_search.py``): such a
+        The seed LSTM's dots are 0.66 of its whole step (H=64, compiled on a CPU): such a
         guess is at most 1.5x the truth, so one ``FAR_OVER`` the budget is over it; where
         a step's dots are a smaller share, ``far_over`` may skip a schedule keeping many
         dots that fits, until one keeping dots is sized."""
