@@ -208,7 +208,7 @@ class CompilesAhead:
         none yet, it waits for the first compile under way to end and looks again. On a TPU
         v5e the device waited 21 s of a big model's 83-s tune for compiles on the main thread
         and 4 s for those of threads (stop 53's first run); later 5.7 s for one while the
-        pick's compile, done 2 s into the wait, was not looked at again (stop 55's first
+        pick's compile, done 2 s into the wait, was not looked at again (stop 54's first
         run). ``None``: ``compiling`` is done first; the caller takes it."""
         while True:
             found = self._meanwhile_once(ranked, time_left)
