@@ -140,6 +140,8 @@ def test_tune_records_the_choice_and_show_says_why(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     problem = autoremat.Problem.from_loss("s2s", seq2seq_loss, P, (X, YS), optax.sgd(0.1))
     result = tune(problem, 10**7, n_trials=8, time_budget=0.02, study_name="fuse")
+    plain = result.plain_trial  # seeded fused: still the plain scan "vs plain" is against
+    assert plain is not None and plain.schedule.with_fuse(None) == autoremat.plain(T)
     best = result.best
     assert best is not None and best.fuse is not None
     why = str(best.meta["fuse_why"])

@@ -196,7 +196,8 @@ class TuneResult:
       budget_bytes: the memory budget.
       best: the fastest schedule that fits, with ``meta`` filled in, or ``None``.
       best_trial: that trial (number, schedule, measurement).
-      plain_trial: the plain scan's trial when it was measured.
+      plain_trial: the plain scan's trial when it was measured (where fusing the readout is
+        a choice, unfused before fused).
       smallest_trial: the measured trial with the smallest ``total_bytes``.
       measured: how many schedules this call measured.
       n_trials: how many trials the study holds in all (measured, queued, pruned, failed).
@@ -246,12 +247,14 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         best = best.with_meta(fuse_why=fuse_why(trials, best_trial, info.budget_bytes,
                                                 info.seq_len))
     plain_key = plain(info.seq_len).key()
+    plains = sorted((t for t in trials if t.schedule.with_fuse(None).key() == plain_key),
+                    key=lambda t: (t.schedule.fuse is not None, bool(t.schedule.fuse)))
     sized = [t for t in trials if t.measurement.total_bytes is not None]
     counts = trial_counts(study)
     return TuneResult(
         study_name=study.study_name, storage=storage, budget_bytes=info.budget_bytes,
         best=best, best_trial=best_trial,
-        plain_trial=next((t for t in trials if t.measurement.schedule_key == plain_key), None),
+        plain_trial=next(iter(plains), None),  # as written first, where fuse is a choice
         smallest_trial=min(sized, key=lambda t: t.measurement.total_bytes or 0, default=None),
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
         devices=info.devices, mesh=info.mesh,
