@@ -69,6 +69,19 @@ def test_gradients_match_plain_scan(
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("steps", [29, 32])
+def test_an_accelerators_seeds_match_plain_scan(steps: int) -> None:
+    """The seeds off a CPU, the unrolled short chunks among them (``T/4 x 4``, its last
+    chunk short at T=29), against a plain lax.scan."""
+    from autoremat._search.space import seeds
+
+    want = _loss_and_grads("lstm", None, steps, axis=1)
+    found = [schedule for schedule, _ in seeds(steps, "tpu")]
+    assert "8x4 nothing/everything unroll=4" in [s.describe() for s in found]
+    for schedule in found:
+        assert_close(_loss_and_grads("lstm", schedule, steps, axis=1), want)
+
+
 @pytest.mark.parametrize("policy", ZERO_ARG_POLICIES)
 def test_every_zero_argument_policy(policy: str) -> None:
     schedule = autoremat.nested((3, 4), ("nothing_saveable", policy), unroll=2)
