@@ -5,8 +5,8 @@ step's own checkpoint names; ``short_scans``: the short heavy scans; ``presets``
 stack's presets, tried first, and ``layer_costs``: what its schedules keep), the cost
 models (``predict``: step time; ``memory_model``: compiled bytes) and the ``planner``
 (its pool's ``candidates``, its compiles ahead: ``planner_ahead`` on ``compile_pool``'s
-threads; an offload's twin without the copies first: ``offload_twins``) choose what to
-measure next; a
+threads; an offload's twin without the copies first: ``offload_twins``; what keeps a
+sized one untimed: ``untimed``) choose what to measure next; a
 ``worker`` measures it; long scans are timed on short runs (``short_runs``) and the pick
 at full length (``confirm``); risky choices are checked when first proposed (``probe``,
 ``probe_guard``, their verdicts kept by ``probe_cache``) and the pick is proved to fit

@@ -19,7 +19,7 @@ more, which one it is worth timing:
    whose sized total is over it by more than any timed schedule's size overstated its
    runtime peak (``overstated``: on a TPU v5e an unfused big model's by 5.34 GB, its
    stacked outputs, twice) -- or dominated on memory and predicted time by a
-   schedule already timed, is never timed (nor compiled, when the memory
+   schedule already timed, is never timed (``untimed``; nor compiled, when the memory
    model's guess already makes it dominated; nor an offloading one whose twin
    without the copies fits, ``offload_twins``); the first that is neither is;
 4. the search is done at once when the budget is under what no schedule
@@ -57,7 +57,6 @@ from typing import Any, Final, Literal
 
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.device import arguments_fingerprint
-from autoremat._measure.device_memory import VALIDATED
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
@@ -77,6 +76,7 @@ from autoremat._search.probe_guard import GuardedCandidates, ProbeGuard
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seeds
+from autoremat._search.untimed import Untimed
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -100,7 +100,7 @@ IMPROVES: Final = 0.01
 
 
 @dataclass
-class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
+class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Untimed):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
@@ -140,9 +140,7 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
     since_best: int = 0  # candidates compiled since the best last improved (``PATIENCE``)
     twins: dict[str, str | None] = field(default_factory=dict)  # ``offload_twins``
     _improved: float | None = None  # the best's seconds when it last improved
-    #: The most a sized total exceeded the runtime peak of the same schedule's run, in
-    #: bytes (0 when none did; ``None``: no run's peak measured yet).
-    overstated: int | None = None
+    overstated: int | None = None  # ``untimed``: the most a size overstated a run
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
@@ -207,8 +205,7 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
             self.timed[key] = (fit, m.step_seconds)
         elif m.cut_seconds is not None and fit is not None:
             self.cut[key] = (fit, m.cut_seconds)
-        if m.runtime_peak_bytes is not None and m.total_bytes is not None:
-            self.overstated = max(self.overstated or 0, m.total_bytes - m.runtime_peak_bytes)
+        self._note_run(m)  # how far its size overstated its run
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
         self._observe_layers(cand.schedule, m.size_bytes if fit is None else fit,
@@ -296,33 +293,7 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
             elif fp == self._fingerprint:
                 cand.compiled.args = self._args
 
-    # -- deciding ----------------------------------------------------------------------
-    def _over_at_runtime(self, cand: Candidate) -> bool:
-        """Sized over the budget by more than ``overstated`` (step 3): its run would be
-        over too. Only where a run decides the fit; elsewhere its size did already."""
-        sized = cand.sized
-        return (self.overstated is not None and sized is not None
-                and sized.total_bytes is not None and self.platform in VALIDATED
-                and sized.total_bytes - self.overstated > self.budget_bytes)
-
-    def total(self, cand: Candidate) -> float | None:
-        """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""
-        sized = cand.sized
-        return (sized.total_bytes if sized is not None
-                else self.memory_model.predict(cand.structure))
-
-    def predict(self, cand: Candidate) -> float | None:
-        """Predicted step seconds (``None`` before any schedule was timed)."""
-        return self.time_model.predict(cand.structure, float(self.total(cand) or 0))
-
-    def _dominated(self, cand: Candidate, predicted: float | None) -> bool:
-        """A timed schedule needs no more memory (sized, else the memory model's guess)
-        and no more time than ``predicted``."""
-        total = self.total(cand)
-        if predicted is None or total is None:
-            return False
-        return any(b <= total and s <= predicted for b, s in self.timed.values())
-
+    # -- deciding (what keeps a sized candidate untimed: ``untimed``) -----------------
     def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]:
         """Open candidates by predicted time (before any timing: fewest evaluations, the
         time model's prior); ``compiled_first``: those already compiled first."""
@@ -403,15 +374,11 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst):
             m = cand.compiled.measurement
             if m.status == ERROR:
                 return cand  # recorded as a failed trial
-            if cand.compiled.executable is None:
-                cand.verdict = Verdict.NO_EXECUTABLE
-                continue
-            if self._over_at_runtime(cand):
-                cand.verdict = Verdict.OVER_AT_RUNTIME
-                self.memory_model.mark_over(cand.structure)  # and what stores more
-                continue
-            if not dominated and self._dominated(cand, self.predict(cand)):
-                cand.verdict = Verdict.DOMINATED
+            verdict = self._untimed(cand, dominated)
+            if verdict is not None:
+                cand.verdict = verdict
+                if verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
+                    self.memory_model.mark_over(cand.structure)
                 continue
             if (time_left is not None and self.time_model.points
                     and time_left < self.short.timing_cost(cand.schedule, predicted,

@@ -54,7 +54,6 @@ class CompilesAhead:
     short: ShortRuns
     time_budget: float
     _seeds_ahead: list[Candidate]
-    overstated: int | None
 
     if TYPE_CHECKING:
         @property
@@ -64,7 +63,8 @@ class CompilesAhead:
         def patience_left(self) -> int: ...
         def predict(self, cand: Candidate) -> float | None: ...
         def _screen(self, cand: Candidate) -> None: ...
-        def _over_at_runtime(self, cand: Candidate) -> bool: ...
+        def _untimed(self, cand: Candidate, dominated: bool = False) -> Verdict | None: ...
+        def _guessed_over(self, cand: Candidate) -> bool: ...
         def candidate(self, schedule: Schedule) -> Candidate: ...
         def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
         def _first(self, cand: Candidate) -> int | None: ...
@@ -182,16 +182,6 @@ class CompilesAhead:
             (later if cut_or_over else found).append(cand)
         return [*found, *later][:n]
 
-    def _guessed_over(self, cand: Candidate) -> bool:
-        """Over the budget by the memory model's guess, less -- where a run decides the fit
-        (``device_memory.VALIDATED``) -- the most a size overstated a run (``overstated``):
-        likely not timed, so compiled ahead after the rest. On a TPU v5e the big model's
-        threads compiled four to six unfused schedules a tune (3-10 s each) that were then
-        over at run time, while the device waited for the fused ones behind them."""
-        guess = self.memory_model.predict(cand.structure)
-        slack = (self.overstated or 0) if self.platform in device_memory.VALIDATED else 0
-        return guess is not None and guess - slack > self.budget_bytes
-
     def compiling(self, cand: Candidate) -> bool:
         """``cand`` compiles on a thread and is not done yet (handed to the thread kept for
         it, ``CompilePool.urgent``, when none took it ahead): the device need not wait for
@@ -227,10 +217,9 @@ class CompilesAhead:
                 self._screen(cand)  # done ahead: taken without waiting
             assert cand.compiled is not None
             predicted = self.predict(cand)
-            if (cand.compiled.executable is None or cand.compiled.measurement.status != OK
-                    or self._first(cand) is not None or self._over_at_runtime(cand)
-                    or predicted is None or self._dominated(cand, predicted)):
-                continue
+            if (cand.compiled.measurement.status != OK or self._first(cand) is not None
+                    or predicted is None or self._untimed(cand) is not None):
+                continue  # not one the planner would time (``untimed``)
             if calibrated and best is not None and not self.explore_front and (
                     predicted > stop * best[2] or predicted > self.stop_ratio(cand) * best[2]):
                 continue
