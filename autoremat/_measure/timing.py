@@ -160,7 +160,7 @@ class _Timing:
                 if samples[0] > cut_after:
                     return self.measurement(OK, loss=loss, cut_seconds=samples[0])
             fewest = 3 if min_repeats is None else min_repeats
-            ranked_after = min(RANKED_AFTER, fewest) if min_repeats is None else fewest
+            ranked_after = RANKED_AFTER if min_repeats is None else fewest
             repeats = 1 if long_step else max(
                 fewest, min(max_repeats, int(time_budget / max(warmup, 1e-6))))
             warm = [warmup] if min_repeats is None and not long_step else []
