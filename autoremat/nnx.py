@@ -53,6 +53,7 @@ from typing import Any
 import jax
 from flax import nnx
 
+from autoremat._errors import ProblemError
 from autoremat._flax.nnx_remat_scans import remat_scans as remat_scans
 from autoremat._flax.nnx_scan import scan
 from autoremat._flax.rnn import finish, prepare, scan_body
@@ -137,6 +138,7 @@ def problem(
     batch: Sequence[Any],
     seq_len: int,
     *,
+    min_length: int | None = None,
     fuse: bool | None = None,
 ) -> Problem:
     """An ``autoremat.Problem`` (for ``autoremat tune --problem``) from an NNX model.
@@ -149,7 +151,14 @@ def problem(
       optimizer_fn: ``optimizer_fn(model) -> nnx.Optimizer``, e.g.
         ``lambda m: nnx.Optimizer(m, optax.adam(1e-3), wrt=nnx.Param)``.
       batch: example inputs of one training step (arrays), passed to ``loss_fn``.
-      seq_len: the sequence length ``T`` the model scans.
+      seq_len: the sequence length ``T`` the model scans (a layer stack: its layer count).
+      min_length: ``None`` (default): the model's own scan runs the schedule, as above.
+        An int: the model is left as written -- ``model_fn`` gets ``autoremat.plain(seq_len)``
+        and may ignore it, its ``nnx.scan`` untouched -- and every scan of length
+        ``>= min_length`` in ``loss_fn`` runs under the schedule through
+        ``autoremat.nnx.remat_scans`` (fused or not, as ``fuse`` says); shorter scans are
+        left as written. A layer stack sets it to its layer count (``remat_scans``'s
+        default, 64, is above most). At most ``seq_len``.
       fuse: move the readout and loss after the scan into the scanned step where they
         are separable in time (``remat_scans``'s fusion): the model is built with the
         plain scan (``model_fn(autoremat.plain(seq_len))``) and ``loss_fn`` runs under
@@ -164,11 +173,18 @@ def problem(
       ``loss_fn`` w.r.t. the ``nnx.Param`` state, then ``optimizer.update``.
     """
     batch = tuple(batch)
+    if min_length is not None:
+        _check_min_length(min_length, seq_len)
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         fused = fuse if fuse is not None else schedule.fuse is not False
-        model = model_fn(plain(seq_len) if fused else schedule)
-        loss = remat_scans(loss_fn, schedule, min_length=seq_len, fuse=True) if fused else loss_fn
+        if min_length is not None:  # the model as written, its long scans rewritten
+            model = model_fn(plain(seq_len))
+            loss = remat_scans(loss_fn, schedule, min_length=min_length, fuse=fused)
+        else:
+            model = model_fn(plain(seq_len) if fused else schedule)
+            loss = (remat_scans(loss_fn, schedule, min_length=seq_len, fuse=True) if fused
+                    else loss_fn)
         optimizer = optimizer_fn(model)
         graphdef, state = nnx.split((model, optimizer))
 
@@ -181,3 +197,14 @@ def problem(
         return train_step, (state, *batch)
 
     return Problem(name=name, seq_len=seq_len, build=build, fuse_choice=fuse is None)
+
+
+def _check_min_length(min_length: Any, seq_len: int) -> None:
+    """``ProblemError`` naming ``min_length`` unless it is an int in ``1 .. seq_len``."""
+    if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 1:
+        raise ProblemError(f"min_length: expected a positive int (the shortest scan to "
+                           f"schedule, a layer stack's layer count) or None, got {min_length!r}")
+    if min_length > seq_len:
+        raise ProblemError(f"min_length: {min_length} is above seq_len={seq_len}, so the scan "
+                           f"of seq_len steps would be left as written; pass min_length <= "
+                           f"{seq_len}")
