@@ -178,6 +178,7 @@ def problem(
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         fused = fuse if fuse is not None else schedule.fuse is not False
+        loss: Callable[..., Any]
         if min_length is not None:  # the model as written, its long scans rewritten
             model = model_fn(plain(seq_len))
             loss = remat_scans(loss_fn, schedule, min_length=min_length, fuse=fused)
