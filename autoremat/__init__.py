@@ -66,7 +66,8 @@ missing here)::
         tune            the search: open the study, run a worker, confirm, prove, answer
         proof           the proof of fit: the pick runs with only the budget on the device
         worker          one worker's loop: plan, claim (no schedule twice), measure, count
-        resume          open a study or resume one; storage: storages, retries, the lock
+        resume          open a study or resume one; storage: storages, retries, the lock,
+                        Optuna's log level; the one user of Optuna's internals
         study           reading a study: measured trials, the answer, TuneResult
         attrs           the names written into a study: trial attrs, study attrs
         pareto          the front: non-dominated trials, table, plot, export, show

@@ -154,6 +154,18 @@ def test_measurement_from_attrs_round_trips_and_refuses_what_is_not_one() -> Non
         Measurement.from_attrs({"schedule_key": "k"})
 
 
+def test_tune_leaves_optunas_log_level_as_it_found_it(in_tmp: Path) -> None:
+    optuna.logging.set_verbosity(optuna.logging.DEBUG)
+    try:
+        tune(tiny(), BUDGET, n_trials=1, time_budget=0.02, study_name="s")
+        assert optuna.logging.get_verbosity() == optuna.logging.DEBUG
+        with pytest.raises(TuneError):
+            tune(tiny(), BUDGET, n_trials=1, storage="zzz")
+        assert optuna.logging.get_verbosity() == optuna.logging.DEBUG
+    finally:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def test_the_library_names_its_arguments_not_flags(in_tmp: Path) -> None:
     with pytest.raises(TuneError, match=r"^storage: cannot open zzz"):
         tune(tiny(), BUDGET, n_trials=1, storage="zzz")

@@ -10,11 +10,16 @@
   processes (a PostgreSQL advisory lock, or ``flock`` on ``<file>.lock`` for
   SQLite; the server or the kernel drops it when its holder dies).
 * A trial's attrs are written together (``set_user_attrs``): one transaction where
-  the storage is Optuna's RDB storage -- the one place that uses Optuna's internals.
+  the storage is Optuna's RDB storage. This is the one module that uses Optuna's
+  internals (``OPTUNA_INTERNALS``); ``tests/test_storage.py`` fails when an Optuna
+  moves one. Elsewhere the package uses Optuna's public API only.
+* Optuna's log level is a process-wide setting: ``optuna_verbosity`` sets it for a
+  block and restores the caller's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import time
@@ -25,7 +30,7 @@ from autoremat._errors import TuneError, one_line
 from autoremat._search.attrs import MEASURING, RETRY_OF, RETRY_REASON
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
 
     import optuna
     import sqlalchemy
@@ -37,11 +42,41 @@ DEFAULT_HEARTBEAT: Final = 60
 #: A trial whose worker sent no heartbeat for this many intervals is stale.
 GRACE_INTERVALS: Final = 3
 MAX_RETRIES: Final = 2
+#: The Optuna internals ``set_user_attrs`` uses (Optuna 5.0-5.1), each checked by
+#: ``missing_internals``; where one is missing it writes the attrs one by one.
+OPTUNA_INTERNALS: Final = (
+    "optuna.storages._rdb.models.TrialUserAttributeModel",
+    "optuna.storages._rdb.storage._create_scoped_session",
+    "RDBStorage._set_trial_attr_without_commit",
+    "Study.storage._backend (the RDB storage under Optuna's cache)",
+    "Trial._cached_frozen_trial",
+    "Trial._trial_id",
+)
 
 
 def redact(url: str) -> str:
     """A storage URL with any password replaced by ``***``."""
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+@contextlib.contextmanager
+def optuna_verbosity(level: int) -> Iterator[None]:
+    """Optuna's log level set to ``level`` (``optuna.logging.WARNING``, ...) for the
+    block, and set back to the caller's after it, however the block ends."""
+    import optuna
+
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(level)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)
+
+
+def trials_of(storage: BaseStorage, study: optuna.Study) -> list[FrozenTrial]:
+    """Every trial of ``study``, read from ``storage`` itself (not a worker's cache)."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_all_trials(study_id, deepcopy=False)
 
 
 def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) -> RDBStorage:
@@ -198,10 +233,10 @@ class StudyLock:
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     """``trial.set_user_attr`` of each of ``attrs``, in one transaction where the study's
     storage is Optuna's RDB storage: there each ``set_user_attr`` is a transaction and a
-    commit of its own, and a measured trial writes some 40 (on a TPU VM's disk 6.2 s of
-    the big model's 87-s tune; one transaction writes them in the time of about two).
-    Elsewhere, or where this Optuna lacks the internals used here, one by one. What the
-    trial's ``user_attrs`` read back is the same either way."""
+    commit of its own, and a measured trial writes some 40 (seconds of a tune on a slow
+    disk; one transaction writes them in the time of about two). Elsewhere, or where this
+    Optuna lacks one of ``OPTUNA_INTERNALS``, one by one. What the trial's ``user_attrs``
+    read back is the same either way."""
     write = _rdb_writer(trial)
     if write is None:
         for key, value in attrs.items():
@@ -210,24 +245,42 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     write(dict(attrs))
 
 
+def missing_internals(trial: optuna.Trial) -> list[str]:
+    """Those of ``OPTUNA_INTERNALS`` that this Optuna lacks, for a trial of a study on an
+    RDB storage (``[]``: ``set_user_attrs`` writes in one transaction)."""
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb import storage as rdb
+    except ImportError:
+        return [OPTUNA_INTERNALS[0], OPTUNA_INTERNALS[1]]
+    storage = getattr(trial, "storage", None)
+    found = {
+        OPTUNA_INTERNALS[0]: hasattr(models, "TrialUserAttributeModel"),
+        OPTUNA_INTERNALS[1]: hasattr(rdb, "_create_scoped_session"),
+        OPTUNA_INTERNALS[2]: hasattr(rdb.RDBStorage, "_set_trial_attr_without_commit"),
+        OPTUNA_INTERNALS[3]: isinstance(getattr(storage, "_backend", None), rdb.RDBStorage),
+        OPTUNA_INTERNALS[4]: getattr(trial, "_cached_frozen_trial", None) is not None,
+        OPTUNA_INTERNALS[5]: isinstance(getattr(trial, "_trial_id", None), int),
+    }
+    return [name for name, ok in found.items() if not ok]
+
+
 def _rdb_writer(trial: optuna.Trial) -> Any:
     """A function writing a mapping of user attrs to ``trial`` in one transaction, by
-    Optuna's own per-attr writer (``RDBStorage._set_trial_attr_without_commit``, Optuna
-    5.0-5.1) in one of its sessions; ``None`` where the storage or this Optuna has none."""
+    Optuna's own per-attr writer (``RDBStorage._set_trial_attr_without_commit``) in one of
+    its sessions; ``None`` where the storage is not an RDB storage or this Optuna lacks
+    one of ``OPTUNA_INTERNALS``."""
     from optuna.storages import RDBStorage
 
     storage = getattr(trial, "storage", None)
     backend = getattr(storage, "_backend", storage)
-    cached = getattr(trial, "_cached_frozen_trial", None)
-    trial_id = getattr(trial, "_trial_id", None)
-    try:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-    except ImportError:  # pragma: no cover - another Optuna's layout
+    if not isinstance(backend, RDBStorage) or missing_internals(trial):
         return None
-    if (not isinstance(backend, RDBStorage) or cached is None or trial_id is None
-            or not hasattr(backend, "_set_trial_attr_without_commit")):
-        return None
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    cached = trial._cached_frozen_trial
+    trial_id = trial._trial_id
 
     def write(attrs: dict[str, Any]) -> None:
         with _create_scoped_session(backend.scoped_session) as session:

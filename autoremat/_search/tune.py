@@ -86,7 +86,14 @@ from autoremat._search.probe_cache import VerdictCache, cache_path, environment_
 from autoremat._search.probe_guard import ProbeGuard
 from autoremat._search.proof import prove_fit
 from autoremat._search.resume import default_study_name, open_study
-from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE, StudyLock, open_storage, redact
+from autoremat._search.storage import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_STORAGE,
+    StudyLock,
+    open_storage,
+    optuna_verbosity,
+    redact,
+)
 from autoremat._search.study import StudyInfo, TuneResult, summarize
 from autoremat._search.worker import OnTrial, Worker
 from autoremat._units import parse_duration
@@ -170,39 +177,39 @@ def tune(
             "(autoremat.load_schedule)")
     limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
     start = time.monotonic()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    info, built = _study_info(problem, budget_bytes, storage)
-    storage_obj = open_storage(storage, heartbeat=heartbeat)
-    name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
-    lock = StudyLock(storage_obj, name)
-    costs = step_costs(built[1], built[2], problem.seq_len)  # one trace: tags, matmuls
-    layers = LayerCosts(problem.seq_len, costs) if (
-        costs is not None and is_layer_stack(problem.seq_len, costs)) else None
-    study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
-    if layers is not None and costs is not None and costs.tags:
-        study.set_user_attr(NAME_COSTS, layers.table())
-    named = named_policies({} if costs is None else costs.tags, info.platform or "")
-    guard = _probe_guard(problem, info, study, lock, storage, on_confirm, named)
-    search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
-                    time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
-                    explore_front=explore_front, seed=seed, built=built,
-                    refused=guard.refused, guard=guard, named=named, layer_costs=layers)
-    del built
-    interrupted = search.run(n_trials, None if limit is None else
-                             limit - (time.monotonic() - start))
-    search_measured = search.measured
-    unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
-                                                 time_budget=time_budget, on_confirm=on_confirm)
-    kept = search.take_kept()  # the best's executable: the proof runs it
-    del search  # its other executables: what they reserve on a device is not the pick's
-    proof = "" if interrupted else prove_fit(study, problem, budget_bytes, on_confirm, kept)
-    if kept is not None:
-        kept.release()
-    result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
-                       interrupted=interrupted, unconfirmed=unconfirmed, proof=proof)
-    if out is not None:
-        _write_best(result, out)
-    return result
+    with optuna_verbosity(optuna.logging.WARNING):  # the caller's level is restored
+        info, built = _study_info(problem, budget_bytes, storage)
+        storage_obj = open_storage(storage, heartbeat=heartbeat)
+        name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
+        lock = StudyLock(storage_obj, name)
+        costs = step_costs(built[1], built[2], problem.seq_len)  # one trace: tags, matmuls
+        layers = LayerCosts(problem.seq_len, costs) if (
+            costs is not None and is_layer_stack(problem.seq_len, costs)) else None
+        study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
+        if layers is not None and costs is not None and costs.tags:
+            study.set_user_attr(NAME_COSTS, layers.table())
+        named = named_policies({} if costs is None else costs.tags, info.platform or "")
+        guard = _probe_guard(problem, info, study, lock, storage, on_confirm, named)
+        search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
+                        time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
+                        explore_front=explore_front, seed=seed, built=built,
+                        refused=guard.refused, guard=guard, named=named, layer_costs=layers)
+        del built
+        interrupted = search.run(n_trials, None if limit is None else
+                                 limit - (time.monotonic() - start))
+        search_measured = search.measured
+        unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
+                                                     time_budget=time_budget, on_confirm=on_confirm)
+        kept = search.take_kept()  # the best's executable: the proof runs it
+        del search  # its other executables: what they reserve on a device is not the pick's
+        proof = "" if interrupted else prove_fit(study, problem, budget_bytes, on_confirm, kept)
+        if kept is not None:
+            kept.release()
+        result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
+                           interrupted=interrupted, unconfirmed=unconfirmed, proof=proof)
+        if out is not None:
+            _write_best(result, out)
+        return result
 
 
 def _study_info(problem: Problem, budget_bytes: int, storage: str | None,

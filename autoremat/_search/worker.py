@@ -40,7 +40,7 @@ from autoremat._search.compile_pool import CompilePool
 from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.planner import Planner
 from autoremat._search.short_runs import ShortRuns
-from autoremat._search.storage import StudyLock, set_user_attrs
+from autoremat._search.storage import StudyLock, optuna_verbosity, set_user_attrs, trials_of
 from autoremat._search.study import MeasuredTrial, StudyInfo
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class Worker:
     def fresh_trials(self) -> list[FrozenTrial]:
         """Every trial, read from the storage itself (not a cache)."""
         if self.storage is not None:
-            return self.storage.get_all_trials(self.study._study_id, deepcopy=False)
+            return trials_of(self.storage, self.study)
         return self.study.get_trials(deepcopy=False)
 
     def claim(self, trial: optuna.Trial, key: str, attrs: Mapping[str, Any]) -> None:
@@ -286,39 +286,37 @@ class Worker:
         deadline = None if time_limit is None else time.monotonic() + time_limit
         cap = n_trials if n_trials is not None else _MAX_TRIALS
         max_attempts = cap * 10 + _MAX_DUPLICATES_IN_A_ROW
-        verbosity = optuna.logging.get_verbosity()
         # A failed schedule is a FAIL trial with its reason in user_attrs (and on_trial);
         # Optuna's own warning would print the MeasurementFailed traceback.
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
-        try:
-            while (self.measured < cap and self.attempts < max_attempts
-                   and self.duplicates_in_a_row < _MAX_DUPLICATES_IN_A_ROW):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                step = self.next_step()
-                if step == "stop":
-                    break
-                if step == "wait":
-                    pause = min(1.0, self.heartbeat / 4)
-                    time.sleep(pause if left is None else max(0.0, min(pause, left)))
-                    continue
-                exact = n_trials is not None or self.total_trials is not None
-                planned = self.plan(deadline, self.planner.explore_front)
-                if planned is None and exact:
-                    planned = self.plan(deadline, True, True)
-                if planned is None:
-                    break
-                self.attempts += 1
-                cand = planned if isinstance(planned, Candidate) else None
-                self.study.optimize(functools.partial(self.objective, planned=cand), n_trials=1,
-                                    catch=(MeasurementFailed,), callbacks=[self.callback],
-                                    gc_after_trial=False)
-            if self.heartbeats:
-                self.fail_stale()
-        except KeyboardInterrupt:
-            return True
-        finally:
-            optuna.logging.set_verbosity(verbosity)
-            self.planner.close()  # what the compile threads took ahead is released
+        with optuna_verbosity(optuna.logging.ERROR):
+            try:
+                while (self.measured < cap and self.attempts < max_attempts
+                       and self.duplicates_in_a_row < _MAX_DUPLICATES_IN_A_ROW):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    step = self.next_step()
+                    if step == "stop":
+                        break
+                    if step == "wait":
+                        pause = min(1.0, self.heartbeat / 4)
+                        time.sleep(pause if left is None else max(0.0, min(pause, left)))
+                        continue
+                    exact = n_trials is not None or self.total_trials is not None
+                    planned = self.plan(deadline, self.planner.explore_front)
+                    if planned is None and exact:
+                        planned = self.plan(deadline, True, True)
+                    if planned is None:
+                        break
+                    self.attempts += 1
+                    cand = planned if isinstance(planned, Candidate) else None
+                    self.study.optimize(functools.partial(self.objective, planned=cand), n_trials=1,
+                                        catch=(MeasurementFailed,), callbacks=[self.callback],
+                                        gc_after_trial=False)
+                if self.heartbeats:
+                    self.fail_stale()
+            except KeyboardInterrupt:
+                return True
+            finally:
+                self.planner.close()  # what the compile threads took ahead is released
         return False
