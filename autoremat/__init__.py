@@ -39,8 +39,9 @@ missing here)::
                         removes
         device          the device's facts; mesh: many devices, per-device layout
         allocator       the one reader of a device's allocator (memory_stats)
-        device_memory   a step's own need, read where each platform books it; the truth it
-                        is checked against (bisection); runs within a budget
+        device_memory   a step's own need, read where each platform books it
+        within          a run within a budget (the proof of fit); the least that suffices
+                        (bisection): the truth device_memory is checked against
         stale           is a saved schedule still the one for this problem?
     _models/      the built-in problems, measured and searched like a user's
         seed_lstm       the seed LSTM (the original report's step); its mesh rule

@@ -15,6 +15,8 @@ Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or
 tuned on another number of devices);
 2 usage error (one line on stderr); 3 ``tune`` found nothing that fits
 (the message gives the smallest total measured and its schedule);
+4 ``export`` cannot write the trial in the format asked (the message names the nearest
+measured trial it can write; ``--nearest`` exports that one);
 130 interrupted (finished trials are kept).
 """
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat._atomic import atomic_write_text
+from autoremat._cli.export_text import cannot_line, export_text
 from autoremat._cli.printing import Progress, name_cost_lines, result_table
 from autoremat._cli.settings import (
     BUILTIN_PROBLEM,
@@ -56,9 +59,14 @@ from autoremat._models.layer_stack import layer_stack
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule, save_schedule
 from autoremat._search.attrs import NAME_COSTS, PROBE
+from autoremat._search.export_forms import (
+    FORMATS,
+    FrameworkExport,
+    framework_export,
+    schedule_export,
+)
 from autoremat._search.pareto import (
     describe_schedule,
-    export_trial,
     front_json,
     front_table,
     pareto_front,
@@ -77,6 +85,7 @@ EXIT_OK: Final = 0
 EXIT_STALE: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOTHING_FITS: Final = 3
+EXIT_NO_FORM: Final = 4
 EXIT_INTERRUPTED: Final = 130
 #: ``{"storage", "study_name"}`` of the last ``tune`` run from this folder: the
 #: default study of ``pareto`` and ``export``.
@@ -94,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Find and run the fastest remat schedule of a JAX scan that fits a "
         "memory budget.",
         epilog="Exit codes: 0 ok, 1 stale schedule (show), 2 usage error, "
-        "3 nothing fits, 130 interrupted.",
+        "3 nothing fits, 4 no such form (export), 130 interrupted.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
@@ -118,11 +127,21 @@ def _parser() -> argparse.ArgumentParser:
     pa.add_argument("--plot", metavar="FILE", help="draw every trial to FILE (.png or .svg)")
     pa.add_argument("--json", action="store_true", help="print the front as JSON")
 
-    e = sub.add_parser("export", help="write one trial's schedule as YAML",
-                       description="Write trial TRIAL's schedule (same format and meta as "
-                       "tune) atomically to --out.")
-    e.add_argument("trial", type=int, metavar="TRIAL", help="the trial number (see pareto)")
-    e.add_argument("--out", required=True, help="the YAML file to write")
+    e = sub.add_parser("export", help="write a trial's schedule: YAML, MaxText's "
+                       "remat_policy or Flax's remat",
+                       description="Write trial TRIAL's schedule: as YAML (same format and "
+                       "meta as tune), as MaxText's remat_policy: custom keys, or as Flax's "
+                       "nn.remat / nnx.remat policy, for a pick with one policy on every "
+                       "layer. A trial the format cannot write (nested levels, groups, "
+                       "binomial) exits 4 naming the nearest measured trial it can; "
+                       "--nearest exports that one. Printed, or written atomically to --out.")
+    e.add_argument("trial", nargs="?", metavar="TRIAL", help="a trial number (see pareto) or "
+                   "a schedule file (default: the study's pick)")
+    e.add_argument("--format", choices=FORMATS, default="yaml",
+                   help="yaml (default; needs --out), maxtext or flax")
+    e.add_argument("--out", help="the file to write (for maxtext and flax: default, print)")
+    e.add_argument("--nearest", action="store_true", help="where the format cannot write "
+                   "the trial, export the nearest measured trial it can")
     _study_options(e)
 
     s = sub.add_parser("show", help="summarize a schedule file",
@@ -358,14 +377,56 @@ def _pareto(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.format == "yaml" and args.out is None:
+        raise UsageError("--out: the YAML export writes a file; give --out FILE, or "
+                         "--format maxtext or flax to print")
     try:
-        study = _open_study(args)
-        schedule = export_trial(study, args.trial)
-        save_schedule(schedule, args.out)
+        study, found = _export_source(args)
+        if not found.expressible:
+            line = cannot_line(found, searched=study is not None)
+            if not args.nearest or found.nearest is None:
+                print(f"autoremat: {line}", file=sys.stderr)
+                return EXIT_NO_FORM
+            print(f"autoremat: {line}; exporting trial {found.nearest.figures.number}",
+                  file=sys.stderr)
+            found = found.nearest
+        what = f"trial {found.figures.number}, " if found.figures.number is not None else ""
+        if args.format == "yaml":
+            save_schedule(found.schedule, args.out)
+        else:
+            text = export_text(found, study.study_name if study is not None else "")
+            if args.out is None:
+                print(text, end="")
+                return EXIT_OK
+            atomic_write_text(args.out, text)
     except AutorematError as e:
         raise _usage_error(e) from None
-    print(f"wrote {args.out}: trial {args.trial}, {schedule.describe()}")
+    print(f"wrote {args.out}: {what}{found.figures.schedule}")
     return EXIT_OK
+
+
+def _export_source(args: argparse.Namespace) -> tuple[optuna.Study | None, FrameworkExport]:
+    """The study and export of TRIAL: a trial number (default: the pick) of the study, or a
+    schedule file (its nearest looked for in the study its meta names, or --study-name)."""
+    if args.trial is None or args.trial.isdigit():
+        opened = _open_study(args)
+        return opened, framework_export(opened, None if args.trial is None
+                                        else int(args.trial), args.format)
+    if not Path(args.trial).is_file():
+        raise UsageError(f"TRIAL: expected a trial number or a schedule file, got "
+                         f"{args.trial!r} (no such file)")
+    schedule = read_schedule(args.trial)
+    meta = schedule.meta
+    if args.study_name is None and isinstance(meta.get("study_name"), str):
+        args.study_name = meta["study_name"]
+        args.storage = args.storage or meta.get("storage") or None
+    study: optuna.Study | None = None
+    if args.study_name is not None:  # never the last study tuned here: it may be another's
+        try:
+            study = _open_study(args)
+        except (AutorematError, UsageError):
+            study = None  # a file from elsewhere: exported without a study to look in
+    return study, schedule_export(schedule, args.format, study)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ is rewritten after every result, to ``--out/<platform>.md`` (and ``.json``):
    (``Measurement.runtime_peak_bytes`` less the arguments: what the tuner records, by
    the platform's method of ``autoremat._measure.device_memory``), the true need --
    the least free memory beyond the live arguments in which the freshly loaded step
-   runs, bisected with a filler (``device_memory.bisect_need`` of ``fresh_run``, 256 KB;
+   runs, bisected with a filler (``within.bisect_need`` of ``fresh_run``, 256 KB;
    each try a load from JAX's compilation cache) -- and the step time (median of 3
    after a warm-up);
 2. ``autoremat tune --budget 4GB`` (T=10^4) and, under a budget that binds,
@@ -144,7 +144,7 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
     """One row: compile, time (the tuner's own measurement), then bisect the true need.
     ``beside_plain``: plain's program is loaded (and has run) while this one is measured."""
     from autoremat import bounds, seed_lstm
-    from autoremat._measure import device_memory
+    from autoremat._measure import device_memory, within
     from autoremat._measure.measure import compile_schedule
     from autoremat._measure.timing import time_compiled
 
@@ -153,7 +153,7 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
     keep: list[Any] = []
     if beside_plain:
         other = compile_schedule(problem, schedule_of("plain", seq_len))
-        device_memory.free_outputs(other.executable(*other.args))
+        within.free_outputs(other.executable(*other.args))
         keep.append(other.executable)
     step, args = problem.build(schedule)
     compiled = compile_schedule(problem, schedule, built=(step, args))
@@ -174,7 +174,7 @@ def measure_row(loss: str, schedule: Any, seq_len: int, *,
         room = (limit.limit or 0) - limit.in_use if limit else 0
         high = min(room - (64 << 20), 2 * (row.get("estimate") or 0) + (256 << 20))
         started = time.monotonic()
-        row["true"] = device_memory.bisect_need(device_memory.fresh_run(step, args), high)
+        row["true"] = within.bisect_need(within.fresh_run(step, args), high)
         row["bisect_seconds"] = time.monotonic() - started
     keep.clear()  # plain's program, when it was loaded beside this one
     gc.collect()

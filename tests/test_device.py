@@ -18,7 +18,7 @@ import pytest
 
 import autoremat
 from autoremat import Schedule, scan, seed_lstm
-from autoremat._measure import device_memory
+from autoremat._measure import device_memory, within
 from autoremat._measure.measure import compile_schedule, measure
 from autoremat._search.tune import tune
 
@@ -52,12 +52,12 @@ def _true_need(schedule: Schedule) -> tuple[int | None, int | None, Any]:
     executable = compiled.executable
     assert executable is not None, compiled.measurement.reason
     estimate = (compiled.measurement.total_bytes or 0) - (compiled.measurement.argument_bytes or 0)
-    _, need = device_memory.need(lambda: device_memory.free_outputs(executable(*args)),
+    _, need = device_memory.need(lambda: within.free_outputs(executable(*args)),
                                  device_memory.meters())
     compiled.release()
     executable = None  # unloaded: the bisection loads the program afresh each try
-    fresh = device_memory.fresh_run(step, args)
-    true = device_memory.bisect_need(fresh, 2 * estimate + 256 * MB)
+    fresh = within.fresh_run(step, args)
+    true = within.bisect_need(fresh, 2 * estimate + 256 * MB)
     return need, true, fresh
 
 
@@ -76,8 +76,8 @@ def test_the_measured_need_is_within_5_percent_of_the_bisected_need(platform: st
 def test_the_step_runs_within_its_need_and_not_within_half(platform: str) -> None:
     _, true, once = _true_need(SCHEDULES["sqrt(T) x sqrt(T)"])
     assert true is not None
-    assert device_memory.runs_within(once, true + 4 * MB) == (True, "")
-    ok, why = device_memory.runs_within(once, true // 2)
+    assert within.runs_within(once, true + 4 * MB) == (True, "")
+    ok, why = within.runs_within(once, true // 2)
     assert ok is False and "RESOURCE_EXHAUSTED" in why
 
 

@@ -28,11 +28,12 @@ from autoremat._cli.printing import result_table
 from autoremat._measure import device_memory
 from autoremat._measure.allocator import Stats
 from autoremat._measure.breakdown import breakdown_lines
-from autoremat._measure.device_memory import CHUNK, bisect_need, chunks, runs_within
+from autoremat._measure.device_memory import CHUNK, chunks
 from autoremat._measure.device_memory import gap_need as measured
 from autoremat._measure.measure import measure_step
 from autoremat._measure.measurement import Measurement
 from autoremat._measure.problem import Problem
+from autoremat._measure.within import bisect_need, runs_within
 from autoremat._schedules.base import Schedule
 from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_groups
 from autoremat._search.study import choose, load_study, summarize

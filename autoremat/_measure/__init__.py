@@ -5,6 +5,7 @@
 loss), ``measure`` (compile, ``memory_analysis()``), ``timing`` (run, time) and their
 record ``measurement``; a failure as data (``failure``); where the memory goes and the floor
 (``breakdown``); the device (``device``), its allocator (``allocator``) and a step's own
-need on it (``device_memory``); many devices (``mesh``); is a saved schedule stale
+need on it (``device_memory``), a run within a budget and the least that suffices
+(``within``); many devices (``mesh``); is a saved schedule stale
 (``stale``).
 """

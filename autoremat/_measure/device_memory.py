@@ -1,29 +1,28 @@
-"""A step's own device memory, read where each platform books it; the proof of fit.
+"""A step's own device memory, read where each platform books it.
 
 Two ways a device's allocator books a compiled step's memory, so two methods, one per
 platform (``need`` picks it: ``reserved_need``, ``gap_need``), each checked against the
-truth before its figure is used (``VALIDATED``):
+truth (``autoremat._measure.within.bisect_need``) before its figure is used
+(``VALIDATED``):
 
 **TPU: the program's reservation** (``reserved_need``). The TPU runtime books a
 program's temporaries as a reservation at the bottom of HBM (``bytes_reserved``), made
 when the program first runs and held while its executable is loaded; ``bytes_in_use``
-and ``peak_bytes_in_use`` never see them (plain seed LSTM, T=10^4: 984 MB reserved,
-``peak_bytes_in_use`` 21 MB). The reservation is the *largest* over the loaded programs,
-not a sum (measured on a TPU v5e, jax 0.10.2: 984 MB with plain loaded, 83 MB once it
-was deleted and 100x100 ran, 165 MB when remat of each step ran beside it). So a step's
+and ``peak_bytes_in_use`` never see them. The reservation is the *largest* over the
+loaded programs, not a sum (figures: ``studies/results/tpu.md``). So a step's
 own need is its outputs (the rise of ``bytes_in_use`` over its first run) plus its
 reservation: ``bytes_reserved`` after that run when it rose -- exact (the outputs' rise
 includes the program's code, loaded at its first run); when it did not,
 a loaded program reserves more and this one's is hidden under it (``None``), unless
 what was reserved before is under ``CHUNK`` (then that is the bound). So before the run,
 executables nobody holds are collected (``gc.collect``) and what loaded programs still
-reserve is taken back: a reservation is given up when an allocation needs its room (a
-filler of all that is not in use, freed at once; seen on a TPU v5e). Compiling takes no
-device memory there.
+reserve is taken back: the runtime gives a reservation up when an allocation needs its
+room (a filler of all that is not in use, freed at once). Compiling takes no device
+memory there.
 
 **GPU: fill the gap, then watch the mark** (``gap_need``). XLA:GPU's allocator books
 everything in ``bytes_in_use``; its ``peak_bytes_in_use`` only ever grows over a process
-(JAX has no reset, jax issue 8096), so the peak after a trial is the high-water mark of
+(JAX has no way to reset it), so the peak after a trial is the high-water mark of
 everything before it, XLA:GPU's compile-time autotuning scratch included. Before a piece
 of work (a compile, a warm-up run) each device's gap between ``bytes_in_use`` and
 ``peak_bytes_in_use`` is filled with a throwaway buffer, held while the work runs, so
@@ -35,17 +34,10 @@ not rise, the work needed at most that residual gap (the figure's resolution). A
 that runs out of memory with a filler held runs once more without it, and its figure
 is recorded only if the mark rose above the old peak anyway (else ``None``).
 
-**The truth both are checked against** (``bisect_need``): the least free memory beyond
-what is live in which the step runs, found by bisection with a filler holding the rest
-(``runs_within``), each try a freshly loaded program (``fresh_run``: its code counts).
-``VALIDATED`` names the platforms whose method was checked that way on a real device
-(``studies/device_check.py``; its results in ``studies/results/``):
+``VALIDATED`` names the platforms whose method was checked against the truth on a real
+device (``studies/device_check.py``; its results in ``studies/results/``):
 ``measured`` returns a figure only there -- elsewhere ``None``, and ``unmeasured_reason``
 says why, so an unchecked method never prints a number as measured.
-
-**The proof of fit** (``runs_within``): the step runs once with only ``free_bytes`` free
-beyond what is live on each device -- a filler holds the rest. ``tune`` runs its pick so
-with only the budget on the device before writing it (``autoremat._search.tune``).
 
 Everything here reads devices through ``meters()``, one ``Meter`` per local device that
 reports ``bytes_in_use`` and ``peak_bytes_in_use`` (read by ``autoremat._measure.allocator``,
@@ -69,7 +61,7 @@ from autoremat._schedules.platforms import RESERVING_PLATFORMS
 T = TypeVar("T")
 
 #: Held while the device is measured: its memory around a piece of work (``need``,
-#: ``runs_within``) and a step's timing (``timing.time_compiled``); and by every lowering
+#: ``within.runs_within``) and a step's timing (``timing.time_compiled``); and by every lowering
 #: (``measure.compile_step``). A tuner's compile thread (``autoremat._search.compile_pool``)
 #: builds and lowers its step under it -- a build may put arrays on the device, a trace
 #: holds the GIL a timed run waits for -- so a figure is the work's alone; only XLA's
@@ -80,12 +72,11 @@ MEASURE_LOCK: Final = threading.RLock()
 #: under the old mark. Chunks are powers of two from here up.
 CHUNK: Final = 1 << 20
 
-#: Platforms whose method was checked against ``bisect_need`` on a real device, and where
+#: Platforms whose method was checked against ``within.bisect_need`` on a real device, and where
 #: that check is written down. ``measured`` gives a figure only on these.
 VALIDATED: Final[Mapping[str, str]] = {
-    "tpu": "studies/results/tpu.md (TPU v5e, jax 0.10.2, 2026-12-05): within 0.5% of the "
-           "bisected need for every step of 80 MB or more; 0.5-1.7 MB over it (never under) "
-           "for steps of 1-4 MB",
+    "tpu": "studies/results/tpu.md: within 0.5% of the bisected need for every step of "
+           "80 MB or more; 0.5-1.7 MB over it (never under) for steps of 1-4 MB",
 }
 
 
@@ -232,7 +223,7 @@ def reserved_need(work: Callable[[], T], devices: Sequence[Meter]) -> tuple[T, i
 
 def _evict(meter: Meter) -> None:
     """Make the runtime give back what loaded programs reserve, where it is over ``CHUNK``:
-    a filler of all that is not in use needs that room (best effort; seen on a TPU v5e)."""
+    a filler of all that is not in use needs that room (best effort)."""
     s = meter.stats()
     if s is None or s.limit is None or s.reserved is None or s.reserved < CHUNK:
         return
@@ -322,101 +313,3 @@ def _finish(work: Callable[[], T], windows: list[_Window]) -> tuple[T, int | Non
             w.close()
     known = [r for r in rises if r is not None]
     return result, (max(known) if known and len(known) == len(rises) else None)
-
-
-# --------------------------------------------------------------------------- the truth
-
-
-def runs_within(work: Callable[[], Any], free_bytes: int,
-                devices: Sequence[Meter] | None = None) -> tuple[bool | None, str]:
-    """Run ``work`` once with only ``free_bytes`` free beyond what is live on each device (a
-    filler holds the rest): ``(True, "")`` it ran, ``(False, why)`` it ran out of memory,
-    ``(None, why)`` nothing can be proved here (a CPU; no room for the filler). What else
-    ``work`` raises is raised.
-
-    On a TPU a loaded program's reservation needs no care: it lies inside what is not in
-    use, so the step can reuse at most ``free_bytes`` of it, and a filler that needs its
-    room makes the runtime give it back (seen on a TPU v5e: ``bytes_reserved`` 0 after).
-    """
-    devices = meters() if devices is None else devices
-    if not devices:
-        return None, "no device memory to fill (a CPU)"
-    with MEASURE_LOCK:
-        return _runs_within(work, free_bytes, devices)
-
-
-def _runs_within(work: Callable[[], Any], free_bytes: int,
-                 devices: Sequence[Meter]) -> tuple[bool | None, str]:
-    gc.collect()
-    releases: list[Callable[[], None]] = []
-    try:
-        for m in devices:
-            s = m.stats()
-            if s is None or s.limit is None:
-                return None, "the device reports no bytes_limit"
-            hold = s.limit - s.in_use - free_bytes
-            if hold > 0:
-                try:
-                    releases.append(m.fill(hold, exact=True))
-                except Exception as e:
-                    return None, f"no room for a {hold}-byte filler: {str(e)[:120]}"
-        try:
-            work()
-        except Exception as e:
-            if not is_out_of_memory(e):
-                raise
-            text = " ".join(str(e).split())
-            return False, text[max(0, text.find("RESOURCE_EXHAUSTED")):][:300]
-        return True, ""
-    finally:
-        for release in releases:
-            release()
-
-
-def free_outputs(out: Any) -> None:
-    """Free a run's outputs at once: a proof or a bisection try must not keep them."""
-    import jax
-
-    for leaf in jax.tree_util.tree_leaves(out):
-        if isinstance(leaf, jax.Array):
-            leaf.delete()
-
-
-def fresh_run(step: Callable[..., Any], args: Sequence[Any]) -> Callable[[], None]:
-    """A work for ``runs_within``/``bisect_need``: compile ``step`` anew and run it once, then
-    free its outputs and the program. A fresh program is what the truth is about: loading it
-    takes its code as well as its temporaries and outputs (seen on a TPU v5e: ``bytes_in_use``
-    rose by the outputs plus ``generated_code_size_in_bytes`` at the first run), which a
-    loaded one already holds. A new wrapper each time, so no in-process cache hands back a
-    loaded program; with JAX's persistent compilation cache on, each compile is a load."""
-    import jax
-
-    def once() -> None:
-        def fresh(*a: Any) -> Any:
-            return step(*a)
-
-        executable = jax.jit(fresh).lower(*args).compile()
-        free_outputs(executable(*args))
-        del executable
-        gc.collect()
-
-    return once
-
-
-def bisect_need(work: Callable[[], Any], high: int, *, resolution: int = 256 << 10,
-                devices: Sequence[Meter] | None = None) -> int | None:
-    """The least free memory beyond what is live in which ``work`` runs, to within
-    ``resolution`` bytes (bisection with ``runs_within``): the truth the methods are
-    checked against. ``high``: a size it surely runs in (checked first). ``None`` where
-    nothing can be proved, or when it does not run in ``high``."""
-    ok, _ = runs_within(work, high, devices)
-    if not ok:
-        return None
-    low = 0  # every step needs some bytes: its outputs at least
-    while high - low > resolution:
-        mid = (low + high) // 2
-        ok, _ = runs_within(work, mid, devices)
-        if ok is None:
-            return None
-        low, high = (low, mid) if ok else (mid, high)
-    return high

@@ -68,7 +68,7 @@ class Measurement:
         (XLA:GPU's autotuning), freed before it runs (GPU only; same method).
       fit_proof_bytes: the proof of fit passed: the step ran once with only this many
         bytes on the device -- its arguments live, the rest free, a filler holding all
-        else (``device_memory.runs_within``; ``tune`` proves its pick so, GPU/TPU).
+        else (``within.runs_within``; ``tune`` proves its pick so, GPU/TPU).
       fit_proof_failed: why the proof of fit failed (``""``: it did not, or none ran);
         such a step does not fit, whatever its figures say.
       step_seconds: median wall seconds of one step (``None`` when not run).

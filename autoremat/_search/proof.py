@@ -5,7 +5,7 @@ Every figure the search compares with the budget is an estimate or a measurement
 the step alone; the proof asks the device itself. The pick (the executable the search
 timed it with, else compiled again) is run once with a filler holding all of the
 device's memory but the budget -- its arguments live, ``budget - arguments`` free
-(``device_memory.runs_within``; per device on a mesh). A pick that runs out of memory
+(``within.runs_within``; per device on a mesh). A pick that runs out of memory
 so is marked (the study attr ``attrs.proof_key(number)``; ``MeasuredTrial.of`` reads it
 as ``fit_proof_failed``, and ``Measurement.fits`` is then false), and the next fastest
 is proved in turn, up to ``MAX_TRIES`` picks. One that passes records
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from autoremat._errors import one_line
-from autoremat._measure import device_memory
+from autoremat._measure import device_memory, within
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import proof_attrs
 from autoremat._measure.problem import Problem
@@ -83,10 +83,10 @@ def _run(problem: Problem, trial: MeasuredTrial, budget_bytes: int,
         return None, f"it did not compile again: {compiled.measurement.reason or 'no sizes'}"
 
     def once() -> None:
-        device_memory.free_outputs(executable(*args))
+        within.free_outputs(executable(*args))
 
     try:
-        return device_memory.runs_within(once, budget_bytes - arguments)
+        return within.runs_within(once, budget_bytes - arguments)
     except Exception as e:
         return None, f"it failed to run: {one_line(e)}"
 
