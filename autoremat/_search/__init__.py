@@ -11,6 +11,6 @@ sized one untimed: ``untimed``) choose what to measure next; a
 at full length (``confirm``); risky choices are checked when first proposed (``probe``,
 ``probe_guard``, their verdicts kept by ``probe_cache``) and the pick is proved to fit
 (``proof``). The study: its storage and lock (``storage``), opened or resumed
-(``resume``), read (``study``), the names written into it (``attrs``), and its Pareto
-front (``pareto``).
+(``resume``), read (``study``), the names written into it (``attrs``), its Pareto
+front (``pareto``) and its answer in the user's framework (``export_forms``).
 """

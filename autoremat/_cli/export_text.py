@@ -1,0 +1,108 @@
+"""The text ``autoremat export`` prints or writes for MaxText and Flax, and its one line
+when the format cannot write a trial (``autoremat._search.export_forms`` finds it all)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from autoremat._schedules.frameworks import DEVICE, OFFLOAD, REMAT
+from autoremat._search.export_forms import Figures, FrameworkExport
+from autoremat._search.pareto import format_seconds
+from autoremat._units import format_bytes
+
+#: Each format's name in a sentence.
+FORMAT_NAMES: Final = {"maxtext": "MaxText's remat_policy: custom",
+                       "flax": "Flax's nn.remat / nnx.remat", "yaml": "a schedule file"}
+_MEANS: Final = {DEVICE: "saved", OFFLOAD: "moved to host memory", REMAT: "recomputed"}
+
+
+def export_text(found: FrameworkExport, study_name: str = "") -> str:
+    """The MaxText block or the Flax lines of an export the format can write."""
+    head = _header(found, study_name)
+    if found.format == "maxtext":
+        return "\n".join([*head, *maxtext_lines(found)]) + "\n"
+    return "\n".join([*head, *flax_lines(found)]) + "\n"
+
+
+def maxtext_lines(found: FrameworkExport) -> list[str]:
+    """MaxText's config keys (base.yml) for the trial's policy."""
+    form = found.form
+    lines = ["# MaxText config keys (configs/base.yml): device = saved, offload = moved to "
+             "host memory, remat = recomputed", "remat_policy: custom"]
+    lines += [f"{name}: {value}" for name, value in form.maxtext]
+    if not form.maxtext:
+        lines.append("# (the problem tags none of the names MaxText reads: every one it "
+                     "knows stays remat, base.yml's default)")
+    if form.maxtext_preset == "full":
+        lines.append("# or MaxText's remat_policy: full, this pick exactly (it recomputes "
+                     "decoder_layer_input too)")
+    elif form.maxtext_preset:
+        lines.append(f"# the same as MaxText's remat_policy: {form.maxtext_preset} over "
+                     "these names")
+    lines += [f"# note: {note}" for note in form.notes]
+    if form.unknown:
+        lines.append("# not MaxText names (its custom policy reads only its own, so MaxText "
+                     "recomputes them): " + ", ".join(f"{n} (the pick: {_MEANS[v]})"
+                                                      for n, v in form.unknown))
+    if form.unroll > 1:
+        lines.append(f"# the pick ran the layer scan with unroll={form.unroll}; MaxText's "
+                     "scan_layers does not unroll, so its step time may differ")
+    return lines
+
+
+def flax_lines(found: FrameworkExport) -> list[str]:
+    """Flax's remat of each block under the trial's policy, linen and NNX."""
+    form = found.form
+    unroll = (f"# and scan with unroll={form.unroll}: nn.scan(..., unroll={form.unroll}) / "
+              f"nnx.scan(..., unroll={form.unroll})" if form.unroll > 1 else "")
+    if not form.flax_policy:
+        return ["# no remat: scan Block as it is, with no nn.remat / nnx.remat",
+                *([unroll] if unroll else [])]
+    return [
+        "import jax",
+        f"policy = {form.flax_policy}",
+        "# Flax linen: remat each block, then scan it as before (nn.scan(RematBlock, ...))",
+        "RematBlock = nn.remat(Block, prevent_cse=False, policy=policy)",
+        "# Flax NNX: remat the block's call inside nnx.scan",
+        "forward = nnx.remat(forward, prevent_cse=False, policy=policy)",
+        *([unroll] if unroll else []),
+    ]
+
+
+def cannot_line(found: FrameworkExport, searched: bool = True) -> str:
+    """One line: the format cannot write this trial, why, and the nearest measured trial
+    it can write, with its figures; ``searched``: a study was looked in for one."""
+    who = f"trial {found.figures.number}" if found.figures.number is not None \
+        else "the schedule"
+    line = (f"{who} ({found.figures.schedule}) has no form in {FORMAT_NAMES[found.format]}: "
+            f"{found.form.why_not or found.form.maxtext_why_not}")
+    near = found.nearest
+    if near is None:
+        return (f"{line}; the study measured no schedule it can write" if searched else
+                f"{line}; no study to look for the nearest in (give --study-name)")
+    f = near.figures
+    ratio = (f" ({f.step_seconds / found.figures.step_seconds:.2f}x {who}'s)"
+             if f.step_seconds and found.figures.step_seconds else "")
+    where = (f"within the budget {format_bytes(near.budget_bytes)}" if f.fits else
+             f"over the budget {format_bytes(near.budget_bytes)}: none it can write fits")
+    return (f"{line}; the nearest it can write: trial {f.number}, {f.schedule}, "
+            f"{memory(f)}, step {format_seconds(f.step_seconds)}{ratio}, {where} "
+            f"(autoremat export {f.number} --format {found.format}, or add --nearest)")
+
+
+def memory(f: Figures) -> str:
+    """``total X`` and, where a runtime peak decided the fit, ``measured peak Y``."""
+    text = f"total {format_bytes(f.total_bytes)}"
+    if f.fit_bytes is not None and f.fit_bytes != f.total_bytes:
+        text += f", measured peak {format_bytes(f.fit_bytes)}"
+    return text
+
+
+def _header(found: FrameworkExport, study_name: str) -> list[str]:
+    f = found.figures
+    who = (f"trial {f.number}" + (f" of study {study_name!r}" if study_name else "")
+           if f.number is not None else "schedule")
+    budget = (f", budget {format_bytes(found.budget_bytes)}"
+              if found.budget_bytes is not None else "")
+    return [f"# autoremat: {who}: {f.schedule}",
+            f"#   measured: {memory(f)}, step {format_seconds(f.step_seconds)}{budget}"]
