@@ -17,6 +17,8 @@ missing here)::
         binomial        the binomial kind (Revolve); binomial_scan: its builder,
                         binomial_backward: its backward pass (loops or static)
         revolve         Revolve's tables: where to snapshot, what to redo
+        frameworks      a schedule as MaxText's remat_policy: custom keys and Flax's
+                        remat policy, or why it has no such form
     _scan/        -> builder: run a scan under a schedule
         scan            autoremat.scan: lax.scan semantics, dispatch to the kind's run()
         records         what each outermost scan stacks and carries (read by measure)
@@ -72,7 +74,9 @@ missing here)::
         study           reading a study: measured trials, the answer, TuneResult
         attrs           the names written into a study: trial attrs, study attrs
         pareto          the front: non-dominated trials, table, plot, export, show
-    _cli/         the command's settings and printing (cli.py is the command)
+        export_forms    export in a framework: a trial's form, or the nearest measured one
+    _cli/         the command's settings and printing, export_text: export's MaxText and Flax
+                  text (cli.py is the command)
 
     shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations)
     public:  __init__, cli, linen, nnx, bounds (Revolve's optimum; any schedule's cost)
@@ -109,6 +113,8 @@ from autoremat._schedules import plain as plain
 from autoremat._schedules import root as root
 from autoremat._schedules import save_schedule as save_schedule
 from autoremat._schedules.base import Schedule as Schedule
+from autoremat._schedules.frameworks import FrameworkPolicy as FrameworkPolicy
+from autoremat._schedules.frameworks import framework_policy as framework_policy
 from autoremat._schedules.policy import Level as Level
 from autoremat._schedules.policy import Policy as Policy
 from autoremat._search.pareto import FrontPoint as FrontPoint
@@ -127,6 +133,7 @@ if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getat
 __all__ = [
     "AutorematError",
     "BudgetError",
+    "FrameworkPolicy",
     "FrontPoint",
     "Level",
     "MeasuredTrial",
@@ -142,6 +149,7 @@ __all__ = [
     "TuneResult",
     "binomial",
     "bounds",
+    "framework_policy",
     "fuse_head",
     "fuse_loss",
     "groups",
