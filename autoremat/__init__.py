@@ -21,6 +21,8 @@ missing here)::
                         remat policy, or why it has no such form
     _scan/        -> builder: run a scan under a schedule
         scan            autoremat.scan: lax.scan semantics, dispatch to the kind's run()
+        as_tuned        does a scan run the program its schedule was tuned with (stacked
+                        outputs, compiler options)? refused or warned at trace time
         records         what each outermost scan stacks and carries (read by measure)
         step_trace      the step's one cached trace; lax.scan's carry checks
         checkpoint_names  the step's checkpoint_name tags (bytes, FLOPs); a policy naming
@@ -45,6 +47,7 @@ missing here)::
         within          a run within a budget (the proof of fit); the least that suffices
                         (bisection): the truth device_memory is checked against
         stale           is a saved schedule still the one for this problem?
+        parity          does it compile to the total its tune measured? (show --problem)
     _models/      the built-in problems, measured and searched like a user's
         seed_lstm       the seed LSTM (the original report's step); its mesh rule
         layer_stack     the layer stack: a decoder whose layers are one scan
@@ -68,7 +71,8 @@ missing here)::
                         tag costs (knapsack)
         tune            the search: open the study, run a worker, confirm, prove, answer
         proof           the proof of fit: the pick runs with only the budget on the device
-        worker          one worker's loop: plan, claim (no schedule twice), measure, count
+        worker          one worker's loop: plan, claim (no schedule twice), measure, count;
+                        retime: before it stops, the leader and its challengers run in turn
         resume          open a study or resume one; storage: storages, retries, the lock,
                         Optuna's log level; the one user of Optuna's internals
         study           reading a study: measured trials, the answer, TuneResult
@@ -104,6 +108,8 @@ from autoremat._measure.stale import StaleScheduleWarning as StaleScheduleWarnin
 from autoremat._measure.stale import load_schedule as load_schedule
 from autoremat._models.layer_stack import layer_stack as layer_stack
 from autoremat._models.seed_lstm import seed_lstm as seed_lstm
+from autoremat._scan.as_tuned import ScheduleMismatchError as ScheduleMismatchError
+from autoremat._scan.as_tuned import ScheduleMismatchWarning as ScheduleMismatchWarning
 from autoremat._scan.fuse import fuse_head as fuse_head
 from autoremat._scan.fuse import fuse_loss as fuse_loss
 from autoremat._schedules import binomial as binomial
@@ -144,6 +150,8 @@ __all__ = [
     "RematScansWarning",
     "Schedule",
     "ScheduleError",
+    "ScheduleMismatchError",
+    "ScheduleMismatchWarning",
     "StaleScheduleWarning",
     "TuneError",
     "TuneResult",

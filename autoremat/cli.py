@@ -12,7 +12,8 @@ library functions that use them (no module this one imports loads them), so
 ``autoremat._cli.printing``.
 
 Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or
-tuned on another number of devices);
+tuned on another number of devices) or, with ``--problem``, compiling to another total
+than the tuned one;
 2 usage error (one line on stderr); 3 ``tune`` found nothing that fits
 (the message gives the smallest total measured and its schedule);
 4 ``export`` cannot write the trial in the format asked (the message names the nearest
@@ -53,11 +54,13 @@ from autoremat._cli.settings import (
 from autoremat._errors import AutorematError, ScheduleError
 from autoremat._measure.allocator import limit_bytes
 from autoremat._measure.mesh import device_note
+from autoremat._measure.parity import check_parity
 from autoremat._measure.problem import Problem, resolve_problem
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
 from autoremat._models.layer_stack import layer_stack
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule, save_schedule
+from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import NAME_COSTS, PROBE
 from autoremat._search.export_forms import (
     FORMATS,
@@ -148,7 +151,9 @@ def _parser() -> argparse.ArgumentParser:
                        description="Print a schedule file's levels, policies, what it was "
                        "tuned for and its measured figures (per device); exit 1 if it was "
                        "tuned on another number of devices or, with --problem, if it no longer "
-                       "matches.")
+                       "matches. With --problem it also compiles the problem's step under the "
+                       "schedule (nothing is run) and prints its total memory beside the tuned "
+                       "one: exit 1 where they differ by more than 2%.")
     s.add_argument("path", metavar="PATH", help="a schedule YAML file")
     s.add_argument("--problem", help=f"compare with this problem ({BUILTIN_PROBLEM}, "
                    f"{LAYER_STACK} or "
@@ -449,7 +454,22 @@ def _show(args: argparse.Namespace) -> int:
         print(f"stale for {problem.name}: " + "; ".join(mismatches))
         return EXIT_STALE
     print(f"matches {problem.name} on this device")
-    return EXIT_OK
+    return _parity(schedule, problem)
+
+
+def _parity(schedule: Schedule, problem: Problem) -> int:
+    """Print the step compiled here under ``schedule`` beside its tuned total; exit 1 where
+    they differ by more than ``parity.SAME``."""
+    parity = check_parity(schedule, problem)
+    if parity.compiled_bytes is None:
+        print(f"compiled here: failed ({parity.reason})")
+        return EXIT_STALE
+    line = f"compiled here: total {format_bytes(parity.compiled_bytes)}"
+    if parity.ratio is not None:
+        line += (f", tuned {format_bytes(parity.tuned_bytes)} "
+                 f"({parity.ratio:.3f}x: {'the same program' if parity.same else 'differs'})")
+    print(line)
+    return EXIT_OK if parity.same else EXIT_STALE
 
 
 if __name__ == "__main__":  # pragma: no cover

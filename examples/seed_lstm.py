@@ -9,14 +9,18 @@ autoremat`` and ``nn.scan`` -> ``autoremat.linen.scan`` with a ``schedule``.
     python examples/seed_lstm.py --schedule plain --steps 2       # the plain scan, for comparison
     python examples/seed_lstm.py --fused-readout --steps 5        # the readout inside the scan
 
-``--fused-readout`` calls the Dense readout inside the scanned method (its
-params broadcast like the cell's), so the scan stacks ``(B, T, 4)``
-predictions instead of ``(B, T, 128)`` hidden states: the stack, its
-cotangent and the readout's residual -- memory no schedule can remove --
-shrink 32x. Loss and gradients are the same.
+``--fused-readout`` calls the Dense readout and the per-step L2 loss inside the
+scanned method (the readout's params broadcast like the cell's) and sums the loss
+in the carry, so the scan stacks nothing instead of ``(B, T, 128)`` hidden states:
+the stack, its cotangent and the readout's residual -- memory no schedule can
+remove -- are gone. Loss and gradients are the same. A schedule tuned that way
+(``fuse: true``, what ``autoremat tune`` picks where it is faster or fits) runs
+fused by default, as it was measured; ``--no-fused-readout`` runs it with the
+readout after the scan, which needs more memory than the tune measured (autoremat
+refuses it where that breaks the schedule's budget, and says by how much).
 
 It prints the loss and step time of each step, and the compiled memory of the
-train step (``compiled.memory_analysis()``).
+train step (``compiled.memory_analysis()``) beside the figure the tune measured.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import optax
 from flax.training.train_state import TrainState
 
@@ -61,18 +66,27 @@ def make_model(schedule: autoremat.Schedule, hidden_size: int, output_dim: int,
             split_rngs={"params": False},
         )
         def forward(self, carry, x):  # type: ignore[no-untyped-def]
+            if not self.fused_readout:
+                return self.cell(carry, x)
+            # fused: the readout and loss run in the step, summed in the carry; nothing
+            # is stacked
+            (carry, total), (x, y) = carry, x
             carry, h = self.cell(carry, x)
-            # fused: the readout runs in the step, so only predictions are stacked
-            return carry, (self.linear(h) if self.fused_readout else h)
+            return (carry, total + optax.l2_loss(self.linear(h), y).sum()), None
 
-        def __call__(self, embedded_inputs: jax.Array) -> jax.Array:
+        def __call__(self, embedded_inputs: jax.Array,
+                     targets: jax.Array | None = None) -> jax.Array:
+            """The predictions; fused, the mean L2 loss against ``targets``."""
             batch_size = embedded_inputs.shape[0]
             initial_state = self.cell.initialize_carry(
                 jax.random.PRNGKey(0), (batch_size, embedded_inputs.shape[-1])
             )
-            _, outputs = self.forward(initial_state, embedded_inputs)
             if self.fused_readout:
-                return outputs
+                assert targets is not None, "fused_readout: the loss needs the targets"
+                (_, total), _ = self.forward((initial_state, jnp.zeros(())),
+                                             (embedded_inputs, targets))
+                return total / targets.size
+            _, outputs = self.forward(initial_state, embedded_inputs)
             if self.seq2seq:
                 return self.linear(outputs)
             return self.linear(outputs[:, -1])
@@ -99,18 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-dim", type=int, default=32)
     parser.add_argument("--output-dim", type=int, default=4)
     parser.add_argument("--seq2seq", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--fused-readout", action="store_true",
-                        help="call the readout inside the scanned step (seq2seq)")
+    parser.add_argument("--fused-readout", action=argparse.BooleanOptionalAction, default=None,
+                        help="call the readout and loss inside the scanned step (seq2seq; "
+                        "default: as the schedule was tuned, its 'fuse', else not)")
     args = parser.parse_args(argv)
-    if args.fused_readout and not args.seq2seq:
-        parser.error("--fused-readout needs --seq2seq")
     try:
         schedule = parse_schedule_arg(args.schedule, args.seq_len)
     except autoremat.ScheduleError as e:
         print(f"error: --schedule: {e}", file=sys.stderr)
         return 2
+    fused = args.fused_readout if args.fused_readout is not None else bool(schedule.fuse)
+    if fused and not args.seq2seq:
+        parser.error("--fused-readout needs --seq2seq")
 
-    model = make_model(schedule, args.hidden, args.output_dim, args.seq2seq, args.fused_readout)
+    model = make_model(schedule, args.hidden, args.output_dim, args.seq2seq, fused)
 
     @jax.jit
     def generate_data(key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -123,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     @jax.jit
     def train_step(state: TrainState, x: jax.Array, y: jax.Array) -> tuple[TrainState, dict]:
         def loss_fn(params: dict) -> jax.Array:
+            if fused:  # the loss ran inside the scanned step
+                return state.apply_fn({"params": params}, x, y)
             preds = state.apply_fn({"params": params}, x)
             return optax.l2_loss(preds, y).mean()
 
@@ -133,20 +151,27 @@ def main(argv: list[str] | None = None) -> int:
     key, sub_key = jax.random.split(key)
     x, y = generate_data(sub_key)
     key, sub_key = jax.random.split(key)
-    params = jax.jit(model.init)(sub_key, x)["params"]
-    state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
-
+    print(f"schedule: {schedule.describe()}  (T={args.seq_len}, seq2seq={args.seq2seq}, "
+          f"fused_readout={fused})")
     t0 = time.perf_counter()
-    compiled = train_step.lower(state, x, y).compile()
+    try:  # a tuned schedule run in a program that breaks its budget is refused at its trace
+        params = jax.jit(model.init)(sub_key, x, y if fused else None)["params"]
+        state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-3))
+        compiled = train_step.lower(state, x, y).compile()
+    except autoremat.ScheduleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
-    print(f"schedule: {schedule.describe()}  (T={args.seq_len}, seq2seq={args.seq2seq}, "
-          f"fused_readout={args.fused_readout})")
     if mem is not None:
         total = (mem.argument_size_in_bytes + mem.output_size_in_bytes
                  + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+        tuned = schedule.meta.get("total_bytes")
         print(f"compiled train step: temp {mem.temp_size_in_bytes / 1e6:.1f} MB, "
-              f"total {total / 1e6:.1f} MB, compile {compile_s:.1f} s")
+              f"total {total / 1e6:.1f} MB"
+              + (f" ({total / tuned:.3f}x the tuned {tuned / 1e6:.1f} MB)"
+                 if isinstance(tuned, int) and tuned else "")
+              + f", compile {compile_s:.1f} s")
     for i in range(args.steps):
         t0 = time.perf_counter()
         key, sub_key = jax.random.split(key)

@@ -7,5 +7,5 @@ record ``measurement``; a failure as data (``failure``); where the memory goes a
 (``breakdown``); the device (``device``), its allocator (``allocator``) and a step's own
 need on it (``device_memory``), a run within a budget and the least that suffices
 (``within``); many devices (``mesh``); is a saved schedule stale
-(``stale``).
+(``stale``), and does it compile to its tuned total here (``parity``).
 """

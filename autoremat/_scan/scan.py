@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from autoremat._errors import ScheduleError
+from autoremat._scan.as_tuned import check_stacked, inside_scan, left_scan, warn_options
 from autoremat._scan.records import SCAN_RECORDS, ScanRecord
 from autoremat._scan.step_trace import checked_step
 from autoremat._schedules import read_schedule
@@ -105,23 +106,31 @@ def scan_axes(
     ``in_axes`` is an int or a prefix tree of ``xs``; ``out_axes`` an int or a
     prefix tree of the step's output ``y``. ``autoremat.linen.scan`` uses this.
     """
+    schedule = as_schedule(schedule)
+    token = inside_scan()
+    if token is None:  # a scan inside another's step: part of that step's program
+        return _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)[:2]
     records = SCAN_RECORDS.get()
-    if records is None:
-        return _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
-    token = SCAN_RECORDS.set(None)
+    if records is None:  # the measurement stage compiles with the options itself
+        warn_options(schedule)
     try:
-        carry, ys = _scan_axes(f, init, xs, length, schedule, reverse, in_axes, out_axes, unroll)
+        carry, ys, steps = _scan_axes(f, init, xs, length, schedule, reverse, in_axes,
+                                      out_axes, unroll)
     finally:
-        SCAN_RECORDS.reset(token)
-    shapes = tuple((tuple(int(d) for d in y.shape), str(y.dtype))
-                   for y in jax.tree_util.tree_leaves(ys))
-    records.append(ScanRecord(nbytes(ys), nbytes(carry), shapes))
+        left_scan(token)
+    check_stacked(schedule, nbytes(ys), steps)
+    if records is not None:
+        shapes = tuple((tuple(int(d) for d in y.shape), str(y.dtype))
+                       for y in jax.tree_util.tree_leaves(ys))
+        records.append(ScanRecord(nbytes(ys), nbytes(carry), shapes))
     return carry, ys
 
 
 def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: PyTree,
                length: int | None, schedule: Schedule | str | os.PathLike[str], reverse: bool,
-               in_axes: PyTree, out_axes: PyTree, unroll: int | bool | None) -> tuple[Carry, PyTree]:
+               in_axes: PyTree, out_axes: PyTree,
+               unroll: int | bool | None) -> tuple[Carry, PyTree, int]:
+    """The scan (``scan_axes``) and its number of steps."""
     schedule = as_schedule(schedule)
     if not callable(f):  # lax.scan's checks, in lax.scan's order
         raise TypeError(f"lax.scan: f argument should be a callable. (autoremat.scan with "
@@ -145,10 +154,10 @@ def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: Py
     if steps == 0:
         moved = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes, strict=True)]
         carry, ys = lax.scan(step, init, moved, length=0, reverse=reverse)
-        return carry, _move_out(ys, out_axes)
+        return carry, _move_out(ys, out_axes), steps
     if not any(forwarded):
         carry, ys = schedule.run(step, init, leaves, axes, steps, reverse)
-        return carry, _move_out(ys, out_axes)
+        return carry, _move_out(ys, out_axes), steps
     # Carry leaves the step returns unchanged are forwarded, as lax.scan does:
     # closed over (held once, never in a checkpoint, never stacked or batched).
     init_leaves, init_def = jax.tree_util.tree_flatten(init)
@@ -167,7 +176,7 @@ def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: Py
         return moving(carry), y
 
     kept, ys = schedule.run(inner, moving(init), leaves, axes, steps, reverse)
-    return full(kept), _move_out(ys, out_axes)
+    return full(kept), _move_out(ys, out_axes), steps
 
 
 def _prefix_leaves(axes: PyTree, tree: PyTree) -> list[Any]:
