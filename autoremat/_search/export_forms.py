@@ -116,9 +116,9 @@ def framework_export(study: optuna.Study, number: int | None = None,
             raise TuneError(f"trial: study {study.study_name!r} has no trial within its "
                             "budget to export; name one (see 'autoremat pareto')")
         number = pick.number
+    schedule = export_trial(study, number)  # first: its error names the trial
     info = StudyInfo.of(study)
     tags = study_tags(study)
-    schedule = export_trial(study, number)
     m = next(t.measurement for t in measured_trials(study) if t.number == number)
     out = FrameworkExport(fmt, schedule, _figures(number, schedule, m, info.budget_bytes),
                           framework_policy(schedule, tags), info.budget_bytes)
