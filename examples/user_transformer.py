@@ -11,8 +11,10 @@ tag costs decides the rest (``docs/layer_stacks.md``). ``untagged`` is the same 
 without tags: the dots policies and remat of each layer are its presets::
 
     autoremat tune --problem examples/user_transformer.py:problem --budget 1GB
+    autoremat pareto                       # the measured front, what each tag costs
+    autoremat export --format maxtext      # the pick as MaxText's remat_policy: custom
+    autoremat export --format flax         # ... or as nn.remat / nnx.remat's policy
     autoremat tune --problem examples/user_transformer.py:untagged --budget 1GB
-    autoremat pareto --problem examples/user_transformer.py:problem --budget 1GB
 
 Sizes from ``USER_LAYERS``, ``USER_D_MODEL``, ``USER_HEADS``, ``USER_MLP``,
 ``USER_SEQ_LEN``, ``USER_BATCH`` (default 8 layers of d_model 256, 4 heads, MLP 1024,
