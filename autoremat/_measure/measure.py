@@ -192,8 +192,9 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
                                     f"{words(COMPILE, oom)}: {one_line(e)}", failed_at=COMPILE,
                                     out_of_memory=oom, compiler_bytes=stated, **env))
     # Sizing is Python (it holds the GIL): on a compile thread, never beside a timing --
-    # a TPU v5e's 0.41-s step ran 15-45% slower beside Python tracing in another thread
-    # (``studies/timing_beside.py``), and none slower beside XLA's compile.
+    # an accelerator's step runs slower beside Python tracing in another thread, and no
+    # slower beside XLA's compile (``studies/timing_beside.py``, results in
+    # ``studies/results/tune_time.md``).
     with device_memory.MEASURE_LOCK:
         parts = memory_parts(executable)
         figures: dict[str, Any] = {

@@ -11,10 +11,9 @@ longer than ``time_budget``, that one run is the figure); so timing takes at mos
 agree so (``studies/results/tune_time.md``), and a big model's trial times in three or
 four runs instead of ``time_budget``'s worth (12); a busy CPU's seldom do, and time on as
 before -- or, from the fifth run, once the last three do: runs that settled after early
-outliers (on a TPU v5e the big model's 2000x5 ran 396.6, 407.0, then 388.9-389.3 ms
-nine times; the median of the first five is already 389.2). By default the warm-up
-counts as one of those three when it lies within 1% of the first two runs (it then had
-no one-time cost to speak of: a big model's step of 0.4 s on a TPU): one run fewer.
+outliers (a step's first runs may be slower; by the fifth the median is already the
+settled one). By default the warm-up counts as one of those three when it lies within 1%
+of the first two runs (it then had no one-time cost to speak of): one run fewer.
 ``step_seconds`` is the median wall time of those runs, each ended by
 ``jax.block_until_ready``. On a GPU, ``peak_bytes`` is the device's
 ``memory_stats()["peak_bytes_in_use"]`` after the runs -- a high-water mark of the whole
@@ -49,16 +48,15 @@ STEADY: Final = 0.01
 #: (``time_compiled``'s ``best``): that run says it is not the pick.
 CUT_RATIO: Final = 1.3
 #: ... and one whose first ``RANKED_AFTER`` runs all take longer than the best by this
-#: fraction is timed no further: it is not the pick, and its median already ranks it (on a
-#: TPU v5e two such schedules of the big model took 11 and 12 runs, 5.3-5.6 s, to be
-#: steady); nor one whose runs all take less than the best by it: the new best, whatever its
-#: median (two such took 11 runs each, 5.2-5.8 s, the same way). Only a step within this
-#: fraction of the best is timed until its runs are steady: there the order is in doubt.
+#: fraction is timed no further: it is not the pick, and its median already ranks it
+#: (timing it until steady would cost seconds of a tune); nor one whose runs all take less
+#: than the best by it: the new best, whatever its median. Only a step within this
+#: fraction of the best is timed until its runs are steady: there the order is in doubt
+#: (``studies/results/tune_time.md``).
 BEATEN: Final = 0.02
 #: Runs after which ``BEATEN`` decides (with the default ``min_repeats``; else that many):
-#: two runs 2% off the best rank a step as three do where runs agree within 1% (a TPU's:
-#: of the big model's 11 timings not cut, 8 took three runs and 7 were 2% off the best
-#: from their first run, ``studies/results/tune_time.md``; a run is 0.4-0.6 s there).
+#: two runs 2% off the best rank a step as three do where runs agree within 1%, as an
+#: accelerator's mostly do (``studies/results/tune_time.md``).
 RANKED_AFTER: Final = 2
 
 

@@ -200,9 +200,9 @@ def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim
     cell = nn.OptimizedLSTMCell(hidden)
     readout = nn.Dense(output_dim)
     tx = optax.adam(1e-3)
-    # Made on a thread while JAX starts the device (5-10 s on a TPU v5e): no JAX backend is
-    # needed for them (issue 47: a host compile of Flax's init, 2.2 s, and a copy of its
-    # results, 0.9 s, came after the start-up; before, eager ops, most of 41 s).
+    # Made on a thread while JAX starts the device (seconds on an accelerator): no JAX
+    # backend is needed for them, so the host's init of the model and the copy of its
+    # results overlap the start-up instead of following it.
     with ThreadPoolExecutor(1) as pool:
         made = pool.submit(_host_arrays, cell, readout, tx, batch, seq_len, input_dim,
                            hidden, output_dim, seq2seq)

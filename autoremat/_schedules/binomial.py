@@ -175,18 +175,17 @@ class BinomialSchedule(Schedule):
         none on a GPU (``GPU_PLATFORMS``) or a TPU.
 
         A seed is always timed. On a CPU, where the plain scan is bound by memory
-        traffic, binomial runs near plain (s=17 at T=10^5: 1.10-1.19x) and its
-        seed calibrates the model. On an H200 (the seed LSTM at T=10^4) every
-        binomial step evaluation cost 1.8-2x a nested one's -- its backward
+        traffic, binomial runs near plain and its seed calibrates the model. On a GPU
+        a binomial step evaluation costs about twice a nested one's -- its backward
         re-advances are loops of data-dependent length, whose trip test the host
-        reads back every iteration -- so binomial ran 4-5x plain and its seed
-        cost 2 s of a 100 s search to learn that. There it stays in the space
+        reads back every iteration -- so binomial runs several times slower than plain
+        and its seed would spend a trial learning that. There it stays in the space
         (the smallest schedules are binomial: the planner times one when no
         nested schedule fits the budget) but is not seeded; the cost model's
         GPU prior (``autoremat._search.predict.PRIORS``) ranks it as slow. So on a
-        TPU v5e: s=11 ran 3.71x plain (``studies/results/search_tpu.md``), and its seed
-        was cut or never the pick in every tune there (``studies/results/tune_time.md``),
-        at 2-5 s a tune; the TPU prior ranks it slow too."""
+        TPU, where binomial also runs several times plain and its seed was never the
+        pick; the TPU prior ranks it slow too. Figures: ``docs/tuning.md`` (CPU, GPU),
+        ``studies/results/search_tpu.md`` and ``studies/results/tune_time.md`` (TPU)."""
         if seq_len < 2 or platform in GPU_PLATFORMS or platform == "tpu":
             return []
         low, high = snapshot_range(seq_len)

@@ -221,8 +221,8 @@ class NestedSchedule(Schedule):
         8 T=10^4 grids measured (``studies/bench_tune.py``; 19% in the eighth,
         on a loaded machine) -- short chunks keep the backward's working set
         small -- and the cost model, which reads no cache effects, does not
-        find it by itself. On a TPU v5e it was never the pick (cut on the big
-        seed LSTM, 2x the pick on the seed).
+        find it by itself. On a TPU it was never the pick, so it is a CPU seed only
+        (``studies/results/tune_time.md``).
 
         Off a CPU instead, third: ``T/4 x 4`` ``nothing/everything`` with the four
         steps unrolled (``nested_space.UNROLLED_CHUNK``). Its memory is ``T/4``
@@ -230,11 +230,10 @@ class NestedSchedule(Schedule):
         wherever a step's residuals are under ``T/4`` carries -- and its time one
         forward recompute, as per-step remat, with a quarter of the loop's
         iterations, each four steps the compiler fuses across. An accelerator pays
-        for each loop iteration: on a TPU v5e (the big seed LSTM, T=10^4,
-        ``studies/results/tune_time.md``) 2500x4 at unroll 4 ran in 390 ms against
-        per-step remat's 516 ms and 613 ms for sqrt(T); the search's pick, 18
-        trials in, was 2000x5 at unroll 4 in 389 ms, and a move of one parameter
-        at a time from the other seeds took 12 trials to get there."""
+        for each loop iteration, so this seed runs near the search's pick, faster
+        than per-step remat and sqrt(T), where a move of one parameter at a time
+        from the other seeds takes many trials to get there
+        (``studies/results/tune_time.md``)."""
         return nested_space.seed_params(seq_len, platform)
 
     @classmethod
@@ -242,7 +241,7 @@ class NestedSchedule(Schedule):
                named: Named = NO_NAMES) -> Mapping[str, Check]:
         """Each offload placement this platform offers, on its own
         (``nested_space.check_levels``). XLA:GPU has refused offload in a scan's backward
-        ("Expected instruction to have shape equal to ...", jax 0.11.2 on an H200) and
+        ("Expected instruction to have shape equal to ...", jax 0.11.2) and
         given wrong gradients for offloaded scan residuals (openxla/xla 46231, fixed by
         46308); XLA:TPU refuses a value offloaded at two loops' depth (maxtext PR 4995)."""
         return {label: Check(cls.build(lengths, policies), offloads=True)
@@ -327,8 +326,8 @@ def level_terms(levels: tuple[Level, ...], steps: int) -> tuple[_Terms, _Terms]:
     A remat level stores what its policy saves of every step below it, whatever the
     inner levels save: under ``everything`` each step whole, as plain does, under
     ``dots`` each step's dots (compiled totals, seed LSTM: ``2000x5 everything/nothing``
-    70.8 GB where plain is 68.7 GB and ``10000 nothing`` 10.8 GB; CPU and TPU v5e alike,
-    ``tests/test_search.py``). Only a level without remat (``none``) keeps just what its
+    70.8 GB where plain is 68.7 GB and ``10000 nothing`` 10.8 GB; on a CPU and a TPU
+    alike, ``tests/test_search.py``). Only a level without remat (``none``) keeps just what its
     inner levels keep."""
     head, inner = levels[0], levels[1:]
     n = min(head.length, steps) if not inner else math.ceil(

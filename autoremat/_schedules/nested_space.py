@@ -121,10 +121,9 @@ def unrolled_inner(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The innermost chunk length and the unroll set together to one value of ``UNROLLS``
     (2 and up): the current unroll and those beside it, within a factor 2 of the length
     -- the innermost level run fully unrolled, where it is short. A move of one of them at
-    a time passes through slow schedules: on a TPU v5e
-    (the big seed LSTM, ``studies/results/tune_time.md``) 3334x3 ``nothing/everything``
-    at unroll 2 ran in 409 ms, 2500x4 in 575 ms at unroll 2 and in 390 ms at unroll 4, and
-    the search, cut at the first, never proposed the last."""
+    a time passes through slow schedules (an inner length with a mismatched unroll), at
+    which the search cuts and stops before the fast one with both moved together
+    (``studies/results/tune_time.md``)."""
     depth = params.get("depth")
     length, unroll = params.get(f"d{depth}_n0"), params.get(f"d{depth}_unroll")
     if not isinstance(depth, int) or depth < 2 or length is None or unroll not in UNROLLS:

@@ -13,7 +13,7 @@ thread's included: one per ``CORES_PER_COMPILE`` host cores (a compile uses
 threads of its own, and the timing's host thread needs a core), at most
 ``MAX_WORKERS``; and 1 on a CPU platform, whose timed step runs on those same
 cores (a compile beside it would slow the figure). So 1 on a 2-core machine, 3 on
-a TPU v5e's 13-core host. The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS)
+a 13-core host. The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS)
 overrides the rule. With 1 there is no thread: every compile runs on the main thread when the planner
 needs it -- the sequential search, unchanged.
 
@@ -24,8 +24,9 @@ longer wants (``keep_only``) is released, and ``close`` releases the rest.
 **What runs beside a timing**: XLA's compile alone. A thread builds, lowers and sizes
 its step under ``device_memory.MEASURE_LOCK``, which a timing holds (a build may put
 arrays on the device, inside a measured warm-up; Python holds the GIL that a timed
-run waits for: a TPU v5e's 0.41-s step ran 2-18% slower beside a trace, even with a
-0.1-ms switch interval, and none slower beside XLA compiles); on a platform whose
+run waits for: an accelerator's step runs slower beside a trace, even with a 0.1-ms
+switch interval, and no slower beside XLA compiles, ``studies/results/tune_time.md``);
+on a platform whose
 compiles take device memory and run on it (XLA:GPU's autotuning; not a TPU) it
 compiles under it too. A thread traces only
 under the main thread's JAX trace context (``jax.default_matmul_precision`` and the

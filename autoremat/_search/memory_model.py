@@ -5,8 +5,8 @@ what is surely over the budget (``autoremat._search.planner``).
 carries, steps kept whole, steps' dots; ``nested.level_terms``) and whether it is
 unfused (the readout's stack), over the schedules sized so far, each by its relative
 error and with no pull towards a prior: plain's point alone sets the bytes of a whole
-step (on the big model on a TPU v5e the pulled fit put them at 2 MB, not 6.9, and let
-12 of 26 compiles run out of memory). It only *orders* and screens candidates: every
+step (a fit pulled towards a prior put them far under, and let the planner compile
+schedules that ran out of memory). It only *orders* and screens candidates: every
 figure the tuner reports is measured.
 """
 
@@ -121,9 +121,9 @@ class MemoryModel:
         pulled towards a prior (module doc); ``None`` before two schedules were sized.
 
         Until a schedule that keeps steps' dots is sized, a step's dots are guessed at a
-        whole step's bytes (they are part of it): an upper bound, not 0. On a TPU v5e the
-        big model's seeds kept no dots, the fit put them at 0 bytes, and two neighbours
-        keeping 10^4 steps' dots (an outer ``dots`` level) were compiled, out of memory.
+        whole step's bytes (they are part of it): an upper bound, not 0. Where the seeds
+        keep no dots, a fit would put them at 0 bytes, and neighbours keeping every step's
+        dots (an outer ``dots`` level) would be compiled, out of memory.
         The seed LSTM's dots are 0.66 of its whole step (H=64, compiled on a CPU): such a
         guess is at most 1.5x the truth, so one ``FAR_OVER`` the budget is over it; where
         a step's dots are a smaller share, ``far_over`` may skip a schedule keeping many

@@ -26,10 +26,10 @@ median seconds per unit. On a CPU it is "seconds proportional to
 evaluations" (a partial re-run 0.4 of one). On a GPU a loop trip and
 binomial's bookkeeping cost far more than the step's arithmetic, and the
 seeds cannot tell (they all have ``unroll=1``, and binomial is not seeded
-there), so the prior carries what an H200 measured on the seed LSTM at
+there), so the prior carries what a GPU measured on the seed LSTM at
 T=10^4 (``docs/tuning.md``).
 On a TPU (``TPU_PRIOR``) a loop trip costs 0.31 of a step evaluation and
-binomial's evaluations are priced as plain's (a TPU v5e, ``studies/search_tpu.py``).
+binomial's evaluations are priced as plain's (``studies/results/search_tpu.md``).
 ``TimeModel.predict`` corrects the fit towards the measured / fitted ratio
 of the nearest timed schedule of the same kind (``TimeModel.nearest``), and
 ``TimeModel.error`` (leave-one-out) says how far to trust it (the planner's
@@ -84,30 +84,23 @@ class Prior:
 
 #: The CPU's: seconds proportional to step evaluations (a partial re-run 0.4 of one).
 CPU_PRIOR: Final = Prior()
-#: An H200's, jax 0.11.2, seed LSTM train step at T=10^4 (``docs/tuning.md``), in the
-#: units of ``Structure`` (plain: 10^4 evaluations, 10^4 loop trips). Plain ran
-#: 0.357 s at unroll=1 and 0.149 s at unroll=8: ``10^4 e + 10^4 l = 0.357`` and
-#: ``10^4 e + 1250 l = 0.149``, so a loop trip ``l`` (23.8 us) costs 2.0 step
-#: evaluations ``e`` (11.9 us). Binomial s=11 (63,813 evaluations, 10^4 steps of
-#: bookkeeping) then needs 7.0 ``e`` a step of bookkeeping for its 1.836 s
-#: (seq2seq) and 1.3 for its 2.086 s (fused readout, whose ``e`` is twice as long):
-#: 4 here. From a plain scan's time alone this predicts both binomial runs within
-#: 20% (``tests/test_platform_costs.py``). Loop trips and bookkeeping are what the
+#: A GPU's, in the units of ``Structure`` (plain: ``T`` evaluations, ``T`` loop trips),
+#: from the seed LSTM train step at T=10^4 (figures: ``docs/tuning.md``): plain's times
+#: at unroll 1 and 8 (``T e + T l`` and ``T e + T/8 l``) put a loop trip ``l`` at 2.0
+#: step evaluations ``e``; binomial's times then leave 1.3-7.0 ``e`` a step of its
+#: bookkeeping: 4 here. From a plain scan's time alone this predicts binomial's runs
+#: within 20% (``tests/test_platform_costs.py``). Loop trips and bookkeeping are what the
 #: seeds cannot calibrate on a GPU: all seeds have ``unroll=1``, none is binomial.
 #: ``graphs`` is a hypothesis, not a measurement: command buffers that capture the
 #: loop save half a trip's launch cost (-1.0), enough that the planner times one
 #: such schedule; from then on the fit has the measured difference.
 GPU_PRIOR: Final = Prior(loop=2.0, bookkeeping=4.0, graphs=-1.0)
-#: A TPU v5e's, jax 0.10.2, seed LSTM train step at T=10^4, seq2seq, in the units of
-#: ``Structure``, as for the GPU, from ``studies/search_tpu.py``'s priors stage
-#: (2026-12-05, ``studies/results/search_tpu.md``): plain ran 60.46 ms at unroll=1 and
-#: 47.93 ms at unroll=8, so ``10^4 e + 10^4 l = 60.46`` and ``10^4 e + 1250 l = 47.93``:
-#: a loop trip ``l`` (1.43 us) costs 0.31 of a step evaluation ``e`` (4.61 us).
-#: Binomial s=11 (loops backward) ran 224.2 ms, 3.71x plain: its 63,813 evaluations at
-#: plain's ``e`` already make more than that (plain's evaluation stores residuals,
-#: binomial's re-runs store nothing), so no bookkeeping cost is left to price (0; the
-#: fit gave -1.83): the prior ranks binomial slow, as measured, and the fit takes over
-#: once a binomial schedule is timed.
+#: A TPU's, the same way (``studies/search_tpu.py``'s priors stage, figures in
+#: ``studies/results/search_tpu.md``): a loop trip ``l`` costs 0.31 of a step evaluation
+#: ``e``. Binomial's evaluations at plain's ``e`` already make more than its measured
+#: time (plain's evaluation stores residuals, binomial's re-runs store nothing), so no
+#: bookkeeping cost is left to price (0): the prior ranks binomial slow, as measured,
+#: and the fit takes over once a binomial schedule is timed.
 TPU_PRIOR: Final = Prior(loop=0.31, bookkeeping=0.0)
 #: Priors by ``Measurement.platform``; any other platform gets ``CPU_PRIOR``.
 PRIORS: Final[dict[str, Prior]] = {**dict.fromkeys(GPU_PLATFORMS, GPU_PRIOR), "tpu": TPU_PRIOR}

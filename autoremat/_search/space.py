@@ -139,7 +139,7 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
     the first nested seed of two levels or more and no unroll (sqrt(T)'s) unfused too (on a
     TPU unfused ran faster at the same memory: ``docs/tuning.md``; the time model learns the
     difference from that pair, and the neighbours of an unfused best are unfused: each
-    further unfused seed cost a trial, 2-4 s on a TPU v5e, that was never the pick)."""
+    further unfused seed would cost a trial that was never the pick)."""
     compiler = {"compiler": DEFAULT_COMPILER} if platform in CUDA_PLATFORMS else {}
     params = [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
               for p in kind.seed_params(seq_len, platform)

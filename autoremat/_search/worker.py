@@ -205,7 +205,7 @@ class Worker:
 
     def _keep_if_best(self, key: str, compiled: Compiled) -> None:
         """Keep the executable of the fastest schedule that fits (the proof of fit runs it:
-        one compile less, 2.3-3.6 s on a TPU v5e), release any other."""
+        one compile less, seconds on an accelerator), release any other."""
         best = self.planner.best
         if best is None or best[0] != key or compiled.executable is None:
             compiled.release()
