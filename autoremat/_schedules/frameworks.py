@@ -157,18 +157,18 @@ def _per_name(policy: Policy, tags: tuple[str, ...]) -> tuple[dict[str, str], st
         where = {k: kw.get(k) for k in _MAXTEXT_OFFLOAD}
         if where != _MAXTEXT_OFFLOAD:
             return per, (f"it offloads from {where['offload_src']} to "
-                         f"{where['offload_dst']}; MaxText's custom policy offloads from "
+                         f"{where['offload_dst']}, and MaxText's custom policy offloads from "
                          "device to pinned_host only")
         return per, ""
     if policy.name in ("save_anything_except_these_names", "save_any_names_but_these"):
         return ({n: REMAT if n in policy.args else DEVICE for n in tags},
-                f"{policy.name} keeps every value it does not name, tagged or not; "
+                f"{policy.name} keeps every value it does not name, tagged or not, and "
                 "MaxText's custom policy keeps only the names it lists")
     if policy.name == NO_REMAT:
-        return dict.fromkeys(tags, DEVICE), ("no remat keeps every value; MaxText's custom "
-                                             "policy keeps only the names it lists")
+        return dict.fromkeys(tags, DEVICE), ("no remat keeps every value, and MaxText's "
+                                             "custom policy keeps only the names it lists")
     return dict.fromkeys(tags, REMAT), (f"{policy.name} keeps values by kind (matmul "
-                                        "outputs), not by name; MaxText's custom policy "
+                                        "outputs), not by name, and MaxText's custom policy "
                                         "lists names")
 
 
