@@ -34,7 +34,7 @@ def maxtext_lines(found: FrameworkExport) -> list[str]:
         lines.append("# (the problem tags none of the names MaxText reads: every one it "
                      "knows stays remat, base.yml's default)")
     if form.maxtext_preset == "full":
-        lines.append("# or MaxText's remat_policy: full, this pick exactly (it recomputes "
+        lines.append("# or MaxText's remat_policy: full, this schedule exactly (it recomputes "
                      "decoder_layer_input too)")
     elif form.maxtext_preset:
         lines.append(f"# the same as MaxText's remat_policy: {form.maxtext_preset} over "
@@ -42,10 +42,10 @@ def maxtext_lines(found: FrameworkExport) -> list[str]:
     lines += [f"# note: {note}" for note in form.notes]
     if form.unknown:
         lines.append("# not MaxText names (its custom policy reads only its own, so MaxText "
-                     "recomputes them): " + ", ".join(f"{n} (the pick: {_MEANS[v]})"
+                     "recomputes them): " + ", ".join(f"{n} (the schedule: {_MEANS[v]})"
                                                       for n, v in form.unknown))
     if form.unroll > 1:
-        lines.append(f"# the pick ran the layer scan with unroll={form.unroll}; MaxText's "
+        lines.append(f"# the schedule ran the layer scan with unroll={form.unroll}; MaxText's "
                      "scan_layers does not unroll, so its step time may differ")
     return lines
 

@@ -71,9 +71,9 @@ class FrameworkPolicy:
       maxtext_why_not: why MaxText's ``custom`` policy cannot say it ("" when it can).
       maxtext_preset: MaxText's own preset that equals the block (``save_qkv_proj``,
         ``full``), or "".
-      unknown: the problem's names MaxText does not read, with what the pick does with
+      unknown: the problem's names MaxText does not read, with what the schedule does with
         each (``remat`` / ``device`` / ``offload``); MaxText cannot save or offload them.
-      notes: where the MaxText block differs from the pick (``decoder_layer_input``).
+      notes: where the MaxText block differs from the schedule (``decoder_layer_input``).
       flax_policy: the ``jax.checkpoint_policies`` call as Python source; "" for no remat
         (``policy`` ``none``) or when ``policy`` is ``None``.
     """
@@ -129,7 +129,7 @@ def framework_policy(schedule: Schedule, names: Iterable[str] = ()) -> Framework
     known = tuple((n, per_name[n]) for n in MAXTEXT_NAMES if n in per_name)
     notes: list[str] = []
     if not maxtext_why and dict(known).get(LAYER_INPUT, DEVICE) == REMAT:
-        notes.append(f"{LAYER_INPUT}: the pick recomputes it; MaxText never does "
+        notes.append(f"{LAYER_INPUT}: the schedule recomputes it; MaxText never does "
                      "(base.yml: the remat start point), so this key keeps it")
     if not maxtext_why:
         known = tuple((n, DEVICE if n == LAYER_INPUT and v == REMAT else v)
