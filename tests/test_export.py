@@ -231,3 +231,21 @@ def test_cli_usage_errors(stored: list[str], capsys: pytest.CaptureFixture[str])
     assert lines[3].startswith("autoremat: error: TRIAL: no trial 9 in study 'stack'")
     assert main(["export", "1", "--out", "t.yaml", *stored]) == EXIT_OK  # YAML as before
     assert autoremat.load_schedule("t.yaml").key() == SAVE_CONTEXT.key()
+
+
+@pytest.mark.slow
+def test_keeping_decoder_layer_input_compiles_to_the_same_step() -> None:
+    """MaxText never recomputes ``decoder_layer_input``; the block keeps it where the
+    schedule did not. It is the layer's input, which remat of each layer keeps anyway:
+    the same compiled total either way (a compile of the tiny built-in stack)."""
+    from autoremat._measure.measure import measure
+
+    problem = autoremat.layer_stack(layers=2, d_model=32, heads=4, mlp=64, seq_len=8, batch=2)
+    names = ["query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"]
+    pick = autoremat.nested([2], [{"save_only_these_names": names}])
+    form = autoremat.framework_policy(pick, TAGS)
+    kept = [n for n, v in form.maxtext if v == "device"]
+    assert "decoder_layer_input" in kept and form.notes
+    block = autoremat.nested([2], [{"save_only_these_names": kept}])
+    totals = [measure(problem, s, run=False).total_bytes for s in (pick, block)]
+    assert totals[0] is not None and totals[0] == totals[1]

@@ -19,7 +19,9 @@ what is not named (``save_anything_except_these_names``) or no remat at all has 
 ``custom`` form. A name the problem tags that MaxText does not read is flagged
 (``unknown``): MaxText cannot save it. ``decoder_layer_input`` is never ``remat`` in
 MaxText (base.yml: it is the layers' remat start point); a pick that recomputes it gets
-``device`` with a note.
+``device`` with a note: it tags the layer's input, which remat of each layer keeps
+anyway (``jax.checkpoint`` saves its arguments): the built-in stack compiles to the same
+total either way (``tests/test_export.py``).
 
 Flax: every one-policy-per-layer pick is a ``policy=`` argument
 (``flax_policy``: the ``jax.checkpoint_policies`` call as Python source), or no remat at
@@ -130,7 +132,8 @@ def framework_policy(schedule: Schedule, names: Iterable[str] = ()) -> Framework
     notes: list[str] = []
     if not maxtext_why and dict(known).get(LAYER_INPUT, DEVICE) == REMAT:
         notes.append(f"{LAYER_INPUT}: the schedule recomputes it; MaxText never does "
-                     "(base.yml: the remat start point), so this key keeps it")
+                     "(base.yml: the remat start point), so this key keeps it: the layer's "
+                     "input, which remat of each layer keeps anyway")
     if not maxtext_why:
         known = tuple((n, DEVICE if n == LAYER_INPUT and v == REMAT else v)
                       for n, v in known)
