@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat._atomic import atomic_write_text
-from autoremat._cli.export_text import cannot_line, export_text
+from autoremat._cli.export_command import EXIT_NO_FORM as EXIT_NO_FORM  # 4: no such form
+from autoremat._cli.export_command import run_export
 from autoremat._cli.printing import Progress, name_cost_lines, result_table
 from autoremat._cli.settings import (
     BUILTIN_PROBLEM,
@@ -59,15 +60,10 @@ from autoremat._measure.problem import Problem, resolve_problem
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
 from autoremat._models.layer_stack import layer_stack
 from autoremat._models.seed_lstm import seed_lstm
-from autoremat._schedules import read_schedule, save_schedule
+from autoremat._schedules import read_schedule
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import NAME_COSTS, PROBE
-from autoremat._search.export_forms import (
-    FORMATS,
-    FrameworkExport,
-    framework_export,
-    schedule_export,
-)
+from autoremat._search.export_forms import FORMATS
 from autoremat._search.pareto import (
     describe_schedule,
     front_json,
@@ -88,7 +84,6 @@ EXIT_OK: Final = 0
 EXIT_STALE: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOTHING_FITS: Final = 3
-EXIT_NO_FORM: Final = 4
 EXIT_INTERRUPTED: Final = 130
 #: ``{"storage", "study_name"}`` of the last ``tune`` run from this folder: the
 #: default study of ``pareto`` and ``export``.
@@ -382,56 +377,10 @@ def _pareto(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    if args.format == "yaml" and args.out is None:
-        raise UsageError("--out: the YAML export writes a file; give --out FILE, or "
-                         "--format maxtext or flax to print")
     try:
-        study, found = _export_source(args)
-        if not found.expressible:
-            line = cannot_line(found, searched=study is not None)
-            if not args.nearest or found.nearest is None:
-                print(f"autoremat: {line}", file=sys.stderr)
-                return EXIT_NO_FORM
-            print(f"autoremat: {line}; exporting trial {found.nearest.figures.number}",
-                  file=sys.stderr)
-            found = found.nearest
-        what = f"trial {found.figures.number}, " if found.figures.number is not None else ""
-        if args.format == "yaml":
-            save_schedule(found.schedule, args.out)
-        else:
-            text = export_text(found, study.study_name if study is not None else "")
-            if args.out is None:
-                print(text, end="")
-                return EXIT_OK
-            atomic_write_text(args.out, text)
+        return run_export(args, _open_study)
     except AutorematError as e:
         raise _usage_error(e) from None
-    print(f"wrote {args.out}: {what}{found.figures.schedule}")
-    return EXIT_OK
-
-
-def _export_source(args: argparse.Namespace) -> tuple[optuna.Study | None, FrameworkExport]:
-    """The study and export of TRIAL: a trial number (default: the pick) of the study, or a
-    schedule file (its nearest looked for in the study its meta names, or --study-name)."""
-    if args.trial is None or args.trial.isdigit():
-        opened = _open_study(args)
-        return opened, framework_export(opened, None if args.trial is None
-                                        else int(args.trial), args.format)
-    if not Path(args.trial).is_file():
-        raise UsageError(f"TRIAL: expected a trial number or a schedule file, got "
-                         f"{args.trial!r} (no such file)")
-    schedule = read_schedule(args.trial)
-    meta = schedule.meta
-    if args.study_name is None and isinstance(meta.get("study_name"), str):
-        args.study_name = meta["study_name"]
-        args.storage = args.storage or meta.get("storage") or None
-    study: optuna.Study | None = None
-    if args.study_name is not None:  # never the last study tuned here: it may be another's
-        try:
-            study = _open_study(args)
-        except (AutorematError, UsageError):
-            study = None  # a file from elsewhere: exported without a study to look in
-    return study, schedule_export(schedule, args.format, study)
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -1,2 +1,3 @@
 """The command's own parts: settings (flags and ``autoremat.yaml``) and printing;
-``export_text``: what ``export`` prints for MaxText and Flax."""
+``export_command``: the ``export`` command; ``export_text``: what it prints for MaxText and
+Flax."""
