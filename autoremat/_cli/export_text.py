@@ -31,8 +31,8 @@ def maxtext_lines(found: FrameworkExport) -> list[str]:
              "host memory, remat = recomputed", "remat_policy: custom"]
     lines += [f"{name}: {value}" for name, value in form.maxtext]
     if not form.maxtext:
-        lines.append("# (the problem tags none of the names MaxText reads: every one it "
-                     "knows stays remat, base.yml's default)")
+        lines.append("# (the problem tags none of the names MaxText reads: they keep "
+                     "base.yml's defaults)")
     if form.maxtext_preset == "full":
         lines.append("# or MaxText's remat_policy: full, this schedule exactly (it recomputes "
                      "decoder_layer_input too)")
@@ -104,5 +104,7 @@ def _header(found: FrameworkExport, study_name: str) -> list[str]:
            if f.number is not None else "schedule")
     budget = (f", budget {format_bytes(found.budget_bytes)}"
               if found.budget_bytes is not None else "")
-    return [f"# autoremat: {who}: {f.schedule}",
-            f"#   measured: {memory(f)}, step {format_seconds(f.step_seconds)}{budget}"]
+    measured = (f"#   measured: {memory(f)}, step {format_seconds(f.step_seconds)}{budget}"
+                if f.total_bytes is not None or f.step_seconds is not None
+                else "#   not measured (no tune's meta in the file)")
+    return [f"# autoremat: {who}: {f.schedule}", measured]
