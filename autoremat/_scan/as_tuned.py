@@ -111,7 +111,8 @@ def stacked_difference(schedule: Schedule, stacked_bytes: int,
     meta = schedule.meta
     tuned_stack, seq_len, total = (meta.get(k) for k in ("stacked_bytes", "seq_len",
                                                           "total_bytes"))
-    if not all(isinstance(v, int) and v >= 0 for v in (tuned_stack, seq_len, total)):
+    if not (isinstance(tuned_stack, int) and isinstance(seq_len, int)
+            and isinstance(total, int)) or min(tuned_stack, seq_len, total) < 0:
         return None  # not written by the tuner: nothing to hold it to
     if not seq_len or not steps:
         return None
