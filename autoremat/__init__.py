@@ -37,7 +37,8 @@ missing here)::
         problem         Problem: a train step built for a schedule; find a user's by name
         from_loss       a Problem from an unmodified loss, params, batch and optimizer
         measure         compile -> memory_analysis; timing: run -> time, until the runs are
-                        steady; measurement: the record
+                        steady; measurement: the record, of figures: its records (sizes,
+                        device peaks, timing, where, failure, proof), flat in a study
         failure         a failure as data: where (build, compile, run), out of memory, the size
         breakdown       where the memory goes (memory_analysis' parts); the floor no schedule
                         removes

@@ -217,3 +217,58 @@ def test_argument_parts_count_typed_prng_keys() -> None:
         ("rngs", 3 * keys.dtype.itemsize), ("x", 16))
 
 
+
+
+#: A trial's attrs as a study written before ``Measurement`` held records stored them.
+OLD_ATTRS: dict[str, Any] = {
+    "schedule_key": "k", "status": "error", "reason": "run: out of memory", "total_bytes": 30,
+    "temp_bytes": 10, "argument_bytes": 12, "output_bytes": 8, "alias_bytes": 0,
+    "peak_bytes": 40, "step_seconds": 0.5, "step_samples": [0.5, 0.6], "compile_seconds": 1.0,
+    "loss": 0.25, "device_kind": "TPU", "platform": "tpu", "jax_version": "0.10",
+    "flax_version": "0.12", "argument_parts": [["params", 12]], "stacked_bytes": 4,
+    "carry_bytes": 1, "cut_seconds": None, "devices": 2, "mesh": "data=2",
+    "argument_sharding": [["params", "replicated"]], "timed_seq_len": 8, "short_seq_len": 8,
+    "short_seconds": 0.05, "extrapolated_seconds": 0.4, "runtime_peak_bytes": 33,
+    "compile_scratch_bytes": 2, "fit_proof_bytes": None, "fit_proof_failed": "",
+    "compiler_bytes": 50, "failed_at": "run", "out_of_memory": True, "feasible": False,
+}
+
+
+def test_a_measurement_is_records_flat_at_the_study_boundary() -> None:
+    from autoremat._measure.figures import Failure, Sizes, Timing
+
+    m = Measurement.from_attrs(OLD_ATTRS)
+    assert m.to_attrs() == OLD_ATTRS  # an old study reads, and writes back, the same
+    assert m.sizes == Sizes(30, 10, 12, 8, 0, (("params", 12),), 4, 1)
+    assert m.failure == Failure("run", True, 50) and m.timing.short_seconds == 0.05
+    assert (m.total_bytes, m.step_samples, m.mesh, m.fit_proof_failed) == (
+        30, (0.5, 0.6), "data=2", "")  # the old names still read
+    flat = Measurement("k", OK, total_bytes=30, step_seconds=0.5)  # and still construct
+    assert flat == Measurement("k", OK, sizes=Sizes(total_bytes=30),
+                               timing=Timing(step_seconds=0.5))
+    import dataclasses
+
+    assert dataclasses.replace(flat, step_seconds=0.25).timing.step_seconds == 0.25
+
+
+def test_a_misspelt_figure_fails() -> None:
+    from autoremat._measure.measurement import figure_names
+
+    with pytest.raises(TypeError, match="totl_bytes"):
+        Measurement("k", OK, totl_bytes=1)
+    with pytest.raises(TypeError, match="step_second'"):
+        figure_names("status", "step_second")
+    with pytest.raises(AttributeError):
+        Measurement("k", OK).sizes.totl_bytes  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_a_breakdown_reads_a_measurement_and_its_meta_alike() -> None:
+    from autoremat._measure.breakdown import breakdown_lines, floor_bytes, floor_message
+
+    m = Measurement.from_attrs({**OLD_ATTRS, "fit_proof_bytes": 64})
+    meta = {k: v for k, v in OLD_ATTRS.items() if k not in ("schedule_key", "status")}
+    meta.update(argument_parts={"params": 12}, argument_sharding={"params": "replicated"},
+                fit_proof_bytes=64)  # as a schedule's meta holds them
+    assert breakdown_lines(m) == breakdown_lines(meta) and len(breakdown_lines(m)) >= 4
+    assert floor_bytes(m) == floor_bytes(meta) == 12 + 8 + 4
+    assert floor_message(m, 10) == floor_message(meta, 10) is not None

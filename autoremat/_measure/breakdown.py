@@ -35,24 +35,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any
 
 from autoremat._measure.device_memory import unmeasured_reason
-from autoremat._measure.measurement import PROOF_FIELDS, fit_figure
+from autoremat._measure.measurement import OK, PROOF_FIELDS, Measurement, figure_names, fit_figure
 from autoremat._measure.mesh import device_note, leaf_bytes
 from autoremat._units import format_bytes
 
-if TYPE_CHECKING:
-    from autoremat._measure.measurement import Measurement
-
 #: The keys a breakdown reads (``Measurement`` fields, and ``Schedule.meta`` keys).
-KEYS = ("total_bytes", "temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
-        "argument_parts", "stacked_bytes", "carry_bytes", "argument_sharding", "devices",
-        "mesh", "platform")
+KEYS = figure_names("total_bytes", "temp_bytes", "argument_bytes", "output_bytes",
+                    "alias_bytes", "argument_parts", "stacked_bytes", "carry_bytes",
+                    "argument_sharding", "devices", "mesh", "platform")
 #: The figures measured on a device that reports ``memory_stats()`` (GPU, TPU;
 #: ``autoremat._measure.device_memory``), kept only where measured: on a CPU a
 #: breakdown, a front's JSON and a schedule's meta are as without them.
-DEVICE_KEYS = ("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes", *PROOF_FIELDS)
+DEVICE_KEYS = figure_names("runtime_peak_bytes", "compile_scratch_bytes", "peak_bytes",
+                           *PROOF_FIELDS)
 
 
 def breakdown_figures(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,34 +164,23 @@ def laid_out_bytes(shape: tuple[int, ...], dtype: str) -> int | None:
     return int(size) if isinstance(size, int) and size >= logical else None
 
 
-def _parts(value: Any) -> list[tuple[str, int]]:
-    """``argument_parts`` as pairs, from pairs (a ``Measurement``) or a mapping (``meta``)."""
-    if isinstance(value, Mapping):
-        return [(str(k), int(v)) for k, v in value.items()]
-    return [(str(k), int(v)) for k, v in value or ()]
-
-
-def _parts_text(value: Any) -> list[tuple[str, str]]:
-    """``argument_sharding`` as pairs, from pairs (a ``Measurement``) or a mapping (``meta``)."""
-    if isinstance(value, Mapping):
-        return [(str(k), str(v)) for k, v in value.items()]
-    return [(str(k), str(v)) for k, v in value or ()]
-
-
 #: A measurement's figures: a ``Measurement`` (typed, as measured) or a mapping of the same
-#: names (a schedule's ``meta``, read back from YAML). Both are read through ``_get``.
-Figures = Union["Measurement", Mapping[str, Any]]
+#: names (a schedule's ``meta``, read back from YAML). Both are read as a ``Measurement``.
+Figures = Measurement | Mapping[str, Any]
 
 
-def _get(fig: Figures, key: str) -> Any:
-    """The figure ``key`` of either form (``None`` when absent)."""
-    return fig.get(key) if isinstance(fig, Mapping) else getattr(fig, key, None)
+def _measured(fig: Figures) -> Measurement:
+    """Either form as a ``Measurement``: a ``meta`` mapping is read by the records' own
+    names (``Measurement.from_attrs``); only its figures are read here."""
+    if isinstance(fig, Mapping):
+        return Measurement.from_attrs({**fig, "schedule_key": "", "status": OK})
+    return fig
 
 
-def _on_chip(fig: Figures) -> bool:
+def _on_chip(m: Measurement) -> bool:
     """Temp is smaller than the stacked per-step outputs: the compiler kept some of them
     outside device memory's temp (a TPU's on-chip memory), so they are not all there."""
-    stacked, temp = _get(fig, "stacked_bytes"), _get(fig, "temp_bytes")
+    stacked, temp = m.sizes.stacked_bytes, m.sizes.temp_bytes
     return stacked is not None and temp is not None and int(temp) < int(stacked)
 
 
@@ -203,37 +190,40 @@ def floor_bytes(fig: Figures) -> int | None:
 
     ``None`` when a part is unknown or no autoremat scan was recorded.
     """
-    needed = [_get(fig, k) for k in ("argument_bytes", "output_bytes", "stacked_bytes")]
+    sizes = (m := _measured(fig)).sizes
+    needed = [sizes.argument_bytes, sizes.output_bytes, sizes.stacked_bytes]
     if any(v is None for v in needed):
         return None
-    if _on_chip(fig):
+    if _on_chip(m):
         needed = needed[:2]
-    floor = sum(int(v) for v in needed if v is not None) - int(_get(fig, "alias_bytes") or 0)
-    total = _get(fig, "total_bytes")
+    floor = sum(int(v) for v in needed if v is not None) - int(sizes.alias_bytes or 0)
+    total = sizes.total_bytes
     return floor if total is None else min(floor, int(total))
 
 
 def breakdown_lines(fig: Figures, indent: str = "  ") -> list[str]:
     """The breakdown as ``autoremat show``/``pareto``/``tune`` print it (empty: no figures).
     Each line adds up to what it prints."""
-    if _get(fig, "total_bytes") is None or _get(fig, "temp_bytes") is None:
+    m = _measured(fig)
+    sizes, where = m.sizes, m.where
+    if sizes.total_bytes is None or sizes.temp_bytes is None:
         return []
-    alias = int(_get(fig, "alias_bytes") or 0)
-    temp = int(_get(fig, "temp_bytes"))
-    note = device_note(int(_get(fig, "devices") or 1), str(_get(fig, "mesh") or ""))
-    lines = [f"{indent}memory ({note}): total {format_bytes(_get(fig, 'total_bytes'))} = arguments "
-             f"{format_bytes(_get(fig, 'argument_bytes'))} + outputs "
-             f"{format_bytes(_get(fig, 'output_bytes'))}"
+    alias = int(sizes.alias_bytes or 0)
+    temp = int(sizes.temp_bytes)
+    note = device_note(int(where.devices or 1), str(where.mesh or ""))
+    lines = [f"{indent}memory ({note}): total {format_bytes(sizes.total_bytes)} = arguments "
+             f"{format_bytes(sizes.argument_bytes)} + outputs "
+             f"{format_bytes(sizes.output_bytes)}"
              + (f" - aliased {format_bytes(alias)}" if alias else "")
              + f" + temp {format_bytes(temp)}"]
-    parts = _parts(_get(fig, "argument_parts"))
-    how = dict(_parts_text(_get(fig, "argument_sharding")))
-    if parts:
+    how = dict(where.argument_sharding)
+    if sizes.argument_parts:
         lines.append(f"{indent}  arguments: " + ", ".join(
-            f"{n} {format_bytes(b)}" + (f" ({how[n]})" if n in how else "") for n, b in parts))
-    stacked = _get(fig, "stacked_bytes")
-    carry = f"(carry {format_bytes(_get(fig, 'carry_bytes'))})"
-    if stacked is not None and _on_chip(fig):
+            f"{n} {format_bytes(b)}" + (f" ({how[n]})" if n in how else "")
+            for n, b in sizes.argument_parts))
+    stacked = sizes.stacked_bytes
+    carry = f"(carry {format_bytes(sizes.carry_bytes)})"
+    if stacked is not None and _on_chip(m):
         lines.append(f"{indent}  temp {format_bytes(temp)} is below the per-step outputs the "
                      f"scan stacks, {format_bytes(stacked)} {carry}: the compiler keeps them "
                      "outside temp (in the chip's on-chip memory), so temp holds no part of "
@@ -243,12 +233,12 @@ def breakdown_lines(fig: Figures, indent: str = "  ") -> list[str]:
                      f"{format_bytes(stacked)} {carry} + the rest "
                      f"{format_bytes(temp - int(stacked))} (residuals the schedule keeps, "
                      "cotangents, workspace)")
-    floor = floor_bytes(fig)
+    floor = floor_bytes(m)
     if floor is not None:
-        what = ("arguments + outputs; the stacked outputs are on chip here" if _on_chip(fig)
+        what = ("arguments + outputs; the stacked outputs are on chip here" if _on_chip(m)
                 else "arguments + outputs + stacked per-step outputs")
         lines.append(f"{indent}  floor no schedule removes: {format_bytes(floor)} ({what})")
-    return lines + device_lines(fig, indent)
+    return lines + device_lines(m, indent)
 
 
 def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
@@ -256,10 +246,11 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
     peak (``-`` with the reason where the platform's method is not validated), the
     transient compile scratch, the process's peak, which of estimate and runtime peak
     decides the fit (the runtime peak where measured), and the proof of fit."""
-    total, runtime = _get(fig, "total_bytes"), _get(fig, "runtime_peak_bytes")
-    scratch, process = _get(fig, "compile_scratch_bytes"), _get(fig, "peak_bytes")
-    reason = unmeasured_reason(str(_get(fig, "platform") or ""))
-    proof = proof_text(fig)
+    m = _measured(fig)
+    total, runtime = m.sizes.total_bytes, m.peaks.runtime_peak_bytes
+    scratch, process = m.peaks.compile_scratch_bytes, m.peaks.peak_bytes
+    reason = unmeasured_reason(str(m.where.platform or ""))
+    proof = proof_text(m)
     if runtime is None and scratch is None and not reason and not proof:
         return []
     parts = [f"estimate {format_bytes(total)}"]
@@ -280,12 +271,13 @@ def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
 
 def proof_text(fig: Figures) -> str:
     """One line on the proof of fit (``""``: none was run)."""
-    proven, failed = (_get(fig, k) for k in PROOF_FIELDS)
+    m = _measured(fig)
+    proven, failed = m.proof.fit_proof_bytes, m.proof.fit_proof_failed
     if failed:
         return f"proof of fit: FAILED ({failed})"
     if proven is None:
         return ""
-    args = _get(fig, "argument_bytes")
+    args = m.sizes.argument_bytes
     live = f": arguments {format_bytes(args)} live, the rest free" if args is not None else ""
     return (f"proof of fit: ran once with only {format_bytes(proven)} on the device "
             f"(the budget{live})")
@@ -305,16 +297,16 @@ def floor_message(fig: Figures, budget_bytes: int,
     ``setting`` (name -> text): the library's ``seed_lstm(seq_len=...)``, or a front
     end's own (the CLI's ``--seq-len``).
     """
-    floor = floor_bytes(fig)
+    sizes = (m := _measured(fig)).sizes
+    floor = floor_bytes(m)
     if floor is None or floor <= budget_bytes:
         return None
-    parts = _parts(_get(fig, "argument_parts"))
-    args = ", ".join(f"{n} {format_bytes(b)}" for n, b in parts)
-    alias = int(_get(fig, "alias_bytes") or 0)
-    stacked = int(_get(fig, "stacked_bytes") or 0)
-    made_of = (f"arguments {format_bytes(_get(fig, 'argument_bytes'))}"
+    args = ", ".join(f"{n} {format_bytes(b)}" for n, b in sizes.argument_parts)
+    alias = int(sizes.alias_bytes or 0)
+    stacked = int(sizes.stacked_bytes or 0)
+    made_of = (f"arguments {format_bytes(sizes.argument_bytes)}"
                + (f" ({args})" if args else "")
-               + f", outputs {format_bytes(_get(fig, 'output_bytes'))}"
+               + f", outputs {format_bytes(sizes.output_bytes)}"
                + (f" (aliased {format_bytes(alias)})" if alias else "")
                + f", per-step outputs stacked by the scan {format_bytes(stacked)}")
     fixes = [f"a shorter sequence (the built-in problem: {setting('seq_len')})",

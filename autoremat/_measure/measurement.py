@@ -1,33 +1,60 @@
 """The record of one measurement: ``Measurement``, what ``autoremat._measure.measure`` returns.
 
 Every figure is defined in ``autoremat._measure.measure`` (its module doc), which
-makes them; this module only holds them, reads them back from a study's
-trial attrs, and says whether they fit a budget.
+makes them; this module only holds them (in the records of ``autoremat._measure.figures``),
+reads them back from a study's trial attrs, and says whether they fit a budget.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Final, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Final, Generic, Literal, TypeVar, overload
 
 from autoremat._errors import TuneError
 from autoremat._measure.failure import FailedAt
+from autoremat._measure.figures import (
+    OWNER,
+    RECORDS,
+    DevicePeaks,
+    Failure,
+    Named,
+    Pairs,
+    Proof,
+    Sizes,
+    Timing,
+    Where,
+    from_attrs,
+    to_attrs,
+)
+
+V = TypeVar("V")
 
 #: A measurement's outcome (``Measurement.status``; stored as this text).
 Status = Literal["ok", "over_budget", "error"]
 OK: Final[Status] = "ok"
 OVER_BUDGET: Final[Status] = "over_budget"
+ERROR: Final[Status] = "error"
+
+
+def figure_names(*names: str) -> tuple[str, ...]:
+    """``names``, each a ``Measurement`` figure's attr name (or ``schedule_key``,
+    ``status``, ``reason``): a list of them kept as text fails on a typo when made."""
+    unknown = [n for n in names if n not in OWNER and n not in ("schedule_key", "status",
+                                                                "reason")]
+    if unknown:
+        raise TypeError(f"no Measurement figure named {', '.join(map(repr, unknown))}")
+    return names
 
 
 #: The proof of fit's fields (``Measurement.fit_proof_bytes``, ``fit_proof_failed``).
-PROOF_FIELDS: Final = ("fit_proof_bytes", "fit_proof_failed")
+PROOF_FIELDS: Final = tuple(to_attrs(Proof()))
 
 
 def proof_attrs(passed_bytes: int | None, failed: str = "") -> dict[str, Any]:
     """A proof of fit's outcome as attrs (``Measurement.proved`` reads them): it passed with
     ``passed_bytes`` on the device, or failed (``failed``: why)."""
-    return dict(zip(PROOF_FIELDS, (passed_bytes, failed), strict=True))
+    return to_attrs(Proof(passed_bytes, failed))
 
 
 def fit_figure(total_bytes: int | None, runtime_peak_bytes: int | None) -> tuple[int | None, str]:
@@ -36,12 +63,44 @@ def fit_figure(total_bytes: int | None, runtime_peak_bytes: int | None) -> tuple
     if runtime_peak_bytes is not None:
         return runtime_peak_bytes, "runtime peak"
     return total_bytes, "estimate"
-ERROR: Final[Status] = "error"
 
 
-@dataclass(frozen=True)
+class _Figure(Generic[V]):
+    """A figure read by its flat name from the record that holds it
+    (``Measurement.total_bytes`` is ``Measurement.sizes.total_bytes``); a name that is
+    not a field of that record fails when the class is made."""
+
+    def __init__(self, record: str) -> None:
+        self.record, self.name = record, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if OWNER.get(name) != self.record:
+            raise TypeError(f"{owner.__name__}.{name}: not a field of {self.record!r}")
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _Figure[V]: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> V: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.record), self.name)
+
+
+@dataclass(frozen=True, init=False)
 class Measurement:
     """The measured figures of one schedule of one problem on one device.
+
+    Its outcome (``schedule_key``, ``status``, ``reason``) and six records
+    (``autoremat._measure.figures``): ``sizes`` (total, temp, argument, output, alias
+    bytes, argument parts, stacked, carry), ``peaks`` (peak, runtime peak, compile
+    scratch), ``timing`` (step and compile seconds, samples, loss, cut, the lengths of
+    short runs), ``where`` (device, platform, versions, devices, mesh, sharding),
+    ``failure`` (failed at, out of memory, compiler bytes) and ``proof`` (the proof of
+    fit). Each figure reads by its flat name too (``m.total_bytes`` is
+    ``m.sizes.total_bytes``), is given by it to the constructor, and is stored under it
+    in a study (``to_attrs``, ``from_attrs``).
 
     Attributes:
       schedule_key: ``Schedule.key()`` of what was measured.
@@ -104,38 +163,66 @@ class Measurement:
     schedule_key: str
     status: Status
     reason: str = ""
-    total_bytes: int | None = None
-    temp_bytes: int | None = None
-    argument_bytes: int | None = None
-    output_bytes: int | None = None
-    alias_bytes: int | None = None
-    peak_bytes: int | None = None
-    step_seconds: float | None = None
-    step_samples: tuple[float, ...] = field(default_factory=tuple)
-    compile_seconds: float | None = None
-    loss: float | None = None
-    device_kind: str = ""
-    platform: str = ""
-    jax_version: str = ""
-    flax_version: str = ""
-    argument_parts: tuple[tuple[str, int], ...] = ()
-    stacked_bytes: int | None = None
-    carry_bytes: int | None = None
-    cut_seconds: float | None = None
-    devices: int = 1
-    mesh: str = ""
-    argument_sharding: tuple[tuple[str, str], ...] = ()
-    timed_seq_len: int | None = None
-    short_seq_len: int | None = None
-    short_seconds: float | None = None
-    extrapolated_seconds: float | None = None
-    runtime_peak_bytes: int | None = None
-    compile_scratch_bytes: int | None = None
-    fit_proof_bytes: int | None = None
-    fit_proof_failed: str = ""
-    compiler_bytes: int | None = None
-    failed_at: FailedAt = ""
-    out_of_memory: bool = False
+    sizes: Sizes = field(default_factory=Sizes)
+    peaks: DevicePeaks = field(default_factory=DevicePeaks)
+    timing: Timing = field(default_factory=Timing)
+    where: Where = field(default_factory=Where)
+    failure: Failure = field(default_factory=Failure)
+    proof: Proof = field(default_factory=Proof)
+
+    total_bytes: ClassVar[_Figure[int | None]] = _Figure("sizes")
+    temp_bytes: ClassVar[_Figure[int | None]] = _Figure("sizes")
+    argument_bytes: ClassVar[_Figure[int | None]] = _Figure("sizes")
+    output_bytes: ClassVar[_Figure[int | None]] = _Figure("sizes")
+    alias_bytes: ClassVar[_Figure[int | None]] = _Figure("sizes")
+    argument_parts: ClassVar[_Figure[Pairs]] = _Figure("sizes")
+    stacked_bytes: ClassVar[_Figure[int | None]] = _Figure("sizes")
+    carry_bytes: ClassVar[_Figure[int | None]] = _Figure("sizes")
+    peak_bytes: ClassVar[_Figure[int | None]] = _Figure("peaks")
+    runtime_peak_bytes: ClassVar[_Figure[int | None]] = _Figure("peaks")
+    compile_scratch_bytes: ClassVar[_Figure[int | None]] = _Figure("peaks")
+    step_seconds: ClassVar[_Figure[float | None]] = _Figure("timing")
+    step_samples: ClassVar[_Figure[tuple[float, ...]]] = _Figure("timing")
+    compile_seconds: ClassVar[_Figure[float | None]] = _Figure("timing")
+    loss: ClassVar[_Figure[float | None]] = _Figure("timing")
+    cut_seconds: ClassVar[_Figure[float | None]] = _Figure("timing")
+    timed_seq_len: ClassVar[_Figure[int | None]] = _Figure("timing")
+    short_seq_len: ClassVar[_Figure[int | None]] = _Figure("timing")
+    short_seconds: ClassVar[_Figure[float | None]] = _Figure("timing")
+    extrapolated_seconds: ClassVar[_Figure[float | None]] = _Figure("timing")
+    device_kind: ClassVar[_Figure[str]] = _Figure("where")
+    platform: ClassVar[_Figure[str]] = _Figure("where")
+    jax_version: ClassVar[_Figure[str]] = _Figure("where")
+    flax_version: ClassVar[_Figure[str]] = _Figure("where")
+    devices: ClassVar[_Figure[int]] = _Figure("where")
+    mesh: ClassVar[_Figure[str]] = _Figure("where")
+    argument_sharding: ClassVar[_Figure[Named]] = _Figure("where")
+    failed_at: ClassVar[_Figure[FailedAt]] = _Figure("failure")
+    out_of_memory: ClassVar[_Figure[bool]] = _Figure("failure")
+    compiler_bytes: ClassVar[_Figure[int | None]] = _Figure("failure")
+    fit_proof_bytes: ClassVar[_Figure[int | None]] = _Figure("proof")
+    fit_proof_failed: ClassVar[_Figure[str]] = _Figure("proof")
+
+    def __init__(self, schedule_key: str, status: Status, reason: str = "", *,
+                 sizes: Sizes | None = None, peaks: DevicePeaks | None = None,
+                 timing: Timing | None = None, where: Where | None = None,
+                 failure: Failure | None = None, proof: Proof | None = None,
+                 **figures: Any) -> None:
+        """The records, or any figure by its flat name (``total_bytes=...``: into its
+        record, over the one given); a name that is no figure is a ``TypeError``."""
+        records: dict[str, Any] = {"sizes": sizes, "peaks": peaks, "timing": timing,
+                                   "where": where, "failure": failure, "proof": proof}
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in figures.items():
+            if name not in OWNER:
+                raise TypeError(f"Measurement: no figure named {name!r}")
+            changes.setdefault(OWNER[name], {})[name] = value
+        for record, cls in RECORDS.items():
+            value = records[record] if records[record] is not None else cls()
+            object.__setattr__(self, record, replace(value, **changes.get(record, {})))
+        object.__setattr__(self, "schedule_key", schedule_key)
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "reason", reason)
 
     @property
     def cut(self) -> bool:
@@ -148,11 +235,12 @@ class Measurement:
         return self.status == OK
 
     def to_attrs(self) -> dict[str, Any]:
-        """A JSON-safe mapping (Optuna user attrs), with ``feasible`` added."""
-        data = asdict(self)
-        data["step_samples"] = list(self.step_samples)
-        data["argument_parts"] = [[name, size] for name, size in self.argument_parts]
-        data["argument_sharding"] = [[name, how] for name, how in self.argument_sharding]
+        """A JSON-safe flat mapping (Optuna user attrs): each record's ``to_attrs``, with
+        ``feasible`` added."""
+        data: dict[str, Any] = {"schedule_key": self.schedule_key, "status": self.status,
+                                "reason": self.reason}
+        for record in RECORDS:
+            data.update(to_attrs(getattr(self, record)))
         data["feasible"] = self.feasible
         return data
 
@@ -166,18 +254,16 @@ class Measurement:
         for key in ("schedule_key", "status"):
             if key not in attrs:
                 raise TuneError(f"trial attrs: no {key!r}, so no measurement to read")
-        data = {f.name: attrs[f.name] for f in fields(cls) if f.name in attrs}
-        data["step_samples"] = tuple(data.get("step_samples") or ())
-        data["argument_parts"] = tuple((str(n), int(b)) for n, b in data.get("argument_parts") or ())
-        data["argument_sharding"] = tuple((str(n), str(h))
-                                          for n, h in data.get("argument_sharding") or ())
-        return cls(**data)
+        return cls(attrs["schedule_key"], attrs["status"], attrs.get("reason", ""),
+                   sizes=from_attrs(Sizes, attrs), peaks=from_attrs(DevicePeaks, attrs),
+                   timing=from_attrs(Timing, attrs), where=from_attrs(Where, attrs),
+                   failure=from_attrs(Failure, attrs), proof=from_attrs(Proof, attrs))
 
     def proved(self, attrs: Mapping[str, Any]) -> Measurement:
         """This measurement with a proof of fit's outcome (``proof_attrs``; a key left out
         is no outcome)."""
-        passed, failed = (attrs.get(k) for k in PROOF_FIELDS)
-        return replace(self, fit_proof_bytes=passed, fit_proof_failed=str(failed or ""))
+        proof = from_attrs(Proof, attrs)
+        return replace(self, proof=Proof(proof.fit_proof_bytes, str(proof.fit_proof_failed or "")))
 
     def predicted(self, seq_len: int) -> bool:
         """The step time is predicted from a run shorter than ``seq_len``, not measured."""

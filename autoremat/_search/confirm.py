@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
 from autoremat._measure.measure import compile_schedule
+from autoremat._measure.measurement import figure_names
 from autoremat._measure.problem import Problem
 from autoremat._measure.timing import time_compiled
 from autoremat._search.attrs import confirmed_key
@@ -43,8 +44,9 @@ ALWAYS_SECONDS: Final = 900.0
 
 #: The figures a full-length timing replaces (the estimate is the same compile's; the
 #: measured runtime peak exists only once the step ran at full length).
-_CONFIRMED: Final = ("status", "reason", "failed_at", "out_of_memory", "step_seconds",
-                     "step_samples", "peak_bytes", "loss", "timed_seq_len", "runtime_peak_bytes")
+_CONFIRMED: Final = figure_names("status", "reason", "failed_at", "out_of_memory",
+                                  "step_seconds", "step_samples", "peak_bytes", "loss",
+                                  "timed_seq_len", "runtime_peak_bytes")
 
 
 def _next(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> MeasuredTrial | None:
@@ -84,8 +86,8 @@ def confirm(study: optuna.Study, problem: Problem, budget_bytes: int, *,
                        f"T={problem.seq_len}: predicted {predicted:.3g} s from "
                        f"T'={trial.measurement.short_seq_len}")
         compiled = compile_schedule(problem, trial.schedule, budget_bytes=budget_bytes)
-        full = replace(time_compiled(compiled, budget_bytes=budget_bytes,
-                                     time_budget=time_budget), timed_seq_len=problem.seq_len)
+        timed = time_compiled(compiled, budget_bytes=budget_bytes, time_budget=time_budget)
+        full = replace(timed, timing=replace(timed.timing, timed_seq_len=problem.seq_len))
         compiled.release()
         attrs = full.to_attrs()
         study.set_user_attr(confirmed_key(trial.number), {k: attrs[k] for k in _CONFIRMED})
