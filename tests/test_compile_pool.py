@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import zlib
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ import pytest
 import autoremat._search.compile_pool as pool_module
 import autoremat._search.planner as plan_module
 import autoremat._search.planner_ahead as ahead_module
+import autoremat._search.retime as retime_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
@@ -199,6 +201,7 @@ class Recorder:
         self.thread_made: list[Compiled] = []
         self.pools: list[CompilePool] = []
         self.planners: list[plan_module.Planner] = []
+        self.seconds: dict[str, float] = {}  # the fake timer's figure of each key
         real_compile = ahead_module.compile_schedule
         real_quietly = pool_module.compile_quietly
         real_for_problem = CompilePool.for_problem.__func__  # type: ignore[attr-defined]
@@ -263,6 +266,7 @@ class Recorder:
         monkeypatch.setattr(CompilePool, "close", close)
         monkeypatch.setattr(plan_module.Planner, "close", planner_close)
         monkeypatch.setattr(ShortRuns, "time", self.fake_time)
+        monkeypatch.setattr(retime_module, "interleaved", self.fake_interleaved)
 
     def note(self, what: str, key: str) -> None:
         with self.cv:
@@ -299,9 +303,14 @@ class Recorder:
         seconds = (schedule.cost(seq_len).evaluations + (zlib.crc32(key.encode()) % 97) / 97
                    ) * 1e-4
         ran = replace(m, timed_seq_len=seq_len)
+        self.seconds[key] = seconds
         if best is not None and seconds > CUT_RATIO * best:
             return replace(ran, cut_seconds=seconds)
         return replace(ran, step_seconds=seconds, step_samples=(seconds,))
+
+    def fake_interleaved(self, runs: Sequence[Compiled], rounds: int) -> list[list[float]]:
+        """Runs in turn before the search stops (``retime``): the fake timer's figures."""
+        return [[self.seconds[c.measurement.schedule_key]] * rounds for c in runs]
 
 
 def _search(tmp: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> tuple[

@@ -7,7 +7,8 @@ models (``predict``: step time; ``memory_model``: compiled bytes) and the ``plan
 (its pool's ``candidates``, its compiles ahead: ``planner_ahead`` on ``compile_pool``'s
 threads; an offload's twin without the copies first: ``offload_twins``; what keeps a
 sized one untimed: ``untimed``) choose what to measure next; a
-``worker`` measures it; long scans are timed on short runs (``short_runs``) and the pick
+``worker`` measures it (and before it stops runs the leader in turn with its closest
+challengers: ``retime``); long scans are timed on short runs (``short_runs``) and the pick
 at full length (``confirm``); risky choices are checked when first proposed (``probe``,
 ``probe_guard``, their verdicts kept by ``probe_cache``) and the pick is proved to fit
 (``proof``). The study: its storage and lock (``storage``), opened or resumed

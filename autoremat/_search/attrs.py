@@ -13,7 +13,8 @@ trial of a dead worker ``RETRY_OF`` and ``RETRY_REASON``. A trial enqueued befor
 holds ``SCHEDULE``: the worker that takes it measures that schedule.
 
 The study holds, besides ``StudyInfo``: the probe's outcome (``PROBE``), and per trial its
-full-length confirmation (``confirmed_key``) and its proof of fit (``proof_key``).
+re-timing beside the leader (``retimed_key``), its full-length confirmation
+(``confirmed_key``) and its proof of fit (``proof_key``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def confirmed_key(number: int) -> str:
     """The study attr holding trial ``number``'s full-length timing (``Measurement``
     attrs, ``autoremat._search.confirm``); a finished trial's own attrs cannot change."""
     return f"confirmed:{number}"
+
+
+def retimed_key(number: int) -> str:
+    """The study attr holding trial ``number``'s figures from runs in turn with the search's
+    leader or its challengers (``autoremat._search.retime``); they replace its own timing."""
+    return f"retimed:{number}"
 
 
 def proof_key(number: int) -> str:

@@ -21,7 +21,14 @@ from autoremat._measure.breakdown import DEVICE_KEYS, floor_message, seed_lstm_a
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
-from autoremat._search.attrs import COMPILE_FAILED, MEASURED, SCHEDULE, confirmed_key, proof_key
+from autoremat._search.attrs import (
+    COMPILE_FAILED,
+    MEASURED,
+    SCHEDULE,
+    confirmed_key,
+    proof_key,
+    retimed_key,
+)
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
 from autoremat._units import format_bytes
 
@@ -96,16 +103,24 @@ class MeasuredTrial:
     def of(cls, trial: FrozenTrial,
            study_attrs: Mapping[str, Any] | None = None) -> MeasuredTrial | None:
         """The trial's measurement, or ``None`` when it measured nothing (pruned, lost).
-        ``study_attrs``: the study's, so a full-length confirmation of a time predicted
-        from a short run (``confirmed_key``, ``autoremat._search.confirm``) replaces it."""
+        ``study_attrs``: the study's, so a re-timing beside the search's leader
+        (``retimed_key``, ``autoremat._search.retime``) and a full-length confirmation of a
+        time predicted from a short run (``confirmed_key``, ``autoremat._search.confirm``)
+        replace its timing."""
         attrs = trial.user_attrs
         if not attrs.get(MEASURED):
             return None
         m = Measurement.from_attrs(attrs)
+        retimed = (study_attrs or {}).get(retimed_key(trial.number))
+        if retimed is not None:  # run in turn with the search's leader (``retime``)
+            m = replace(m, step_seconds=retimed["step_seconds"],
+                        step_samples=tuple(retimed["step_samples"]),
+                        short_seconds=retimed["short_seconds"] if retimed["short_seconds"]
+                        is not None else m.short_seconds)
         confirmed = (study_attrs or {}).get(confirmed_key(trial.number))
         if confirmed is not None:
-            full = Measurement.from_attrs({**attrs, **confirmed})
-            m = replace(full, timing=replace(full.timing, extrapolated_seconds=m.step_seconds))
+            m = replace(Measurement.from_attrs({**attrs, **confirmed}),
+                        extrapolated_seconds=m.step_seconds)
         proof = (study_attrs or {}).get(proof_key(trial.number))
         if proof is not None:
             m = m.proved(proof)
@@ -162,21 +177,18 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
     """The trial's schedule, with ``meta`` recording what it was tuned for and measured;
     ``info``: the study's ``StudyInfo`` when the caller has it (else read from the study)."""
     m = trial.measurement
-    sizes, timing, where = m.sizes, m.timing, m.where
     info = info if info is not None else StudyInfo.of(study)
     return trial.schedule.with_meta(
         problem=info.problem, seq_len=info.seq_len, fingerprint=info.fingerprint,
-        device_kind=where.device_kind, platform=where.platform,
-        jax_version=where.jax_version, flax_version=where.flax_version,
-        budget_bytes=info.budget_bytes, total_bytes=sizes.total_bytes,
-        temp_bytes=sizes.temp_bytes, step_seconds=timing.step_seconds,
-        timed_seq_len=timing.timed_seq_len, extrapolated_seconds=timing.extrapolated_seconds,
-        compile_seconds=timing.compile_seconds, argument_bytes=sizes.argument_bytes,
-        output_bytes=sizes.output_bytes, alias_bytes=sizes.alias_bytes,
-        argument_parts=dict(sizes.argument_parts), stacked_bytes=sizes.stacked_bytes,
-        carry_bytes=sizes.carry_bytes, devices=where.devices, mesh=where.mesh or None,
-        **({"argument_sharding": dict(where.argument_sharding)}
-           if where.argument_sharding else {}),
+        device_kind=m.device_kind, platform=m.platform, jax_version=m.jax_version,
+        flax_version=m.flax_version, budget_bytes=info.budget_bytes,
+        total_bytes=m.total_bytes, temp_bytes=m.temp_bytes, step_seconds=m.step_seconds,
+        timed_seq_len=m.timed_seq_len, extrapolated_seconds=m.extrapolated_seconds,
+        compile_seconds=m.compile_seconds, argument_bytes=m.argument_bytes,
+        output_bytes=m.output_bytes, alias_bytes=m.alias_bytes,
+        argument_parts=dict(m.argument_parts), stacked_bytes=m.stacked_bytes,
+        carry_bytes=m.carry_bytes, devices=m.devices, mesh=m.mesh or None,
+        **({"argument_sharding": dict(m.argument_sharding)} if m.argument_sharding else {}),
         **device_memory_meta(m),
         study_name=study.study_name,
         storage=redact(info.storage), trial=trial.number,

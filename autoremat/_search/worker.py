@@ -20,7 +20,7 @@ from autoremat._measure.failure import BUILD, COMPILE
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import Compiled
-from autoremat._schedules import from_data
+from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import (
@@ -34,11 +34,13 @@ from autoremat._search.attrs import (
     SCHEDULE_KEY,
     TOTAL_REACHED,
     WAITING_TAKEN,
+    retimed_key,
 )
 from autoremat._search.candidates import Candidate
 from autoremat._search.compile_pool import CompilePool
 from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.planner import Planner
+from autoremat._search.retime import contenders, retime_cost, retime_group
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock, optuna_verbosity, set_user_attrs, trials_of
 from autoremat._search.study import MeasuredTrial, StudyInfo
@@ -135,6 +137,7 @@ class Worker:
         self.duplicates_in_a_row = 0
         self.attempts = 0
         self.kept: Compiled | None = None  # the best's executable (``_keep_if_best``)
+        self.retimed: list[frozenset[str]] = []  # the keys of each group re-timed (``retime``)
 
     def fresh_trials(self) -> list[FrozenTrial]:
         """Every trial, read from the storage itself (not a cache)."""
@@ -272,10 +275,40 @@ class Worker:
         trials = self.fresh_trials()
         if any(t.state == TrialState.WAITING for t in trials):
             return "enqueued"
-        self.planner.observe([(m.schedule, m.measurement) for m in map(MeasuredTrial.of, trials)
-                              if m is not None], {str(t.user_attrs.get(SCHEDULE_KEY)) for t
-                                                  in trials if _is_measured(t) or _is_claimed(t)})
+        self.planner.observe([(m.schedule, m.measurement) for m in self.measured_trials(trials)],
+                             {str(t.user_attrs.get(SCHEDULE_KEY)) for t in trials
+                              if _is_measured(t) or _is_claimed(t)})
         return self.planner.next(deadline, explore=explore, dominated=dominated)
+
+    def measured_trials(self, trials: list[FrozenTrial]) -> list[MeasuredTrial]:
+        """The trials' measurements, with the study's re-timings (``retime``)."""
+        attrs = self.study.user_attrs
+        return [m for m in (MeasuredTrial.of(t, attrs) for t in trials) if m is not None]
+
+    def retime(self, deadline: float | None) -> bool:
+        """Before the search stops: its leader run in turn with its closest challengers
+        (``autoremat._search.retime``), their figures written to the study; ``True`` when
+        they ran (the planner looks again), ``False`` when there is nothing to re-time or
+        the time left cannot pay for it."""
+        group = contenders(self.measured_trials(self.fresh_trials()), self.info.budget_bytes,
+                           plain(self.problem.seq_len).key(), self.retimed)
+        if not group:
+            return False
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left < retime_cost(self.short, group,
+                                                 self.planner.compile_cost()):
+            return False
+        self.retimed.append(frozenset(t.schedule.key() for t in group))
+        figures, compiled = retime_group(self.short, group, self.kept)
+        if not figures:
+            return False
+        for number, figure in figures.items():
+            self.study.set_user_attr(retimed_key(number), figure.to_attrs())
+        self.planner.observe([(t.schedule, t.measurement) for t in self.measured_trials(
+            self.fresh_trials())], self.planner.taken)
+        for c in compiled.values():
+            self._keep_if_best(c.measurement.schedule_key, c)
+        return True
 
     def run(self, n_trials: int | None, time_limit: float | None) -> bool:
         """Measure schedules until the planner is done, ``n_trials`` are measured (then
@@ -306,6 +339,9 @@ class Worker:
                     planned = self.plan(deadline, self.planner.explore_front)
                     if planned is None and exact:
                         planned = self.plan(deadline, True, True)
+                    if planned is None and not exact and not self.planner.explore_front \
+                            and self.retime(deadline):
+                        continue  # the leader and its challengers re-timed: plan again
                     if planned is None:
                         break
                     self.attempts += 1

@@ -1,0 +1,151 @@
+"""Before the search stops: its leader re-timed against its closest challengers, in turn.
+
+A trial's step time is one timing (``timing.time_compiled``: a warm-up and a few runs of
+that schedule, then the next schedule's), and on a busy CPU two timings of one step differ
+by a few percent: schedules within that noise are ranked by it. The default tune of the
+seed LSTM on a 2-core CPU so stopped with the plain scan as its pick, a nested seed timed
+1% slower where, run in turn in one process, nested schedules take 0.93 of plain's time
+(``studies/results/fresh_tunes.md``); and a plain scan in the lead has no neighbours to
+search from.
+
+So before the search stops (``Worker.run``), its leader -- the fastest timed schedule that
+fits -- is run in turn with its closest challengers (``contenders``: up to ``CHALLENGERS``
+timed schedules that fit within ``BAND`` of it, and the plain scan, the baseline the answer
+is reported against, when it is within that band too), ``ROUNDS`` times each after a
+warm-up each, in one process (``interleaved``), each run its real compiled step: what
+the machine's drift does falls on all alike. Their medians replace the single timings
+(the study attr ``retimed_key``, read by ``MeasuredTrial.of``); when a challenger leads
+now, the planner goes on from it (its neighbours, its patience counted afresh). A group
+is re-timed once: the search stops when its leader's closest challengers were re-timed
+with it already.
+
+A schedule timed on a short run (``short_runs``) is re-timed on that short run, scaled
+the same way; the time left must pay for the compiles and the runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from autoremat._measure import device_memory
+from autoremat._measure.device import arguments_fingerprint
+from autoremat._measure.timing import Compiled
+from autoremat._search.short_runs import ShortRuns
+from autoremat._search.study import MeasuredTrial
+
+#: Challengers timed within this fraction of the leader's step are re-timed with it.
+BAND: Final = 0.10
+#: At most this many challengers (the closest; the plain scan besides, within ``BAND``).
+CHALLENGERS: Final = 2
+#: Runs of each contender after its warm-up, in turn: the median of three.
+ROUNDS: Final = 3
+
+
+@dataclass(frozen=True)
+class Retimed:
+    """One contender's figures from the runs in turn: full-length seconds (the median,
+    scaled from a short run's), the runs' own seconds (a short run's, as a trial's
+    ``step_samples``), and the trials it ran beside."""
+
+    step_seconds: float
+    step_samples: tuple[float, ...]
+    short_seconds: float | None
+    beside: tuple[int, ...]
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The study attr's value (``retimed_key``)."""
+        return {"step_seconds": self.step_seconds, "step_samples": list(self.step_samples),
+                "short_seconds": self.short_seconds, "retimed_with": list(self.beside)}
+
+
+def contenders(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: str,
+               done: Sequence[frozenset[str]] = ()) -> list[MeasuredTrial]:
+    """The leader and its closest challengers (module doc), leader first; ``[]`` when
+    nothing is to re-time: no leader, no challenger within ``BAND``, or this group (or one
+    holding it) was re-timed already (``done``: the keys of each group re-timed).
+    ``plain_key``: the plain scan's key, fused or not (``plain(T).key()``)."""
+    fits = sorted((t for t in trials if t.measurement.fits(budget_bytes)
+                   and t.measurement.step_seconds is not None),
+                  key=lambda t: (t.measurement.step_seconds, t.number))
+    if len(fits) < 2:
+        return []
+    leader, limit = fits[0], (1.0 + BAND) * (fits[0].measurement.step_seconds or 0.0)
+    close = [t for t in fits[1:] if (t.measurement.step_seconds or 0.0) <= limit]
+    chosen = close[:CHALLENGERS] + [t for t in close[CHALLENGERS:]
+                                    if t.schedule.with_fuse(None).key() == plain_key][:1]
+    group = frozenset(t.schedule.key() for t in (leader, *chosen))
+    if not chosen or any(group <= before for before in done):
+        return []
+    return [leader, *chosen]
+
+
+def retime_cost(short: ShortRuns, group: Sequence[MeasuredTrial], compile_seconds: float) -> float:
+    """About how long re-timing ``group`` takes: a compile and ``ROUNDS + 1`` runs each."""
+    return sum(compile_seconds + (ROUNDS + 1) * (t.measurement.step_seconds or 0.0)
+               / short.scale(t.schedule) for t in group)
+
+
+def retime_group(short: ShortRuns, group: Sequence[MeasuredTrial],
+           kept: Compiled | None = None) -> tuple[dict[int, Retimed], dict[str, Compiled]]:
+    """Run ``group``'s schedules in turn (module doc): each trial's new figures, and the
+    full-length executables compiled for it (the caller keeps or releases them; ``kept``,
+    one compiled before at full length, is run instead of compiling it again). Empty when
+    one of them fails to compile again."""
+    runs: list[tuple[Compiled, float]] = []
+    for t in group:
+        if (kept is not None and kept.measurement.schedule_key == t.schedule.key()
+                and short.length(t.schedule) == short.problem.seq_len):
+            runs.append((kept, 1.0))
+        else:
+            runs.append(short.compiled_run(t.schedule))
+    full = {c.measurement.schedule_key: c for c, k in runs if k == 1.0 and c is not kept}
+    if any(c.executable is None for c, _ in runs):
+        for c, _ in runs:
+            if c is not kept:
+                c.release()
+        return {}, {}
+    _share_arguments([c for c, _ in runs])
+    samples = interleaved([c for c, _ in runs], ROUNDS)
+    for c, k in runs:
+        if k != 1.0:
+            c.release()
+    numbers = tuple(t.number for t in group)
+    out = {}
+    for t, (_, k), runs_s in zip(group, runs, samples, strict=True):
+        median = statistics.median(runs_s)
+        out[t.number] = Retimed(median * k, tuple(runs_s), None if k == 1.0 else median,
+                                tuple(n for n in numbers if n != t.number))
+    return out, full
+
+
+def _share_arguments(runs: Sequence[Compiled]) -> None:
+    """One set of arguments for steps whose arguments are alike (``arguments_fingerprint``):
+    the others' are dropped (a big model's would be on the device once per contender)."""
+    first: dict[str, Sequence[Any]] = {}
+    for c in runs:
+        fp = arguments_fingerprint(c.args)
+        c.args = first.setdefault(fp, c.args)
+
+
+def interleaved(runs: Sequence[Compiled], rounds: int) -> list[list[float]]:
+    """Each compiled step's wall seconds (ended by ``block_until_ready``) over ``rounds``
+    runs in turn, after a warm-up each; every other round in the reverse order, so no
+    schedule always runs after the same one."""
+    import jax
+
+    times: list[list[float]] = [[] for _ in runs]
+    with device_memory.MEASURE_LOCK:  # no compile thread traces meanwhile
+        for c in runs:
+            jax.block_until_ready(c.executable(*c.args))
+        for r in range(rounds):
+            order = list(range(len(runs)))[::-1 if r % 2 else 1]
+            for i in order:
+                c = runs[i]
+                t0 = time.perf_counter()
+                jax.block_until_ready(c.executable(*c.args))
+                times[i].append(time.perf_counter() - t0)
+    return times

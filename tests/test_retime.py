@@ -1,0 +1,112 @@
+"""Before the search stops, its leader runs in turn with its closest challengers
+(``autoremat._search.retime``): single timings that put the plain scan ahead by noise do
+not end the search. The step times here are made up (a fake timer, no wall clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import autoremat
+import autoremat._search.retime as retime_module
+from autoremat._measure.measure import Compiled
+from autoremat._measure.measurement import OK, Measurement
+from autoremat._schedules.base import Schedule
+from autoremat._search.retime import BAND, CHALLENGERS, contenders
+from autoremat._search.short_runs import ShortRuns
+from autoremat._search.study import MeasuredTrial, load_study, measured_trials
+from autoremat._search.tune import tune
+from tests.tiny_problem import tiny
+
+T = 16
+PLAIN = autoremat.plain(T).key()
+
+
+def trial(number: int, schedule: Schedule, seconds: float | None,
+          total: int = 1000) -> MeasuredTrial:
+    return MeasuredTrial(number, schedule, Measurement(schedule.key(), OK, "", total_bytes=total,
+                                                       step_seconds=seconds))
+
+
+def test_the_leader_is_re_timed_with_its_closest_challengers_within_the_band() -> None:
+    plain = autoremat.plain(T)
+    nested = [autoremat.nested([T // n, n], ["nothing_saveable", "everything_saveable"])
+              for n in (2, 4, 8, 16)]
+    trials = [trial(0, plain, 1.00), trial(1, nested[0], 1.01), trial(2, nested[1], 1.02),
+              trial(3, nested[2], 1.03), trial(4, nested[3], 1.0 + 2 * BAND),  # out of band
+              trial(5, autoremat.binomial(4), None),  # not timed (cut): no contender
+              trial(6, autoremat.nested([T], "nothing_saveable"), 0.5, total=10**6)]  # over
+    group = contenders(trials, 10**4, PLAIN)
+    assert [t.number for t in group] == [0, 1, 2][:CHALLENGERS + 1]  # the leader first
+    done = [frozenset(t.schedule.key() for t in group)]
+    assert contenders(trials, 10**4, PLAIN, done) == []  # once per group
+    assert contenders(trials[:1], 10**4, PLAIN) == []  # no challenger
+    # the plain scan, the baseline the answer is reported against, is re-timed beside a
+    # leader it is within the band of, past the closest challengers
+    behind = [trial(0, nested[0], 1.00), trial(1, nested[1], 1.01), trial(2, nested[2], 1.02),
+              trial(3, plain.with_fuse(True), 1.03)]
+    assert [t.number for t in contenders(behind, 10**4, PLAIN)] == [0, 1, 2, 3]
+
+
+def test_a_plain_scan_ahead_by_noise_is_re_timed_and_the_search_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake timer gives every schedule one timing in which the plain scan leads by 1%;
+    run in turn (a fake too), the nested ones take 0.95 of plain's time. The search does
+    not stop on the single timings: it re-times the plain scan beside its challengers, a
+    nested schedule leads, the search goes on from it, and the answer is the leader of
+    the runs in turn, with their figure."""
+    monkeypatch.chdir(tmp_path)
+    timings: list[str] = []
+    turns: list[list[str]] = []
+    timed_before: list[int] = []  # timings before each re-timing
+
+    def single(schedule: Schedule) -> float:
+        evaluations = schedule.cost(T).evaluations
+        return 1e-3 if schedule.key() == PLAIN else 1.01e-3 + 1e-7 * evaluations
+
+    def in_turn(key: str) -> float:
+        schedule = next(s for s in known if s.key() == key)
+        return 1e-3 if key == PLAIN else 0.95e-3 + 1e-7 * schedule.cost(T).evaluations
+
+    known: list[Schedule] = []
+
+    def fake_time(runs: ShortRuns, schedule: Schedule, sized: Compiled, *,
+                  budget_bytes: int | None, time_budget: float, best: float | None
+                  ) -> Measurement:
+        if sized.executable is None:
+            return sized.measurement
+        known.append(schedule)
+        timings.append(schedule.key())
+        seconds = single(schedule)
+        return replace(sized.measurement, timed_seq_len=T, step_seconds=seconds,
+                       step_samples=(seconds,))
+
+    def fake_interleaved(runs: Sequence[Compiled], rounds: int) -> list[list[float]]:
+        keys = [c.measurement.schedule_key for c in runs]
+        assert all(c.executable is not None for c in runs)  # compiled to be run
+        turns.append(keys)
+        timed_before.append(len(timings))
+        return [[in_turn(k)] * rounds for k in keys]
+
+    monkeypatch.setattr(ShortRuns, "time", fake_time)
+    monkeypatch.setattr(retime_module, "interleaved", fake_interleaved)
+    result = tune(tiny(T), 10**9, time_budget=0.02, study_name="noise", time_limit=None)
+    assert turns and turns[0][0] == PLAIN  # it was about to stop with the plain scan ahead
+    assert len(turns[0]) == 1 + CHALLENGERS
+    study = load_study("noise")
+    trials = {t.schedule.key(): t for t in measured_trials(study)}
+    assert len(timings) > timed_before[0]  # the search went on after the re-timing
+    assert result.best_trial is not None and result.best_trial.schedule.key() != PLAIN
+    best = result.best_trial
+    assert best.measurement.step_seconds == pytest.approx(in_turn(best.schedule.key()))
+    assert trials[PLAIN].measurement.step_seconds == pytest.approx(1e-3)
+    assert f"retimed:{trials[PLAIN].number}" in study.user_attrs
+    single_trials = [t for t in measured_trials(study)
+                     if f"retimed:{t.number}" not in study.user_attrs]
+    assert all(t.measurement.step_seconds == pytest.approx(single(t.schedule))
+               for t in single_trials if t.measurement.step_seconds is not None)
+    summary = {k: t.measurement.step_seconds for k, t in trials.items()}
+    assert min(v for v in summary.values() if v is not None) == best.measurement.step_seconds
