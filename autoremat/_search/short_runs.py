@@ -141,7 +141,7 @@ class ShortRuns:
             m = time_compiled(sized, budget_bytes=budget_bytes, time_budget=time_budget,
                               best=best)
             ran = m.step_seconds is not None or m.cut_seconds is not None
-            return replace(m, timed_seq_len=seq_len) if ran else m
+            return replace(m, timing=replace(m.timing, timed_seq_len=seq_len)) if ran else m
         full = sized.measurement
         sized.release()  # the bytes are known; the full-length executable is not run
         k = scale(schedule, seq_len, n)
@@ -150,12 +150,12 @@ class ShortRuns:
                           best=None if best is None else best / k)
         short.release()
         if m.status != OK:
-            return replace(full, status=ERROR, reason=f"at T'={n}: {m.reason}", loss=m.loss,
-                           failed_at=m.failed_at, out_of_memory=m.out_of_memory,
-                           compiler_bytes=m.compiler_bytes)
-        measured = m.step_seconds if m.step_seconds is not None else m.cut_seconds
-        return replace(
-            full, loss=m.loss, step_samples=m.step_samples, timed_seq_len=n,
+            return replace(full, status=ERROR, reason=f"at T'={n}: {m.reason}",
+                           timing=replace(full.timing, loss=m.timing.loss), failure=m.failure)
+        t = m.timing
+        measured = t.step_seconds if t.step_seconds is not None else t.cut_seconds
+        return replace(full, timing=replace(
+            full.timing, loss=t.loss, step_samples=t.step_samples, timed_seq_len=n,
             short_seq_len=n, short_seconds=measured,
-            step_seconds=None if m.step_seconds is None else m.step_seconds * k,
-            cut_seconds=None if m.cut_seconds is None else m.cut_seconds * k)
+            step_seconds=None if t.step_seconds is None else t.step_seconds * k,
+            cut_seconds=None if t.cut_seconds is None else t.cut_seconds * k))

@@ -113,14 +113,15 @@ class MeasuredTrial:
         m = Measurement.from_attrs(attrs)
         retimed = (study_attrs or {}).get(retimed_key(trial.number))
         if retimed is not None:  # run in turn with the search's leader (``retime``)
-            m = replace(m, step_seconds=retimed["step_seconds"],
-                        step_samples=tuple(retimed["step_samples"]),
-                        short_seconds=retimed["short_seconds"] if retimed["short_seconds"]
-                        is not None else m.short_seconds)
+            m = replace(m, timing=replace(
+                m.timing, step_seconds=retimed["step_seconds"],
+                step_samples=tuple(retimed["step_samples"]),
+                short_seconds=retimed["short_seconds"] if retimed["short_seconds"]
+                is not None else m.timing.short_seconds))
         confirmed = (study_attrs or {}).get(confirmed_key(trial.number))
         if confirmed is not None:
-            m = replace(Measurement.from_attrs({**attrs, **confirmed}),
-                        extrapolated_seconds=m.step_seconds)
+            full = Measurement.from_attrs({**attrs, **confirmed})
+            m = replace(full, timing=replace(full.timing, extrapolated_seconds=m.step_seconds))
         proof = (study_attrs or {}).get(proof_key(trial.number))
         if proof is not None:
             m = m.proved(proof)
@@ -177,18 +178,21 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
     """The trial's schedule, with ``meta`` recording what it was tuned for and measured;
     ``info``: the study's ``StudyInfo`` when the caller has it (else read from the study)."""
     m = trial.measurement
+    sizes, timing, where = m.sizes, m.timing, m.where
     info = info if info is not None else StudyInfo.of(study)
     return trial.schedule.with_meta(
         problem=info.problem, seq_len=info.seq_len, fingerprint=info.fingerprint,
-        device_kind=m.device_kind, platform=m.platform, jax_version=m.jax_version,
-        flax_version=m.flax_version, budget_bytes=info.budget_bytes,
-        total_bytes=m.total_bytes, temp_bytes=m.temp_bytes, step_seconds=m.step_seconds,
-        timed_seq_len=m.timed_seq_len, extrapolated_seconds=m.extrapolated_seconds,
-        compile_seconds=m.compile_seconds, argument_bytes=m.argument_bytes,
-        output_bytes=m.output_bytes, alias_bytes=m.alias_bytes,
-        argument_parts=dict(m.argument_parts), stacked_bytes=m.stacked_bytes,
-        carry_bytes=m.carry_bytes, devices=m.devices, mesh=m.mesh or None,
-        **({"argument_sharding": dict(m.argument_sharding)} if m.argument_sharding else {}),
+        device_kind=where.device_kind, platform=where.platform,
+        jax_version=where.jax_version, flax_version=where.flax_version,
+        budget_bytes=info.budget_bytes, total_bytes=sizes.total_bytes,
+        temp_bytes=sizes.temp_bytes, step_seconds=timing.step_seconds,
+        timed_seq_len=timing.timed_seq_len, extrapolated_seconds=timing.extrapolated_seconds,
+        compile_seconds=timing.compile_seconds, argument_bytes=sizes.argument_bytes,
+        output_bytes=sizes.output_bytes, alias_bytes=sizes.alias_bytes,
+        argument_parts=dict(sizes.argument_parts), stacked_bytes=sizes.stacked_bytes,
+        carry_bytes=sizes.carry_bytes, devices=where.devices, mesh=where.mesh or None,
+        **({"argument_sharding": dict(where.argument_sharding)}
+           if where.argument_sharding else {}),
         **device_memory_meta(m),
         study_name=study.study_name,
         storage=redact(info.storage), trial=trial.number,
