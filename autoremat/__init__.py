@@ -81,7 +81,8 @@ missing here)::
         pareto          the front: non-dominated trials, table, plot, export, show
         export_forms    export in a framework: a trial's form, or the nearest measured one
     _cli/         the command's settings and printing; export_command: the export command,
-                  export_text: its MaxText and Flax text (cli.py is the command)
+                  export_text: its MaxText and Flax text; show_command: the show command
+                  (cli.py is the command)
 
     shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations)
     public:  __init__, cli, linen, nnx, bounds (Revolve's optimum; any schedule's cost)

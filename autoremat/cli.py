@@ -52,20 +52,17 @@ from autoremat._cli.settings import (
     with_defaults,
     with_flag,
 )
+from autoremat._cli.show_command import EXIT_STALE as EXIT_STALE  # 1: does not hold here
+from autoremat._cli.show_command import run_show
 from autoremat._errors import AutorematError, ScheduleError
 from autoremat._measure.allocator import limit_bytes
 from autoremat._measure.mesh import device_note
-from autoremat._measure.parity import check_parity
 from autoremat._measure.problem import Problem, resolve_problem
-from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
 from autoremat._models.layer_stack import layer_stack
 from autoremat._models.seed_lstm import seed_lstm
-from autoremat._schedules import read_schedule
-from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import NAME_COSTS, PROBE
 from autoremat._search.export_forms import FORMATS
 from autoremat._search.pareto import (
-    describe_schedule,
     front_json,
     front_table,
     pareto_front,
@@ -81,7 +78,6 @@ if TYPE_CHECKING:
     import optuna
 
 EXIT_OK: Final = 0
-EXIT_STALE: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_NOTHING_FITS: Final = 3
 EXIT_INTERRUPTED: Final = 130
@@ -385,40 +381,9 @@ def _export(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     try:
-        schedule = read_schedule(args.path)
-        print(describe_schedule(schedule))
-        if args.problem is None:
-            other_mesh = mesh_mismatches(schedule)
-            if other_mesh:
-                print("stale here: " + "; ".join(other_mesh))
-                return EXIT_STALE
-            return EXIT_OK
-        settings = with_defaults(given(args, PROBLEM_SETTINGS), PROBLEM_SETTINGS)
-        check_settings(settings)
-        problem = _problem_of({**settings, "problem": args.problem})
-        mismatches = schedule_mismatches(schedule, problem)
+        return run_show(args, _problem_of)
     except AutorematError as e:
         raise _usage_error(e) from None
-    if mismatches:
-        print(f"stale for {problem.name}: " + "; ".join(mismatches))
-        return EXIT_STALE
-    print(f"matches {problem.name} on this device")
-    return _parity(schedule, problem)
-
-
-def _parity(schedule: Schedule, problem: Problem) -> int:
-    """Print the step compiled here under ``schedule`` beside its tuned total; exit 1 where
-    they differ by more than ``parity.SAME``."""
-    parity = check_parity(schedule, problem)
-    if parity.compiled_bytes is None:
-        print(f"compiled here: failed ({parity.reason})")
-        return EXIT_STALE
-    line = f"compiled here: total {format_bytes(parity.compiled_bytes)}"
-    if parity.ratio is not None:
-        line += (f", tuned {format_bytes(parity.tuned_bytes)} "
-                 f"({parity.ratio:.3f}x: {'the same program' if parity.same else 'differs'})")
-    print(line)
-    return EXIT_OK if parity.same else EXIT_STALE
 
 
 if __name__ == "__main__":  # pragma: no cover
