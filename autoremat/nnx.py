@@ -173,8 +173,10 @@ def problem(
       ``loss_fn`` w.r.t. the ``nnx.Param`` state, then ``optimizer.update``.
     """
     batch = tuple(batch)
+    notes: tuple[str, ...] = ()
     if min_length is not None:
         _check_min_length(min_length, seq_len)
+        notes = _survey(model_fn, loss_fn, batch, seq_len, min_length)
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         fused = fuse if fuse is not None else schedule.fuse is not False
@@ -197,7 +199,8 @@ def problem(
 
         return train_step, (state, *batch)
 
-    return Problem(name=name, seq_len=seq_len, build=build, fuse_choice=fuse is None)
+    return Problem(name=name, seq_len=seq_len, build=build, fuse_choice=fuse is None,
+                   notes=notes)
 
 
 def _check_min_length(min_length: Any, seq_len: int) -> None:
@@ -209,3 +212,19 @@ def _check_min_length(min_length: Any, seq_len: int) -> None:
         raise ProblemError(f"min_length: {min_length} is above seq_len={seq_len}, so the scan "
                            f"of seq_len steps would be left as written; pass min_length <= "
                            f"{seq_len}")
+
+
+def _survey(model_fn: Callable[[Schedule], nnx.Module], loss_fn: Callable[..., jax.Array],
+            batch: tuple[Any, ...], seq_len: int, min_length: int) -> tuple[str, ...]:
+    """The notes of ``loss_fn``'s scans (``RewriteReport.notes``), from one abstract trace
+    of the model (``nnx.eval_shape``: nothing is initialized); ``ProblemError`` naming
+    ``min_length`` when no scan is that long."""
+    model = nnx.eval_shape(lambda: model_fn(plain(seq_len)))
+    report = remat_scans(loss_fn, plain(1), min_length=min_length, fuse=False).describe(
+        model, *batch)
+    if not report.rewritten:
+        lengths = sorted({s.length for s in report.scans})
+        raise ProblemError(f"min_length: loss_fn(model, *batch) has no scan of length >= "
+                           f"min_length={min_length} (its scans' lengths: {lengths or 'none'}); "
+                           "set min_length to the layer count, or check that the model scans")
+    return report.notes

@@ -22,6 +22,7 @@ import jax
 import optax
 
 from autoremat._errors import ProblemError
+from autoremat._scan.checkpoint_names import checkpointed_steps, inner_remat_note
 from autoremat._scan.remat_scans import DEFAULT_MIN_LENGTH, RematScans, remat_scans
 from autoremat._scan.rewrite import REWRITTEN, survey
 from autoremat._schedules import plain
@@ -33,9 +34,11 @@ Build = Callable[[Schedule], tuple[Callable[..., Any], tuple[Any, ...]]]
 def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
                  optimizer: optax.GradientTransformation, *,
                  min_length: int | None = None,
-                 fuse: bool | None = None) -> tuple[int, Build, tuple[str, ...], bool]:
-    """``(seq_len, build, arg_names, fuse_choice)`` of ``Problem.from_loss`` (see there);
-    ``fuse_choice``: ``fuse`` is ``None`` and fusing moves something into a long scan."""
+                 fuse: bool | None = None
+                 ) -> tuple[int, Build, tuple[str, ...], bool, tuple[str, ...]]:
+    """``(seq_len, build, arg_names, fuse_choice, notes)`` of ``Problem.from_loss`` (see
+    there); ``fuse_choice``: ``fuse`` is ``None`` and fusing moves something into a long
+    scan; ``notes``: a remat inside a long scan's step (``checkpointed_steps``)."""
     min_length = DEFAULT_MIN_LENGTH if min_length is None else min_length
     if not callable(loss_fn):
         raise ProblemError(f"loss_fn: expected a callable loss_fn(params, *batch), got "
@@ -74,8 +77,9 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
 
         return train_step, (params, opt_state, *batch)
 
+    note = inner_remat_note(checkpointed_steps(closed.jaxpr, min_length))
     return (max(long), build, ("params", "opt_state", *_batch_names(loss_fn, len(batch))),
-            choice)
+            choice, (note,) if note else ())
 
 
 def time_axes(batch: Sequence[Any], seq_len: int) -> list[int | None] | None:

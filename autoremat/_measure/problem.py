@@ -53,6 +53,10 @@ class Problem:
         the search (``Schedule.fuse``): ``build`` applies the schedule's, and the
         tuner offers fused and unfused schedules (``Problem.from_loss``, ``linen``,
         ``nnx``, ``seed_lstm`` with ``fuse=None`` / ``fused_readout=None``).
+      notes: what building the problem noticed in the user's step that changes what a
+        schedule does -- a remat inside the scanned block (``Problem.from_loss``,
+        ``linen.problem``, ``nnx.problem`` with ``min_length``) -- one sentence each, for
+        the command line to print under the problem's name.
     """
 
     name: str
@@ -62,6 +66,7 @@ class Problem:
     at_length: Callable[[int], Problem] | None = None
     fuse_choice: bool = False
     small: Callable[[], Problem] | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
@@ -72,6 +77,8 @@ class Problem:
             raise ProblemError("at_length: expected None or a callable at_length(n) -> Problem")
         if self.small is not None and not callable(self.small):
             raise ProblemError("small: expected None or a callable small() -> Problem")
+        if not isinstance(self.notes, tuple) or not all(isinstance(n, str) for n in self.notes):
+            raise ProblemError(f"notes: expected a tuple of strings, got {self.notes!r}")
         names = self.arg_names
         if names is not None and (not isinstance(names, tuple)
                                   or not all(isinstance(n, str) and n for n in names)):
@@ -103,13 +110,13 @@ class Problem:
         """
         from autoremat._measure.from_loss import first_steps, loss_problem, time_axes  # imports jax
 
-        seq_len, build, arg_names, choice = loss_problem(loss_fn, params, batch, optimizer,
-                                                         min_length=min_length, fuse=fuse)
+        seq_len, build, arg_names, choice, notes = loss_problem(
+            loss_fn, params, batch, optimizer, min_length=min_length, fuse=fuse)
         axes = time_axes(batch, seq_len)
 
         def at_length(n: int) -> Problem:
             assert axes is not None
-            got, short_build, _, _ = loss_problem(loss_fn, params, first_steps(batch, axes, n),
+            got, short_build, _, _, _ = loss_problem(loss_fn, params, first_steps(batch, axes, n),
                                                   optimizer, min_length=min_length,
                                                   fuse=fuse if fuse is not None or choice
                                                   else True)
@@ -118,10 +125,10 @@ class Problem:
                     f"at_length: on the first {n} of the batch's {seq_len} steps the loss's "
                     f"longest scan has {got} steps, not {n}: its length does not follow the "
                     "batch's time axis, so it cannot be timed on a short run")
-            return cls(name, n, short_build, arg_names, fuse_choice=choice)
+            return cls(name, n, short_build, arg_names, fuse_choice=choice, notes=notes)
 
         return cls(name, seq_len, build, arg_names, None if axes is None else at_length,
-                   fuse_choice=choice)
+                   fuse_choice=choice, notes=notes)
 
 
 def resolve_problem(ref: str) -> Problem:
@@ -145,12 +152,12 @@ def resolve_problem(ref: str) -> Problem:
         try:
             spec.loader.exec_module(module)
         except Exception as e:
-            raise ProblemError(f"problem: importing {module_ref} failed: {type(e).__name__}: {e}") from None
+            raise ProblemError(f"problem: importing {module_ref} failed: {type(e).__name__}: {e}") from e
     else:
         try:
             module = importlib.import_module(module_ref)
         except Exception as e:
-            raise ProblemError(f"problem: cannot import {module_ref!r}: {type(e).__name__}: {e}") from None
+            raise ProblemError(f"problem: cannot import {module_ref!r}: {type(e).__name__}: {e}") from e
     if not hasattr(module, attr):
         raise ProblemError(f"problem: {module_ref} has no attribute {attr!r}")
     obj = getattr(module, attr)
@@ -158,7 +165,7 @@ def resolve_problem(ref: str) -> Problem:
         try:
             obj = obj()
         except Exception as e:
-            raise ProblemError(f"problem: calling {ref}() failed: {type(e).__name__}: {e}") from None
+            raise ProblemError(f"problem: calling {ref}() failed: {type(e).__name__}: {e}") from e
     if not isinstance(obj, Problem):
         raise ProblemError(
             f"problem: {ref} is a {type(obj).__name__}, expected an autoremat.Problem "

@@ -28,6 +28,7 @@ from autoremat._scan.jax_internals import (
     CHECKPOINT_NAME_PARAM,
     NUM_CARRY,
     NUM_CONSTS,
+    REMAT,
     SCAN,
     SCAN_BODY,
     Jaxpr,
@@ -127,6 +128,35 @@ def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
                                  sum(_bytes(v.aval) for v in eqn.invars[consts + carry:]),
                                  sum(_bytes(v.aval) for v in eqn.invars[consts:consts + carry]))
     return None
+
+
+def checkpointed_steps(jaxpr: Jaxpr, min_length: int) -> list[int]:
+    """The lengths of ``jaxpr``'s scans of ``>= min_length`` steps whose step holds a
+    ``jax.checkpoint`` (``nn.remat``, ``nnx.remat``: a block remat'd inside the scanned
+    step). A schedule's policies still decide what each step keeps -- JAX applies the
+    outer checkpoint's policy to the values inside the inner one -- but where a level
+    does no remat the inner one's policy acts, and it brings its own recompute
+    (``studies/results/inner_remat.md``)."""
+    found = []
+    for inner in _all_jaxprs(jaxpr):
+        for eqn in inner.eqns:
+            if eqn.primitive is SCAN and eqn.params["length"] >= min_length and any(
+                    e.primitive is REMAT for j in _all_jaxprs(eqn.params[SCAN_BODY].jaxpr)
+                    for e in j.eqns):
+                found.append(int(eqn.params["length"]))
+    return found
+
+
+def inner_remat_note(lengths: list[int]) -> str:
+    """What ``checkpointed_steps`` found, said once (empty when nothing)."""
+    if not lengths:
+        return ""
+    return (f"the step of the scan of length {', '.join(map(str, sorted(set(lengths))))} holds "
+            "a jax.checkpoint (nn.remat / nnx.remat / jax.checkpoint around the block): the "
+            "schedule's policies still decide what each step keeps, but a level with no remat "
+            "runs that checkpoint's policy instead, and it adds its own recompute; remove it "
+            "from the scanned block to let the schedule alone decide "
+            "(docs/layer_stacks.md, 'A remat already inside the block')")
 
 
 def _bytes(aval: Any) -> int:

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from autoremat._errors import AutorematError, RematScansWarning
-from autoremat._scan.checkpoint_names import function_tags
+from autoremat._scan.checkpoint_names import checkpointed_steps, function_tags, inner_remat_note
 from autoremat._scan.fuse_inline import flatten
 from autoremat._scan.rewrite import REWRITTEN, TOO_SHORT, Context, FoundScan, evaluate, survey
 from autoremat._scan.scan import as_schedule
@@ -147,6 +147,8 @@ class RematScans:
         notes: tuple[str, ...] = ()
         if self.fuse:
             closed, notes = flatten(closed, leaves, self.min_length)
+        inner = inner_remat_note(checkpointed_steps(closed.jaxpr, self.min_length))
+        notes = (*notes, inner) if inner else notes
         return RewriteReport(self.schedule.describe(), self.min_length,
                              tuple(survey(closed.jaxpr, self.min_length, fuse=self.fuse)), notes)
 
