@@ -158,7 +158,11 @@ def problem(
         ``>= min_length`` in ``loss_fn`` runs under the schedule through
         ``autoremat.nnx.remat_scans`` (fused or not, as ``fuse`` says); shorter scans are
         left as written. A layer stack sets it to its layer count (``remat_scans``'s
-        default, 64, is above most). At most ``seq_len``.
+        default, 64, is above most). At most ``seq_len``; checked on an abstract model
+        (``nnx.eval_shape``), refused when no scan is that long. With ``fuse=None``
+        fused and unfused are both candidates only where fusing moves something (as in
+        ``Problem.from_loss``; not for a layer stack, whose readout follows the last
+        layer). ``Problem.notes`` says when the scanned step holds a remat.
       fuse: move the readout and loss after the scan into the scanned step where they
         are separable in time (``remat_scans``'s fusion): the model is built with the
         plain scan (``model_fn(autoremat.plain(seq_len))``) and ``loss_fn`` runs under
@@ -174,9 +178,11 @@ def problem(
     """
     batch = tuple(batch)
     notes: tuple[str, ...] = ()
+    choice = fuse is None
     if min_length is not None:
         _check_min_length(min_length, seq_len)
-        notes = _survey(model_fn, loss_fn, batch, seq_len, min_length)
+        notes, fusable = _survey(model_fn, loss_fn, batch, seq_len, min_length, choice)
+        choice = choice and fusable
 
     def build(schedule: Schedule) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         fused = fuse if fuse is not None else schedule.fuse is not False
@@ -199,7 +205,7 @@ def problem(
 
         return train_step, (state, *batch)
 
-    return Problem(name=name, seq_len=seq_len, build=build, fuse_choice=fuse is None,
+    return Problem(name=name, seq_len=seq_len, build=build, fuse_choice=choice,
                    notes=notes)
 
 
@@ -215,16 +221,23 @@ def _check_min_length(min_length: Any, seq_len: int) -> None:
 
 
 def _survey(model_fn: Callable[[Schedule], nnx.Module], loss_fn: Callable[..., jax.Array],
-            batch: tuple[Any, ...], seq_len: int, min_length: int) -> tuple[str, ...]:
-    """The notes of ``loss_fn``'s scans (``RewriteReport.notes``), from one abstract trace
-    of the model (``nnx.eval_shape``: nothing is initialized); ``ProblemError`` naming
-    ``min_length`` when no scan is that long."""
+            batch: tuple[Any, ...], seq_len: int, min_length: int,
+            fusing: bool) -> tuple[tuple[str, ...], bool]:
+    """``(notes, fusable)`` of ``loss_fn``'s long scans: the notes of ``RewriteReport``
+    (a remat inside the step), and whether fusing moves anything into them (asked only
+    when ``fusing``; a layer stack's readout follows the last layer, so nothing is: the
+    search then offers no unfused twin of each schedule). From an abstract model
+    (``nnx.eval_shape``: nothing is initialized); ``ProblemError`` naming ``min_length``
+    when no scan is that long."""
     model = nnx.eval_shape(lambda: model_fn(plain(seq_len)))
     report = remat_scans(loss_fn, plain(1), min_length=min_length, fuse=False).describe(
         model, *batch)
+    fusable = fusing and any(
+        s.fusion.startswith("fused into the step") for s in remat_scans(
+            loss_fn, plain(1), min_length=min_length, fuse=True).describe(model, *batch).scans)
     if not report.rewritten:
         lengths = sorted({s.length for s in report.scans})
         raise ProblemError(f"min_length: loss_fn(model, *batch) has no scan of length >= "
                            f"min_length={min_length} (its scans' lengths: {lengths or 'none'}); "
                            "set min_length to the layer count, or check that the model scans")
-    return report.notes
+    return report.notes, fusable
