@@ -155,10 +155,13 @@ def test_bad_mesh_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
         autoremat.seed_lstm(seq_len=8, mesh="data=4")
 
 
-def test_tune_refuses_many_processes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_tune_on_many_processes_needs_jax_distributed(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """Many processes tune in lockstep (``tests/test_lockstep.py``) through
+    ``jax.distributed``; without it, one clear error."""
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     problem = autoremat.Problem("never built", 8, lambda schedule: (lambda: 0.0, ()))
-    with pytest.raises(autoremat.TuneError, match=r"tune on one host .* load the schedule"):
+    with pytest.raises(autoremat.TuneError, match=r"call jax.distributed.initialize\(\) first"):
         autoremat.tune(problem, 10**9, n_trials=1, storage=f"sqlite:///{tmp_path}/x.db")
 
 

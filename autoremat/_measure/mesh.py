@@ -88,6 +88,19 @@ def make_mesh(spec: str | jax.sharding.Mesh) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(devices, tuple(n for n, _ in axes))
 
 
+def put(value: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    """``jax.device_put(value, sharding)`` of a value every process holds whole; where the
+    sharding spans other processes' devices too (a multi-controller job), each process
+    places only its own shards from its copy (``jax.make_array_from_callback``)."""
+    import jax
+    import numpy as np
+
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 def leaf_bytes(leaf: Any) -> tuple[int, int]:
     """``(per-device bytes, whole bytes)`` of one array (equal when it is not sharded)."""
     import numpy as np

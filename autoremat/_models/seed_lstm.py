@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from autoremat._errors import ProblemError
-from autoremat._measure.mesh import layout, make_mesh
+from autoremat._measure.mesh import layout, make_mesh, put
 from autoremat._measure.problem import Problem, Step
 from autoremat._scan.fuse import fuse_loss
 
@@ -206,7 +206,7 @@ def seed_model(seq_len: int, batch: int, hidden: int, input_dim: int, output_dim
     with ThreadPoolExecutor(1) as pool:
         made = pool.submit(_host_arrays, cell, readout, tx, batch, seq_len, input_dim,
                            hidden, output_dim, seq2seq)
-        device = jax.devices()[0]
+        device = jax.local_devices()[0]  # this process's: the others' are not addressable
         carry0, args = made.result()
     carry0, args = jax.device_put((carry0, args), device)
     return SeedModel(cell, readout, tx, carry0, args, seq2seq,
@@ -327,9 +327,9 @@ def shard_seed_args(args: tuple[Any, ...], mesh: jax.sharding.Mesh,
 
     def place(i: int, arg: Any) -> Any:
         if i in batch_args:
-            return jax.device_put(arg, NamedSharding(mesh, P(names)))
+            return put(arg, NamedSharding(mesh, P(names)))
         return jax.tree_util.tree_map(
-            lambda leaf: jax.device_put(leaf, NamedSharding(mesh, param_spec(leaf))), arg)
+            lambda leaf: put(leaf, NamedSharding(mesh, param_spec(leaf))), arg)
 
     return tuple(place(i, a) for i, a in enumerate(args))
 

@@ -234,3 +234,13 @@ HOST_PLACEMENT_CALL = "annotate_device_placement"
 #: tag a ``save_only_these_names``-style policy refers to); ``autoremat._scan.checkpoint_names``.
 CHECKPOINT_NAME = "name"
 CHECKPOINT_NAME_PARAM = "name"
+
+
+def distributed_client() -> Any:
+    """The multi-controller runtime's client, whose key-value store the processes of a job
+    share (``jax.distributed.initialize`` makes it; ``None`` before): ``key_value_set_bytes``,
+    ``blocking_key_value_get_bytes``, ``key_value_increment``, ``key_value_try_get``.
+    ``autoremat._search.lockstep`` talks through it."""
+    from jax._src import distributed
+
+    return distributed.global_state.client

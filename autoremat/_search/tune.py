@@ -72,6 +72,7 @@ from typing import Any, Final
 from autoremat._errors import ProblemError, TuneError, one_line
 from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.mesh import layout
+from autoremat._measure.peers import active as active_peers
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
@@ -162,19 +163,24 @@ def tune(
     Raises:
       TuneError: the storage cannot be opened, ``out`` cannot be written, the
         named study was made for another problem, argument shapes, device or
-        budget, or this is one of many processes (``jax.process_count() > 1``:
-        tune on one host, load the schedule on all).
+        budget.
+
+    With ``jax.process_count() > 1`` every process of the job makes this same call:
+    process 0 decides and alone writes the study and ``out``, every process compiles and
+    runs each schedule, and all return the same result (``autoremat._search.lockstep``).
       ProblemError: the problem's step cannot be built.
     """
     import jax
     import optuna
 
-    if jax.process_count() > 1:
-        raise TuneError(
-            f"jax.process_count() is {jax.process_count()} (this is process "
-            f"{jax.process_index()}): tuning measures in one process; tune on one host on a "
-            "mesh of the same per-device shape, then load the schedule on every host "
-            "(autoremat.load_schedule)")
+    if jax.process_count() > 1 and active_peers() is None:  # every process runs this call
+        from autoremat._search.lockstep import in_lockstep
+
+        return in_lockstep(problem, heartbeat, lambda: tune(
+            problem, budget_bytes, n_trials=n_trials, total_trials=total_trials,
+            time_limit=time_limit, explore_front=explore_front, storage=storage,
+            study_name=study_name, seed=seed, out=out, time_budget=time_budget,
+            heartbeat=heartbeat, on_trial=on_trial, on_confirm=on_confirm))
     limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
     start = time.monotonic()
     with optuna_verbosity(optuna.logging.WARNING):  # the caller's level is restored
