@@ -10,8 +10,9 @@ together with ``eqx.combine``. Each block tags its own activations with
 with ``min_length`` = the layer count: the model is left as written and its layer
 scan runs under each trial's schedule (``autoremat.remat_scans``)::
 
-    autoremat tune --problem examples/equinox_stack.py:problem --budget 1GB
-    autoremat pareto --problem examples/equinox_stack.py:problem --budget 1GB
+    autoremat tune --problem examples/equinox_stack.py:problem --budget 1GB --out equinox_stack.yaml
+    autoremat show equinox_stack.yaml
+    autoremat pareto                 # the study's front: memory against step time
 
 Running a tuned schedule: ``autoremat.remat_scans(loss_fn, schedule,
 min_length=LAYERS)`` around the loss, or ``Stack(..., schedule=schedule)``, which

@@ -9,8 +9,9 @@ the layer count: the model is left as written and its layer scan runs under each
 trial's schedule (``autoremat.nnx.remat_scans``); the search finds the tags in the
 traced step (``docs/layer_stacks.md``)::
 
-    autoremat tune --problem examples/nnx_stack.py:problem --budget 1GB
-    autoremat pareto --problem examples/nnx_stack.py:problem --budget 1GB
+    autoremat tune --problem examples/nnx_stack.py:problem --budget 1GB --out nnx_stack.yaml
+    autoremat show nnx_stack.yaml
+    autoremat pareto                 # the study's front: memory against step time
 
 Running a tuned schedule: ``autoremat.nnx.remat_scans(loss_fn, schedule,
 min_length=LAYERS)`` around the loss (the model untouched), or ``Stack(...,
