@@ -1,6 +1,6 @@
 """An equinox layer stack, written the usual equinox way, tuned without a change.
 
-``Stack`` makes its ``Block`` s with ``eqx.filter_vmap`` (each array stacked over the
+``Stack`` makes its blocks (``Block``) with ``eqx.filter_vmap`` (each array stacked over the
 layers) and runs them with ``lax.scan`` over the stacked arrays: ``eqx.partition``
 splits the blocks into those arrays and the rest, and each step puts one layer back
 together with ``eqx.combine``. Each block tags its own activations with

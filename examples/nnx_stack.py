@@ -1,6 +1,6 @@
 """A Flax NNX layer stack, written the usual NNX way, tuned without a change.
 
-``Stack`` makes its ``Block`` s with ``nnx.vmap`` (each parameter stacked over the
+``Stack`` makes its blocks (``Block``) with ``nnx.vmap`` (each parameter stacked over the
 layers) and runs them with ``nnx.scan`` over that layer axis, as Flax's "scan over
 layers" guide does. Each block tags its own activations with ``checkpoint_name``
 under its own names (``attn_qkv``, ``attn_mix``, ``attn_out``, ``ffn_up``,
