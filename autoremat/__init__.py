@@ -76,13 +76,15 @@ missing here)::
                         retime: before it stops, the leader and its challengers run in turn
         resume          open a study or resume one; storage: storages, retries, the lock,
                         Optuna's log level; the one user of Optuna's internals
-        study           reading a study: measured trials, the answer, TuneResult
+        study           reading a study: measured trials, the answer, TuneResult;
+                        last_study: the last study tuned from a folder (runs/)
         attrs           the names written into a study: trial attrs, study attrs
         pareto          the front: non-dominated trials, table, plot, export, show
         export_forms    export in a framework: a trial's form, or the nearest measured one
     _cli/         the command's settings and printing; export_command: the export command,
-                  export_text: its MaxText and Flax text; show_command: the show command
-                  (cli.py is the command)
+                  export_text: its MaxText and Flax text; show_command: the show command;
+                  pareto_command: the pareto command; exits: the exit codes' table, how an
+                  error or a crash is reported (cli.py is the command)
 
     shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations)
     public:  __init__, cli, linen, nnx, bounds (Revolve's optimum; any schedule's cost)
@@ -125,10 +127,13 @@ from autoremat._schedules.frameworks import FrameworkPolicy as FrameworkPolicy
 from autoremat._schedules.frameworks import framework_policy as framework_policy
 from autoremat._schedules.policy import Level as Level
 from autoremat._schedules.policy import Policy as Policy
+from autoremat._search.last_study import last_study as last_study
 from autoremat._search.pareto import FrontPoint as FrontPoint
 from autoremat._search.pareto import pareto_front as pareto_front
+from autoremat._search.pareto import plot_study as plot_front
 from autoremat._search.study import MeasuredTrial as MeasuredTrial
 from autoremat._search.study import TuneResult as TuneResult
+from autoremat._search.study import load_study as load_study
 from autoremat._search.tune import tune as tune
 from autoremat._units import parse_bytes as parse_bytes
 
@@ -137,6 +142,19 @@ if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getat
     from autoremat import nnx as nnx
     from autoremat._scan.remat_scans import remat_scans as remat_scans
     from autoremat._scan.scan import scan as scan
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autoremat")
+    except PackageNotFoundError:  # a source tree on the path, not installed
+        return "unknown (not installed)"
+
+
+#: The installed distribution's version (``pyproject.toml``); ``autoremat --version``.
+__version__: str = _version()
 
 __all__ = [
     "AutorematError",
@@ -163,9 +181,11 @@ __all__ = [
     "fuse_head",
     "fuse_loss",
     "groups",
+    "last_study",
     "layer_stack",
     "linen",
     "load_schedule",
+    "load_study",
     "measure",
     "measure_step",
     "nested",
@@ -173,6 +193,7 @@ __all__ = [
     "pareto_front",
     "parse_bytes",
     "plain",
+    "plot_front",
     "remat_scans",
     "root",
     "save_schedule",

@@ -18,7 +18,8 @@ class ScheduleError(AutorematError):
 
 
 class BudgetError(AutorematError):
-    """A byte count could not be read; the message lists the accepted forms."""
+    """A byte count could not be read (the message lists the accepted forms), or a budget
+    is under the step's arguments alone, so nothing can fit."""
 
 
 class ProblemError(AutorematError):

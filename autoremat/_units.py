@@ -13,7 +13,9 @@ Units (case-insensitive, an optional space before the unit):
 
 The result is rounded to whole bytes and must be at least one byte.
 
-Durations: ``90``, ``90s``, ``5m``, ``1.5h`` (seconds, minutes, hours).
+Durations, one syntax for every option that takes one (``--time-limit``,
+``--time-budget``, ``--heartbeat``): ``90``, ``90s``, ``5m``, ``1.5h`` (a plain number is
+seconds; ``s``, ``m``, ``h``: seconds, minutes, hours).
 """
 
 from __future__ import annotations
@@ -73,7 +75,15 @@ def format_bytes(n: float | None) -> str:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
 
+
+def has_unit(text: str | int) -> bool:
+    """Whether a budget names its unit (``16GB``, ``16B``); ``16`` and an int do not."""
+    match = _PATTERN.fullmatch(text.strip()) if isinstance(text, str) else None
+    return match is not None and match.group(2) != ""
+
+
 _DURATION_UNITS: Final = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+DURATION_FORMS: Final = "a duration > 0 such as 90, 90s, 5m or 1.5h"
 
 
 def parse_duration(value: float | int | str, name: str = "time_limit") -> float:
@@ -90,6 +100,25 @@ def parse_duration(value: float | int | str, name: str = "time_limit") -> float:
         if match:
             seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
     if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        raise TuneError(f"{name}: expected a duration > 0 such as 90, 90s, 5m or 1.5h, "
-                        f"got {value!r}")
+        raise TuneError(f"{name}: expected {DURATION_FORMS}, got {value!r}")
     return seconds
+
+
+def parse_whole_seconds(value: int | str, name: str = "heartbeat") -> int:
+    """Whole seconds >= 1 in ``value``: an int, or text such as ``60``, ``90s``, ``5m``.
+
+    Raises:
+      TuneError: ``name: expected ...`` for anything else (a float, ``1.5``, ``0``).
+    """
+    seconds = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        try:
+            seconds = parse_duration(value, name)
+        except TuneError:
+            seconds = None
+    if seconds is None or seconds < 1 or not seconds.is_integer():
+        raise TuneError(f"{name}: expected whole seconds >= 1 such as 60, 90s or 5m, "
+                        f"got {value!r}")
+    return int(seconds)

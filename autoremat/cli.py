@@ -5,38 +5,48 @@ Parsing and printing only; every action is a library call (``autoremat._search.t
 come from one table (``autoremat._cli.settings``), which also turns a library
 error naming an argument (``storage: ...``) into one naming its flag
 (``--storage: ...``). ``tune`` records the study it ran in
-``runs/last_study.json``, the default study of ``pareto`` and ``export``.
+``runs/last_study.json`` (``autoremat._search.last_study``), the default study of
+``pareto`` and ``export``; studies go to ``runs/autoremat.db`` in the current folder
+unless ``--storage`` says otherwise.
 Heavy modules (jax, optuna, matplotlib, tqdm) are imported only inside the
 library functions that use them (no module this one imports loads them), so
 ``autoremat --help`` is instant; the tune command's printing is
-``autoremat._cli.printing``.
+``autoremat._cli.printing``; the other commands' handlers are ``_cli.pareto_command``,
+``_cli.export_command`` and ``_cli.show_command``.
 
-Exit codes: 0 success; 1 ``show`` found the schedule stale (``--problem``, or
-tuned on another number of devices) or, with ``--problem``, compiling to another total
-than the tuned one;
-2 usage error (one line on stderr); 3 ``tune`` found nothing that fits
-(the message gives the smallest total measured and its schedule);
-4 ``export`` cannot write the trial in the format asked (the message names the nearest
-measured trial it can write; ``--nearest`` exports that one);
-130 interrupted (finished trials are kept).
+Exit codes: one table, ``autoremat._cli.exits.EXIT_CODES`` (0 success, 1 stale, 2 usage
+error, 3 nothing fits, 4 no such form, 70 crash, 130 interrupted), printed by
+``autoremat --help``. An error is one line; ``--debug`` adds the traceback of an error
+raised in the user's own code (their ``problem()``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
-from autoremat._atomic import atomic_write_text
-from autoremat._cli.export_command import EXIT_NO_FORM as EXIT_NO_FORM  # 4: no such form
+from autoremat import __version__
+from autoremat._cli.exits import EXIT_CRASH as EXIT_CRASH
+from autoremat._cli.exits import (
+    EXIT_INTERRUPTED,
+    EXIT_NOTHING_FITS,
+    EXIT_OK,
+    EXIT_USAGE,
+    exit_table,
+    report_crash,
+    report_error,
+)
+from autoremat._cli.exits import EXIT_NO_FORM as EXIT_NO_FORM  # 4: no such form
+from autoremat._cli.exits import EXIT_STALE as EXIT_STALE  # 1: does not hold here
 from autoremat._cli.export_command import run_export
-from autoremat._cli.printing import Progress, name_cost_lines, result_table
+from autoremat._cli.pareto_command import run_pareto
+from autoremat._cli.printing import Progress, result_table
 from autoremat._cli.settings import (
     BUILTIN_PROBLEM,
+    DEFAULT_STORAGE_HELP,
     LAYER_SETTINGS,
     LAYER_STACK,
     PROBLEM_SETTINGS,
@@ -44,6 +54,7 @@ from autoremat._cli.settings import (
     STUDY_FILE_KEYS,
     TUNE_SETTINGS,
     UsageError,
+    add_grouped,
     add_settings,
     check_settings,
     flag,
@@ -52,38 +63,25 @@ from autoremat._cli.settings import (
     with_defaults,
     with_flag,
 )
-from autoremat._cli.show_command import EXIT_STALE as EXIT_STALE  # 1: does not hold here
 from autoremat._cli.show_command import run_show
-from autoremat._errors import AutorematError, ScheduleError
+from autoremat._errors import AutorematError, BudgetError, ScheduleError
 from autoremat._measure.allocator import limit_bytes
-from autoremat._measure.mesh import device_note
 from autoremat._measure.problem import Problem, resolve_problem
 from autoremat._models.layer_stack import layer_stack
 from autoremat._models.seed_lstm import seed_lstm
-from autoremat._search.attrs import NAME_COSTS, PROBE
 from autoremat._search.export_forms import FORMATS
-from autoremat._search.pareto import (
-    front_json,
-    front_table,
-    pareto_front,
-    plot_study,
-)
-from autoremat._search.probe import lines as probe_lines
+from autoremat._search.last_study import LAST_STUDY_FILE as LAST_STUDY_FILE
+from autoremat._search.last_study import last_study_ref, remember_study
 from autoremat._search.storage import DEFAULT_STORAGE
-from autoremat._search.study import StudyInfo, load_study, nothing_fits_message
+from autoremat._search.study import load_study, nothing_fits_message
 from autoremat._search.tune import tune
-from autoremat._units import format_bytes, parse_bytes
+from autoremat._units import format_bytes, has_unit, parse_bytes
 
 if TYPE_CHECKING:
     import optuna
 
-EXIT_OK: Final = 0
-EXIT_USAGE: Final = 2
-EXIT_NOTHING_FITS: Final = 3
-EXIT_INTERRUPTED: Final = 130
-#: ``{"storage", "study_name"}`` of the last ``tune`` run from this folder: the
-#: default study of ``pareto`` and ``export``.
-LAST_STUDY_FILE: Final = Path("runs") / "last_study.json"
+_DEBUG_HELP: Final = ("on an error raised in your own code (your problem()), print its "
+                      "traceback above the one-line message")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,9 +94,14 @@ def _parser() -> argparse.ArgumentParser:
         prog="autoremat",
         description="Find and run the fastest remat schedule of a JAX scan that fits a "
         "memory budget.",
-        epilog="Exit codes: 0 ok, 1 stale schedule (show), 2 usage error, "
-        "3 nothing fits, 4 no such form (export), 130 interrupted.",
+        epilog=exit_table(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"autoremat {__version__}")
+    p.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    # --debug after the command too; SUPPRESS: not given there keeps the one before it
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help=_DEBUG_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     t = sub.add_parser(
@@ -108,17 +111,23 @@ def _parser() -> argparse.ArgumentParser:
         "compiled step (XLA memory_analysis); step time = median wall time of repeated runs. "
         "Settings may come from a study file (YAML with keys "
         + ", ".join(STUDY_FILE_KEYS) + "); options given on the command line win.",
+        parents=[common],
     )
     t.add_argument("study_file", nargs="?", metavar="STUDY.yaml",
                    help="a study file holding the same settings as the options")
-    add_settings(t, TUNE_SETTINGS)
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    groups = add_grouped(t)
+    groups["output"].add_argument("--no-progress", action="store_true", help="no progress bar")
 
     pa = sub.add_parser("pareto", help="the measured memory/time front of a study",
                         description="List the non-dominated trials within the study's budget, "
-                        "sorted by memory; * marks the chosen (fastest that fits).")
+                        "sorted by memory; * marks the chosen (fastest that fits).",
+                        parents=[common])
     _study_options(pa)
-    pa.add_argument("--plot", metavar="FILE", help="draw every trial to FILE (.png or .svg)")
+    pa.add_argument("--budget", help="read the front at this budget, not the study's (4GB, "
+                    "512MiB, ...): the fastest measured schedule within it; over the study's "
+                    "budget nothing was timed")
+    pa.add_argument("--plot", metavar="FILE", help="draw every trial to FILE (.png, .svg or "
+                    ".pdf)")
     pa.add_argument("--json", action="store_true", help="print the front as JSON")
 
     e = sub.add_parser("export", help="write a trial's schedule: YAML, MaxText's "
@@ -128,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
                        "nn.remat / nnx.remat policy, for a pick with one policy on every "
                        "layer. A trial the format cannot write (nested levels, groups, "
                        "binomial) exits 4 naming the nearest measured trial it can; "
-                       "--nearest exports that one. Printed, or written atomically to --out.")
+                       "--nearest exports that one. Printed, or written atomically to --out.",
+                       parents=[common])
     e.add_argument("trial", nargs="?", metavar="TRIAL", help="a trial number (see pareto) or "
                    "a schedule file (default: the study's pick)")
     e.add_argument("--format", choices=FORMATS, default="yaml",
@@ -144,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
                        "tuned on another number of devices or, with --problem, if it no longer "
                        "matches. With --problem it also compiles the problem's step under the "
                        "schedule (nothing is run) and prints its total memory beside the tuned "
-                       "one: exit 1 where they differ by more than 2%.")
+                       "one: exit 1 where they differ by more than 2%.", parents=[common])
     s.add_argument("path", metavar="PATH", help="a schedule YAML file")
     s.add_argument("--problem", help=f"compare with this problem ({BUILTIN_PROBLEM}, "
                    f"{LAYER_STACK} or "
@@ -155,26 +165,31 @@ def _parser() -> argparse.ArgumentParser:
 
 def _study_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", help=f"Optuna storage URL (env {STORAGE_ENV}; default: the "
-                   "last tune run from this folder)")
+                   f"last tune run from this folder, else {DEFAULT_STORAGE_HELP})")
     p.add_argument("--study-name", help="the study (default: the last tune run from here)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (the console script exits with it)."""
     parser = _parser()
+    debug = False
     try:
         args = parser.parse_args(argv)
+        debug = bool(args.debug)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
         return {"tune": _tune, "pareto": _pareto, "export": _export, "show": _show}[
             args.command](args)
     except UsageError as e:
-        print(f"autoremat: error: {' '.join(str(e).split())}", file=sys.stderr)
+        report_error(e, debug)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("autoremat: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as e:  # not a bad input: a bug, here or in a library (EXIT_CODES)
+        report_crash(e)
+        return EXIT_CRASH
 
 
 def _usage_error(e: AutorematError) -> UsageError:
@@ -204,7 +219,7 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
             return layer_stack(**sizes)
         except AutorematError as e:
             name, _, rest = str(e).partition(": ")
-            raise UsageError(f"--{name.replace('_', '-')}: {rest}") from None
+            raise UsageError(f"--{name.replace('_', '-')}: {rest}") from e
     if layer_flags:
         raise UsageError(f"{layer_flags[0]}: sizes the built-in {LAYER_STACK} only; add "
                          f"--problem {LAYER_STACK}")
@@ -257,6 +272,10 @@ def _tune(args: argparse.Namespace) -> int:
         given_budget = settings.get("budget")
         budget, budget_note = (parse_bytes(given_budget), "") if given_budget is not None \
             else (0, "")
+        if given_budget is not None and not has_unit(given_budget):
+            print(f"autoremat: warning: --budget {given_budget} has no unit: read as "
+                  f"{budget} bytes; write {given_budget}GB or {given_budget}GiB (or "
+                  f"{given_budget}B for bytes)", file=sys.stderr)
         # The first line within a second: building the problem starts jax and the device
         # and makes the arguments (tens of seconds on a fresh TPU machine, issue 47).
         print(f"building the problem ({settings.get('problem') or BUILTIN_PROBLEM}) ...",
@@ -265,7 +284,7 @@ def _tune(args: argparse.Namespace) -> int:
             budget, budget_note = _default_budget()
         return _run_tune(_problem_of(settings), budget, budget_note, settings, args.no_progress)
     except AutorematError as e:
-        raise _usage_error(e) from None
+        raise _usage_error(e) from e
 
 
 def _default_budget() -> tuple[int, str]:
@@ -285,7 +304,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     def remember(study_name: str) -> None:
         """The last-study pointer: written once the study is open (its first trial)."""
         if study_name not in remembered:
-            _remember_study(storage, study_name)
+            remember_study(storage, study_name)
             remembered.append(study_name)
 
     progress = Progress(settings["trials"], budget, no_progress, remember)
@@ -299,6 +318,9 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
             heartbeat=settings["heartbeat"], on_trial=progress.on_trial,
             on_confirm=progress.note,
         )
+    except BudgetError as e:  # under the step's arguments: refused before compiling
+        print(f"autoremat: {with_flag(str(e))}", file=sys.stderr)
+        return EXIT_NOTHING_FITS
     finally:
         progress.close()
     remember(result.study_name)
@@ -315,75 +337,40 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
     return EXIT_OK
 
 
-def _remember_study(storage: str, study_name: str) -> None:
-    LAST_STUDY_FILE.parent.mkdir(exist_ok=True)
-    atomic_write_text(LAST_STUDY_FILE, json.dumps({"storage": storage, "study_name": study_name}))
-
-
-def _last_study() -> dict[str, str] | None:
-    try:
-        data = json.loads(LAST_STUDY_FILE.read_text())
-    except (OSError, ValueError):
-        return None
-    if isinstance(data, dict) and {"storage", "study_name"} <= data.keys():
-        return {"storage": str(data["storage"]), "study_name": str(data["study_name"])}
-    return None
-
-
 def _open_study(args: argparse.Namespace) -> optuna.Study:
     """``--storage``/``--study-name``, each defaulting to the last study tuned here."""
     storage = args.storage or os.environ.get(STORAGE_ENV) or None
     name = args.study_name
     if name is None or storage is None:
-        last = _last_study()
+        last = last_study_ref()
         if last is None and name is None:
             raise UsageError(f"--study-name: none given and no {LAST_STUDY_FILE} from an "
                              "earlier 'autoremat tune' in this folder")
         if last is not None:
-            storage, name = storage or last["storage"], name or last["study_name"]
+            storage, name = storage or last[0], name or last[1]
     assert name is not None
     return load_study(name, storage)
 
 
 def _pareto(args: argparse.Namespace) -> int:
     try:
-        study = _open_study(args)
-        points = pareto_front(study)
-        budget = StudyInfo.of(study).budget_bytes
-        if args.plot:
-            if Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
-                raise UsageError(f"--plot: expected a .png, .svg or .pdf file, got {args.plot!r}")
-            plot_study(study, args.plot)
-        if args.json:
-            print(front_json(points, budget))
-        else:
-            print(f"study: {study.study_name!r} ({len(study.trials)} trials)")
-            for line in probe_lines(study.user_attrs.get(PROBE) or {}):
-                print(line)  # choices its probe checked (offload): offered or left out
-            for line in name_cost_lines(study.user_attrs.get(NAME_COSTS) or []):
-                print(line)  # a layer stack's tags: what keeping each costs
-            info = StudyInfo.of(study)
-            print(front_table(points, budget, device_note(info.devices, info.mesh),
-                              info.seq_len))
-            if args.plot:
-                print(f"wrote {args.plot}")
+        return run_pareto(args, _open_study)
     except AutorematError as e:
-        raise _usage_error(e) from None
-    return EXIT_OK
+        raise _usage_error(e) from e
 
 
 def _export(args: argparse.Namespace) -> int:
     try:
         return run_export(args, _open_study)
     except AutorematError as e:
-        raise _usage_error(e) from None
+        raise _usage_error(e) from e
 
 
 def _show(args: argparse.Namespace) -> int:
     try:
         return run_show(args, _problem_of)
     except AutorematError as e:
-        raise _usage_error(e) from None
+        raise _usage_error(e) from e
 
 
 if __name__ == "__main__":  # pragma: no cover

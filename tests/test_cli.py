@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,8 +73,6 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
 
     r = run("pareto", "--json", cwd=tmp_path)  # defaults: the last study run here
     assert r.returncode == 0, r.stderr
-    import json
-
     front = json.loads(r.stdout)["front"]
     assert front and sum(p["chosen"] for p in front) == 1
     assert all(p["total_bytes"] <= 2400 for p in front)
@@ -89,13 +88,22 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "tuned for: tiny(T=32,H=4)" in r.stdout and "matches tiny(T=32,H=4)" in r.stdout
 
-    r = run("tune", "--problem", TINY, "--budget", "10", "--trials", "1", "--time-budget",
+    # above the arguments (576 B), under every total: measured, then nothing fits
+    r = run("tune", "--problem", TINY, "--budget", "600B", "--trials", "1", "--time-budget",
             "0.02", "--study-name", "tight", "--no-progress", cwd=tmp_path)
     assert r.returncode == 3, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("autoremat: nothing fits in 10 B (10 bytes): the smallest total "
+    assert last.startswith("autoremat: nothing fits in 600 B (600 bytes): the smallest total "
                            "measured is ")
-    assert "trial " in last
+    assert "trial " in last and "warning" not in r.stderr
+
+    # the study's front read at a larger budget: the same timed trials, a chosen among them
+    r = run("pareto", "--json", "--budget", "1MB", "--study-name", "cli", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    wider = json.loads(r.stdout)
+    assert wider["budget_bytes"] == 10**6 and sum(p["chosen"] for p in wider["front"]) == 1
+    r = run("pareto", "--budget", "1MB", "--study-name", "cli", cwd=tmp_path)
+    assert r.returncode == 0 and "read at --budget 1 MB, not the study's 2.4 KB" in r.stdout
 
 
 def test_bad_budget_in_a_subprocess(tmp_path: Path) -> None:

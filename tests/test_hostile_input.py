@@ -297,7 +297,7 @@ bad_options = st.one_of(
     (ints_below(1) | st.sampled_from(["1.5", "0.5", "one"])).map(lambda v: [f"--heartbeat={v}"]),
     (ints_below(0) | st.integers(min_value=2**32).map(str)).map(lambda v: [f"--seed={v}"]),
     (bad_seconds | option_text).filter(_bad_duration).map(lambda v: [f"--time-limit={v}"]),
-    bad_seconds.map(lambda v: [f"--time-budget={v}"]),
+    bad_seconds.filter(_bad_duration).map(lambda v: [f"--time-budget={v}"]),
     st.text(alphabet="abcxyz-", min_size=1, max_size=10).map(lambda v: [f"--zz{v}"]),
     st.sampled_from(["", " ", "no_colon", ":x", "x:", "no_such_module_q1:thing",
                      "no/such/file.py:problem"]).map(lambda v: [f"--problem={v}"]),
@@ -323,7 +323,8 @@ bad_study_values = {
     "heartbeat": st.integers(max_value=0) | st.floats() | st.lists(st.integers()),
     "seed": st.integers(max_value=-1) | st.integers(min_value=2**32) | st.floats(),
     "time_limit": junk.filter(lambda v: v is not None and _bad_duration(v)),
-    "time_budget": st.floats(max_value=0) | st.just(float("nan")) | st.text(max_size=5),
+    "time_budget": st.floats(max_value=0) | st.just(float("nan"))
+    | st.text(max_size=5).filter(_bad_duration),
     "storage": junk.filter(lambda v: v is not None and not isinstance(v, str)) | st.just(""),
     "study_name": junk.filter(lambda v: v is not None and not isinstance(v, str)) | st.just(" "),
     "out": junk.filter(lambda v: v is not None and not isinstance(v, str)) | st.just("."),

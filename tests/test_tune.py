@@ -105,13 +105,13 @@ def test_resuming_with_another_budget_or_problem_is_refused(in_tmp: Path) -> Non
 
 
 def test_nothing_fits(in_tmp: Path) -> None:
-    result = tune(tiny(), 10, n_trials=3, time_budget=0.02, out="s.yaml")
+    result = tune(tiny(), 600, n_trials=3, time_budget=0.02, out="s.yaml")  # args: 576 B
     assert result.best is None and not (in_tmp / "s.yaml").exists()
     s = result.smallest_trial
-    assert s is not None and s.measurement.total_bytes > 10
+    assert s is not None and s.measurement.total_bytes > 600
     assert result.best_trial is None
     message = nothing_fits_message(result)
-    assert message.startswith("nothing fits in 10 B")
+    assert message.startswith("nothing fits in 600 B")
     assert "smallest total measured is" in message and s.schedule.describe() in message
     assert f"({s.measurement.total_bytes} bytes), trial {s.number}:" in message
 

@@ -1,4 +1,4 @@
-"""The command's own parts: settings (flags and ``autoremat.yaml``) and printing;
-``export_command``: the ``export`` command; ``export_text``: what it prints for MaxText and
-Flax; ``show_command``: the ``show`` command (with a problem, its compiled total beside the
-tuned one)."""
+"""The command's own parts: ``settings`` (its options and study-file keys, in one table) and
+``printing`` (what tune prints); ``exits``: the exit codes' table and how an error or a crash
+is reported; ``pareto_command``, ``export_command``, ``show_command``: those commands;
+``export_text``: what export prints for MaxText and Flax."""

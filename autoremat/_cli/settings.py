@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +23,17 @@ from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._models.layer_stack import DEFAULT as STACK
 from autoremat._models.seed_lstm import SEED_AXES, seed_batch, seed_lstm
 from autoremat._schedules.safe_yaml import read_yaml_file
-from autoremat._search.storage import DEFAULT_HEARTBEAT
+from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE
 from autoremat._search.tune import DEFAULT_TIME_LIMIT
-from autoremat._units import parse_duration
+from autoremat._units import DURATION_FORMS, parse_duration, parse_whole_seconds
 
 BUILTIN_PROBLEM: Final = "seed_lstm"
 #: The built-in transformer whose layers are the scan (``autoremat._models.layer_stack``).
 LAYER_STACK: Final = "layer_stack"
 STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
+#: Where studies go by default, as the help says it: relative to the folder the command runs in.
+DEFAULT_STORAGE_HELP: Final = (f"{DEFAULT_STORAGE}, a runs/ folder made in the current "
+                               "folder")
 _MAX_SIZE: Final = 2**31 - 1  # lax.scan lengths and array dimensions are int32
 
 #: ``check(value)``: ``None`` when the value is good, else what was expected.
@@ -54,16 +56,19 @@ def _integer(low: int, high: int, expected: str | None = None) -> Check:
     return check
 
 
-def _seconds(v: Any) -> str | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-    return None if ok else "seconds > 0"
-
-
 def _duration(v: Any) -> str | None:
     try:
         parse_duration(v)
     except TuneError:
-        return "a duration > 0 such as 90, 90s, 5m or 1.5h"
+        return DURATION_FORMS
+    return None
+
+
+def _whole_seconds(v: Any) -> str | None:
+    try:
+        parse_whole_seconds(v)
+    except TuneError:
+        return "whole seconds >= 1 such as 60, 90s or 5m"
     return None
 
 
@@ -113,7 +118,7 @@ class Setting:
     def flag(self) -> str:
         return self.flag_name or f"--{self.name.replace('_', '-')}"
 
-    def add_to(self, parser: argparse.ArgumentParser) -> None:
+    def add_to(self, parser: Any) -> None:
         """The option; its default is ``None`` (not given), so study files can fill it."""
         text = self.help.format(default=self.default)
         if self.const is not None:
@@ -174,7 +179,8 @@ PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a
 #: Every ``tune`` setting, in ``--help`` order; the study-file keys.
 TUNE_SETTINGS: Final = (
     Setting("budget", "memory budget per device (on a mesh, 4GB means 4 GB on each device): "
-            "4GB (10^9), 4GiB (2^30), 512MB, 1.5G, or bytes; "
+            "4GB (10^9), 4GiB (2^30), 512MB, 1.5G, 4000000000B (a number without a unit is "
+            "bytes, and warned); "
             "default: the device's memory (host RAM on CPU)", _any),
     Setting("problem", PROBLEM_HELP, _text()),
     *PROBLEM_SETTINGS,
@@ -193,7 +199,7 @@ TUNE_SETTINGS: Final = (
             "schedule that fits (no early stop or cut trials; see 'autoremat pareto')",
             _boolean, default=False, const=True),
     Setting("storage", f"Optuna storage URL (env {STORAGE_ENV}; default "
-            "sqlite:///runs/autoremat.db); any RDB URL, e.g. postgresql://..., lets several "
+            f"{DEFAULT_STORAGE_HELP}); any RDB URL, e.g. postgresql://..., lets several "
             "workers share one study", _text()),
     Setting("study_name", "resume or create this study (default: from the problem, device "
             "and budget, so the same command resumes)", _text(512)),  # Optuna: VARCHAR(512)
@@ -201,11 +207,21 @@ TUNE_SETTINGS: Final = (
             "schedule.yaml"),
     Setting("seed", "seed of the planner's random candidates ({default})", _integer(0, 2**32 - 1),
             int, 0),
-    Setting("time_budget", "seconds of timed runs per schedule ({default})", _seconds, float,
-            DEFAULT_TIME_BUDGET),
-    Setting("heartbeat", "a running trial records a heartbeat every SECONDS ({default}); one "
-            "silent for 3x that (its worker was killed or lost) is marked failed and re-queued "
-            "for another worker, at most twice", _integer(1, _MAX_SIZE), int, DEFAULT_HEARTBEAT, "SECONDS"),
+    Setting("time_budget", "timed runs per schedule, about this long: 0.5, 5s, 1m "
+            "({default:g}s)", _duration, str, DEFAULT_TIME_BUDGET, "DURATION"),
+    Setting("heartbeat", "a running trial records a heartbeat this often: 60, 90s, 5m "
+            "({default}s); one silent for 3x that (its worker was killed or lost) is marked "
+            "failed and re-queued for another worker, at most twice", _whole_seconds, str,
+            DEFAULT_HEARTBEAT, "DURATION"),
+)
+#: ``tune --help``'s option groups: (title, the settings' names), every setting in one.
+TUNE_GROUPS: Final = (
+    ("budget and search", ("budget", "trials", "total_trials", "time_limit", "explore_front",
+                           "seed", "time_budget")),
+    ("problem: yours, or a built-in one and its sizes",
+     ("problem", *(s.name for s in PROBLEM_SETTINGS))),
+    ("storage (the study; several workers)", ("storage", "study_name", "heartbeat")),
+    ("output", ("out",)),
 )
 STUDY_FILE_KEYS: Final = tuple(s.name for s in TUNE_SETTINGS)
 _BY_NAME: Final = {s.name: s for s in TUNE_SETTINGS}
@@ -226,9 +242,20 @@ def with_flag(message: str) -> str:
     return f"{_FLAGS[name]}: {rest}" if sep and name in _FLAGS else message
 
 
-def add_settings(parser: argparse.ArgumentParser, settings: Iterable[Setting]) -> None:
+def add_settings(parser: Any, settings: Iterable[Setting]) -> None:
+    """Each setting's option on ``parser`` (or an argument group of one)."""
     for s in settings:
         s.add_to(parser)
+
+
+def add_grouped(parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``TUNE_SETTINGS`` in ``TUNE_GROUPS``' argument groups (``--help`` lists them so);
+    returns the groups by title, for the command's own options."""
+    groups: dict[str, Any] = {}
+    for title, names in TUNE_GROUPS:
+        groups[title] = parser.add_argument_group(title)
+        add_settings(groups[title], (_BY_NAME[name] for name in names))
+    return groups
 
 
 def given(args: argparse.Namespace, settings: Iterable[Setting]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ challengers: ``retime``); long scans are timed on short runs (``short_runs``) an
 at full length (``confirm``); risky choices are checked when first proposed (``probe``,
 ``probe_guard``, their verdicts kept by ``probe_cache``) and the pick is proved to fit
 (``proof``). The study: its storage and lock (``storage``), opened or resumed
-(``resume``), read (``study``), the names written into it (``attrs``), its Pareto
+(``resume``), read (``study``; the last one tuned from a folder: ``last_study``), the
+names written into it (``attrs``), its Pareto
 front (``pareto``) and its answer in the user's framework (``export_forms``).
 """

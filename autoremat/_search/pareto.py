@@ -30,7 +30,14 @@ from autoremat._measure.mesh import device_note
 from autoremat._measure.stale import TIMING, TUNED_FOR
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import DUPLICATE_OF
-from autoremat._search.study import MeasuredTrial, StudyInfo, choose, measured_trials, trial_schedule
+from autoremat._search.study import (
+    MeasuredTrial,
+    StudyInfo,
+    _choose,
+    choose,
+    measured_trials,
+    trial_schedule,
+)
 from autoremat._units import format_bytes
 from autoremat.bounds import cost, distance_to_optimum
 
@@ -74,16 +81,22 @@ def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[0] and a[1] <= b[1] and a != b
 
 
-def pareto_front(study: optuna.Study) -> list[FrontPoint]:
-    """The non-dominated trials within the study's budget, sorted by memory."""
+def pareto_front(study: optuna.Study, budget_bytes: int | None = None) -> list[FrontPoint]:
+    """The non-dominated trials within the study's budget, sorted by memory.
+
+    ``budget_bytes``: another budget to read the front at (default: the study's); ``chosen``
+    is then the fastest within it. Over the study's budget nothing was timed, so a larger
+    budget adds no point the study did not time."""
     info = StudyInfo.of(study)
-    fits = [t for t in measured_trials(study) if t.measurement.fits(info.budget_bytes)]
+    budget = info.budget_bytes if budget_bytes is None else budget_bytes
+    trials = measured_trials(study)
+    fits = [t for t in trials if t.measurement.fits(budget)]
     point = {t.number: _point(t) for t in fits}
     front = [t for t in fits if not any(dominates(point[o.number], point[t.number]) for o in fits)]
     if not front:
         return []
     fastest = min(point[t.number][1] for t in front)
-    chosen = choose(study)
+    chosen = choose(study) if budget_bytes is None else _choose(trials, budget, info.seq_len)
     front.sort(key=lambda t: (*point[t.number], t.number))
     return [
         FrontPoint(
@@ -220,11 +233,13 @@ class PlotGroup:
     trials: tuple[int, ...]
 
 
-def plot_groups(study: optuna.Study) -> tuple[list[PlotGroup], int]:
+def plot_groups(study: optuna.Study, budget_bytes: int | None = None,
+                ) -> tuple[list[PlotGroup], int]:
     """What ``plot_study`` draws, besides the front: the groups that have points, and
-    how many trials failed (build, compile or run: not drawn)."""
+    how many trials failed (build, compile or run: not drawn); ``budget_bytes`` as in
+    ``pareto_front``."""
     info = StudyInfo.of(study)
-    budget = info.budget_bytes
+    budget = info.budget_bytes if budget_bytes is None else budget_bytes
     sorted_out: dict[str, list[tuple[int, tuple[float, float]]]] = {
         "timed": [], "predicted": [], "cut": [], "over": []}
     failed = 0
@@ -249,7 +264,7 @@ def plot_groups(study: optuna.Study) -> tuple[list[PlotGroup], int]:
     return groups, failed
 
 
-def plot_study(study: optuna.Study, path: str | Path) -> Path:
+def plot_study(study: optuna.Study, path: str | Path, budget_bytes: int | None = None) -> Path:
     """Draw every measured trial: memory (log axis) vs step time (``plot_groups``).
 
     Within budget: filled circles (hollow: the step time is predicted from a
@@ -259,7 +274,7 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
     along the top edge at their memory. The budget is a vertical dashed line. On a
     device that measured memory, a point's memory is the figure its fit was decided by
     (``Measurement.fit_bytes``). The file type follows the suffix (``.png``, ``.svg``,
-    ``.pdf``).
+    ``.pdf``). ``budget_bytes`` as in ``pareto_front``.
     """
     import matplotlib
 
@@ -268,10 +283,10 @@ def plot_study(study: optuna.Study, path: str | Path) -> Path:
 
     path = Path(path)
     info = StudyInfo.of(study)
-    budget = info.budget_bytes
-    groups, failed = plot_groups(study)
+    budget = info.budget_bytes if budget_bytes is None else budget_bytes
+    groups, failed = plot_groups(study, budget_bytes)
     by_kind = {g.kind: g for g in groups}
-    front = pareto_front(study)
+    front = pareto_front(study, budget_bytes)
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     ax.set_xscale("log")

@@ -69,7 +69,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from autoremat._errors import ProblemError, TuneError, one_line
+from autoremat._errors import BudgetError, ProblemError, TuneError, one_line
+from autoremat._measure.breakdown import argument_parts
 from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.mesh import layout
 from autoremat._measure.peers import active as active_peers
@@ -97,7 +98,7 @@ from autoremat._search.storage import (
 )
 from autoremat._search.study import StudyInfo, TuneResult, summarize
 from autoremat._search.worker import OnTrial, Worker
-from autoremat._units import parse_duration
+from autoremat._units import format_bytes, parse_bytes, parse_duration, parse_whole_seconds
 
 #: ``tune``'s default time limit: the built-in problem at T=10^4 in under 2.5 minutes.
 DEFAULT_TIME_LIMIT: Final = "2m"
@@ -105,7 +106,7 @@ DEFAULT_TIME_LIMIT: Final = "2m"
 
 def tune(
     problem: Problem,
-    budget_bytes: int,
+    budget_bytes: int | str,
     *,
     n_trials: int | None = None,
     total_trials: int | None = None,
@@ -115,8 +116,8 @@ def tune(
     study_name: str | None = None,
     seed: int = 0,
     out: str | Path | None = None,
-    time_budget: float = DEFAULT_TIME_BUDGET,
-    heartbeat: int = DEFAULT_HEARTBEAT,
+    time_budget: float | str = DEFAULT_TIME_BUDGET,
+    heartbeat: int | str = DEFAULT_HEARTBEAT,
     on_trial: OnTrial | None = None,
     on_confirm: Callable[[str], None] | None = None,
 ) -> TuneResult:
@@ -128,8 +129,11 @@ def tune(
 
     Args:
       problem: the training step (see ``autoremat.Problem``).
-      budget_bytes: the memory budget, in bytes, for ``total_bytes`` -- per device
-        when the problem's arguments are sharded over many (``autoremat._measure.mesh``).
+      budget_bytes: the memory budget for ``total_bytes``: bytes (an int), or text as
+        ``autoremat tune --budget`` takes it (``"4GB"``, ``"512MiB"``; ``parse_bytes``) --
+        per device when the problem's arguments are sharded over many
+        (``autoremat._measure.mesh``). Under the step's arguments alone it is refused
+        before anything compiles (``BudgetError``).
       n_trials: measure this many schedules in this call, fewer when a small
         space runs out of candidates (duplicates do not count); ``None``: until
         the planner is done or ``time_limit``.
@@ -147,8 +151,10 @@ def tune(
         device and budget, so running the same call again resumes.
       seed: the candidate pool's seed (offset by the trials already in the study).
       out: when given and a schedule fits, write it there (atomic YAML).
-      time_budget: about how long timing one schedule may take, in seconds.
-      heartbeat: seconds between a running trial's heartbeats (RDB storages);
+      time_budget: about how long timing one schedule may take: seconds, or text as
+        ``time_limit`` takes it (``"5s"``).
+      heartbeat: whole seconds between a running trial's heartbeats (or text: ``"90s"``,
+        ``"1m"``; RDB storages);
         a trial silent for ``GRACE_INTERVALS * heartbeat`` is stale: failed
         and retried.
       on_trial: called as ``on_trial(study, frozen_trial)`` after each trial
@@ -161,6 +167,8 @@ def tune(
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
 
     Raises:
+      BudgetError: the budget cannot be read, or is under the step's arguments alone
+        (per device), which every schedule keeps: nothing can fit.
       TuneError: the storage cannot be opened, ``out`` cannot be written, the
         named study was made for another problem, argument shapes, device or
         budget.
@@ -173,6 +181,9 @@ def tune(
     import jax
     import optuna
 
+    budget_bytes = parse_bytes(budget_bytes, "budget")
+    time_budget = parse_duration(time_budget, "time_budget")
+    heartbeat = parse_whole_seconds(heartbeat, "heartbeat")
     if jax.process_count() > 1 and active_peers() is None:  # every process runs this call
         from autoremat._search.lockstep import in_lockstep
 
@@ -185,6 +196,7 @@ def tune(
     start = time.monotonic()
     with optuna_verbosity(optuna.logging.WARNING):  # the caller's level is restored
         info, built = _study_info(problem, budget_bytes, storage)
+        _refuse_under_arguments(budget_bytes, built[2], problem.arg_names)
         storage_obj = open_storage(storage, heartbeat=heartbeat)
         name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
         lock = StudyLock(storage_obj, name)
@@ -228,13 +240,29 @@ def _study_info(problem: Problem, budget_bytes: int, storage: str | None,
         step, args = problem.build(reference)
     except Exception as e:
         raise ProblemError(f"problem: {problem.name}: build(plain scan) failed: "
-                           f"{one_line(e)}") from None
+                           f"{one_line(e)}") from e  # the user's traceback, for --debug
     devices, mesh = layout(args)
     info = StudyInfo(budget_bytes=budget_bytes, seq_len=problem.seq_len, problem=problem.name,
                      fingerprint=arguments_fingerprint(args), device_kind=env["device_kind"],
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
                      devices=devices, mesh=mesh, fuse_choice=problem.fuse_choice)
     return info, (reference.key(), step, args)
+
+
+def _refuse_under_arguments(budget_bytes: int, args: tuple[Any, ...],
+                            names: tuple[str, ...] | None) -> None:
+    """A budget under the step's arguments (per device, as the device holds them) fits
+    nothing: every schedule keeps them, and every total and runtime peak counts them.
+    Refused before anything compiles."""
+    parts = argument_parts(args, names)
+    floor = sum(size for _, size in parts)
+    if budget_bytes < floor:
+        largest = ", ".join(f"{name} {format_bytes(size)}" for name, size in
+                            sorted(parts, key=lambda p: -p[1])[:3])
+        raise BudgetError(
+            f"budget: nothing fits in {format_bytes(budget_bytes)} ({budget_bytes} bytes): "
+            f"the step's arguments alone take {format_bytes(floor)} per device ({largest}), "
+            "and every schedule keeps them; give a budget above that, with its unit (4GB)")
 
 
 def _probe_guard(problem: Problem, info: StudyInfo, study: Any, lock: StudyLock,
