@@ -22,6 +22,7 @@ from autoremat._cli.export_command import EXIT_NO_FORM
 from autoremat._cli.settings import UsageError
 from autoremat._cli.show_command import EXIT_STALE
 from autoremat._errors import AutorematError, one_line
+from autoremat._search.lockstep import EXIT_LOST
 
 EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
@@ -41,6 +42,8 @@ EXIT_CODES: Final = (
     (EXIT_NO_FORM, "export: the format cannot write the trial (the message names the "
                    "nearest measured trial it can; --nearest exports that one)"),
     (EXIT_CRASH, "crash: an unexpected error (a bug), its traceback on stderr"),
+    (EXIT_LOST, "tune on many processes (lockstep): another process was lost; run the same "
+                "command on every process to resume the study"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C); tune keeps the finished trials"),
 )
 
