@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat import __version__
+from autoremat._cli.distributed import deciding, join, written_line
 from autoremat._cli.exits import EXIT_CRASH as EXIT_CRASH
 from autoremat._cli.exits import (
     EXIT_INTERRUPTED,
@@ -282,6 +283,9 @@ def _tune(args: argparse.Namespace) -> int:
               flush=True)
         if given_budget is None:
             budget, budget_note = _default_budget()
+        joined = join(settings.get("coordinator"))  # before jax starts: the job's devices
+        if joined:
+            print(joined, flush=True)
         return _run_tune(_problem_of(settings), budget, budget_note, settings, args.no_progress)
     except AutorematError as e:
         raise _usage_error(e) from e
@@ -323,13 +327,14 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
         return EXIT_NOTHING_FITS
     finally:
         progress.close()
-    remember(result.study_name)
+    if deciding():  # process 0's study: the other processes of a job have none
+        remember(result.study_name)
     print(result_table(result))
     if result.best is None:
         print(f"autoremat: {nothing_fits_message(result, flag)}",
               file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
-    print(f"wrote {settings['out']}")
+    print(written_line(settings["out"]))
     if result.interrupted:
         print("autoremat: interrupted; finished trials are kept (run again to resume)",
               file=sys.stderr)

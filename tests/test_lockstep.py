@@ -141,3 +141,15 @@ def test_combine_takes_the_largest_figure_and_any_failure() -> None:
     assert failed.failed_at == "compile"
     refused = combine(mine, [(1, _m(OVER_BUDGET, "over budget: x", total_bytes=90))], 1000)
     assert refused.status == OVER_BUDGET and refused.reason == "process 1: over budget: x"
+
+
+def test_coordinator_reads_auto_or_address_processes_index() -> None:
+    from autoremat._cli.distributed import check_coordinator, parse_coordinator
+    from autoremat._cli.settings import UsageError, check_settings
+
+    assert parse_coordinator("auto") == (None, None, None)
+    assert parse_coordinator("10.0.0.2:8476,2,1") == ("10.0.0.2:8476", 2, 1)
+    for bad in ("10.0.0.2:8476", "host:port,2,0", "h:1,2,2", "h:1,0,0", 3):
+        assert check_coordinator(bad) is not None, bad
+    with pytest.raises(UsageError, match=r"--coordinator: expected 'auto' or HOST:PORT"):
+        check_settings({"coordinator": "h:1,2,5"})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from autoremat._cli.distributed import COORDINATOR_HELP, check_coordinator
 from autoremat._errors import ScheduleError, TuneError
 from autoremat._measure.mesh import parse_mesh
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
@@ -213,6 +214,7 @@ TUNE_SETTINGS: Final = (
             "({default}s); one silent for 3x that (its worker was killed or lost) is marked "
             "failed and re-queued for another worker, at most twice", _whole_seconds, str,
             DEFAULT_HEARTBEAT, "DURATION"),
+    Setting("coordinator", COORDINATOR_HELP, check_coordinator, metavar="auto|HOST:PORT,N,I"),
 )
 #: ``tune --help``'s option groups: (title, the settings' names), every setting in one.
 TUNE_GROUPS: Final = (
@@ -221,6 +223,7 @@ TUNE_GROUPS: Final = (
     ("problem: yours, or a built-in one and its sizes",
      ("problem", *(s.name for s in PROBLEM_SETTINGS))),
     ("storage (the study; several workers)", ("storage", "study_name", "heartbeat")),
+    ("many hosts: every process of a job runs this command", ("coordinator",)),
     ("output", ("out",)),
 )
 STUDY_FILE_KEYS: Final = tuple(s.name for s in TUNE_SETTINGS)
