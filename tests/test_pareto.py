@@ -146,7 +146,7 @@ def test_front_points_carry_recompute_and_distance_to_the_optimum() -> None:
                  "schedule_key": schedule.key(), "reason": ""}
         study.add_trial(optuna.trial.create_trial(values=[float(total), step], user_attrs=attrs))
     front = {p.schedule: p for p in pareto_front(study)}
-    assert front["64 none unroll=1"].recompute == 1.0
+    assert front["64 no-remat unroll=1"].recompute == 1.0
     assert front["8x8 nothing/nothing unroll=1"].recompute == 3.0
     assert front["8x8 nothing/nothing unroll=1"].vs_optimum > 1.0
     assert front["binomial s=4 unroll=1"].vs_optimum == 1.0

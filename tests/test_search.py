@@ -475,7 +475,7 @@ def _plain_out_of_memory(problem: Problem, compiles: list[str]) -> Problem:
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
         step, args = problem.build(schedule)
         compiles.append(schedule.describe())
-        if schedule.describe().startswith(f"{problem.seq_len} none"):
+        if schedule.describe().startswith(f"{problem.seq_len} no-remat"):
             def refused(*a: Any) -> Any:
                 raise RuntimeError("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. The "
                                    "total memory required for HLO temporaries (64.06G) "
@@ -490,7 +490,7 @@ def test_tune_compiles_one_plain_scan_the_device_refused() -> None:
     compiles: list[str] = []
     result = tune(_plain_out_of_memory(tiny(), compiles), BUDGET, time_budget=0.02,
                   time_limit=None, study_name="refused")
-    plain = [c for c in compiles if c.startswith("32 none")]
+    plain = [c for c in compiles if c.startswith("32 no-remat")]
     assert len(plain) == 1, plain  # at unroll 2, 4, 8 it is surely over
     trials = measured_trials(load_study("refused"))
     refused = [t for t in trials if t.measurement.compiler_bytes is not None]

@@ -69,7 +69,7 @@ def test_random_proposals_give_valid_schedules(seq_len: int) -> None:
 def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
     described = [s.describe() for s, _ in seeds(10_000)]
     assert described == [
-        "10000 none unroll=1",
+        "10000 no-remat unroll=1",
         "10000 nothing unroll=1",
         "100x100 nothing/everything unroll=1",
         "25x20x20 nothing/nothing/everything unroll=1",
@@ -83,12 +83,12 @@ def test_seed_candidates_come_first_and_are_the_obvious_ones() -> None:
 def test_off_a_cpu_short_unrolled_chunks_are_seeded_third() -> None:
     for platform in ("tpu", "gpu"):
         described = [s.describe() for s, _ in seeds(10_000, platform)]
-        assert described[:4] == ["10000 none unroll=1", "10000 nothing unroll=1",
+        assert described[:4] == ["10000 no-remat unroll=1", "10000 nothing unroll=1",
                                  "2500x4 nothing/everything unroll=4",  # UNROLLED_CHUNK
                                  "100x100 nothing/everything unroll=1"]
         assert not any("dots" in d for d in described)  # the CPU's short-chunk seed
     assert [s.describe() for s, _ in seeds(7, "tpu")] == [
-        "7 none unroll=1", "7 nothing unroll=1", "3x3 nothing/everything unroll=1"]
+        "7 no-remat unroll=1", "7 nothing unroll=1", "3x3 nothing/everything unroll=1"]
 
 
 @given(st.integers(min_value=1, max_value=200_000))

@@ -50,6 +50,8 @@ _NAMES_MEAN: Final = {
 #: ``none`` wraps nothing in ``jax.checkpoint``: that level stores every
 #: residual, exactly like a plain ``lax.scan``.
 NO_REMAT: Final = "none"
+#: How printed text (``Schedule.describe``) names it: not one word from ``nothing``.
+NO_REMAT_LABEL: Final = "no-remat"
 #: The name the nested builder gives the carry entering each chunk of a level whose
 #: policy names it (``jax.ad_checkpoint.checkpoint_name``): the chunk-boundary carries.
 CARRY_NAME: Final = "autoremat_carry"
@@ -149,8 +151,10 @@ class Policy:
 
     @property
     def short(self) -> str:
-        """A short label: ``nothing_saveable`` -> ``nothing``."""
-        return self.name.removesuffix("_saveable")
+        """A short label for printed text: ``nothing_saveable`` -> ``nothing`` (full remat);
+        ``none`` -> ``no-remat``, so the two are not one word apart (the YAML and ``key()``
+        keep ``none``)."""
+        return NO_REMAT_LABEL if self.name == NO_REMAT else self.name.removesuffix("_saveable")
 
     def to_data(self) -> str | dict[str, Any]:
         if self.name not in FACTORY_POLICIES:
