@@ -211,7 +211,9 @@ def tune(
         search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,
                         time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
                         explore_front=explore_front, seed=seed, built=built,
-                        refused=guard.refused, guard=guard, named=named, layer_costs=layers)
+                        # in lockstep, no risky choice: its probe would run on process 0 alone
+                        refused=guard.refused if active_peers() is None else guard.labels,
+                        guard=guard, named=named, layer_costs=layers)
         del built
         interrupted = search.run(n_trials, None if limit is None else
                                  limit - (time.monotonic() - start))
