@@ -42,7 +42,8 @@ missing here)::
         failure         a failure as data: where (build, compile, run), out of memory, the size
         breakdown       where the memory goes (memory_analysis' parts); the floor no schedule
                         removes
-        device          the device's facts; mesh: many devices, per-device layout
+        device          the device's facts; mesh: many devices, per-device layout; peers:
+                        the other processes of a lockstep tune, figures combined over them
         allocator       the one reader of a device's allocator (memory_stats)
         device_memory   a step's own need, read where each platform books it
         within          a run within a budget (the proof of fit); the least that suffices
@@ -70,7 +71,8 @@ missing here)::
                         between two presets; chunks of layers below full
         layer_costs     what a layer stack's schedules keep, from the trace; what each
                         tag costs (knapsack)
-        tune            the search: open the study, run a worker, confirm, prove, answer
+        tune            the search: open the study, run a worker, confirm, prove, answer;
+                        lockstep: every process of a multi-controller job, process 0 deciding
         proof           the proof of fit: the pick runs with only the budget on the device
         worker          one worker's loop: plan, claim (no schedule twice), measure, count;
                         retime: before it stops, the leader and its challengers run in turn
@@ -84,7 +86,8 @@ missing here)::
     _cli/         the command's settings and printing; export_command: the export command,
                   export_text: its MaxText and Flax text; show_command: the show command;
                   pareto_command: the pareto command; exits: the exit codes' table, how an
-                  error or a crash is reported (cli.py is the command)
+                  error or a crash is reported; distributed: tune --coordinator, joining a
+                  multi-controller job (cli.py is the command)
 
     shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations)
     public:  __init__, cli, linen, nnx, bounds (Revolve's optimum; any schedule's cost)

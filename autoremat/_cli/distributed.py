@@ -5,7 +5,7 @@ each first calls ``jax.distributed.initialize`` (``join``), so the built-in prob
 ``--mesh`` spans every process's devices and ``tune`` runs in lockstep
 (``autoremat._search.lockstep``). ``auto`` leaves everything to JAX, which reads the
 cluster's environment (a Cloud TPU pod slice, SLURM, Open MPI, Kubernetes; the
-coordinator from ``JAX_COORDINATOR_ADDRESS`` where set); ``HOST:PORT,PROCESSES,INDEX``
+coordinator from the environment variable JAX_COORDINATOR_ADDRESS where set); ``HOST:PORT,PROCESSES,INDEX``
 gives it all (a multi-node GPU job started by hand).
 """
 

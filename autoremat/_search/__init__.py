@@ -1,6 +1,6 @@
 """The search: a schedule that fits a budget, found by measuring, as an Optuna study.
 
-``tune`` runs it: the space of schedules (``space``; ``named_policies``: policies over a
+``tune`` runs it (on every process of a multi-controller job: ``lockstep``): the space of schedules (``space``; ``named_policies``: policies over a
 step's own checkpoint names; ``short_scans``: the short heavy scans; ``presets``: a layer
 stack's presets, tried first, and ``layer_costs``: what its schedules keep), the cost
 models (``predict``: step time; ``memory_model``: compiled bytes) and the ``planner``
