@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat._errors import TuneError, one_line
 from autoremat._measure.measure import compile_schedule
@@ -89,7 +89,8 @@ class _Store:
                 raw = self.client.blocking_key_value_get_bytes(f"{self.prefix}/{key}", _WAIT_MS)
             except Exception as e:  # not there yet: wait on
                 if "DEADLINE_EXCEEDED" not in str(e):
-                    raise
+                    lost(self, 0, "the job's key-value store (on process 0) stopped answering: "
+                                  f"{one_line(e)}")
                 continue
             return pickle.loads(raw)
 
@@ -132,20 +133,12 @@ class _Watchdog:
                     if value != seen[p][0]:
                         seen[p] = (value, now)
             except Exception as e:  # the store itself is gone: process 0 hosts it
-                self.lost(0, f"the job's key-value store (on process 0) stopped answering: "
-                             f"{one_line(e)}")
+                lost(self.store, 0, "the job's key-value store (on process 0) stopped "
+                                    f"answering: {one_line(e)}")
             for p, (_, at) in seen.items():
                 if now - at > LOST_AFTER * self.store.heartbeat:
-                    self.lost(p, f"no heartbeat for {now - at:.1f} s (heartbeat "
-                                 f"{self.store.heartbeat:g} s)")
-
-    def lost(self, process: int, why: str) -> None:
-        resume = ("the study keeps what was recorded; run the same command on every process "
-                  "to resume it")
-        print(f"autoremat: lockstep tune: lost process {process} of {self.store.count}: {why}; "
-              f"ending process {self.store.process} (exit {EXIT_LOST}); {resume}",
-              file=sys.stderr, flush=True)
-        os._exit(EXIT_LOST)
+                    lost(self.store, p, f"no heartbeat for {now - at:.1f} s (heartbeat "
+                                        f"{self.store.heartbeat:g} s)")
 
     def __enter__(self) -> _Watchdog:
         self.thread.start()
@@ -154,6 +147,15 @@ class _Watchdog:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
+
+
+def lost(store: _Store, process: int, why: str) -> NoReturn:
+    """End this process at once, with one line naming the lost one (the module doc)."""
+    resume = ("the study keeps what was recorded; run the same command on every process to "
+              "resume it")
+    print(f"autoremat: lockstep tune: lost process {process} of {store.count}: {why}; ending "
+          f"process {store.process} (exit {EXIT_LOST}); {resume}", file=sys.stderr, flush=True)
+    os._exit(EXIT_LOST)
 
 
 class _Everywhere:
