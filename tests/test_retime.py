@@ -15,7 +15,7 @@ import autoremat._search.retime as retime_module
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
 from autoremat._schedules.base import Schedule
-from autoremat._search.retime import BAND, CHALLENGERS, contenders
+from autoremat._search.retime import BAND, CHALLENGERS, contenders, paired
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.study import MeasuredTrial, load_study, measured_trials
 from autoremat._search.tune import tune
@@ -49,6 +49,14 @@ def test_the_leader_is_re_timed_with_its_closest_challengers_within_the_band() -
     behind = [trial(0, nested[0], 1.00), trial(1, nested[1], 1.01), trial(2, nested[2], 1.02),
               trial(3, plain.with_fuse(True), 1.03)]
     assert [t.number for t in contenders(behind, 10**4, PLAIN)] == [0, 1, 2, 3]
+
+
+def test_runs_in_turn_rank_a_challenger_by_its_ratio_to_the_leader_round_by_round() -> None:
+    """A load that comes in one round falls on the leader's and the challenger's runs of
+    that round alike: the ratio holds (0.95), where the challenger's own median would be
+    its loaded run."""
+    assert paired([[1.0, 1.3, 1.3], [0.95, 1.235, 1.235]]) == pytest.approx([1.3, 1.235])
+    assert paired([[1.0, 1.0, 1.3], [1.3, 0.95, 0.95]])[1] < 1.0  # one loaded run: outvoted
 
 
 def test_a_plain_scan_ahead_by_noise_is_re_timed_and_the_search_goes_on(

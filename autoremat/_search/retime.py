@@ -13,8 +13,9 @@ fits -- is run in turn with its closest challengers (``contenders``: up to ``CHA
 timed schedules that fit within ``BAND`` of it, and the plain scan, the baseline the answer
 is reported against, when it is within that band too), ``ROUNDS`` times each after a
 warm-up each, in one process (``interleaved``), each run its real compiled step: what
-the machine's drift does falls on all alike. Their medians replace the single timings
-(the study attr ``retimed_key``, read by ``MeasuredTrial.of``); when a challenger leads
+the machine's drift does falls on all alike. Their figures (``paired``: the leader's
+median, and each challenger's ratio to the leader round by round) replace the single
+timings (the study attr ``retimed_key``, read by ``MeasuredTrial.of``); when a challenger leads
 now, the planner goes on from it (its neighbours, its patience counted afresh). A group
 is re-timed once: the search stops when its leader's closest challengers were re-timed
 with it already.
@@ -115,11 +116,20 @@ def retime_group(short: ShortRuns, group: Sequence[MeasuredTrial],
             c.release()
     numbers = tuple(t.number for t in group)
     out = {}
-    for t, (_, k), runs_s in zip(group, runs, samples, strict=True):
-        median = statistics.median(runs_s)
-        out[t.number] = Retimed(median * k, tuple(runs_s), None if k == 1.0 else median,
+    for t, (_, k), runs_s, seconds in zip(group, runs, samples, paired(samples), strict=True):
+        out[t.number] = Retimed(seconds * k, tuple(runs_s), None if k == 1.0 else seconds,
                                 tuple(n for n in numbers if n != t.number))
     return out, full
+
+
+def paired(samples: Sequence[Sequence[float]]) -> list[float]:
+    """Each contender's seconds from its runs in turn: the leader's (the first) median;
+    another's, that median times the median of its run's ratio to the leader's run of
+    the same round -- a load that comes and goes between rounds falls on both runs of a
+    pair alike, where it would move one median and not the other."""
+    lead = statistics.median(samples[0])
+    return [lead] + [lead * statistics.median(x / y for x, y in zip(s, samples[0], strict=True))
+                     for s in samples[1:]]
 
 
 def _share_arguments(runs: Sequence[Compiled]) -> None:
