@@ -303,13 +303,14 @@ def stage_d(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str],
 
     from autoremat import seed_lstm
     from autoremat._schedules.nested_space import OFFLOAD_POLICIES
-    from autoremat._search.probe import OFFERED, checks, probe
+    from autoremat._search.probe import checks, probe
 
     platform = jax.default_backend()
     problem = seed_lstm(**s["offload"], fused_readout=True)
-    outcome = probe(problem, "tpu")  # the TPU's choices, on whatever device this is
+    verdicts = probe(problem, "tpu")  # the TPU's choices, on whatever device this is
+    outcome = {label: v.text() for label, v in verdicts.items()}  # as stored
     lines = [f"- probe ({platform}): {label}: {why}" for label, why in outcome.items()]
-    offered = [k for k, v in outcome.items() if v.startswith(OFFERED)]
+    offered = [k for k, v in verdicts.items() if v.offered]
     n = problem.seq_len
     rows = [_measure(problem, grid_schedule(label, n), None, s["time_budget"])
             for label in ON_DEVICE]

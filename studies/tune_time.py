@@ -185,11 +185,11 @@ def child(argv: list[str]) -> int:
 
     real_probe = guard_module.ProbeGuard._probe
 
-    def probe(self: Any, check: Any) -> str:
+    def probe(self: Any, check: Any) -> Any:
         start = time.time()
         verdict = real_probe(self, check)
         _emit("probe", start=start, seconds=time.time() - start,
-              schedule=check.schedule.describe(), verdict=verdict[:300])
+              schedule=check.schedule.describe(), verdict=verdict.text()[:300])
         return verdict
 
     real_callback = worker_module.Worker.callback

@@ -28,6 +28,8 @@ from autoremat._search.probe import (
     LEFT_OUT,
     OFFERED,
     PROBE_LENGTH,
+    ProbeVerdict,
+    Source,
     checks,
     lines,
     probe,
@@ -128,8 +130,8 @@ def test_each_offload_placement_gives_the_plain_scans_loss_and_gradients() -> No
     problem = tiny(PROBE_LENGTH)
     for label, check in checks(PROBE_LENGTH, "tpu").items():
         plainly = {label: Check(check.schedule)}  # no host-placement test on a CPU
-        assert probe(problem, "tpu", choices=plainly)[label].startswith(
-            f"{OFFERED}: compiles, loss and gradients match"), label
+        found = probe(problem, "tpu", choices=plainly)[label]
+        assert found.offered and found.why.startswith("compiles, loss and gradients match"), label
 
 
 def test_a_placement_that_fails_is_left_out_alone(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,11 +155,11 @@ def test_a_placement_that_fails_is_left_out_alone(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(probe_module, "_run", tpu_like)
     outcome = probe(tiny(PROBE_LENGTH), "tpu")
     assert set(outcome) == set(OFFLOAD_POLICIES)
-    assert outcome["offload_step"].startswith(f"{OFFERED}: ")
-    assert outcome["offload_dots"].startswith(f"{OFFERED}: ")
-    assert outcome["offload_carries"].startswith(
+    assert outcome["offload_step"].text().startswith(f"{OFFERED}: ")
+    assert outcome["offload_dots"].text().startswith(f"{OFFERED}: ")
+    assert outcome["offload_carries"].text().startswith(
         f"{LEFT_OUT}: compile failed (8x8 save()+offload(autoremat_carry)")
-    assert "async-start" in outcome["offload_carries"]
+    assert "async-start" in outcome["offload_carries"].text()
     no = refused(outcome)
     assert no == {"offload_carries"}
     rng = random.Random(1)
@@ -175,13 +177,15 @@ def test_on_a_cpu_offload_compiles_and_matches_but_places_nothing_on_the_host() 
     problem = tiny(PROBE_LENGTH)
     two_level = autoremat.nested([8, 8], OFFLOAD)
     matched = probe(problem, "gpu", choices={"offload_dots": Check(two_level)})
-    assert matched["offload_dots"].startswith(f"{OFFERED}: compiles, loss and gradients match")
+    assert matched["offload_dots"].text().startswith(
+        f"{OFFERED}: compiles, loss and gradients match")
     outcome = probe(problem, "gpu")  # the platform string of a GPU, on this CPU
     assert list(outcome) == [*OFFLOAD_POLICIES, "graph_loops"]
     for label in OFFLOAD_POLICIES:
-        assert outcome[label].startswith(f"{LEFT_OUT}: offloads nothing on this device")
+        assert outcome[label].text().startswith(f"{LEFT_OUT}: offloads nothing on this device")
     # the CPU accepts XLA:GPU's options and ignores them: the same results
-    assert outcome["graph_loops"].startswith(f"{OFFERED}: compiles, loss and gradients match")
+    assert outcome["graph_loops"].text().startswith(
+        f"{OFFERED}: compiles, loss and gradients match")
     assert refused(outcome) == set(OFFLOAD_POLICIES)
 
 
@@ -195,11 +199,13 @@ def test_a_choice_that_fails_or_differs_is_left_out_with_one_line(how: str, reas
     fine = autoremat.nested([8, 8], "nothing_saveable")
     outcome = probe(_odd_one(risky, how), "gpu",
                     choices={"risky": Check(risky), "fine": Check(fine)})
-    assert outcome["risky"].startswith(reason), outcome["risky"]
-    assert "\n" not in outcome["risky"] and "Traceback" not in outcome["risky"]
-    assert outcome["fine"].startswith(OFFERED)
+    assert outcome["risky"].text().startswith(reason), outcome["risky"].text()
+    assert "\n" not in outcome["risky"].text() and "Traceback" not in outcome["risky"].text()
+    assert outcome["fine"].text().startswith(OFFERED)
     assert refused(outcome) == {"risky"}
-    assert lines(outcome)[0] == f"probe: risky: {outcome['risky']}"
+    stored = {k: v.text() for k, v in outcome.items()}  # as a study holds them
+    assert lines(stored)[0] == f"probe: risky: {outcome['risky'].text()}"
+    assert {k: ProbeVerdict.parse(v) for k, v in stored.items()} == outcome
 
 
 def test_the_probe_runs_on_a_short_instance_when_the_problem_has_one() -> None:
@@ -208,7 +214,7 @@ def test_the_probe_runs_on_a_short_instance_when_the_problem_has_one() -> None:
     assert small(tiny(1000)).seq_len == 1000  # no at_length: the problem itself
     assert small(tiny(32)).seq_len == 32  # already short
     got = probe(long, "gpu", choices={"c": Check(autoremat.nested([8, 8]))})
-    assert f"at T={PROBE_LENGTH})" in got["c"]
+    assert f"at T={PROBE_LENGTH})" in got["c"].text()
 
 
 def test_the_probe_runs_on_the_problems_own_small_instance_first() -> None:
@@ -216,7 +222,7 @@ def test_the_probe_runs_on_the_problems_own_small_instance_first() -> None:
                   small=lambda: tiny(12))
     assert small(own).seq_len == 12  # not at_length's PROBE_LENGTH
     got = probe(own, "gpu", choices={"c": Check(autoremat.nested([3, 4]))})
-    assert got["c"].startswith(OFFERED) and "at T=12)" in got["c"]
+    assert got["c"].text().startswith(OFFERED) and "at T=12)" in got["c"].text()
 
 
 def test_where_the_plain_scan_fails_the_probe_compares_with_remat_of_each_step() -> None:
@@ -229,10 +235,11 @@ def test_where_the_plain_scan_fails_the_probe_compares_with_remat_of_each_step()
 
     too_big = Problem("too big for plain", 16, build)
     got = probe(too_big, "gpu", choices={"c": Check(autoremat.nested([4, 4], "dots_saveable"))})
-    assert got["c"].startswith(OFFERED), got["c"]
+    assert got["c"].text().startswith(OFFERED), got["c"].text()
     nothing = Problem("nothing runs", 16, lambda s: (_ for _ in ()).throw(RuntimeError("no")))
     got = probe(nothing, "gpu", choices={"c": Check(autoremat.nested([4, 4]))})
-    assert got["c"].startswith(f"{LEFT_OUT}: no reference ran at T=16: "), got["c"]
+    assert not got["c"].offered
+    assert got["c"].why.startswith("no reference ran at T=16: "), got["c"].text()
 
 
 def _policies(schedule: Schedule) -> set[str]:
@@ -305,3 +312,27 @@ def test_what_counts_as_a_failed_compile(failed_at: FailedAt, out_of_memory: boo
                     out_of_memory=out_of_memory)
     assert compile_failed(m) is failed
     assert not compile_failed(Measurement("k", OK, ""))
+
+
+def test_a_verdict_is_data_stored_as_the_line_a_study_holds() -> None:
+    """A verdict says whether the choice is offered, why, and where it came from; it is
+    stored as one line and read back from any line a study or the cache holds."""
+    lines_held = [
+        "offered: compiles, loss and gradients match the plain scan (8x8 ... at T=64)",
+        "left out: compile failed (8x8 ... at T=64): INTERNAL: async-start",
+        "left out: compile failed (8x8 ... at T=64): INTERNAL (cached)",
+        "left out: compile failed: INTERNAL: two choices (in a trial, not the probe)",
+        "left out: compile failed: X (in a trial, not the probe) (cached)",
+        "left out: compile failed (8x8): X [found on tiny] (cached)",
+        "offered: not probed (no instance of it at the probe's length)",
+    ]
+    for line in lines_held:
+        assert ProbeVerdict.parse(line).text() == line
+    assert ProbeVerdict.parse(lines_held[0]) == ProbeVerdict(True, lines_held[0][9:])
+    assert ProbeVerdict.parse(lines_held[2]).source is Source.CACHE
+    trial = ProbeVerdict.parse(lines_held[3])
+    assert (trial.offered, trial.why, trial.source) == (
+        False, "compile failed: INTERNAL: two choices", Source.TRIAL)
+    cached = ProbeVerdict.cached(lines_held[3])  # the cache's line, read from the cache
+    assert cached.source is Source.CACHE and cached.text() == f"{lines_held[3]} (cached)"
+    assert cached.stored().text() == lines_held[3]  # what the cache keeps

@@ -27,9 +27,9 @@ from autoremat._schedules.nested_space import OFFLOAD_POLICIES
 from autoremat._search.attrs import PROBE
 from autoremat._search.candidates import Verdict
 from autoremat._search.planner import Planner
-from autoremat._search.probe import LEFT_OUT, OFFERED, PROBE_LENGTH
+from autoremat._search.probe import LEFT_OUT, OFFERED, PROBE_LENGTH, Source
 from autoremat._search.probe_cache import CACHE_ENV, VerdictCache, cache_path
-from autoremat._search.probe_guard import ProbeGuard, combination
+from autoremat._search.probe_guard import ProbeGuard, choices_of, combination
 from autoremat._search.short_runs import ShortRuns
 from tests.tiny_problem import tiny
 
@@ -41,6 +41,11 @@ DOTS = {"kind": "nested", "depth": 2, "d2_n0": 8, "d2_p0": "nothing", "d2_p1": "
 BOTH = {**DOTS, "d2_p0": "offload_carries"}
 BOTH_DEEPER = {"kind": "nested", "depth": 3, "d3_n0": 4, "d3_n1": 4, "d3_p0": "offload_carries",
                "d3_p1": "nothing", "d3_p2": "offload_dots", "d3_unroll": 1}
+
+
+def labels(probed: list[frozenset[str]]) -> list[str]:
+    """The choices probed, as their stored labels."""
+    return [combination(c) for c in probed]
 
 
 class _Lock(contextlib.nullcontext):
@@ -81,22 +86,24 @@ def test_nothing_is_probed_until_a_candidate_uses_a_risky_choice(runs: list[Sche
     assert guard.labels == set(OFFLOAD_POLICIES)
     assert guard.allows(PLAIN) and runs == [] and notes == []  # nothing risky: no compile
     assert guard.allows(DOTS)
-    assert guard.probed == ["offload_dots"]  # that choice only, with the plain reference
-    assert len(runs) == 2 and guard.verdicts["offload_dots"].startswith(f"{OFFERED}: ")
-    assert notes == [f"probe: offload_dots: {guard.verdicts['offload_dots']}"]
+    assert labels(guard.probed) == ["offload_dots"]  # that choice only, beside the reference
+    assert len(runs) == 2 and guard.lines()["offload_dots"].startswith(f"{OFFERED}: ")
+    assert notes == [f"probe: offload_dots: {guard.lines()['offload_dots']}"]
     assert guard.allows(DOTS) and len(runs) == 2  # known: not probed twice
-    assert guard.study.user_attrs[PROBE] == guard.verdicts
+    assert guard.study.user_attrs[PROBE] == guard.lines()
 
 
 def test_a_combination_is_probed_and_left_out_though_each_choice_passes(
         runs: list[Schedule]) -> None:
     guard = _guard(None)
     assert not guard.allows(BOTH)
-    assert guard.probed == ["offload_carries", "offload_dots", COMBO]
-    assert guard.verdicts["offload_carries"].startswith(OFFERED)
-    assert guard.verdicts["offload_dots"].startswith(OFFERED)
-    assert guard.verdicts[COMBO].startswith(f"{LEFT_OUT}: compile failed (8x8 ")
-    assert "STAND-IN" in guard.verdicts[COMBO]
+    assert labels(guard.probed) == ["offload_carries", "offload_dots", COMBO]
+    assert guard.lines()["offload_carries"].startswith(OFFERED)
+    assert guard.lines()["offload_dots"].startswith(OFFERED)
+    assert guard.lines()[COMBO].startswith(f"{LEFT_OUT}: compile failed (8x8 ")
+    assert "STAND-IN" in guard.lines()[COMBO]
+    both = guard.verdicts[frozenset({"offload_carries", "offload_dots"})]  # a set, as data
+    assert not both.offered and both.source is Source.PROBE and "STAND-IN" in both.why
     combo_run = runs[-1]  # the candidate's own structure at the probe's length
     assert isinstance(combo_run, NestedSchedule) and combo_run.lengths == (8, 8)
     assert guard.refused == frozenset()  # each alone is still offered
@@ -104,7 +111,7 @@ def test_a_combination_is_probed_and_left_out_though_each_choice_passes(
     n = len(runs)
     assert not guard.allows(BOTH_DEEPER) and len(runs) == n  # never proposed again
     assert guard.allows(DOTS) and guard.study.user_attrs[PROBE][COMBO] == \
-        guard.verdicts[COMBO]
+        guard.lines()[COMBO]
 
 
 def test_verdicts_cost_nothing_twice_on_the_same_platform(
@@ -115,18 +122,20 @@ def test_verdicts_cost_nothing_twice_on_the_same_platform(
     n = len(runs)
     notes: list[str] = []
     again = _guard(cache, notes=notes)  # a new study, the same problem and environment
-    assert set(again.verdicts) == {"offload_carries", "offload_dots", COMBO}  # read at start
+    assert set(again.lines()) == {"offload_carries", "offload_dots", COMBO}  # read at start
     assert not again.allows(BOTH) and again.allows(DOTS) and len(runs) == n
-    assert again.probed == [] and all(v.endswith(" (cached)") for v in again.verdicts.values())
-    assert len(notes) == 3 and again.study.user_attrs[PROBE] == again.verdicts
+    assert again.probed == [] and all(v.source is Source.CACHE for v in again.verdicts.values())
+    assert all(v.endswith(" (cached)") for v in again.lines().values())
+    assert len(notes) == 3 and again.study.user_attrs[PROBE] == again.lines()
     other = _guard(cache, problem="other|def")  # another problem: its compile failure holds
-    assert other.verdicts[COMBO].startswith(f"{LEFT_OUT}: compile failed")
-    assert "[found on tiny]" in other.verdicts[COMBO]
-    assert not other.allows(BOTH_DEEPER) and other.probed == []
-    assert other.allows(DOTS) and other.probed == ["offload_dots"]  # offered: probed again
+    assert other.lines()[COMBO].startswith(f"{LEFT_OUT}: compile failed")
+    assert "[found on tiny]" in other.lines()[COMBO]
+    assert not other.allows(BOTH_DEEPER) and labels(other.probed) == []
+    assert other.allows(DOTS) and labels(other.probed) == ["offload_dots"]  # probed again
     newer = _guard(cache, env=ENV.replace("jax 0.0.1", "jax 0.0.2"))  # another jax
-    assert newer.verdicts == {}
-    assert not newer.allows(BOTH) and newer.probed == ["offload_carries", "offload_dots", COMBO]
+    assert newer.lines() == {}
+    assert not newer.allows(BOTH)
+    assert labels(newer.probed) == ["offload_carries", "offload_dots", COMBO]
     data = json.loads(cache.read_text())
     assert set(data) == {ENV, ENV.replace("jax 0.0.1", "jax 0.0.2")}
     assert set(data[ENV][COMBO]) == {"tiny|abc"}
@@ -137,9 +146,9 @@ def test_a_combination_that_fails_to_compile_at_full_length_is_left_out(
     guard = _guard(None)
     dots_only = {**BOTH, "d2_p0": "nothing"}
     guard.compile_failed(dots_only, "compile failed: INTERNAL: one choice")
-    assert guard.verdicts == {}  # one choice: the failure may be the schedule's
+    assert guard.lines() == {}  # one choice: the failure may be the schedule's
     guard.compile_failed(BOTH_DEEPER, "compile failed: INTERNAL: two choices")
-    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: compile failed: INTERNAL: two choices "
+    assert guard.lines()[COMBO] == (f"{LEFT_OUT}: compile failed: INTERNAL: two choices "
                                      "(in a trial, not the probe)")
     assert not guard.allows(BOTH) and runs == []
 
@@ -155,13 +164,13 @@ def test_an_offload_that_fails_at_an_unroll_above_one_is_left_out_at_that_unroll
     assert guard.used({**PLAIN, "d1_unroll": 2}) == frozenset()  # no offload: nothing risky
     both = {**BOTH, "d2_unroll": 4}  # two choices: probed, at the candidate's unroll
     assert not guard.allows(both)
-    assert guard.probed[-1] == combination(frozenset({*guard.used(BOTH), "unroll>1"}))
+    assert labels(guard.probed)[-1] == combination(frozenset({*guard.used(BOTH), "unroll>1"}))
     assert isinstance(runs[-1], NestedSchedule) and runs[-1].unroll == 4
     n = len(runs)
-    assert guard.allows(unrolled) and "offload_dots" in guard.probed and len(runs) == n
+    assert guard.allows(unrolled) and "offload_dots" in labels(guard.probed) and len(runs) == n
     guard.compile_failed(unrolled, "compile failed: INTERNAL: async-start")  # a trial's
     label = combination(frozenset({"offload_dots", "unroll>1"}))
-    assert guard.verdicts[label].startswith(f"{LEFT_OUT}: compile failed: INTERNAL: async")
+    assert guard.lines()[label].startswith(f"{LEFT_OUT}: compile failed: INTERNAL: async")
     assert not guard.allows(unrolled) and not guard.allows({**DOTS, "d2_unroll": 8})
     assert guard.allows(DOTS) and len(runs) == n  # at unroll 1 it stays
 
@@ -191,10 +200,10 @@ def test_a_trial_whose_short_run_failed_to_compile_leaves_its_combination_out(
     key = both.schedule.key()
     planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: run failed: x",
                                               failed_at="run"))
-    assert guard.verdicts == {}
+    assert guard.lines() == {}
     planner.record(both.schedule, Measurement(key, ERROR, "at T'=16: compile failed: INTERNAL",
                                               failed_at="compile"))
-    assert guard.verdicts[COMBO] == (f"{LEFT_OUT}: at T'=16: compile failed: INTERNAL "
+    assert guard.lines()[COMBO] == (f"{LEFT_OUT}: at T'=16: compile failed: INTERNAL "
                                      "(in a trial, not the probe)")
     assert not guard.allows(both.params) and runs == []  # never probed: known to fail
 
@@ -224,6 +233,9 @@ def test_a_combination_label_keeps_labels_that_hold_a_plus() -> None:
     guard.labels = frozenset({"offload(a,b,+3)", "offload_carries"})
     label = combination(guard.labels)
     assert label == "offload(a,b,+3) & offload_carries"
-    guard._record(label, f"{LEFT_OUT}: compile failed: x")
+    assert choices_of(label) == guard.labels  # read back from the study or the cache
+    both = {"d2_p0": "offload_carries", "d2_p1": "offload(a,b,+3)"}
+    guard.compile_failed(both, "compile failed: x")  # in a trial
     assert guard.refused_combinations == {guard.labels} and guard.refused == frozenset()
+    assert guard.lines() == {label: f"{LEFT_OUT}: compile failed: x (in a trial, not the probe)"}
     assert not guard.allows({"d2_p0": "offload_carries", "d2_p1": "offload(a,b,+3)"})

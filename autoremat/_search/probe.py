@@ -36,25 +36,25 @@ still reaches a trial -- which then fails without using up one of ``n_trials``
 
 A study probes lazily (``autoremat._search.probe_guard``): a choice when the
 planner first proposes a schedule using it, and each combination of choices it
-proposes; the verdicts are recorded in the study (user attr ``attrs.PROBE``: label
--> ``"offered: ..."`` or ``"left out: ..."``; a resumed study or another worker
-reads them back) and cached beside the storage (``autoremat._search.probe_cache``).
+proposes. A verdict is a ``ProbeVerdict`` (offered or not, why, and where it came from:
+a probe, the cache, a trial); it is recorded in the study as one line (user attr
+``attrs.PROBE``: label -> ``"offered: ..."`` or ``"left out: ..."``; a resumed study or
+another worker reads them back) and cached beside the storage
+(``autoremat._search.probe_cache``).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import Any, Final
 
 from autoremat._errors import one_line
 from autoremat._measure.problem import Problem
 from autoremat._schedules import KINDS, nested, plain
 from autoremat._schedules.base import NO_NAMES, Check, Schedule
 from autoremat._search import space
-
-if TYPE_CHECKING:
-
-    pass
 
 #: The probe's sequence length (when the problem has ``at_length``): long enough for
 #: two levels of 8, short enough to compile in about a second.
@@ -75,6 +75,56 @@ ATOL_FRACTION: Final = 1e-3
 RULES: Final = f"rtol {RTOL}, atol {ATOL_FRACTION} of the largest value"
 OFFERED: Final = "offered"
 LEFT_OUT: Final = "left out"
+
+
+class Source(enum.Enum):
+    """Where a verdict came from."""
+
+    PROBE = "probe"  # a probe ran it
+    CACHE = "cache"  # the cache beside the storage (``probe_cache``)
+    TRIAL = "trial"  # a trial failed to compile it (``probe_guard``)
+
+
+#: What a verdict's stored line ends with, by where it came from.
+_SUFFIX: Final = {Source.PROBE: "", Source.CACHE: " (cached)",
+                  Source.TRIAL: " (in a trial, not the probe)"}
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """A choice's verdict: offered or left out, why, and where it came from. Stored as one
+    line (``text``: ``"offered: ..."`` or ``"left out: ..."``, in the study's ``attrs.PROBE``
+    and the cache) and read back from it (``parse``)."""
+
+    offered: bool
+    why: str
+    source: Source = Source.PROBE
+
+    def text(self) -> str:
+        """The stored line."""
+        return f"{OFFERED if self.offered else LEFT_OUT}: {self.why}{_SUFFIX[self.source]}"
+
+    @classmethod
+    def parse(cls, text: str) -> ProbeVerdict:
+        """A stored line read back (``text``'s inverse; any line a study holds)."""
+        offered = not text.startswith(LEFT_OUT)
+        why = text.removeprefix(OFFERED if offered else LEFT_OUT).removeprefix(": ")
+        for source in (Source.CACHE, Source.TRIAL):
+            if why.endswith(_SUFFIX[source]):
+                return cls(offered, why.removesuffix(_SUFFIX[source]), source)
+        return cls(offered, why)
+
+    @classmethod
+    def cached(cls, text: str) -> ProbeVerdict:
+        """A line the cache holds, as read from it (whatever it came from before)."""
+        found = cls.parse(text)
+        return cls(found.offered, found.why + _SUFFIX[found.source], Source.CACHE)
+
+    def stored(self) -> ProbeVerdict:
+        """This verdict as the cache keeps it: not marked as read from it."""
+        return self if self.source is not Source.CACHE else ProbeVerdict(self.offered, self.why)
+
+
 def checks(seq_len: int, platform: str, named: space.Named = NO_NAMES) -> dict[str, Check]:
     """Every kind's ``Schedule.checks`` at ``seq_len`` on ``platform`` (with the problem's
     ``named`` policies), and the space's own (``space.checks``: the ``compiler`` choices
@@ -102,10 +152,10 @@ def small(problem: Problem, length: int = PROBE_LENGTH) -> Problem:
 
 def probe(problem: Problem, platform: str, *, length: int = PROBE_LENGTH,
           choices: Mapping[str, Check] | None = None,
-          named: space.Named = NO_NAMES) -> dict[str, str]:
-    """Check each choice on ``problem`` cut to ``length`` steps (module doc):
-    label -> ``"offered: ..."`` or ``"left out: <why>"``. ``choices``: default
-    ``checks(...)`` of that length on ``platform``; empty: nothing is compiled."""
+          named: space.Named = NO_NAMES) -> dict[str, ProbeVerdict]:
+    """Check each choice on ``problem`` cut to ``length`` steps (module doc): label -> its
+    verdict. ``choices``: default ``checks(...)`` of that length on ``platform``; empty:
+    nothing is compiled."""
     if choices is None and not checks(min(problem.seq_len, length), platform, named):
         return {}  # nothing to check: the problem is not even cut
     target = small(problem, length)
@@ -119,17 +169,17 @@ def probe(problem: Problem, platform: str, *, length: int = PROBE_LENGTH,
         return _probe_all(target, choices)
 
 
-def _probe_all(target: Problem, choices: Mapping[str, Check]) -> dict[str, str]:
+def _probe_all(target: Problem, choices: Mapping[str, Check]) -> dict[str, ProbeVerdict]:
     """Each choice's verdict, against the plain scan run once (``probe``)."""
     try:
-        reference = _reference(target)
+        outputs = reference(target)
     except Exception as e:  # neither runs: nothing to compare with
         why = f"no reference ran at T={target.seq_len}: {one_line(e)}"
-        return {label: f"{LEFT_OUT}: {why}" for label in choices}
-    return {label: _verdict(target, check, reference) for label, check in choices.items()}
+        return {label: ProbeVerdict(False, why) for label in choices}
+    return {label: verdict(target, check, outputs) for label, check in choices.items()}
 
 
-def _reference(problem: Problem) -> list[Any]:
+def reference(problem: Problem) -> list[Any]:
     """The plain scan's outputs; where it fails (a problem too large to keep every
     step's residuals), those of remat of each step, which any fitting problem runs."""
     try:
@@ -138,21 +188,25 @@ def _reference(problem: Problem) -> list[Any]:
         return _run(problem, nested([problem.seq_len]), False)[1]
 
 
-def _verdict(problem: Problem, check: Check, reference: list[Any]) -> str:
+def verdict(problem: Problem, check: Check, reference: list[Any]) -> ProbeVerdict:
+    """``check`` compiled and run on ``problem``, its outputs against the plain scan's
+    (``reference``, the outputs of ``reference(problem)``): the module doc's steps 1-3."""
     where = f"{check.schedule.describe()} at T={problem.seq_len}"
     try:
         placed, got = _run(problem, check.schedule, check.offloads)
     except _CompileFailed as e:
-        return f"{LEFT_OUT}: compile failed ({where}): {e}"
+        return ProbeVerdict(False, f"compile failed ({where}): {e}")
     except Exception as e:
-        return f"{LEFT_OUT}: run failed ({where}): {one_line(e)}"
+        return ProbeVerdict(False, f"run failed ({where}): {one_line(e)}")
     if check.offloads and not placed:
-        return (f"{LEFT_OUT}: offloads nothing on this device (the compiled step places "
-                "nothing in host memory; it would repeat dots_with_no_batch_dims_saveable)")
+        return ProbeVerdict(False, "offloads nothing on this device (the compiled step places "
+                            "nothing in host memory; it would repeat "
+                            "dots_with_no_batch_dims_saveable)")
     worst = _mismatch(got, reference)
     if worst:
-        return f"{LEFT_OUT}: loss or gradients differ from the plain scan ({where}): {worst}"
-    return f"{OFFERED}: compiles, loss and gradients match the plain scan ({where})"
+        return ProbeVerdict(False, f"loss or gradients differ from the plain scan ({where}): "
+                            f"{worst}")
+    return ProbeVerdict(True, f"compiles, loss and gradients match the plain scan ({where})")
 
 
 class _CompileFailed(Exception):
@@ -201,11 +255,12 @@ def _mismatch(got: list[Any], want: list[Any]) -> str:
     return ""
 
 
-def refused(outcome: Mapping[str, str]) -> frozenset[str]:
+def refused(outcome: Mapping[str, ProbeVerdict]) -> frozenset[str]:
     """The labels an outcome leaves out of the space."""
-    return frozenset(k for k, v in outcome.items() if str(v).startswith(LEFT_OUT))
+    return frozenset(k for k, v in outcome.items() if not v.offered)
 
 
 def lines(outcome: Mapping[str, str]) -> list[str]:
-    """One line per choice probed: ``"probe: offload_dots: left out: ..."``."""
+    """One line per choice probed, from the study's stored lines (``attrs.PROBE``):
+    ``"probe: offload_dots: left out: ..."``."""
     return [f"probe: {label}: {what}" for label, what in outcome.items()]

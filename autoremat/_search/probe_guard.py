@@ -13,8 +13,9 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
   ``offload_dots`` at the innermost: each passed alone on a TPU, their
   combination failed to compile) has that combination probed too, on the
   candidate's own structure at the probe's length (``space.propose`` of its
-  parameters); its label is the choices joined by `` & ``
-  (``"offload_carries & offload_dots"``);
+  parameters). A combination is a set of choices; only where it is stored (the study's
+  ``attrs.PROBE``, the cache) is it one label, the choices joined by `` & ``
+  (``"offload_carries & offload_dots"``: ``combination``, read back by ``choices_of``);
 * a candidate that offloads at an ``unroll`` above 1 counts that as one more choice
   (``"unroll>1"``), probed only within a combination of two or more choices (a probe of
   a big model's choice takes 8-13 s on a TPU v5e), but left out like one when a trial
@@ -52,7 +53,7 @@ from autoremat._search import probe as probe_module
 from autoremat._search import space
 from autoremat._search.attrs import PROBE
 from autoremat._search.candidates import Candidate, Verdict
-from autoremat._search.probe import LEFT_OUT
+from autoremat._search.probe import ProbeVerdict, Source
 from autoremat._search.probe_cache import VerdictCache
 
 if TYPE_CHECKING:
@@ -66,9 +67,18 @@ JOIN: Final = " & "  # a label may hold "+" (``names``: "offload(a,b,+3)")
 UNROLLED: Final = "unroll>1"
 
 
-def combination(labels: frozenset[str]) -> str:
-    """The label of a combination of choices: sorted, joined by `` & ``."""
+#: A choice, or a combination of choices, as the guard keys its verdicts.
+Choices = frozenset[str]
+
+
+def combination(labels: Choices) -> str:
+    """The stored label of a set of choices: sorted, joined by `` & ``."""
     return JOIN.join(sorted(labels))
+
+
+def choices_of(label: str) -> Choices:
+    """The set of choices of a stored label (``combination``'s inverse)."""
+    return frozenset(label.split(JOIN))
 
 
 class ProbeGuard:
@@ -83,29 +93,33 @@ class ProbeGuard:
         singles = probe_module.checks(problem.seq_len, platform, named)
         self.labels = frozenset(singles)
         self.offloading = frozenset(k for k, c in singles.items() if c.offloads)
-        self.verdicts: dict[str, str] = {}
-        self.probed: list[str] = []  # labels probed by this guard (not read back)
+        self.verdicts: dict[Choices, ProbeVerdict] = {}
+        self.probed: list[Choices] = []  # probed by this guard (not read back)
         self._target: Problem | None = None
         self._reference: list[Any] | None = None
         self._no_reference = ""
         self._read_study()
         known = [] if cache is None else [  # the cache's verdicts on these choices: at once
-            k for k in cache.labels() if set(k.split(JOIN)) <= self.labels]
-        for label in known:
-            cached = None if label in self.verdicts else self._cached(label)
+            choices_of(k) for k in cache.labels() if choices_of(k) <= self.labels]
+        for choices in known:
+            cached = None if choices in self.verdicts else self._cached(choices)
             if cached is not None:
-                self._record(label, cached)
+                self._record(choices, cached)
 
     # -- what is known -----------------------------------------------------------------
     @property
     def refused(self) -> frozenset[str]:
         """The single choices left out (the planner's proposals skip them)."""
-        return frozenset(k for k in probe_module.refused(self.verdicts) if JOIN not in k)
+        return frozenset(label for k, v in self.verdicts.items() if not v.offered
+                         and len(k) == 1 for label in k)
 
     @property
-    def refused_combinations(self) -> frozenset[frozenset[str]]:
-        return frozenset(frozenset(k.split(JOIN)) for k in probe_module.refused(self.verdicts)
-                         if JOIN in k)
+    def refused_combinations(self) -> frozenset[Choices]:
+        return frozenset(k for k, v in self.verdicts.items() if not v.offered and len(k) > 1)
+
+    def lines(self) -> dict[str, str]:
+        """The verdicts as stored: label -> one line (``ProbeVerdict.text``)."""
+        return {combination(k): v.text() for k, v in self.verdicts.items()}
 
     def used(self, params: Mapping[str, Any]) -> frozenset[str]:
         """The risky choices a candidate's parameters use; where one offloads, its unroll
@@ -128,12 +142,12 @@ class ProbeGuard:
             return False
         choices = used - {UNROLLED}
         for label in sorted(choices):
-            if self._verdict(label, functools.partial(self._single, label)).startswith(LEFT_OUT):
+            if not self._verdict(frozenset({label}),
+                                 functools.partial(self._single, label)).offered:
                 return False
         if len(choices) < 2:
             return True
-        return not self._verdict(combination(used),
-                                 lambda: self._combined(params, used)).startswith(LEFT_OUT)
+        return self._verdict(used, lambda: self._combined(params, used)).offered
 
     def compile_failed(self, params: Mapping[str, Any], reason: str) -> None:
         """A candidate failed to compile in a trial (at full length, or its short run): a
@@ -141,48 +155,50 @@ class ProbeGuard:
         may be the schedule's)."""
         used = self.used(params)
         if len(used) >= 2:
-            self._record(combination(used), f"{LEFT_OUT}: {reason} (in a trial, not the probe)",
-                         put=True)
+            self._record(used, ProbeVerdict(False, reason, Source.TRIAL), put=True)
 
     # -- verdicts ----------------------------------------------------------------------
-    def _verdict(self, label: str, make: Callable[[], Check | None]) -> str:
-        if label not in self.verdicts:
+    def _verdict(self, choices: Choices, make: Callable[[], Check | None]) -> ProbeVerdict:
+        if choices not in self.verdicts:
             self._read_study()  # another worker may have probed it meanwhile
-        if label not in self.verdicts:
-            cached = self._cached(label)
+        if choices not in self.verdicts:
+            cached = self._cached(choices)
             if cached is not None:
-                self._record(label, cached)
+                self._record(choices, cached)
             else:
                 check = make()
-                verdict = (self._probe(check) if check is not None else
-                           "offered: not probed (no instance of it at the probe's length)")
-                self.probed.append(label)
-                self._record(label, verdict, put=check is not None)
-        return self.verdicts[label]
+                verdict = (self._probe(check) if check is not None else ProbeVerdict(
+                    True, "not probed (no instance of it at the probe's length)"))
+                self.probed.append(choices)
+                self._record(choices, verdict, put=check is not None)
+        return self.verdicts[choices]
 
-    def _cached(self, label: str) -> str | None:
-        got = None if self.cache is None else self.cache.get(label)
-        return None if got is None else f"{got} (cached)"
+    def _cached(self, choices: Choices) -> ProbeVerdict | None:
+        got = None if self.cache is None else self.cache.get(combination(choices))
+        return None if got is None else ProbeVerdict.cached(got)
 
-    def _record(self, label: str, verdict: str, *, put: bool = False) -> None:
-        self.verdicts[label] = verdict
+    def _record(self, choices: Choices, verdict: ProbeVerdict, *, put: bool = False) -> None:
+        """The verdict in the study (its first worker's wins), the cache (``put``) and a
+        note; stored as one line under its label (``combination``)."""
+        label = combination(choices)
+        self.verdicts[choices] = verdict
         with self.lock:
             recorded = dict(self.study.user_attrs.get(PROBE) or {})
             if label not in recorded:
-                recorded[label] = verdict
+                recorded[label] = verdict.text()
                 self.study.set_user_attr(PROBE, recorded)
-            else:
-                self.verdicts[label] = str(recorded[label])  # the first worker's wins
+            else:  # the first worker's wins
+                self.verdicts[choices] = ProbeVerdict.parse(str(recorded[label]))
         if put and self.cache is not None:
-            self.cache.put(label, self.verdicts[label].removesuffix(" (cached)"))
+            self.cache.put(label, self.verdicts[choices].stored().text())
         if self.on_note is not None:
-            self.on_note(f"probe: {label}: {self.verdicts[label]}")
+            self.on_note(f"probe: {label}: {self.verdicts[choices].text()}")
 
     def _read_study(self) -> None:
         recorded = self.study.user_attrs.get(PROBE)
         if isinstance(recorded, Mapping):
             for k, v in recorded.items():
-                self.verdicts.setdefault(str(k), str(v))
+                self.verdicts.setdefault(choices_of(str(k)), ProbeVerdict.parse(str(v)))
 
     # -- probing -----------------------------------------------------------------------
     def target(self) -> Problem:
@@ -208,20 +224,20 @@ class ProbeGuard:
         return Check(schedule, offloads=any(singles[lb].offloads for lb in used
                                             if lb in singles))
 
-    def _probe(self, check: Check) -> str:
+    def _probe(self, check: Check) -> ProbeVerdict:
         import jax
 
         target = self.target()
         with jax.default_matmul_precision("highest"):  # as probe.probe
             if self._reference is None and not self._no_reference:
                 try:
-                    self._reference = probe_module._reference(target)
+                    self._reference = probe_module.reference(target)
                 except Exception as e:
                     self._no_reference = (f"no reference ran at T={target.seq_len}: "
                                           f"{one_line(e)}")
             if self._reference is None:
-                return f"{LEFT_OUT}: {self._no_reference}"
-            return probe_module._verdict(target, check, self._reference)
+                return ProbeVerdict(False, self._no_reference)
+            return probe_module.verdict(target, check, self._reference)
 
 
 class GuardedCandidates:
