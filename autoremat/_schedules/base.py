@@ -20,13 +20,16 @@ or, for binomial (Revolve) checkpointing (``autoremat._schedules.binomial``)::
     snapshots: 16                 # carries stored at once (>= 1)
     unroll: 1                     # lax.scan unroll of the forward sweep
 
-Either may carry ``fuse`` (absent: not a choice, the old behaviour): whether
+or, for a layer stack, a policy per group of consecutive layers (``kind: groups``,
+``autoremat._schedules.groups``).
+
+Any kind may carry ``fuse`` (absent: not a choice, the old behaviour): whether
 ``remat_scans`` moves the readout and loss after the scan into its step, where the
 tuner chose it (``Schedule.fuse``)::
 
     fuse: false
 
-Either may carry ``compiler_options`` (absent when empty): XLA options for the
+Any kind may carry ``compiler_options`` (absent when empty): XLA options for the
 compile of the whole jitted step (``Schedule.compiler_options``), e.g.::
 
     compiler_options: {xla_gpu_graph_min_graph_size: 1}
