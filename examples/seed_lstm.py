@@ -1,8 +1,9 @@
-"""The seed's LSTM training loop, with its scan run under an autoremat schedule.
+"""The built-in LSTM's training loop, with its scan run under an autoremat schedule.
 
-This is the model from the original report (a Flax ``OptimizedLSTMCell`` over
-T=10,000 steps). Compared with the report, two lines changed: ``import
-autoremat`` and ``nn.scan`` -> ``autoremat.linen.scan`` with a ``schedule``.
+This is the model of the Flax discussion this project started from (the built-in
+problem, ``autoremat.seed_lstm``: a Flax ``OptimizedLSTMCell`` over T=10,000 steps).
+Compared with that discussion's code, two lines changed: ``import autoremat`` and
+``nn.scan`` -> ``autoremat.linen.scan`` with a ``schedule``.
 
     python examples/seed_lstm.py --steps 5                        # sqrt(T) 2-level default
     python examples/seed_lstm.py --schedule schedule.yaml --steps 5   # a tuned schedule

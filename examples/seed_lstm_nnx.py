@@ -1,6 +1,7 @@
-"""The seed's LSTM training loop in Flax NNX, its scan run under an autoremat schedule.
+"""The built-in LSTM's training loop in Flax NNX, its scan run under an autoremat schedule.
 
-The model of the original report (``OptimizedLSTMCell`` over T=10,000 steps,
+The model of the Flax discussion this project started from (the built-in
+``autoremat.seed_lstm``: ``OptimizedLSTMCell`` over T=10,000 steps,
 a Linear readout, L2 loss, Adam 1e-3) written in NNX. Compared with plain
 NNX code, one line changed: ``nnx.scan`` -> ``autoremat.nnx.scan`` with a
 ``schedule`` (loaded from YAML).

@@ -1,6 +1,6 @@
-"""The original report's script, its model left as written, tuned by autoremat.
+"""The script of the Flax discussion this project started from, tuned as written.
 
-``SimpleLSTM`` below is the report's model: ``nn.scan`` over an
+``SimpleLSTM`` below is that script's model: ``nn.scan`` over an
 ``OptimizedLSTMCell``, and the ``@nn.remat`` on ``__call__`` that "did not
 help". Nothing in it was changed for autoremat; two lines follow the flax 0.12
 API (``OptimizedLSTMCell(features)``, ``initialize_carry(key, input_shape)``)
@@ -9,9 +9,9 @@ at the end is all autoremat needs: the model's scan runs under each trial's
 schedule through ``autoremat.remat_scans``::
 
     autoremat tune --problem examples/seed_unmodified.py:problem --budget 60MB
-    python examples/seed_unmodified.py            # the report's own loop (unscheduled)
+    python examples/seed_unmodified.py            # the script's own loop (unscheduled)
 
-``SEED_SEQ_LEN`` sets T (default 10,000, the report's), ``SEED_STEPS`` the loop's steps.
+``SEED_SEQ_LEN`` sets T (default 10,000, the script's), ``SEED_STEPS`` the loop's steps.
 """
 # ruff: noqa
 # mypy: ignore-errors
@@ -91,7 +91,7 @@ def generate_data(key):
 
 
 def problem() -> autoremat.Problem:
-    """The report's train step (L2 loss, Adam 1e-3) for ``autoremat tune``."""
+    """The script's train step (L2 loss, Adam 1e-3) for ``autoremat tune``."""
     model = SimpleLSTM(hidden_size=hidden_size, output_dim=output_dim, seq2seq=seq2seq)
     x, y = generate_data(jax.random.PRNGKey(1))
     params = jax.jit(model.init)(jax.random.PRNGKey(2), x)["params"]
@@ -99,7 +99,7 @@ def problem() -> autoremat.Problem:
                                    optax.adam(learning_rate=1e-3))
 
 
-if __name__ == "__main__":  # the report's loop, as written
+if __name__ == "__main__":  # the script's loop, as written
 
     def create_train_state(key, model, x):
         params = jax.jit(model.init)(key, x)["params"]
