@@ -66,12 +66,13 @@ def _lockstep(tmp: Path, *args: str) -> list[dict[str, Any]]:
 
 def test_two_processes_tune_in_lockstep(tmp_path: Path) -> None:
     """Both processes return the same pick and figures; process 0 alone writes the study
-    and the schedule; every figure is per device of the 4-device global mesh."""
-    first, second = _lockstep(tmp_path, "--trials", "2")
+    and the schedule; every figure is per device of the 4-device global mesh (the batch
+    over both processes, parameters and optimizer state FSDP-sharded over them)."""
+    first, second = _lockstep(tmp_path, "--trials", "2", "--mesh", "data=2,fsdp=2")
     assert first["pick"] is not None and first["measured"] == 2
     for key in ("pick", "pick_total", "pick_seconds", "measured", "devices", "mesh"):
         assert second[key] == first[key], key
-    assert (first["devices"], first["mesh"]) == (4, "data=4")
+    assert (first["devices"], first["mesh"]) == (4, "data=2,fsdp=2")
     assert [t[1] for t in first["trials"]] == [OK, OK]
     assert (tmp_path / "schedule0.yaml").exists() and (tmp_path / "study0.db").exists()
     assert not (tmp_path / "schedule1.yaml").exists() and not (tmp_path / "study1.db").exists()

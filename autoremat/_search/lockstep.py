@@ -163,6 +163,7 @@ class _Everywhere:
 
     def __init__(self, executable: Any, store: _Store, ticket: int) -> None:
         self.executable, self.store, self.ticket = executable, store, ticket
+        self.checked = False
 
     def __call__(self, *args: Any) -> Any:
         import jax
@@ -172,6 +173,10 @@ class _Everywhere:
         failed = [(p, why) for p, why in self.store.replies(f"ran/{run}") if why]
         if failed:
             raise RuntimeError(f"process {failed[0][0]}: {failed[0][1]}")
+        if not self.checked:  # the first run: every local shard finite (timing checks one)
+            self.checked = True
+            if not _finite(out):
+                raise RuntimeError("non-finite output on process 0's devices")
         return _local(out)
 
     def __getattr__(self, name: str) -> Any:
@@ -179,19 +184,28 @@ class _Everywhere:
 
 
 def _local(out: Any) -> Any:
-    """A run's outputs as this process's own arrays: a replicated array's local copy, a
-    sharded one's local shards (what process 0 checks and frees alone; a program over
-    every process's array would wait for the others)."""
+    """A run's outputs as arrays of this process's first device: a replicated array's copy
+    there, a sharded one's shard there (what process 0 checks and frees alone: a program
+    over every process's array would wait for the others)."""
     import jax
 
     def mine(leaf: Any) -> Any:
         if not isinstance(leaf, jax.Array) or leaf.is_fully_addressable:
             return leaf
-        if leaf.is_fully_replicated:
-            return leaf.addressable_data(0)
-        return [s.data for s in leaf.addressable_shards]
+        return leaf.addressable_data(0)
 
     return jax.tree_util.tree_map(mine, out)
+
+
+def _finite(out: Any) -> bool:
+    """Every floating value of every local shard of ``out`` is finite (copied to the host)."""
+    import jax
+    import numpy as np
+
+    return all(np.isfinite(np.asarray(s.data)).all()
+               for leaf in jax.tree_util.tree_leaves(out)
+               if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, np.floating)
+               for s in leaf.addressable_shards)
 
 
 @dataclass
@@ -253,7 +267,6 @@ class _Follower:
     def run(self, ticket: int) -> str:
         """Run the step once (its first run checked finite); why it failed, or ``""``."""
         import jax
-        import numpy as np
 
         c = self.compile(ticket)
         if c.executable is None:
@@ -262,10 +275,8 @@ class _Follower:
             out = jax.block_until_ready(c.executable(*c.args))
             if ticket not in self.checked:
                 self.checked.add(ticket)
-                for leaf in jax.tree_util.tree_leaves(out):
-                    if isinstance(leaf, jax.Array) and not all(
-                            np.isfinite(np.asarray(s.data)).all() for s in leaf.addressable_shards):
-                        return "non-finite output on this process's devices"
+                if not _finite(out):
+                    return "non-finite output on this process's devices"
         except Exception as e:
             return f"run failed: {one_line(e)}"
         return ""
