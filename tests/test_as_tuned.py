@@ -56,6 +56,10 @@ def test_stacked_difference_is_per_step_and_per_device() -> None:
     assert stacked_difference(autoremat.nested([8, 8]), 10**9, T) is None  # no meta
     over = stacked_difference(FUSED, 20_000, T)
     assert over is not None and over.breaks_budget
+    # Tuned on a TPU, whose compiler can keep stacked outputs on chip: said, never refused
+    on_tpu = stacked_difference(FUSED.with_meta(platform="tpu"), 20_000, T)
+    assert on_tpu is not None and on_tpu.on_chip_maybe and not on_tpu.breaks_budget
+    assert "a TPU can keep them on chip" in on_tpu.message(FUSED)
 
 
 def test_an_unfused_run_of_a_fused_tune_over_its_budget_is_refused_before_compiling() -> None:
