@@ -300,7 +300,8 @@ def _default_budget() -> tuple[int, str]:
 
 def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[str, Any],
               no_progress: bool) -> int:
-    print(f"problem: {problem.name}\nbudget: {format_bytes(budget)} ({budget} bytes) per "
+    notes = "".join(f"\n  note: {n}" for n in problem.notes)  # e.g. a remat inside the step
+    print(f"problem: {problem.name}{notes}\nbudget: {format_bytes(budget)} ({budget} bytes) per "
           f"device{budget_note}", flush=True)
     storage = settings["storage"] or DEFAULT_STORAGE
     remembered: list[str] = []
