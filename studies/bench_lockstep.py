@@ -208,20 +208,21 @@ def main() -> None:
     a = ap.parse_args()
     base = ["--seq-len", str(a.seq_len), "--hidden", str(a.hidden), "--budget", a.budget,
             "--trials", str(a.trials), "--time-budget", "1"]
+    lines = ["# Lockstep tune: 2 processes x 2 CPU devices against 1 process x 4", "",
+             "`python studies/bench_lockstep.py` (one 2-core machine shared with other work; "
+             "Gloo's CPU collectives between the two processes).", ""]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        one = check_same_pick(tmp, [*base, "--mesh", "data=4"])
-        two = check_lost_process(tmp, [*base, "--mesh", "data=4"], a.heartbeat)
-        three = check_fsdp(tmp, [*base, "--mesh", "fsdp=4"], a.seq_len, a.hidden)
-    text = "\n".join([
-        "# Lockstep tune: 2 processes x 2 CPU devices against 1 process x 4",
-        "", "`python studies/bench_lockstep.py` (one 2-core machine shared with other work; "
-        "Gloo's CPU collectives between the two processes).", "",
-        "## Same pick, memory, wall time", "", *one, "",
-        "## A process lost mid-tune", "", *two, "",
-        "## FSDP across the two processes", "", *three, ""])
-    atomic_write_text(Path(a.out), text)
-    print(text)
+        for title, check in (
+                ("Same pick, memory, wall time",
+                 lambda: check_same_pick(tmp, [*base, "--mesh", "data=4"])),
+                ("A process lost mid-tune",
+                 lambda: check_lost_process(tmp, [*base, "--mesh", "data=4"], a.heartbeat)),
+                ("FSDP across the two processes",
+                 lambda: check_fsdp(tmp, [*base, "--mesh", "fsdp=4"], a.seq_len, a.hidden))):
+            lines += [f"## {title}", "", *check(), ""]
+            atomic_write_text(Path(a.out), "\n".join(lines))  # each check as it is done
+            print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
