@@ -40,8 +40,8 @@ missing here)::
                         steady; measurement: the record, of figures: its records (sizes,
                         device peaks, timing, where, failure, proof), flat in a study
         failure         a failure as data: where (build, compile, run), out of memory, the size
-        breakdown       where the memory goes (memory_analysis' parts); the floor no schedule
-                        removes
+        breakdown       where the memory goes (memory_analysis' parts) and the floor no
+                        schedule removes, as records (Breakdown, Floor; worded in _cli)
         device          the device's facts; mesh: many devices, per-device layout; peers:
                         the other processes of a lockstep tune, figures combined over them
         allocator       the one reader of a device's allocator (memory_stats)
@@ -81,9 +81,12 @@ missing here)::
         study           reading a study: measured trials, the answer, TuneResult;
                         last_study: the last study tuned from a folder (runs/)
         attrs           the names written into a study: trial attrs, study attrs
-        pareto          the front: non-dominated trials, table, plot, export, show
+        pareto          the front as data: non-dominated trials, the plot's groups, export
         export_forms    export in a framework: a trial's form, or the nearest measured one
-    _cli/         the command's settings and printing; export_command: the export command,
+    _cli/         the command's settings and printing; breakdown_text: the breakdown and the
+                  floor in words; front_text: the front's table and JSON; plot: the front
+                  drawn (autoremat.plot_front); show_text: what show prints of a schedule;
+                  export_command: the export command,
                   export_text: its MaxText and Flax text; show_command: the show command;
                   pareto_command: the pareto command; exits: the exit codes' table, how an
                   error or a crash is reported; distributed: tune --coordinator, joining a
@@ -101,6 +104,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autoremat import bounds as bounds
+from autoremat._cli.plot import plot_study as plot_front
 from autoremat._errors import AutorematError as AutorematError
 from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
@@ -133,7 +137,6 @@ from autoremat._schedules.policy import Policy as Policy
 from autoremat._search.last_study import last_study as last_study
 from autoremat._search.pareto import FrontPoint as FrontPoint
 from autoremat._search.pareto import pareto_front as pareto_front
-from autoremat._search.pareto import plot_study as plot_front
 from autoremat._search.study import MeasuredTrial as MeasuredTrial
 from autoremat._search.study import TuneResult as TuneResult
 from autoremat._search.study import load_study as load_study

@@ -76,6 +76,17 @@ def format_bytes(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
+def format_seconds(s: float | None) -> str:
+    """Three significant figures in s, ms or us: ``1.23 s``, ``4.5 ms``, ``812 us``."""
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
+
+
 def has_unit(text: str | int) -> bool:
     """Whether a budget names its unit (``16GB``, ``16B``); ``16`` and an int do not."""
     match = _PATTERN.fullmatch(text.strip()) if isinstance(text, str) else None

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat import __version__
+from autoremat._cli.breakdown_text import nothing_fits_message
 from autoremat._cli.distributed import deciding, join, written_line
 from autoremat._cli.exits import EXIT_CRASH as EXIT_CRASH
 from autoremat._cli.exits import (
@@ -74,7 +75,7 @@ from autoremat._search.export_forms import FORMATS
 from autoremat._search.last_study import LAST_STUDY_FILE as LAST_STUDY_FILE
 from autoremat._search.last_study import last_study_ref, remember_study
 from autoremat._search.storage import DEFAULT_STORAGE
-from autoremat._search.study import load_study, nothing_fits_message
+from autoremat._search.study import load_study
 from autoremat._search.tune import tune
 from autoremat._units import format_bytes, has_unit, parse_bytes
 

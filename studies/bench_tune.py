@@ -39,11 +39,11 @@ from autoremat._measure.timing import time_compiled
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.binomial import snapshot_range
-from autoremat._search.pareto import format_seconds
 from autoremat._search.predict import Structure, TimeModel
 from autoremat._search.short_runs import SHORT_SEQ_LEN, ShortRuns
 from autoremat._search.study import load_study, measured_trials
 from autoremat._search.tune import DEFAULT_TIME_LIMIT, tune
+from autoremat._units import format_seconds
 
 RESULTS = Path(__file__).parent / "results" / "bench_tune.md"
 CASES = {  # name: (T, loss, budget: a fraction of plain's total, or bytes)

@@ -24,10 +24,12 @@ import optuna
 import pytest
 
 import autoremat
+from autoremat._cli.breakdown_text import breakdown_lines
+from autoremat._cli.front_text import front_table
 from autoremat._cli.printing import result_table
+from autoremat._cli.show_text import describe_schedule
 from autoremat._measure import device_memory
 from autoremat._measure.allocator import Stats
-from autoremat._measure.breakdown import breakdown_lines
 from autoremat._measure.device_memory import CHUNK, chunks
 from autoremat._measure.device_memory import gap_need as measured
 from autoremat._measure.measure import measure_step
@@ -35,7 +37,7 @@ from autoremat._measure.measurement import Measurement
 from autoremat._measure.problem import Problem
 from autoremat._measure.within import bisect_need, runs_within
 from autoremat._schedules.base import Schedule
-from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_groups
+from autoremat._search.pareto import pareto_front, plot_groups
 from autoremat._search.study import choose, load_study, summarize
 from autoremat._search.tune import tune
 from tests.tiny_problem import tiny

@@ -18,11 +18,11 @@ import optax
 import pytest
 
 import autoremat
+from autoremat._cli.show_text import describe_schedule
 from autoremat._errors import ScheduleError
 from autoremat._measure.measure import compile_schedule
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import dump_schedule, parse_schedule
-from autoremat._search.pareto import describe_schedule
 from autoremat._search.space import propose, seeds
 from autoremat._search.tune import tune
 from tests.helpers import assert_close

@@ -179,7 +179,8 @@ def test_the_host_link_is_timed_once_by_copies_there_and_back() -> None:
 
 
 def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
-    from autoremat._measure.breakdown import breakdown_lines, floor_bytes
+    from autoremat._cli.breakdown_text import breakdown_lines
+    from autoremat._measure.breakdown import floor_bytes
     from autoremat._measure.measurement import Measurement
 
     step, args = seed.build(autoremat.plain(64))
@@ -263,7 +264,8 @@ def test_a_misspelt_figure_fails() -> None:
 
 
 def test_a_breakdown_reads_a_measurement_and_its_meta_alike() -> None:
-    from autoremat._measure.breakdown import breakdown_lines, floor_bytes, floor_message
+    from autoremat._cli.breakdown_text import breakdown_lines, floor_message
+    from autoremat._measure.breakdown import floor_bytes
 
     m = Measurement.from_attrs({**OLD_ATTRS, "fit_proof_bytes": 64})
     meta = {k: v for k, v in OLD_ATTRS.items() if k not in ("schedule_key", "status")}

@@ -123,7 +123,7 @@ def every_k() -> Iterator[type[_EveryK]]:
 
 
 def test_yaml_errors_show_and_bounds(every_k: type[_EveryK], tmp_path: Path) -> None:
-    from autoremat._search.pareto import describe_schedule
+    from autoremat._cli.show_text import describe_schedule
 
     schedule = every_k(every=7, unroll=3, meta={"seq_len": 100})
     path = autoremat.save_schedule(schedule, tmp_path / "s.yaml")

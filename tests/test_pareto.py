@@ -12,18 +12,13 @@ import optuna
 import pytest
 
 import autoremat
+from autoremat._cli.front_text import front_json, front_table
+from autoremat._cli.plot import plot_study
+from autoremat._cli.show_text import describe_schedule
 from autoremat._errors import TuneError
 from autoremat._measure.stale import load_schedule
 from autoremat._schedules import save_schedule
-from autoremat._search.pareto import (
-    describe_schedule,
-    dominates,
-    export_trial,
-    front_json,
-    front_table,
-    pareto_front,
-    plot_study,
-)
+from autoremat._search.pareto import dominates, export_trial, pareto_front
 from autoremat._search.study import choose, load_study
 from autoremat._search.tune import tune
 from tests.tiny_problem import tiny

@@ -157,7 +157,7 @@ def test_the_time_limit_is_respected(in_tmp: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_a_budget_under_the_floor_stops_after_the_seeds(in_tmp: Path) -> None:
-    from autoremat._search.study import nothing_fits_message
+    from autoremat._cli.breakdown_text import nothing_fits_message
 
     result = tune(tiny(), 600, time_limit="60s", time_budget=0.02)  # over its 576 B arguments
     assert result.best is None and 1 <= result.measured <= len(space.seeds(tiny().seq_len))

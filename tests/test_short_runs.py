@@ -11,11 +11,14 @@ import pytest
 
 import autoremat
 import autoremat._search.short_runs as short_runs
+from autoremat._cli.front_text import front_table
+from autoremat._cli.plot import plot_study
 from autoremat._cli.printing import result_table
+from autoremat._cli.show_text import describe_schedule
 from autoremat._measure.measure import compile_schedule
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule
-from autoremat._search.pareto import describe_schedule, front_table, pareto_front, plot_study
+from autoremat._search.pareto import pareto_front
 from autoremat._search.study import load_study, measured_trials
 from autoremat._search.tune import tune
 

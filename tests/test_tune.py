@@ -9,6 +9,7 @@ import optuna
 import pytest
 
 import autoremat
+from autoremat._cli.breakdown_text import nothing_fits_message
 from autoremat._errors import TuneError
 from autoremat._measure.measure import measure
 from autoremat._measure.measurement import Measurement
@@ -19,7 +20,6 @@ from autoremat._search.study import (
     choose,
     load_study,
     measured_trials,
-    nothing_fits_message,
 )
 from autoremat._search.tune import tune
 from tests.tiny_problem import tiny

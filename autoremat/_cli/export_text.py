@@ -7,8 +7,7 @@ from typing import Final
 
 from autoremat._schedules.frameworks import DEVICE, OFFLOAD, REMAT
 from autoremat._search.export_forms import Figures, FrameworkExport
-from autoremat._search.pareto import format_seconds
-from autoremat._units import format_bytes
+from autoremat._units import format_bytes, format_seconds
 
 #: Each format's name in a sentence.
 FORMAT_NAMES: Final = {"maxtext": "MaxText's remat_policy: custom",

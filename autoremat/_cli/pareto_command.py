@@ -8,11 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autoremat._cli.front_text import front_json, front_table
+from autoremat._cli.plot import plot_study
 from autoremat._cli.printing import name_cost_lines
 from autoremat._cli.settings import UsageError
 from autoremat._measure.mesh import device_note
 from autoremat._search.attrs import NAME_COSTS, PROBE
-from autoremat._search.pareto import front_json, front_table, pareto_front, plot_study
+from autoremat._search.pareto import pareto_front
 from autoremat._search.probe import lines as probe_lines
 from autoremat._search.study import StudyInfo
 from autoremat._units import format_bytes, parse_bytes

@@ -10,14 +10,13 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from autoremat._measure.breakdown import breakdown_lines
+from autoremat._cli.breakdown_text import breakdown_lines
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.mesh import device_note
 from autoremat._search.attrs import COMPILE_FAILED
-from autoremat._search.pareto import format_seconds
 from autoremat._search.storage import redact
 from autoremat._search.study import MeasuredTrial, TuneResult
-from autoremat._units import format_bytes
+from autoremat._units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     import optuna

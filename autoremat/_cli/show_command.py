@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from autoremat._cli.settings import PROBLEM_SETTINGS, check_settings, given, with_defaults
+from autoremat._cli.show_text import describe_schedule
 from autoremat._measure.parity import check_parity
 from autoremat._measure.problem import Problem
 from autoremat._measure.stale import mesh_mismatches, schedule_mismatches
 from autoremat._schedules import read_schedule
 from autoremat._schedules.base import Schedule
-from autoremat._search.pareto import describe_schedule
 from autoremat._units import format_bytes
 
 #: The schedule does not hold here: stale, or compiling to another total than the tuned one.

@@ -4,8 +4,9 @@
 ``problem`` (a train step built for a schedule; ``from_loss``: one from an unmodified
 loss), ``measure`` (compile, ``memory_analysis()``), ``timing`` (run, time) and their
 record ``measurement`` (of the records in ``figures``); a failure as data (``failure``);
-where the memory goes and the floor (``breakdown``); the device (``device``), its
+where the memory goes and the floor, as records (``breakdown``); the device (``device``), its
 allocator (``allocator``) and a step's own need on it (``device_memory``), a run within a
-budget and the least that suffices (``within``); many devices (``mesh``) and the other processes of a lockstep tune (``peers``); is a saved
+budget and the least that suffices (``within``); many devices (``mesh``) and the other
+processes of a lockstep tune (``peers``); is a saved
 schedule stale (``stale``), and does it compile to its tuned total here (``parity``).
 """

@@ -16,10 +16,11 @@ part from where it is known exactly:
 * the rest of temp: what the compiled executable needs beyond the stack --
   the residuals the schedule keeps, cotangents, workspace.
 
-Every line adds up to what it prints. Where temp is smaller than the stacked outputs
-(a TPU keeps a small working set in on-chip memory, which temp does not count: 0 B
-for a step whose per-step outputs are 51 MB), the breakdown says so instead of
-placing them inside temp, and leaves them out of the floor.
+The parts are records (``Breakdown``, ``Floor``, ``DeviceFigures``); their words are the
+command line's (``autoremat._cli.breakdown_text``). Where temp is smaller than the stacked
+outputs (a TPU keeps a small working set in on-chip memory, which temp does not count:
+0 B for a step whose per-step outputs are 51 MB), the breakdown marks it (``on_chip``)
+instead of placing them inside temp, and leaves them out of the floor.
 
 A schedule only changes the rest of temp: it trades stored residuals for
 recomputation (Chen et al. 2016; Griewank & Walther 2000). Arguments,
@@ -34,13 +35,13 @@ the floor they report is what remains), a shorter ``T``, a smaller batch.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from autoremat._measure.device_memory import unmeasured_reason
 from autoremat._measure.measurement import OK, PROOF_FIELDS, Measurement, figure_names, fit_figure
-from autoremat._measure.mesh import device_note, leaf_bytes
-from autoremat._units import format_bytes
+from autoremat._measure.mesh import leaf_bytes
 
 #: The keys a breakdown reads (``Measurement`` fields, and ``Schedule.meta`` keys).
 KEYS = figure_names("total_bytes", "temp_bytes", "argument_bytes", "output_bytes",
@@ -184,139 +185,140 @@ def _on_chip(m: Measurement) -> bool:
     return stacked is not None and temp is not None and int(temp) < int(stacked)
 
 
-def floor_bytes(fig: Figures) -> int | None:
-    """Arguments + outputs - alias + stacked per-step outputs: under every schedule's total
-    (the stacked outputs left out where this compile kept them on chip, ``_on_chip``).
+@dataclass(frozen=True)
+class Floor:
+    """The bytes no schedule removes (``floor_of``), and what they are made of.
 
-    ``None`` when a part is unknown or no autoremat scan was recorded.
+    Attributes:
+      bytes: arguments + outputs - alias + stacked per-step outputs (the stacked outputs
+        left out where ``on_chip``), at most the step's total.
+      argument_bytes, output_bytes, alias_bytes: ``memory_analysis()``'s parts.
+      argument_parts: ``(name, bytes per device)`` per argument.
+      stacked_bytes: the per-step outputs the scans stack.
+      on_chip: this compile kept the stacked outputs outside temp (``_on_chip``).
     """
+
+    bytes: int
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    stacked_bytes: int
+    argument_parts: tuple[tuple[str, int], ...] = ()
+    on_chip: bool = False
+
+
+def floor_of(fig: Figures) -> Floor | None:
+    """The floor under every schedule's total; ``None`` when a part is unknown or no
+    autoremat scan was recorded."""
     sizes = (m := _measured(fig)).sizes
-    needed = [sizes.argument_bytes, sizes.output_bytes, sizes.stacked_bytes]
-    if any(v is None for v in needed):
+    args, outputs, stacked = sizes.argument_bytes, sizes.output_bytes, sizes.stacked_bytes
+    if args is None or outputs is None or stacked is None:
         return None
-    if _on_chip(m):
-        needed = needed[:2]
-    floor = sum(int(v) for v in needed if v is not None) - int(sizes.alias_bytes or 0)
+    on_chip = _on_chip(m)
+    alias = int(sizes.alias_bytes or 0)
+    floor = int(args) + int(outputs) + (0 if on_chip else int(stacked)) - alias
     total = sizes.total_bytes
-    return floor if total is None else min(floor, int(total))
+    return Floor(floor if total is None else min(floor, int(total)), int(args), int(outputs),
+                 alias, int(stacked), tuple(sizes.argument_parts), on_chip)
 
 
-def breakdown_lines(fig: Figures, indent: str = "  ") -> list[str]:
-    """The breakdown as ``autoremat show``/``pareto``/``tune`` print it (empty: no figures).
-    Each line adds up to what it prints."""
+def floor_bytes(fig: Figures) -> int | None:
+    """``floor_of(fig).bytes``: under every schedule's total (``None``: unknown)."""
+    floor = floor_of(fig)
+    return None if floor is None else floor.bytes
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where a measured step's memory goes (``breakdown_of``): the four figures of
+    ``memory_analysis()``, the arguments one by one, the stacked per-step outputs, the
+    floor, and what the device measured (``None`` where it did not: a CPU).
+
+    Attributes:
+      total_bytes, temp_bytes, alias_bytes: ``memory_analysis()``'s (alias 0 if none).
+      argument_bytes, output_bytes: its other two (``None``: not reported).
+      argument_parts: ``(name, bytes per device)``; argument_sharding: ``(name, how)``
+        (``"replicated"``, ``"sharded"``, ``"partly sharded"``; empty on one device).
+      stacked_bytes, carry_bytes: what the scans stack and carry (``None``: no scan).
+      on_chip: temp is below the stacked outputs (kept outside temp, ``_on_chip``).
+      floor: the bytes no schedule removes (``floor_of``).
+      devices, mesh: the figures are per device, on this many, on this mesh.
+      device: what the device measured next to the estimate (``DeviceFigures``).
+    """
+
+    total_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    argument_bytes: int | None
+    output_bytes: int | None
+    argument_parts: tuple[tuple[str, int], ...]
+    argument_sharding: tuple[tuple[str, str], ...]
+    stacked_bytes: int | None
+    carry_bytes: int | None
+    on_chip: bool
+    floor: Floor | None
+    devices: int
+    mesh: str
+    device: DeviceFigures | None
+
+
+@dataclass(frozen=True)
+class DeviceFigures:
+    """The estimate next to what the device measured (``device_figures``).
+
+    Attributes:
+      estimate_bytes: the step's total (``memory_analysis()``).
+      runtime_peak_bytes: the step's measured runtime peak (``None``: not measured, see
+        ``unmeasured_reason``); compile_scratch_bytes: the transient compile scratch;
+        process_peak_bytes: the process's peak.
+      unmeasured_reason: why the platform's runtime peak is not measured (``""``: it is).
+      bound: which of estimate and runtime peak decides the fit (``fit_figure``).
+      proof_bytes: the budget a proof of fit ran the step under (``None``: none ran);
+      proof_failed: why that proof failed (``""``: it did not); argument_bytes: the
+        arguments live during the proof.
+    """
+
+    estimate_bytes: int | None
+    runtime_peak_bytes: int | None
+    compile_scratch_bytes: int | None
+    process_peak_bytes: int | None
+    unmeasured_reason: str
+    bound: str
+    proof_bytes: int | None
+    proof_failed: str
+    argument_bytes: int | None
+
+
+def device_figures(fig: Figures) -> DeviceFigures | None:
+    """What the device measured and proved; ``None`` where it measured and proved nothing
+    and its platform's method is not in doubt (a CPU)."""
+    m = _measured(fig)
+    total, runtime = m.sizes.total_bytes, m.peaks.runtime_peak_bytes
+    scratch = m.peaks.compile_scratch_bytes
+    reason = unmeasured_reason(str(m.where.platform or ""))
+    proven, failed = m.proof.fit_proof_bytes, m.proof.fit_proof_failed
+    if runtime is None and scratch is None and not reason and not failed and proven is None:
+        return None
+    return DeviceFigures(total, runtime, scratch, m.peaks.peak_bytes, reason,
+                         fit_figure(total, runtime)[1], proven, str(failed or ""),
+                         m.sizes.argument_bytes)
+
+
+def breakdown_of(fig: Figures) -> Breakdown | None:
+    """The breakdown of a measurement (or a schedule's ``meta``); ``None`` when it holds no
+    total or temp."""
     m = _measured(fig)
     sizes, where = m.sizes, m.where
     if sizes.total_bytes is None or sizes.temp_bytes is None:
-        return []
-    alias = int(sizes.alias_bytes or 0)
-    temp = int(sizes.temp_bytes)
-    note = device_note(int(where.devices or 1), str(where.mesh or ""))
-    lines = [f"{indent}memory ({note}): total {format_bytes(sizes.total_bytes)} = arguments "
-             f"{format_bytes(sizes.argument_bytes)} + outputs "
-             f"{format_bytes(sizes.output_bytes)}"
-             + (f" - aliased {format_bytes(alias)}" if alias else "")
-             + f" + temp {format_bytes(temp)}"]
-    how = dict(where.argument_sharding)
-    if sizes.argument_parts:
-        lines.append(f"{indent}  arguments: " + ", ".join(
-            f"{n} {format_bytes(b)}" + (f" ({how[n]})" if n in how else "")
-            for n, b in sizes.argument_parts))
-    stacked = sizes.stacked_bytes
-    carry = f"(carry {format_bytes(sizes.carry_bytes)})"
-    if stacked is not None and _on_chip(m):
-        lines.append(f"{indent}  temp {format_bytes(temp)} is below the per-step outputs the "
-                     f"scan stacks, {format_bytes(stacked)} {carry}: the compiler keeps them "
-                     "outside temp (in the chip's on-chip memory), so temp holds no part of "
-                     "them that can be told apart")
-    elif stacked is not None:
-        lines.append(f"{indent}  temp = per-step outputs stacked by the scan "
-                     f"{format_bytes(stacked)} {carry} + the rest "
-                     f"{format_bytes(temp - int(stacked))} (residuals the schedule keeps, "
-                     "cotangents, workspace)")
-    floor = floor_bytes(m)
-    if floor is not None:
-        what = ("arguments + outputs; the stacked outputs are on chip here" if _on_chip(m)
-                else "arguments + outputs + stacked per-step outputs")
-        lines.append(f"{indent}  floor no schedule removes: {format_bytes(floor)} ({what})")
-    return lines + device_lines(m, indent)
-
-
-def device_lines(fig: Figures, indent: str = "  ") -> list[str]:
-    """The estimate next to what the device measured (empty on a CPU): the step's runtime
-    peak (``-`` with the reason where the platform's method is not validated), the
-    transient compile scratch, the process's peak, which of estimate and runtime peak
-    decides the fit (the runtime peak where measured), and the proof of fit."""
-    m = _measured(fig)
-    total, runtime = m.sizes.total_bytes, m.peaks.runtime_peak_bytes
-    scratch, process = m.peaks.compile_scratch_bytes, m.peaks.peak_bytes
-    reason = unmeasured_reason(str(m.where.platform or ""))
-    proof = proof_text(m)
-    if runtime is None and scratch is None and not reason and not proof:
-        return []
-    parts = [f"estimate {format_bytes(total)}"]
-    if runtime is not None:
-        change = f", {100 * (runtime - total) / total:+.1f}%" if total else ""
-        parts.append(f"measured runtime peak {format_bytes(runtime)}{change}")
-    else:
-        parts.append(f"measured runtime peak - ({reason or 'not measured at full length'})")
-    if scratch is not None:
-        parts.append(f"compile scratch {format_bytes(scratch)} (transient, freed before "
-                     "the step runs)")
-    if process is not None:
-        parts.append(f"process peak {format_bytes(process)}")
-    bound = fit_figure(total, runtime)[1].replace("runtime peak", "measured runtime peak")
-    return ([f"{indent}  device memory: " + ", ".join(parts) + f"; the fit is bound by the {bound}"]
-            + ([f"{indent}  {proof}"] if proof else []))
-
-
-def proof_text(fig: Figures) -> str:
-    """One line on the proof of fit (``""``: none was run)."""
-    m = _measured(fig)
-    proven, failed = m.proof.fit_proof_bytes, m.proof.fit_proof_failed
-    if failed:
-        return f"proof of fit: FAILED ({failed})"
-    if proven is None:
-        return ""
-    args = m.sizes.argument_bytes
-    live = f": arguments {format_bytes(args)} live, the rest free" if args is not None else ""
-    return (f"proof of fit: ran once with only {format_bytes(proven)} on the device "
-            f"(the budget{live})")
-
-
-def seed_lstm_argument(name: str) -> str:
-    """How the library sets one of the built-in problem's settings: ``seed_lstm(name=...)``."""
-    return f"seed_lstm({name}=...)"
-
-
-def floor_message(fig: Figures, budget_bytes: int,
-                  setting: Callable[[str], str] = seed_lstm_argument) -> str | None:
-    """Why nothing can fit ``budget_bytes`` when it is under the floor, and how to lower it.
-
-    ``None`` when the floor is unknown or within the budget. The settings that lower it
-    (the built-in problem's ``fused_readout``, ``seq_len``, ``batch``) are worded by
-    ``setting`` (name -> text): the library's ``seed_lstm(seq_len=...)``, or a front
-    end's own (the CLI's ``--seq-len``).
-    """
-    sizes = (m := _measured(fig)).sizes
-    floor = floor_bytes(m)
-    if floor is None or floor <= budget_bytes:
         return None
-    args = ", ".join(f"{n} {format_bytes(b)}" for n, b in sizes.argument_parts)
-    alias = int(sizes.alias_bytes or 0)
-    stacked = int(sizes.stacked_bytes or 0)
-    made_of = (f"arguments {format_bytes(sizes.argument_bytes)}"
-               + (f" ({args})" if args else "")
-               + f", outputs {format_bytes(sizes.output_bytes)}"
-               + (f" (aliased {format_bytes(alias)})" if alias else "")
-               + f", per-step outputs stacked by the scan {format_bytes(stacked)}")
-    fixes = [f"a shorter sequence (the built-in problem: {setting('seq_len')})",
-             f"a smaller batch (the built-in problem: {setting('batch')})"]
-    if stacked:
-        fixes.insert(0, "the readout inside the scanned step (autoremat.fuse_loss stacks "
-                     "nothing, autoremat.fuse_head only its outputs; the built-in problem: "
-                     f"{setting('fused_readout')}; remat_scans and "
-                     "Problem.from_loss move a readout and loss separable in time by themselves, "
-                     "and remat_scans(...).describe(...) names what stopped them)")
-    return (f"the budget {format_bytes(budget_bytes)} is under the {format_bytes(floor)} "
-            f"({floor} bytes) that no schedule can remove: {made_of}. To lower it: "
-            + "; ".join(fixes))
+    return Breakdown(
+        total_bytes=int(sizes.total_bytes), temp_bytes=int(sizes.temp_bytes),
+        alias_bytes=int(sizes.alias_bytes or 0), argument_bytes=sizes.argument_bytes,
+        output_bytes=sizes.output_bytes, argument_parts=tuple(sizes.argument_parts),
+        argument_sharding=tuple(where.argument_sharding),
+        stacked_bytes=None if sizes.stacked_bytes is None else int(sizes.stacked_bytes),
+        carry_bytes=sizes.carry_bytes, on_chip=_on_chip(m), floor=floor_of(m),
+        devices=int(where.devices or 1), mesh=str(where.mesh or ""),
+        device=device_figures(m))
+
+

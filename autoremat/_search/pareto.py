@@ -1,4 +1,6 @@
-"""The measured memory/time trade-off of a study: its front, table and plot.
+"""The measured memory/time trade-off of a study, as data: its front and the groups a plot
+draws (the table, JSON, plot and ``autoremat show`` are the command line's:
+``autoremat._cli.front_text``, ``autoremat._cli.plot``, ``autoremat._cli.show_text``).
 
 Every point is a measurement (``autoremat._measure.measure``): ``total_bytes`` from
 the compiled executable's ``memory_analysis()``, ``step_seconds`` the median
@@ -7,7 +9,8 @@ no other such trial beats on both (a trial is dominated when another has
 ``total <=`` and ``step <=``, one of them strictly). On a device that reports
 ``memory_stats()`` the memory of a point is the figure its fit was decided by
 (``Measurement.fit_bytes``: the measured runtime peak, the estimate where nothing
-was measured), and the table shows both, with the transient compile scratch.
+was measured), and the table (``autoremat._cli.front_text``) shows both, with the
+transient compile scratch.
 
 Next to the measurements, each point shows its *recompute factor* (step
 evaluations per step, ``autoremat.bounds.cost``: 1 plain, 2 per-step remat)
@@ -17,17 +20,13 @@ do (``bounds.distance_to_optimum``: 1.0 = optimal, the binomial kind).
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import TuneError
-from autoremat._measure.breakdown import DEVICE_KEYS, KEYS, breakdown_figures, breakdown_lines
-from autoremat._measure.measurement import OVER_BUDGET, fit_figure
-from autoremat._measure.mesh import device_note
-from autoremat._measure.stale import TIMING, TUNED_FOR
+from autoremat._measure.breakdown import breakdown_figures
+from autoremat._measure.measurement import OVER_BUDGET
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import DUPLICATE_OF
 from autoremat._search.study import (
@@ -38,7 +37,6 @@ from autoremat._search.study import (
     measured_trials,
     trial_schedule,
 )
-from autoremat._units import format_bytes
 from autoremat.bounds import cost, distance_to_optimum
 
 if TYPE_CHECKING:
@@ -123,71 +121,6 @@ def _point(t: MeasuredTrial) -> tuple[float, float]:
     return float(m.fit_bytes), float(m.step_seconds)
 
 
-def front_table(points: list[FrontPoint], budget_bytes: int, note: str = "",
-                seq_len: int | None = None) -> str:
-    """A plain-text table of the front; ``*`` marks the chosen schedule; ``note``: what the
-    memory figures are (``mesh.device_note``: per device, on how many, which mesh);
-    ``seq_len``: the study's ``T`` (the ``timed`` column says where a step time is
-    predicted from a shorter run). Where the device measured memory (GPU/TPU), three
-    more columns: the measured runtime peak, the transient compile scratch, and which
-    of estimate and runtime peak bound the fit."""
-    device = any(k in p.breakdown for p in points for k in DEVICE_KEYS[:2])
-    lines = [
-        f"Pareto front within budget {format_bytes(budget_bytes)} ({len(points)} points; "
-        "* = chosen: fastest that fits)" + (f"; memory {note}" if note else ""),
-        f"  {'trial':>5}  {'total':>10}  " + (_DEVICE_HEADER if device else "")
-        + f"{'step':>10}  {'vs fastest':>10}  {'recompute':>9}  "
-        f"{'vs opt':>6}  {'timed':>16}  schedule",
-    ]
-    for p in points:
-        mark = "*" if p.chosen else " "
-        lines.append(
-            f"{mark} {p.number:>5}  {format_bytes(p.total_bytes):>10}  "
-            + (_device_cells(p) if device else "")
-            + f"{format_seconds(p.step_seconds):>10}  {p.ratio_to_fastest:>9.2f}x  {p.recompute:>8.2f}x  "
-            f"{p.vs_optimum:>6.2f}  {_timed(p.timed_seq_len, seq_len):>16}  {p.schedule}"
-        )
-    lines.append("  recompute: step runs per step (1 plain scan, 2 per-step remat); vs opt: over the "
-                 "fewest any schedule storing as many carries needs (autoremat.bounds)")
-    if device:
-        lines.append("  total: the estimate (memory_analysis); runtime peak: measured, this step "
-                     "alone (memory_stats); compile scratch: transient, while compiling; the "
-                     "fit is decided by the runtime peak where measured (bound), else the "
-                     "estimate")
-    for p in points:
-        memory = breakdown_lines(p.breakdown) if p.chosen else []
-        if memory:
-            lines += [f"chosen (trial {p.number}):", *memory]
-    return "\n".join(lines)
-
-
-_DEVICE_HEADER = f"{'runtime peak':>12}  {'compile scr.':>12}  {'bound':>12}  "
-
-
-def _device_cells(p: FrontPoint) -> str:
-    """The runtime peak, compile scratch and bound cells of a point's row."""
-    runtime = p.breakdown.get("runtime_peak_bytes")
-    scratch = p.breakdown.get("compile_scratch_bytes")
-    bound = fit_figure(p.total_bytes, runtime)[1]
-    return (f"{format_bytes(runtime) if runtime is not None else '-':>12}  "
-            f"{format_bytes(scratch) if scratch is not None else '-':>12}  {bound:>12}  ")
-
-
-def _timed(timed_seq_len: int | None, seq_len: int | None) -> str:
-    """``measured at T`` or ``predicted, T'=N`` (``-``: not recorded, an older study)."""
-    if timed_seq_len is None:
-        return "-"
-    if seq_len is not None and timed_seq_len < seq_len:
-        return f"predicted T'={timed_seq_len}"
-    return "measured at T"
-
-
-def front_json(points: list[FrontPoint], budget_bytes: int) -> str:
-    """The front as JSON: ``{"budget_bytes": ..., "front": [FrontPoint fields...]}``."""
-    return json.dumps({"budget_bytes": budget_bytes, "front": [asdict(p) for p in points]},
-                      indent=2)
-
-
 def export_trial(study: optuna.Study, number: int) -> Schedule:
     """Trial ``number``'s schedule with the same ``meta`` as ``tune`` writes.
 
@@ -235,7 +168,7 @@ class PlotGroup:
 
 def plot_groups(study: optuna.Study, budget_bytes: int | None = None,
                 ) -> tuple[list[PlotGroup], int]:
-    """What ``plot_study`` draws, besides the front: the groups that have points, and
+    """What ``autoremat._cli.plot.plot_study`` draws, besides the front: the groups that have points, and
     how many trials failed (build, compile or run: not drawn); ``budget_bytes`` as in
     ``pareto_front``."""
     info = StudyInfo.of(study)
@@ -262,129 +195,3 @@ def plot_groups(study: optuna.Study, budget_bytes: int | None = None,
                         tuple(p for _, p in found), tuple(n for n, _ in found))
               for kind, found in sorted_out.items() if found]
     return groups, failed
-
-
-def plot_study(study: optuna.Study, path: str | Path, budget_bytes: int | None = None) -> Path:
-    """Draw every measured trial: memory (log axis) vs step time (``plot_groups``).
-
-    Within budget: filled circles (hollow: the step time is predicted from a
-    short run, ``autoremat._search.short_runs``); the front joined by a line; the chosen
-    point labelled. Cut trials (timed once, stopped as slower than the best that
-    fits): grey triangles at that one run's time. Over budget (not timed): red crosses
-    along the top edge at their memory. The budget is a vertical dashed line. On a
-    device that measured memory, a point's memory is the figure its fit was decided by
-    (``Measurement.fit_bytes``). The file type follows the suffix (``.png``, ``.svg``,
-    ``.pdf``). ``budget_bytes`` as in ``pareto_front``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    info = StudyInfo.of(study)
-    budget = info.budget_bytes if budget_bytes is None else budget_bytes
-    groups, failed = plot_groups(study, budget_bytes)
-    by_kind = {g.kind: g for g in groups}
-    front = pareto_front(study, budget_bytes)
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    ax.set_xscale("log")
-    style: dict[str, dict[str, Any]] = {
-        "timed": {"s": 28, "color": "tab:blue", "alpha": 0.6},
-        "predicted": {"s": 28, "facecolors": "none", "edgecolors": "tab:blue", "alpha": 0.8},
-        "cut": {"s": 30, "marker": "^", "color": "tab:gray", "alpha": 0.7},
-    }
-    for kind in ("timed", "predicted", "cut"):
-        if kind in by_kind:
-            g = by_kind[kind]
-            ax.scatter([p[0] for p in g.points], [p[1] for p in g.points], label=g.label,
-                       **style[kind])
-    if front:
-        ax.plot([_memory(p) for p in front], [p.step_seconds for p in front],
-                "-o", color="tab:green", ms=5, lw=1.5, label=f"Pareto front ({len(front)})")
-    ymax = max([p[1] for k in ("timed", "predicted", "cut") if k in by_kind
-                for p in by_kind[k].points], default=1.0) * 1.15
-    if "over" in by_kind:
-        over = by_kind["over"]
-        ax.scatter([p[0] for p in over.points], [ymax] * len(over.points),
-                   marker="x", color="tab:red", s=36, label=over.label)
-    ax.axvline(budget, color="black", ls="--", lw=1, label=f"budget {format_bytes(budget)}")
-    chosen = next((p for p in front if p.chosen), None)
-    if chosen is not None:
-        ax.scatter([_memory(chosen)], [chosen.step_seconds], s=120, facecolors="none",
-                   edgecolors="black", lw=1.5, zorder=5)
-        ax.annotate(
-            f"chosen: trial {chosen.number}\n{chosen.schedule}\n"
-            f"{format_bytes(_memory(chosen))}, {format_seconds(chosen.step_seconds)}",
-            (_memory(chosen), chosen.step_seconds), xytext=(12, 12),
-            textcoords="offset points", fontsize=8,
-            arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.8},
-        )
-    ax.set_ylim(bottom=0, top=ymax * 1.08)
-    ax.set_xlabel("total memory, bytes (argument + output + temp - alias; log scale)"
-                  if not any(p.breakdown.get("runtime_peak_bytes") for p in front) else
-                  "memory, bytes: the measured runtime peak, else the estimate (log scale)")
-    ax.set_ylabel("step time, s (median)")
-    ax.set_title(f"{info.problem or study.study_name} on {info.device_kind}"
-                 + (f"  ({failed} failed)" if failed else ""), fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def _memory(p: FrontPoint) -> int:
-    """A front point's memory as plotted: the figure its fit was decided by."""
-    runtime = p.breakdown.get("runtime_peak_bytes")
-    return int(fit_figure(p.total_bytes, None if runtime is None else int(runtime))[0] or 0)
-
-
-def describe_schedule(schedule: Schedule) -> str:
-    """A human summary: levels, policies, and what ``meta`` records."""
-    lines = [f"schedule: {schedule.describe()}", *schedule.explain()]
-    meta = dict(schedule.meta)
-    if not meta:
-        lines.append("  meta: none (not written by autoremat tune)")
-        return "\n".join(lines)
-    lines.append(f"tuned for: {meta.get('problem')} (seq_len {meta.get('seq_len')}, "
-                 f"fingerprint {meta.get('fingerprint')})")
-    lines.append(f"  on {meta.get('device_kind')} ({meta.get('platform')}), jax "
-                 f"{meta.get('jax_version')}, flax {meta.get('flax_version')}")
-    if "devices" in meta:
-        lines.append(f"  figures {device_note(int(meta['devices']), str(meta.get('mesh') or ''))}")
-    lines.append(f"  budget {format_bytes(meta.get('budget_bytes'))}; study "
-                 f"{meta.get('study_name')!r} trial {meta.get('trial')} in {meta.get('storage')}"
-                 f"; {meta.get('date')}")
-    lines.append(f"measured: total {format_bytes(meta.get('total_bytes'))}, temp "
-                 f"{format_bytes(meta.get('temp_bytes'))}, step "
-                 f"{format_seconds(meta.get('step_seconds'))}, compile "
-                 f"{format_seconds(meta.get('compile_seconds'))}")
-    timed, seq_len = meta.get("timed_seq_len"), meta.get("seq_len")
-    if isinstance(timed, int) and isinstance(seq_len, int) and timed < seq_len:
-        lines.append(f"  step time predicted from a run of T'={timed} steps, not measured "
-                     f"at T={seq_len}")
-    elif meta.get("extrapolated_seconds") is not None:
-        lines.append(f"  step time measured at T={seq_len}; short runs had predicted "
-                     f"{format_seconds(meta['extrapolated_seconds'])}")
-    lines += breakdown_lines(meta)
-    if meta.get("fuse_why"):  # fusing the readout was a choice of the search
-        lines.append(f"  fuse: {meta['fuse_why']}")
-    known = {*TUNED_FOR, *TIMING, *KEYS, *DEVICE_KEYS, "fuse_why"}
-    extra = {k: v for k, v in meta.items() if k not in known}
-    if extra:
-        lines.append(f"other meta: {extra}")
-    return "\n".join(lines)
-
-
-def format_seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.3g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} us"

@@ -12,12 +12,12 @@ the search (``autoremat._search.tune``) or measures anything.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from autoremat._errors import TuneError
-from autoremat._measure.breakdown import DEVICE_KEYS, floor_message, seed_lstm_argument
+from autoremat._measure.breakdown import DEVICE_KEYS
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
@@ -311,21 +311,3 @@ def fuse_why(trials: list[MeasuredTrial], best: MeasuredTrial, budget_bytes: int
         return (f"{name}: no {other} schedule measured fits the budget "
                 f"({format_bytes(budget_bytes)}; {len(others)} measured)")
     return f"{name}: no {other} schedule was measured"
-
-
-def nothing_fits_message(result: TuneResult,
-                         setting: Callable[[str], str] = seed_lstm_argument) -> str:
-    """One line: the budget, the floor no schedule removes when the budget is under it
-    (what it is made of, how to lower it: ``setting`` words the settings, see
-    ``breakdown.floor_message``), and the smallest total measured."""
-    s = result.smallest_trial
-    if s is None or s.measurement.total_bytes is None:
-        return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
-                "measured (see the trials' 'reason')")
-    total = s.measurement.total_bytes
-    floor = floor_message(s.measurement, result.budget_bytes, setting)
-    return (
-        f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
-        f"the smallest total measured is {format_bytes(total)} ({total} bytes), "
-        f"trial {s.number}: {s.schedule.describe()}" + (f"; {floor}" if floor else "")
-    )
