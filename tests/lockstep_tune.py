@@ -5,16 +5,19 @@ than one process, ``jax.distributed.initialize`` on 127.0.0.1:PORT with Gloo's C
 collectives; every process tunes the built-in problem on ``--mesh`` (spanning every
 process's devices). Prints one JSON line ``RESULT {...}``: the pick, and on process 0 (or
 alone) the study's measured trials in order with their per-device figures. ``--print-trials``
-prints ``TRIAL n`` as each trial ends (the fault test kills a process after one).
+prints ``TRIAL n`` as each trial ends (the fault test kills a process after one);
+``--fail-policy P`` makes building a schedule with policy P fail on this process alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
+from typing import Any
 
 
 def main() -> None:
@@ -34,6 +37,9 @@ def main() -> None:
     p.add_argument("--heartbeat", type=int, default=2)
     p.add_argument("--study-name", default="lockstep")
     p.add_argument("--print-trials", action="store_true")
+    p.add_argument("--fail-policy", default="",
+                   help="on this process, building a schedule with this policy fails "
+                        "(a compile that fails on one host only)")
     a = p.parse_args()
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={a.devices}"
     import jax
@@ -51,6 +57,15 @@ def main() -> None:
             print(f"TRIAL {trial.number}", flush=True)
 
     problem = autoremat.seed_lstm(seq_len=a.seq_len, hidden=a.hidden, mesh=a.mesh)
+    if a.fail_policy:
+        build = problem.build
+
+        def failing(schedule: autoremat.Schedule) -> Any:
+            if a.fail_policy in schedule.key():
+                raise RuntimeError(f"no {a.fail_policy} on process {a.process}")
+            return build(schedule)
+
+        problem = dataclasses.replace(problem, build=failing)
     start = time.perf_counter()
     result = autoremat.tune(problem, autoremat.parse_bytes(a.budget), n_trials=a.trials,
                             time_budget=a.time_budget, storage=a.storage,
@@ -73,7 +88,8 @@ def main() -> None:
         report["trials"] = [
             [t.user_attrs["schedule_key"], t.user_attrs.get("status"),
              t.user_attrs.get("total_bytes"), t.user_attrs.get("temp_bytes"),
-             t.user_attrs.get("argument_bytes"), t.user_attrs.get("step_seconds")]
+             t.user_attrs.get("argument_bytes"), t.user_attrs.get("step_seconds"),
+             t.user_attrs.get("reason")]
             for t in study.trials if t.user_attrs.get("measured")]
     print("RESULT " + json.dumps(report), flush=True)
     sys.stdout.flush()

@@ -53,9 +53,9 @@ def _result(p: subprocess.Popen[str], timeout: float = 300) -> dict[str, Any]:
     return dict(json.loads(line[len("RESULT "):]))
 
 
-def _lockstep(tmp: Path, *args: str) -> list[dict[str, Any]]:
+def _lockstep(tmp: Path, *args: str, second: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     port = _port()
-    procs = [_start(i, 2, port, tmp, *args) for i in range(2)]
+    procs = [_start(i, 2, port, tmp, *args, *(second if i else ())) for i in range(2)]
     try:
         return [_result(p) for p in procs]
     finally:
@@ -67,13 +67,18 @@ def _lockstep(tmp: Path, *args: str) -> list[dict[str, Any]]:
 def test_two_processes_tune_in_lockstep(tmp_path: Path) -> None:
     """Both processes return the same pick and figures; process 0 alone writes the study
     and the schedule; every figure is per device of the 4-device global mesh (the batch
-    over both processes, parameters and optimizer state FSDP-sharded over them)."""
-    first, second = _lockstep(tmp_path, "--trials", "2", "--mesh", "data=2,fsdp=2")
+    over both processes, parameters and optimizer state FSDP-sharded over them). A
+    schedule that fails to build on process 1 alone is a failed trial naming it."""
+    first, second = _lockstep(tmp_path, "--trials", "2", "--mesh", "data=2,fsdp=2",
+                              second=("--fail-policy", "dots_with_no_batch_dims"))
     assert first["pick"] is not None and first["measured"] == 2
     for key in ("pick", "pick_total", "pick_seconds", "measured", "devices", "mesh"):
         assert second[key] == first[key], key
     assert (first["devices"], first["mesh"]) == (4, "data=2,fsdp=2")
-    assert [t[1] for t in first["trials"]] == [OK, OK]
+    failed = [t for t in first["trials"] if "dots_with_no_batch_dims" in t[0]]
+    assert len(failed) == 1 and failed[0][1] == ERROR, first["trials"]
+    assert failed[0][6].startswith("process 1: build failed: RuntimeError: no dots_with_no")
+    assert [t[1] for t in first["trials"] if t not in failed] == [OK, OK]
     assert (tmp_path / "schedule0.yaml").exists() and (tmp_path / "study0.db").exists()
     assert not (tmp_path / "schedule1.yaml").exists() and not (tmp_path / "study1.db").exists()
 
