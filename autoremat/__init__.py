@@ -50,7 +50,8 @@ missing here)::
                         (bisection): the truth device_memory is checked against
         stale           is a saved schedule still the one for this problem?
         parity          does it compile to the total its tune measured? (show --problem)
-    _models/      the built-in problems, measured and searched like a user's
+    _models/      the built-in problems, measured and searched like a user's; their
+                  registry (MODELS: builder, settings, the fixes for a floor)
         seed_lstm       the seed LSTM (the original report's step); its mesh rule
         layer_stack     the layer stack: a decoder whose layers are one scan
     _search/      -> search (Optuna) -> Pareto front -> schedule
@@ -86,6 +87,7 @@ missing here)::
     _cli/         the command's settings and printing; breakdown_text: the breakdown and the
                   floor in words; front_text: the front's table and JSON; plot: the front
                   drawn (autoremat.plot_front); show_text: what show prints of a schedule;
+                  problems: the problem a command runs on, a built-in one from the registry;
                   export_command: the export command,
                   export_text: its MaxText and Flax text; show_command: the show command;
                   pareto_command: the pareto command; exits: the exit codes' table, how an

@@ -46,6 +46,7 @@ from autoremat._cli.exits import EXIT_STALE as EXIT_STALE  # 1: does not hold he
 from autoremat._cli.export_command import run_export
 from autoremat._cli.pareto_command import run_pareto
 from autoremat._cli.printing import Progress, result_table
+from autoremat._cli.problems import make_problem
 from autoremat._cli.settings import (
     BUILTIN_PROBLEM,
     DEFAULT_STORAGE_HELP,
@@ -68,9 +69,8 @@ from autoremat._cli.settings import (
 from autoremat._cli.show_command import run_show
 from autoremat._errors import AutorematError, BudgetError, ScheduleError
 from autoremat._measure.allocator import limit_bytes
-from autoremat._measure.problem import Problem, resolve_problem
-from autoremat._models.layer_stack import layer_stack
-from autoremat._models.seed_lstm import seed_lstm
+from autoremat._measure.problem import Problem
+from autoremat._models import floor_fixes
 from autoremat._search.export_forms import FORMATS
 from autoremat._search.last_study import LAST_STUDY_FILE as LAST_STUDY_FILE
 from autoremat._search.last_study import last_study_ref, remember_study
@@ -199,49 +199,6 @@ def _usage_error(e: AutorematError) -> UsageError:
     return UsageError(str(e) if isinstance(e, ScheduleError) else with_flag(str(e)))
 
 
-def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
-                 hidden: int | None, seq2seq: bool, fused_readout: bool | None = None,
-                 mesh: str | None = None, layers: dict[str, int | None] | None = None) -> Problem:
-    """The built-in seed LSTM or layer stack (resized), or the problem ``ref`` names (sizes
-    checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``).
-    ``fused_readout``: the seed's readout fused (``True``), unfused (``False``), or either,
-    as the search chooses (``None``; unfused with ``seq2seq=False``: nothing to fuse)."""
-    readout = {True: "--fused-readout", False: "--unfused-readout", None: None}[fused_readout]
-    layer_flags = [s.flag for s in LAYER_SETTINGS if (layers or {}).get(s.name) is not None]
-    if ref == LAYER_STACK:
-        seed_only = {"--hidden": hidden, "--last-only": None if seq2seq else True,
-                     "--mesh": mesh}
-        named = [f for f, v in seed_only.items() if v is not None] + ([readout] if readout else [])
-        if named:
-            raise UsageError(f"{named[0]}: sizes the seed LSTM only; {LAYER_STACK} takes "
-                             f"--layers --d-model --heads --mlp --seq-len --batch")
-        sizes: dict[str, Any] = {k: v for k, v in {**(layers or {}), "seq_len": seq_len,
-                                                   "batch": batch}.items() if v is not None}
-        try:
-            return layer_stack(**sizes)
-        except AutorematError as e:
-            name, _, rest = str(e).partition(": ")
-            raise UsageError(f"--{name.replace('_', '-')}: {rest}") from e
-    if layer_flags:
-        raise UsageError(f"{layer_flags[0]}: sizes the built-in {LAYER_STACK} only; add "
-                         f"--problem {LAYER_STACK}")
-    if ref is None or ref == BUILTIN_PROBLEM:
-        if fused_readout and not seq2seq:
-            raise UsageError("--fused-readout: the loss on the last state (--last-only) stacks "
-                             "no outputs, so there is nothing to fuse; drop one of the two")
-        resized = {k: v for k, v in (("seq_len", seq_len), ("hidden", hidden)) if v is not None}
-        return seed_lstm(**resized, batch=batch, seq2seq=seq2seq, mesh=mesh,
-                         fused_readout=fused_readout if seq2seq else False)
-    sizes = {"seq_len": seq_len, "batch": batch, "hidden": hidden,
-             "fused_readout": True if readout == "--fused-readout" else None,
-             "unfused_readout": True if readout == "--unfused-readout" else None, "mesh": mesh}
-    named = [s.flag for s in PROBLEM_SETTINGS if sizes.get(s.name) is not None]
-    if named:
-        raise UsageError(f"{named[0]}: only resizes the built-in problem; your --problem "
-                         "sets its own sizes")
-    return resolve_problem(ref)
-
-
 def _readout(settings: dict[str, Any]) -> bool | None:
     """``--fused-readout``: ``True``; ``--unfused-readout``: ``False``; neither: ``None``."""
     fused, unfused = bool(settings.get("fused_readout")), bool(settings.get("unfused_readout"))
@@ -333,7 +290,8 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
         remember(result.study_name)
     print(result_table(result))
     if result.best is None:
-        print(f"autoremat: {nothing_fits_message(result, flag)}",
+        fixes = floor_fixes(settings.get("problem"))
+        print(f"autoremat: {nothing_fits_message(result, flag, fixes)}",
               file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
     print(written_line(settings["out"]))

@@ -274,3 +274,22 @@ def test_a_breakdown_reads_a_measurement_and_its_meta_alike() -> None:
     assert breakdown_lines(m) == breakdown_lines(meta) and len(breakdown_lines(m)) >= 4
     assert floor_bytes(m) == floor_bytes(meta) == 12 + 8 + 4
     assert floor_message(m, 10) == floor_message(meta, 10) is not None
+
+
+def test_a_floor_is_a_record_and_its_fixes_are_the_problems() -> None:
+    from autoremat._cli.breakdown_text import floor_message
+    from autoremat._measure.breakdown import breakdown_of, floor_of
+    from autoremat._models import LAYER_STACK, SEED_FIXES, floor_fixes, model
+
+    m = Measurement.from_attrs({**OLD_ATTRS, "fit_proof_bytes": 64})
+    floor, b = floor_of(m), breakdown_of(m)
+    assert floor is not None and floor.bytes == 12 + 8 + 4 and not floor.on_chip
+    assert b is not None and b.floor == floor and b.device is not None
+    assert b.device.proof_bytes == 64 and b.total_bytes == m.total_bytes
+    model_of_default = model(None)
+    assert model_of_default is not None and model_of_default.name == "seed_lstm"
+    assert model("pkg.module:name") is None and floor_fixes("pkg.module:name") == SEED_FIXES
+    seed = floor_message(m, 10)
+    stack = floor_message(m, 10, fixes=floor_fixes(LAYER_STACK))
+    assert seed is not None and "seed_lstm(fused_readout=...)" in seed
+    assert stack is not None and "fused_readout" not in stack and "seed_lstm(seq_len=...)" in stack

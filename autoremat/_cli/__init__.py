@@ -2,7 +2,9 @@
 ``printing`` (what tune prints); ``breakdown_text`` (the memory breakdown and the floor in
 words), ``front_text`` (the front's table and JSON), ``plot`` (the front drawn, for
 ``pareto --plot`` and ``autoremat.plot_front``), ``show_text`` (what show prints of a
-schedule); ``exits``: the exit codes' table and how an error or a crash is reported;
+schedule); ``problems`` (the problem a command runs on: a built-in model from
+``autoremat._models.MODELS``, or the user's); ``exits``: the exit codes' table and how an
+error or a crash is reported;
 ``pareto_command``, ``export_command``, ``show_command``: those commands;
 ``export_text``: what export prints for MaxText and Flax; ``distributed``: ``tune
 --coordinator``, joining a multi-controller job."""

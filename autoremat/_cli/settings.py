@@ -21,6 +21,7 @@ from autoremat._cli.distributed import COORDINATOR_HELP, check_coordinator
 from autoremat._errors import ScheduleError, TuneError
 from autoremat._measure.mesh import parse_mesh
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
+from autoremat._models import LAYER_STACK, SEED_LSTM
 from autoremat._models.layer_stack import DEFAULT as STACK
 from autoremat._models.seed_lstm import SEED_AXES, seed_batch, seed_lstm
 from autoremat._schedules.safe_yaml import read_yaml_file
@@ -28,9 +29,9 @@ from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE
 from autoremat._search.tune import DEFAULT_TIME_LIMIT
 from autoremat._units import DURATION_FORMS, parse_duration, parse_whole_seconds
 
-BUILTIN_PROBLEM: Final = "seed_lstm"
-#: The built-in transformer whose layers are the scan (``autoremat._models.layer_stack``).
-LAYER_STACK: Final = "layer_stack"
+#: The default problem, the seed LSTM; ``LAYER_STACK``: the transformer whose layers are the
+#: scan. Both are names in the built-in models' registry (``autoremat._models.MODELS``).
+BUILTIN_PROBLEM: Final = SEED_LSTM
 STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
 #: Where studies go by default, as the help says it: relative to the folder the command runs in.
 DEFAULT_STORAGE_HELP: Final = (f"{DEFAULT_STORAGE}, a runs/ folder made in the current "
