@@ -35,14 +35,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat._errors import TuneError, one_line
+from autoremat._measure.failure import BUILD, words
 from autoremat._measure.measure import compile_schedule
+from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.peers import combine, registered
 from autoremat._measure.timing import Compiled
 from autoremat._search.compile_pool import WORKERS_ENV
 from autoremat._units import parse_duration
 
 if TYPE_CHECKING:
-    from autoremat._measure.measurement import Measurement
     from autoremat._measure.problem import Problem
     from autoremat._schedules.base import Schedule
     from autoremat._search.study import TuneResult
@@ -229,7 +230,7 @@ class _Leader:
     def joined(self, ticket: int, compiled: Compiled) -> Compiled:
         theirs: list[tuple[int, Measurement]] = self.store.replies(f"compiled/{ticket}")
         m = combine(compiled.measurement, theirs, self.budgets.pop(ticket))
-        if m.status != "ok" or compiled.executable is None:
+        if m.status != OK or compiled.executable is None:
             return Compiled(m)
         return Compiled(m, _Everywhere(compiled.executable, self.store, ticket), compiled.args)
 
@@ -258,7 +259,12 @@ class _Follower:
             self.compiled.move_to_end(ticket)
             return self.compiled[ticket]
         length, schedule, budget = self.recipes[ticket]
-        c = compile_schedule(self.variant(length), schedule, budget_bytes=budget)
+        try:
+            problem = self.variant(length)
+        except Exception as e:  # at_length refused here: this process cannot build it
+            return Compiled(Measurement(schedule.key(), ERROR, f"{words(BUILD)}: at length "
+                                        f"{length}: {one_line(e)}", failed_at=BUILD))
+        c = compile_schedule(problem, schedule, budget_bytes=budget)
         self.compiled[ticket] = c
         while len(self.compiled) > KEPT:
             self.compiled.popitem(last=False)[1].release()
