@@ -34,7 +34,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--budget", default="10MB")
     p.add_argument("--time-budget", type=float, default=0.1)
-    p.add_argument("--heartbeat", type=int, default=2)
+    p.add_argument("--heartbeat", type=int, default=10,
+                   help="seconds; short in the fault test, long elsewhere (a loaded CI machine)")
     p.add_argument("--study-name", default="lockstep")
     p.add_argument("--print-trials", action="store_true")
     p.add_argument("--fail-policy", default="",
