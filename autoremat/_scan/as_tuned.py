@@ -97,8 +97,8 @@ class StackedDifference:
         accept = (" To run it anyway: schedule.with_meta(budget_bytes=None) (or delete "
                   "budget_bytes from the file's meta)." if self.breaks_budget else "")
         needs = (f"the step may need up to {format_bytes(self.tuned_total + 2 * self.extra_bytes)}"
-                 " (with their cotangents; a TPU can keep them on chip: autoremat show "
-                 "schedule.yaml --problem ... compiles it)" if self.on_chip_maybe else
+                 " (with their cotangents; a TPU can keep them on chip: a compile tells, e.g. the "
+                 "show command given the problem)" if self.on_chip_maybe else
                  f"the step needs about {format_bytes(self.tuned_total + self.extra_bytes)} to "
                  f"{format_bytes(self.tuned_total + 2 * self.extra_bytes)} (with their "
                  f"cotangents){budget}")
