@@ -8,12 +8,13 @@ under each trial's schedule (``autoremat.remat_scans``; ``min_length`` = the lay
 count, so the 256-token attention inside is left alone), and the search finds the
 tags in the traced step: MaxText's presets over them are tried first, then what each
 tag costs decides the rest (``docs/layer_stacks.md``). ``untagged`` is the same model
-without tags: the dots policies and remat of each layer are its presets::
+without tags: the dots policies and remat of each layer are its presets. ``--nearest``:
+where the format cannot write the pick, export the nearest measured trial it can::
 
     autoremat tune --problem examples/user_transformer.py:problem --budget 1GB
     autoremat pareto                       # the measured front, what each tag costs
-    autoremat export --format maxtext      # the pick as MaxText's remat_policy: custom
-    autoremat export --format flax         # ... or as nn.remat / nnx.remat's policy
+    autoremat export --format maxtext --nearest   # the pick as MaxText's remat_policy: custom
+    autoremat export --format flax --nearest      # ... or as nn.remat / nnx.remat's policy
     autoremat tune --problem examples/user_transformer.py:untagged --budget 1GB
 
 Sizes from ``USER_LAYERS``, ``USER_D_MODEL``, ``USER_HEADS``, ``USER_MLP``,

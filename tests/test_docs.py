@@ -10,17 +10,28 @@ block is skipped only when the line just before its fence is ``<!-- not run: REA
 non-empty reason (say what runs instead). ```` ```yaml ```` blocks that are schedules (a
 ``version:`` key) must load. Every relative link must point at an existing file, and
 ``docs/index.md`` must link every page of ``docs/``.
+
+The module docstrings of ``examples/*.py`` show commands too: every indented line starting
+``python examples/`` or ``autoremat `` is one. Each is checked (the file it names exists,
+an ``autoremat`` line parses, ``--problem file.py:name`` names a top-level name) and run,
+an example's commands in order in one scratch folder, at the small size ``SMALL`` gives it
+(its size variables; size flags appended to its ``python`` lines; a two-trial ``tune``),
+unless its trailing comment says ``# not run: REASON``. ``SMALL`` marks an example whose
+commands tune as ``slow``.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +206,130 @@ def test_the_docs_index_links_every_page() -> None:
 def test_the_readme_is_a_front_page() -> None:
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines; move the detail into docs/"
+
+
+# -- the commands the examples' docstrings show -------------------------------------------
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+SHOWN = re.compile(r"^ {4,}((?:python examples/|autoremat )\S.*?)\s*$")
+COMMENT = re.compile(r"\s+#\s?(.*)$")
+DOC_NOT_RUN = re.compile(r"^not run:(.*)$")
+TUNE_SMALL = "--trials 2 --time-budget 0.05 --no-progress"  # appended to a shown tune
+
+
+@dataclass(frozen=True)
+class Small:
+    """An example's commands at a small size: ``env``, its size variables; ``flags``,
+    appended to each of its ``python examples/...`` lines (a repeated flag's last value
+    wins); ``slow``, why they run only under ``-m slow`` (empty: in the default suite)."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: str = ""
+    slow: str = ""
+
+
+def _stack(prefix: str) -> dict[str, str]:
+    sizes = {"LAYERS": "2", "D_MODEL": "16", "HEADS": "2", "MLP": "32", "SEQ_LEN": "8", "BATCH": "2"}
+    return {f"{prefix}_{k}": v for k, v in sizes.items()}
+
+
+TUNES = "tunes a problem (15-25 s with its other commands, at this size on 2 cores)"
+SMALL: dict[str, Small] = {
+    "data_parallel.py": Small(flags="--seq-len 16 --hidden 8"),
+    "equinox_stack.py": Small(env=_stack("EQX_STACK"), slow=TUNES),
+    "nnx_stack.py": Small(env=_stack("NNX_STACK"), slow=TUNES),
+    "seed_lstm.py": Small(flags="--seq-len 24 --hidden 8 --batch 2",
+                          slow="four runs of the script, about 4 s each; tests/test_parity.py "
+                               "and tests/test_fuse.py run its main() in the default suite"),
+    "seed_lstm_nnx.py": Small(env={"SEED_LSTM_NNX_SEQ_LEN": "24", "SEED_LSTM_NNX_HIDDEN": "8"},
+                              flags="--seq-len 24 --hidden 8", slow=TUNES),
+    # T=64: remat_scans' default min_length
+    "seed_unmodified.py": Small(env={"SEED_SEQ_LEN": "64", "SEED_STEPS": "2"}, slow=TUNES),
+    "user_transformer.py": Small(env=_stack("USER"), slow=TUNES),
+}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One command an example's docstring shows."""
+
+    example: Path
+    line: int  # 1-based line in the example
+    command: str  # as shown, less its trailing comment
+    not_run: str | None  # the reason, when its comment is ``not run: REASON``
+
+    @property
+    def where(self) -> str:
+        return f"{self.example.relative_to(ROOT)}:{self.line}"
+
+
+def shown(example: Path) -> list[Shown]:
+    """The commands of ``example``'s module docstring, in order."""
+    source = example.read_text()
+    first = ast.parse(source).body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)):
+        return []
+    lines = source.splitlines()
+    out = []
+    for n in range(first.lineno, (first.end_lineno or first.lineno) + 1):
+        match = SHOWN.match(lines[n - 1])
+        if match:
+            command, comment = COMMENT.split(match.group(1), maxsplit=1)[0], COMMENT.search(match.group(1))
+            marker = DOC_NOT_RUN.match(comment.group(1).strip()) if comment else None
+            out.append(Shown(example, n, command, marker.group(1).strip() if marker else None))
+    return out
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_every_command_an_example_shows_is_known_and_parses() -> None:
+    from autoremat._cli.settings import UsageError
+    from autoremat.cli import _parser
+
+    commands = [c for e in EXAMPLES for c in shown(e)]
+    assert len(commands) >= 10, "the examples' docstrings show fewer commands than expected"
+    for c in commands:
+        assert c.not_run is None or c.not_run, f"{c.where}: write # not run: REASON with a reason"
+        assert c.example.name in SMALL or c.not_run, (
+            f"{c.where}: say in SMALL (tests/test_docs.py) how {c.example.name}'s commands run small")
+        words = shlex.split(c.command)
+        if words[0] == "python":
+            assert (ROOT / words[1]).is_file(), f"{c.where}: no file {words[1]}"
+            continue
+        try:
+            args = _parser().parse_args(words[1:])
+        except (SystemExit, UsageError) as e:
+            raise AssertionError(f"{c.where}: {c.command!r} is a usage error: {e}") from e
+        problem = getattr(args, "problem", None)
+        if problem and ".py:" in problem:
+            path, name = problem.rsplit(":", 1)
+            assert name in _top_level_names(ROOT / path), f"{c.where}: {path} defines no {name}"
+
+
+def _example_params() -> list[Any]:
+    params = []
+    for example in EXAMPLES:
+        if any(c.not_run is None for c in shown(example)) and example.name in SMALL:
+            marks = [pytest.mark.slow] if SMALL[example.name].slow else []
+            params.append(pytest.param(example, marks=marks, id=example.name))
+    return params
+
+
+@pytest.mark.parametrize("example", _example_params())
+def test_the_commands_of_an_example_run(example: Path, tmp_path: Path) -> None:
+    small = SMALL[example.name]
+    env = {**_sandbox(tmp_path), **small.env}
+    for c in shown(example):
+        if c.not_run is not None:
+            continue
+        extra = (small.flags if c.command.startswith("python ")
+                 else TUNE_SMALL if c.command.startswith("autoremat tune ") else "")
+        _run_bash(Block(example, c.line, "bash", f"{c.command} {extra}\n", None), tmp_path, env)
