@@ -2,8 +2,10 @@
 
 This is the model of the Flax discussion this project started from (the built-in
 problem, ``autoremat.seed_lstm``: a Flax ``OptimizedLSTMCell`` over T=10,000 steps).
-Compared with that discussion's code, two lines changed: ``import autoremat`` and
-``nn.scan`` -> ``autoremat.linen.scan`` with a ``schedule``.
+Its scan takes two changed lines: ``import autoremat`` and ``nn.scan`` ->
+``autoremat.linen.scan`` with a ``schedule``; the ``@nn.remat`` on ``__call__`` that
+did not help is gone, and ``--fused-readout`` is an option of this script
+(``examples/seed_unmodified.py`` is the discussion's script as written).
 
     python examples/seed_lstm.py --steps 5                        # sqrt(T) 2-level default
     python examples/seed_lstm.py --schedule schedule.yaml --steps 5   # a tuned schedule
