@@ -181,7 +181,10 @@ def test_tune_under_the_output_floor_exits_3_and_fused_readout_fits(
     assert "floor no schedule removes" in captured.out  # the summary's breakdown
     assert main([*common, "--trials", "4", "--storage", f"sqlite:///{tmp_path}/b.db",
                  "--out", str(tmp_path / "b.yaml")]) == 0
-    assert "fuse chosen" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fuse chosen" in out
+    # its plain scan is the fused one: the table says what "vs plain" compares with
+    assert "vs plain: against the plain scan with the readout and loss moved into its step" in out
     assert read_schedule(str(tmp_path / "b.yaml")).fuse is True
     assert main(["show", str(tmp_path / "b.yaml")]) == 0
     shown = capsys.readouterr().out

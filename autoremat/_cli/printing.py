@@ -145,6 +145,9 @@ def result_table(result: TuneResult) -> str:
           if device else []),
         row(f"best (trial {best.number})" if best else "best", best),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
+        *([f"  vs plain: against the plain scan with the readout and loss moved into its "
+           f"step (trial {plain.number}); the plain scan as written, the readout after it, "
+           "was not measured"] if plain is not None and plain.schedule.fuse else []),
         *(["short runs predicted the step times; confirmed at full length:", *confirmed]
           if confirmed else []),
         *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
