@@ -435,7 +435,7 @@ def test_one_predicted_to_be_cut_is_compiled_ahead_after_the_others(
             (1.0, a), (cut, b), (1.1, c)])
         monkeypatch.setattr(planner, "stop_ratio", lambda cand=None: 1.6)
         monkeypatch.setattr(planner, "_surely_over", lambda cand: False)
-        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        monkeypatch.setattr(planner, "dominated", lambda cand, predicted: False)
         assert planner.ahead(3) == [a, c, b]
         assert planner.ahead(2) == [a, c]
     finally:
@@ -461,7 +461,7 @@ def test_one_likely_over_at_run_time_is_compiled_ahead_after_the_others(
                             lambda structure: next(g for k, g in guesses.items()
                                                    if planner.pool[k].structure is structure))
         monkeypatch.setattr(planner, "_surely_over", lambda cand: False)
-        monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+        monkeypatch.setattr(planner, "dominated", lambda cand, predicted: False)
         assert planner.ahead(3) == [a, c, b]  # b: 10 over, less 5; c: 3 over, less 5, fits
         planner.overstated = None  # no run measured yet: its guess alone, both over
         guesses[a.schedule.key()] = BUDGET + 1.0
@@ -474,13 +474,12 @@ def test_one_likely_over_at_run_time_is_compiled_ahead_after_the_others(
 def _ranked_first_then(planner: plan_module.Planner, first: Any, second: Any,
                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner ranks ``first``, then ``second``, both predicted at the best's 1 s (a
-    timed schedule that fits) and neither dominated."""
-    planner.timed = {"timed": (1, 1.0)}
+    timed schedule that fits) and neither dominated (the timed one stores more)."""
+    planner.timed = {"timed": (BUDGET - 1, 1.0)}
     planner.time_model.points = 2
     monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
         (0.9, first), (1.0, second)])
     monkeypatch.setattr(planner, "predict", lambda cand: 1.0)
-    monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
 
 
 def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_another(

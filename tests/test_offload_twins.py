@@ -12,7 +12,7 @@ import pytest
 from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
 from autoremat._measure.timing import Compiled
 from autoremat._search.candidates import Candidate, Verdict
-from autoremat._search.offload_twins import ON_DEVICE, on_device
+from autoremat._search.offload_twins import ON_DEVICE, OffloadTwins, on_device
 from autoremat._search.planner import Planner
 from autoremat._search.short_runs import ShortRuns
 from tests.tiny_problem import tiny
@@ -29,6 +29,19 @@ def _offloading(planner: Planner, label: str) -> Candidate:
     return next(c for c in planner.pool.values() if label in c.params.values())
 
 
+def _twins(planner: Planner) -> OffloadTwins:
+    assert planner.twins is not None
+    return planner.twins
+
+
+def _first(planner: Planner, cand: Candidate) -> Candidate | None:
+    """What the planner screens in ``cand``'s place, asked as its ranking asks (the copies'
+    limit: ``stop_ratio`` times the best step that fits)."""
+    best = planner.best
+    limit = None if best is None else planner.stop_ratio() * best[2]
+    return _twins(planner).first(cand, planner.taken, limit)
+
+
 def test_the_twin_keeps_on_the_device_what_is_offloaded() -> None:
     params = {"kind": "nested", "depth": 2, "d2_n0": 8, "d2_p0": "offload_carries",
               "d2_p1": "offload_dots", "d2_unroll": 2}
@@ -43,35 +56,36 @@ def test_the_twin_keeps_on_the_device_what_is_offloaded() -> None:
 def test_an_offload_waits_for_its_twin_and_is_dropped_where_the_twin_fits(label: str) -> None:
     planner = _planner()
     cand = _offloading(planner, label)
-    twin = planner.twin(cand)
+    twin = _twins(planner).twin(cand)
     assert twin is not None and twin.params == on_device(cand.params)
     assert twin.schedule.key() in planner.pool
     assert (twin.schedule.lengths, twin.schedule.unroll) == (  # type: ignore[attr-defined]
         cand.schedule.lengths, cand.schedule.unroll)  # type: ignore[attr-defined]
-    assert planner.twin_first(cand) is twin  # its fit unknown: the twin is screened first
+    assert _first(planner, cand) is twin  # its fit unknown: the twin is screened first
     assert cand.compiled is None and cand.verdict is Verdict.UNDECIDED
     key = twin.schedule.key()
     planner.record(twin.schedule, Measurement(key, OK, "", total_bytes=BUDGET // 6,
                                               step_seconds=0.1))
-    assert planner.twin_first(cand) is None and cand.verdict is Verdict.DOMINATED
+    assert _first(planner, cand) is None and cand.verdict is Verdict.DOMINATED
     assert cand not in planner.ahead(len(planner.pool))  # never compiled ahead either
 
 
 def test_an_offload_goes_on_where_its_twin_is_over_the_budget() -> None:
     planner = _planner()
     cand = _offloading(planner, "offload_dots")
-    twin = planner.twin(cand)
+    twin = _twins(planner).twin(cand)
     assert twin is not None
     planner.record(twin.schedule, Measurement(twin.schedule.key(), OVER_BUDGET, "over budget",
                                               total_bytes=2 * BUDGET))
-    assert planner.twin_fits(twin) is False
-    assert planner.twin_first(cand) is cand and cand.verdict is Verdict.UNDECIDED
+    assert _twins(planner).fits(twin, planner.taken) is False
+    assert _first(planner, cand) is cand and cand.verdict is Verdict.UNDECIDED
 
 
 def test_the_whole_front_tries_offloads_in_their_own_right() -> None:
     planner = _planner(explore_front=True)
     cand = _offloading(planner, "offload_dots")
-    assert planner.twin(cand) is None and planner.twin_first(cand) is cand
+    assert planner.twins is None  # no twin asked first: the offload is a point of the front
+    assert cand in planner.ahead(len(planner.pool))  # compiled as any other
 
 
 def test_a_twin_the_memory_model_puts_far_under_the_budget_is_not_compiled(
@@ -87,8 +101,8 @@ def test_a_twin_the_memory_model_puts_far_under_the_budget_is_not_compiled(
         return True
 
     monkeypatch.setattr(planner.memory_model, "far_under", far_under)
-    assert planner.twin_first(cand) is None and cand.verdict is Verdict.DOMINATED
-    twin = planner.twin(cand)
+    assert _first(planner, cand) is None and cand.verdict is Verdict.DOMINATED
+    twin = _twins(planner).twin(cand)
     assert twin is not None and twin.compiled is None and seen == [BUDGET]
 
 
@@ -103,7 +117,7 @@ def test_an_offload_whose_copies_alone_are_slower_than_the_best_is_dropped(
     monkeypatch.setattr(twins_module, "host_bandwidth", lambda: bandwidth)
     planner = _planner()
     cand = _offloading(planner, "offload_dots")
-    twin = planner.twin(cand)
+    twin = _twins(planner).twin(cand)
     assert twin is not None
     twin.compiled = Compiled(Measurement(twin.schedule.key(), OVER_BUDGET, "over budget",
                                          total_bytes=2 * BUDGET))  # sized: over
@@ -112,7 +126,7 @@ def test_an_offload_whose_copies_alone_are_slower_than_the_best_is_dropped(
     planner.record(best.schedule, Measurement(best.schedule.key(), OK, "",
                                               total_bytes=BUDGET // 2, step_seconds=0.1))
     monkeypatch.setattr(planner.memory_model, "predict", lambda s: BUDGET // 2)
-    assert planner.twin_first(cand) is (None if dropped else cand)
+    assert _first(planner, cand) is (None if dropped else cand)
     assert (cand.verdict is Verdict.DOMINATED) is dropped
 
 
@@ -128,7 +142,7 @@ def test_an_inner_offload_of_dots_moves_every_steps_dots(
     monkeypatch.setattr(twins_module, "host_bandwidth", lambda: 1e6)
     planner = _planner()
     cand = _offloading(planner, label)
-    twin = planner.twin(cand)
+    twin = _twins(planner).twin(cand)
     assert twin is not None
     twin.compiled = Compiled(Measurement(twin.schedule.key(), OVER_BUDGET, "over budget",
                                          total_bytes=2 * BUDGET))
@@ -138,4 +152,4 @@ def test_an_inner_offload_of_dots_moves_every_steps_dots(
                                               total_bytes=BUDGET // 2, step_seconds=0.1))
     monkeypatch.setattr(planner.memory_model, "predict", lambda s: 2 * BUDGET)  # as the twin
     monkeypatch.setattr(planner.memory_model, "step_dots_bytes", lambda: 1e4)
-    assert planner.twin_first(cand) is (None if dropped else cand)
+    assert _first(planner, cand) is (None if dropped else cand)

@@ -183,11 +183,11 @@ def test_the_planner_refuses_what_the_guard_leaves_out_before_compiling_it(
     both = [c for c in planner.pool.values() if guard.used(c.params) >= {"offload_carries",
                                                                           "offload_dots"}]
     assert both, "the pool proposes the combination"
-    assert not planner._probed(both[0]) and both[0].verdict is Verdict.REFUSED
+    assert not planner.probed(both[0]) and both[0].verdict is Verdict.REFUSED
     assert both[0].compiled is None  # never compiled
-    assert all(not planner._probed(c) for c in both)
+    assert all(not planner.probed(c) for c in both)
     plain = next(c for c in planner.pool.values() if not guard.used(c.params))
-    assert planner._probed(plain)
+    assert planner.probed(plain)
 
 
 def test_a_trial_whose_short_run_failed_to_compile_leaves_its_combination_out(

@@ -528,7 +528,7 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
                                              total_bytes=10**6 if status == OK else 10**10))
 
     monkeypatch.setattr(planner, "_screen", screen)
-    monkeypatch.setattr(planner, "_dominated", lambda cand, predicted: False)
+    monkeypatch.setattr(planner, "dominated", lambda cand, predicted: False)
     for _ in range(3):
         assert planner._next_once(None, False, False) == "again"
     assert planner.since_best == 0  # three over the budget: not counted
@@ -551,10 +551,13 @@ def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_tim
     -- a size may overstate the run's peak -- unless it is over by more than the most a
     timed schedule's size overstated its measured runtime peak (``overstated``; a TPU
     v5e's unfused big model: 5.34 GB, sizes 17.5 and 21.5 GB, peaks 12.2 and 16.1 GB)."""
+    from dataclasses import replace
+
     from autoremat._measure.measure import Compiled
     from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
     from autoremat._search import planner as planner_module
     from autoremat._search.short_runs import ShortRuns
+    from autoremat._search.untimed import over_at_runtime
 
     gb = 10**9
     problem = tiny(64)
@@ -572,11 +575,12 @@ def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_tim
         cand.compiled = Compiled(Measurement(schedule.key(), OK, "", total_bytes=total),
                                  executable=object())
         sized[total] = cand
-    assert planner._over_at_runtime(sized[21_470_000_000])  # 16.13 GB at best: over
-    assert not planner._over_at_runtime(sized[17_000_000_000])  # 11.66 GB: a run decides
-    cpu = planner_module.Planner(problem, 12 * gb, "cpu", ShortRuns(problem))
-    cpu.overstated = planner.overstated
-    assert not cpu._over_at_runtime(sized[21_470_000_000])  # its size decided (over) already
+    assert planner.over_at_runtime(sized[21_470_000_000])  # 16.13 GB at best: over
+    assert not planner.over_at_runtime(sized[17_000_000_000])  # 11.66 GB: a run decides
+    reach = planner.reach()  # the rule alone, on the figures it names
+    assert over_at_runtime(21_470_000_000, reach) and not over_at_runtime(17_000_000_000, reach)
+    cpu = replace(reach, platform="cpu")
+    assert not over_at_runtime(21_470_000_000, cpu)  # its size decided (over) already
     over = sized[21_470_000_000]
     monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [(0.3, over)])
     assert planner._next_once(None, False, False) is None  # not timed ...

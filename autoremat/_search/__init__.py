@@ -7,7 +7,8 @@ stack's presets, tried first, and ``layer_costs``: what its schedules keep), the
 models (``predict``: step time; ``memory_model``: compiled bytes) and the ``planner``
 (its pool's ``candidates``, its compiles ahead: ``planner_ahead`` on ``compile_pool``'s
 threads; an offload's twin without the copies first: ``offload_twins``; what keeps a
-sized one untimed: ``untimed``) choose what to measure next; a
+sized one untimed: ``untimed``; one set of arguments for steps alike: ``arguments``)
+choose what to measure next; a
 ``worker`` measures it (and before it stops runs the leader in turn with its closest
 challengers: ``retime``); long scans are timed on short runs (``short_runs``) and the pick
 at full length (``confirm``); risky choices are checked when first proposed (``probe``,

@@ -8,8 +8,8 @@ and back. The twin keeps them on the device (``ON_DEVICE``: offloaded dots saved
 offloading schedule is never the faster of the two, and is worth trying only where its
 twin does not fit the budget.
 
-``Planner`` (``autoremat._search.planner``) inherits ``OffloadTwins``: before it probes
-or compiles an offloading candidate, it looks at the twin (``twin``, added to the pool):
+A ``Planner`` (``autoremat._search.planner``) holds an ``OffloadTwins``: before it probes
+or compiles an offloading candidate, it asks for the twin (``twin``, added to the pool):
 
 * the twin fits (timed, or sized within the budget): the candidate is dominated, never
   probed, compiled or timed -- on a TPU v5e the big model at 12 GB spent 21 s probing
@@ -18,7 +18,7 @@ or compiles an offloading candidate, it looks at the twin (``twin``, added to th
 * predicted far under the budget by a memory model that fits its points
   (``MemoryModel.far_under``): the same, without the twin's compile -- on the seed at 4 GB
   the twins of four offloads were compiled first, 1.4-2.3 s each, to find 100 MB;
-* not known yet: the twin is compiled first (``twin_first``);
+* not known yet: the twin is compiled first (``first``);
 * over the budget (or refused, or failed): the candidate goes on as any other -- unless
   the copies alone take longer than the search's stop allows (``copies_too_slow``): it
   moves at least the bytes its twin keeps more (the twin's size less its own, sized or
@@ -34,13 +34,11 @@ problem's own names (``named_policies``), which has no twin here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
 from autoremat._measure.device import host_bandwidth
 from autoremat._measure.measurement import OK
-from autoremat._measure.problem import Problem
-from autoremat._schedules.base import Schedule
 from autoremat._search.candidates import Candidate, Verdict
 from autoremat._search.memory_model import MemoryModel
 
@@ -61,104 +59,93 @@ def on_device(params: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 class OffloadTwins:
-    """The twin part of ``Planner`` (module doc); the attributes declared here are the
-    planner's."""
+    """The twins of one planner's offloading candidates (module doc).
 
-    problem: Problem
-    budget_bytes: int
-    explore_front: bool
-    pool: dict[str, Candidate]
-    timed: dict[str, tuple[int, float]]
-    cut: dict[str, tuple[int, float]]
-    taken: set[str]
-    memory_model: MemoryModel
-    twins: dict[str, str | None]  # candidate key -> its twin's key (``None``: no twin)
+    It reads the planner's measured figures (``measured``: its timed and cut schedules,
+    key -> ``(bytes, seconds)``, timed first) and its memory model, and adds a twin to the
+    pool through ``add`` (a parameter set proposed in the planner's space, added to its
+    pool: the pool's candidate). ``taken`` (the study's measured or claimed keys) and
+    ``limit`` (``stop_ratio`` times the best step that fits; ``None``: none yet) come with
+    each question.
+    """
 
-    def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
-        raise NotImplementedError  # the planner's
-
-    @property
-    def best(self) -> tuple[str, int, float] | None:
-        raise NotImplementedError  # the planner's
-
-    def stop_ratio(self, cand: Candidate | None = None) -> float:
-        raise NotImplementedError  # the planner's
-
-    def add(self, schedule: Schedule, params: dict[str, Any]) -> None:
-        raise NotImplementedError  # the planner's
+    def __init__(self, seq_len: int, budget_bytes: int, memory_model: MemoryModel,
+                 measured: Sequence[Mapping[str, tuple[int, float]]],
+                 add: Callable[[Mapping[str, Any]], Candidate]) -> None:
+        self.seq_len, self.budget_bytes, self.memory_model = seq_len, budget_bytes, memory_model
+        self.measured, self.add = measured, add
+        self.twins: dict[str, Candidate | None] = {}  # candidate key -> its twin (or none)
 
     def twin(self, cand: Candidate) -> Candidate | None:
-        """``cand``'s twin in the pool (added there, once: the planner ranks its pool
-        often); ``None``: it offloads nothing, or the whole front is wanted."""
-        if self.explore_front:
-            return None
+        """``cand``'s twin in the pool (added there, once); ``None``: it offloads nothing."""
         key = cand.schedule.key()
         if key not in self.twins:
             params = on_device(cand.params)
-            if params is None:
-                self.twins[key] = None
-            else:
-                schedule, params = self.propose(params)
-                self.add(schedule, params)
-                self.twins[key] = schedule.key()
-        twin = self.twins[key]
-        return None if twin is None else self.pool[twin]
+            self.twins[key] = None if params is None else self.add(params)
+        return self.twins[key]
 
-    def twin_fits(self, twin: Candidate) -> bool | None:
+    def fits(self, twin: Candidate, taken: Collection[str]) -> bool | None:
         """The twin fits the budget (timed, or sized within it, or predicted far under it);
         ``False``: it does not, or will not be measured; ``None``: not known yet."""
-        key = twin.schedule.key()
-        for figures in (self.timed, self.cut):
-            if key in figures:
-                return figures[key][0] <= self.budget_bytes
+        size = self._measured(twin)
+        if size is not None:
+            return size <= self.budget_bytes
         m = twin.sized
         if m is not None:
             return m.status == OK and m.total_bytes is not None and \
                 m.total_bytes <= self.budget_bytes
-        if twin.verdict is not Verdict.UNDECIDED or key in self.taken:
+        if twin.verdict is not Verdict.UNDECIDED or twin.schedule.key() in taken:
             return False
         return True if self.memory_model.far_under(twin.structure, self.budget_bytes) else None
 
-    def twin_first(self, cand: Candidate) -> Candidate | None:
+    def waits(self, cand: Candidate, taken: Collection[str]) -> bool:
+        """``cand`` is not compiled yet: its twin first, or it is dominated by its twin."""
+        twin = self.twin(cand)
+        return twin is not None and self.fits(twin, taken) is not False
+
+    def first(self, cand: Candidate, taken: Collection[str],
+              limit: float | None) -> Candidate | None:
         """What to screen in ``cand``'s place: its twin while the twin's fit is unknown,
         ``cand`` where the twin does not fit; ``None`` where it does (``cand`` is then
         dominated)."""
         twin = self.twin(cand)
         if twin is None:
             return cand
-        fits = self.twin_fits(twin)
+        fits = self.fits(twin, taken)
         if fits is None:
             return twin
-        if fits or self.copies_too_slow(cand, twin):
+        if fits or self.copies_too_slow(cand, twin, limit):
             cand.verdict = Verdict.DOMINATED
             return None
         return cand
 
-    def copies_too_slow(self, cand: Candidate, twin: Candidate) -> bool:
-        """Moving what ``cand`` offloads over the host link takes longer than ``stop_ratio``
-        times the best step that fits (module doc). It moves at least what its twin keeps
-        more and, offloading dots, every step's dots (``MemoryModel.step_dots_bytes``): an
-        inner level's copies come and go chunk by chunk, so the twin keeps only a chunk's
-        more (on a TPU v5e ``5000x2 nothing/offload_dots`` passed the first bound alone,
-        was probed (13.1 s) and ran over the budget)."""
-        best = self.best
-        if best is None:
+    def copies_too_slow(self, cand: Candidate, twin: Candidate, limit: float | None) -> bool:
+        """Moving what ``cand`` offloads over the host link takes longer than ``limit``
+        seconds (module doc). It moves at least what its twin keeps more and, offloading
+        dots, every step's dots (``MemoryModel.step_dots_bytes``): an inner level's copies
+        come and go chunk by chunk, so the twin keeps only a chunk's more (``5000x2
+        nothing/offload_dots`` of a big model passed the first bound alone, was probed and
+        ran over the budget: ``studies/results/tune_time.md``)."""
+        if limit is None:
             return False
         kept, own = self._bytes(twin), self.memory_model.predict(cand.structure)
         moved = 0.0 if kept is None or own is None else kept - own
         per_step = self.memory_model.step_dots_bytes()
         if per_step is not None and any(v in DOTS_OFFLOADS for v in cand.params.values()):
-            moved = max(moved, self.problem.seq_len * per_step)
+            moved = max(moved, self.seq_len * per_step)
         bandwidth = host_bandwidth() if moved > 0 else None
-        return bandwidth is not None and moved / bandwidth > self.stop_ratio() * best[2]
+        return bandwidth is not None and moved / bandwidth > limit
+
+    def _measured(self, cand: Candidate) -> int | None:
+        key = cand.schedule.key()
+        return next((figures[key][0] for figures in self.measured if key in figures), None)
 
     def _bytes(self, cand: Candidate) -> float | None:
         """``cand``'s bytes: measured, sized (or stated by a compiler out of memory), else
         the memory model's guess."""
-        key = cand.schedule.key()
-        for figures in (self.timed, self.cut):
-            if key in figures:
-                return float(figures[key][0])
+        measured = self._measured(cand)
+        if measured is not None:
+            return float(measured)
         m = cand.sized
         if m is not None and m.size_bytes is not None:
             return float(m.size_bytes)

@@ -1,51 +1,34 @@
 """Which schedule to measure next: screen by compiled memory, predict time, time few.
 
-A worker's ``Planner`` holds a pool of candidate schedules (the space's
-random draws, ``space.propose``, every structure of a short scan,
-``short_scans``, and the neighbours of the best so far,
-``space.neighbours``) and decides, each time the search may measure one
-more, which one it is worth timing:
+A worker's ``Planner`` holds a pool of candidate schedules (the space's random draws,
+``space.propose``; every structure of a short scan, ``short_scans``; the neighbours of the
+best so far, ``space.neighbours``) and decides, each time the search may measure one more,
+which one it is worth timing:
 
-1. candidates are ranked by predicted step time (``predict.TimeModel``,
-   calibrated on the study's own timed trials);
-2. going down that list, a candidate storing at least as much as one already
-   over the budget, or predicted at least as large as a program the compiler
-   refused for want of memory (``MemoryModel.surely_over``; the size it stated is
-   that schedule's memory, ``Measurement.compiler_bytes``), is skipped unsized; the
-   others are compiled and
-   sized (``measure.compile_schedule``, a fraction of timing's cost), and the
-   executable kept, so a schedule timed later is not compiled twice;
-3. one over the budget -- where a run decides the fit (``device_memory.VALIDATED``), one
-   whose sized total is over it by more than any timed schedule's size overstated its
-   runtime peak (``overstated``: on a TPU v5e an unfused big model's by 5.34 GB, its
-   stacked outputs, twice) -- or dominated on memory and predicted time by a
-   schedule already timed, is never timed (``untimed``; nor compiled, when the memory
-   model's guess already makes it dominated; nor an offloading one whose twin
-   without the copies fits, ``offload_twins``); the first that is neither is;
-4. the search is done at once when the budget is under what no schedule
-   removes (arguments, outputs, stacked per-step outputs:
-   ``breakdown.floor_bytes``); else when the best prediction left is clearly slower than
-   the best measured schedule that fits -- by ``STOP_RATIO``, widened by
-   twice the model's own leave-one-out error (``stop_ratio``): a model off
-   by 15% must not rule out a schedule predicted 20% slower -- or when
-   ``PATIENCE`` candidates within the budget were compiled since the best last
-   improved by ``IMPROVES`` and none of those compiled is worth timing (no
-   compile after them: one that could not be timed would be wasted) -- or the time
-   left cannot pay for the next compile or timing.
+1. candidates are ranked by predicted step time (``predict.TimeModel``, calibrated on the
+   study's own timed trials);
+2. going down that list, a candidate storing at least as much as one already over the
+   budget, or predicted at least as large as a program the compiler refused for want of
+   memory (``MemoryModel.surely_over``), is skipped unsized; the others are compiled and
+   sized (a fraction of timing's cost), the executable kept for the timing;
+3. one that ``untimed`` rules out (over the budget at run time, or dominated on memory
+   and predicted time by a schedule already timed) is never timed -- nor compiled, when
+   the memory model's guess already makes it dominated; nor an offloading one whose twin
+   without the copies fits (``offload_twins``); the first that is neither is;
+4. the search is done at once when the budget is under what no schedule removes
+   (``breakdown.floor_bytes``); else when the best prediction left is slower than the
+   best measured schedule that fits by ``STOP_RATIO``, widened by twice the model's own
+   leave-one-out error (``stop_ratio``: a model off by 15% must not rule out a schedule
+   predicted 20% slower); or when ``PATIENCE`` candidates within the budget were compiled
+   since the best last improved by ``IMPROVES`` and none of those is worth timing; or
+   when the time left cannot pay for the next compile or timing.
 
-With ``explore_front`` step 4's ratio test is off: every fitting schedule
-not dominated is timed, so the whole front gets measured (within limits).
-The tuner also stops timing a schedule after its first run when that run is
-already ``timing.CUT_RATIO`` x slower than the best that fits (a *cut* trial), and
-after its fewest runs when they all are ``timing.BEATEN`` slower (``rival``).
-
-With compile threads (``compiles``, ``autoremat._search.compile_pool``) the next
-candidates of step 2 are compiled ahead (``prefetch``: while a schedule is timed, and
-beside each compile here), those predicted to be cut last; their results are read
-when they come up, in the sequential order. The planner's choice not compiled ahead goes
-to a thread kept for it (``compiling``), and until it is done the device times the next
-compiled candidate the planner would time (``meanwhile``) instead of waiting: more is
-timed than sequentially, and the pick is at least as fast where the search ends alike.
+With ``explore_front`` step 4's ratio test is off: every fitting schedule not dominated
+is timed. A timing stops after its first run when that run is already
+``timing.CUT_RATIO`` x slower than the best that fits (a *cut* trial), and after its
+fewest runs when they all are ``timing.BEATEN`` slower (``rival``). With compile threads
+(``compiles``) the next candidates are compiled ahead, and the device times another while
+the planner's choice compiles (``planner_ahead``).
 """
 
 from __future__ import annotations
@@ -56,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from autoremat._measure.breakdown import floor_bytes
-from autoremat._measure.device import arguments_fingerprint
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
@@ -64,6 +46,8 @@ from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.policy import Policy
+from autoremat._search import untimed as rules
+from autoremat._search.arguments import SharedArguments
 from autoremat._search.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
 from autoremat._search.layer_costs import LayerCosts
@@ -72,11 +56,10 @@ from autoremat._search.offload_twins import OffloadTwins
 from autoremat._search.planner_ahead import CompilesAhead
 from autoremat._search.predict import Structure, TimeModel
 from autoremat._search.presets import LayerPlan, PresetsFirst
-from autoremat._search.probe_guard import GuardedCandidates, ProbeGuard
+from autoremat._search.probe_guard import ProbeGuard
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.short_scans import short_scan_params
 from autoremat._search.space import neighbours, propose, seeds
-from autoremat._search.untimed import Untimed
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -84,23 +67,18 @@ POOL_SIZE: Final = 300
 #: (at least; ``Planner.stop_ratio`` widens it by the model's error, up to ``MAX_STOP``).
 STOP_RATIO: Final = 1.15
 MAX_STOP: Final = 1.6
-#: Candidates the planner chose and compiled and found within the budget (not the
-#: study's seeds, not a layer stack's presets; not one over the budget or failed: those
-#: say the memory model is off, not that nothing faster is left) since the best last
-#: improved by ``IMPROVES`` before the search stops (step 4): the time model ranks what is
-#: left, but where it is off (three-level and offloading schedules of the big model on a
-#: TPU v5e, 7-10 s a compile) the search spent half its time after its pick on compiles,
-#: probes and timings that changed nothing; on the seed LSTM (CPU, 4 GB) 10 trials and 14
-#: compiles after its pick (its last seven compiles Revolve schedules, none timed). The
-#: last of them may still be timed (until stop 52 a sixth was compiled and never timed:
-#: 3 s of a TPU v5e's big model on the main thread, for nothing).
+#: Candidates the planner chose, compiled and found within the budget (not seeds or
+#: presets; not one over the budget or failed: the memory model is off, not the search
+#: done) since the best last improved by ``IMPROVES``, before the search stops (step 4;
+#: where the time model is off, compiles after the pick changed nothing:
+#: ``studies/results/tune_time.md``). The last of them may still be timed.
 PATIENCE: Final = 5
 #: An improvement of the best by less than this (its timing noise) does not count.
 IMPROVES: Final = 0.01
 
 
 @dataclass
-class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Untimed):
+class Planner(CompilesAhead, PresetsFirst):
     """One worker's pool of candidates and models (see the module doc)."""
 
     problem: Problem
@@ -111,10 +89,8 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
     explore_front: bool = False
     time_budget: float = DEFAULT_TIME_BUDGET
     refused: frozenset[str] = frozenset()  # choices the study's probe left out
-    #: policies over the problem's own tags (``named_policies``), offered by the space
-    named: Mapping[str, Policy] = field(default_factory=dict)
-    #: a layer stack's per-layer costs (``presets``): its presets are tried first
-    layer_costs: LayerCosts | None = None
+    named: Mapping[str, Policy] = field(default_factory=dict)  # over its tags (``named_policies``)
+    layer_costs: LayerCosts | None = None  # a layer stack's (``presets``: tried first)
     pool: dict[str, Candidate] = field(default_factory=dict)
     timed: dict[str, tuple[int, float]] = field(default_factory=dict)  # key -> (bytes, s)
     cut: dict[str, tuple[int, float]] = field(default_factory=dict)  # one run's seconds
@@ -122,30 +98,25 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
     time_model: TimeModel = field(default_factory=TimeModel)
     memory_model: MemoryModel = field(default_factory=MemoryModel)
     compile_seconds: list[float] = field(default_factory=list)
-    screened: int = 0
     floor: int | None = None  # bytes no schedule removes (``breakdown.floor_bytes``)
     #: ``(schedule key, step, args)`` built before the search (``tune``: the plain scan,
     #: whose arguments fingerprint the study), used by that schedule's compile.
     built: tuple[str, Step, tuple[Any, ...]] | None = None
-    #: probes a candidate's risky choices before its first compile (``probe_guard``)
-    guard: ProbeGuard | None = None
-    _args: Any = None
-    _fingerprint: str | None = None
+    guard: ProbeGuard | None = None  # probes risky choices before a compile (``probed``)
+    _shared: SharedArguments = field(default_factory=SharedArguments)  # one set of arguments
     _best_key: str | None = None
     layers: LayerPlan | None = None
-    #: Compile threads taking the next candidates ahead (``prefetch``); ``None``: none.
-    compiles: CompilePool | None = None
+    compiles: CompilePool | None = None  # threads compiling ahead (``prefetch``)
     _seeds_ahead: list[Candidate] = field(default_factory=list)  # ``prefetch``'s enqueued seeds
     deadline: float | None = None  # ``time.monotonic()`` to finish by (``next``'s)
     since_best: int = 0  # candidates compiled since the best last improved (``PATIENCE``)
-    twins: dict[str, str | None] = field(default_factory=dict)  # ``offload_twins``
+    twins: OffloadTwins | None = None  # an offload's twin first (none: the whole front)
     _improved: float | None = None  # the best's seconds when it last improved
-    overstated: int | None = None  # ``untimed``: the most a size overstated a run
+    overstated: int | None = None  # the most a size overstated a run (``untimed.Reach``)
 
     def __post_init__(self) -> None:
         if self.built is not None:  # every candidate's compile shares these arguments
-            self._args = self.built[2]
-            self._fingerprint = arguments_fingerprint(self._args)
+            self._shared = SharedArguments(self.built[2])
         self.rng = random.Random(self.seed)
         self.time_model = TimeModel(self.platform)  # its prior is the platform's
         seq_len = self.problem.seq_len
@@ -158,6 +129,9 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
             self.add(*self.propose({}))
         if self.layer_costs is not None:
             self._add_presets(self.layer_costs)
+        if not self.explore_front:
+            self.twins = OffloadTwins(seq_len, self.budget_bytes, self.memory_model,
+                                      (self.timed, self.cut), self._proposed)
 
     # -- the pool ----------------------------------------------------------------------
     def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]:
@@ -174,6 +148,11 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
         if key not in self.pool:
             self.pool[key] = Candidate(schedule, params,
                                        Structure.of(schedule, self.problem.seq_len))
+
+    def _proposed(self, wanted: Mapping[str, Any]) -> Candidate:
+        schedule, params = self.propose(wanted)
+        self.add(schedule, params)
+        return self.pool[schedule.key()]
 
     @property
     def best(self) -> tuple[str, int, float] | None:
@@ -205,12 +184,13 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
             self.timed[key] = (fit, m.step_seconds)
         elif m.cut_seconds is not None and fit is not None:
             self.cut[key] = (fit, m.cut_seconds)
-        self._note_run(m)  # how far its size overstated its run
+        self.overstated = rules.overstated_after(self.overstated, m)
         if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
             self.memory_model.mark_over(cand.structure)  # over by its run, not its compile
         self._observe_layers(cand.schedule, m.size_bytes if fit is None else fit,
                              m.step_seconds)
-        self._compile_failed(cand, m)
+        if self.guard is not None:  # a combination that failed to compile is left out
+            self.guard.failed_in_trial(cand.params, m)
         if refit:
             self._refit()
 
@@ -251,6 +231,14 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
         best = self.best
         return None if self.explore_front or best is None else best[2]
 
+    def probed(self, cand: Candidate) -> bool:
+        """``cand``'s risky choices passed the study's probe (``ProbeGuard.admit``: probed
+        now where not); else it is refused, and the choices left out leave the proposals."""
+        if self.guard is None or self.guard.admit(cand):
+            return True
+        self.refused = self.guard.refused
+        return False
+
     def candidate(self, schedule: Schedule) -> Candidate:
         """The pool's candidate of a schedule that came from the study (a seed, or a
         retry of a trial whose worker died), added when the pool has none."""
@@ -273,27 +261,51 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
         if self.built is not None and self.built[0] == cand.schedule.key():
             built, self.built = self.built[1:], None  # compiled once: not kept
         cand.compiled = self._compile(cand, built)
-        self.screened += 1
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
             self.compile_seconds.append(m.compile_seconds)
         if m.size_bytes is not None:  # or the size the compiler stated, out of memory
             self.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
                                   refused=m.total_bytes is None)
-        self._compile_failed(cand)
+        if self.guard is not None:
+            self.guard.failed_in_trial(cand.params, m)
         floor = floor_bytes(m)
         if floor is not None:
             self.floor = floor
         if m.status == OVER_BUDGET:
             self._observe_layers(cand.schedule, m.size_bytes)
-        if cand.compiled.executable is not None:  # share one set of arguments
-            fp = arguments_fingerprint(cand.compiled.args)
-            if self._fingerprint is None:
-                self._args, self._fingerprint = cand.compiled.args, fp
-            elif fp == self._fingerprint:
-                cand.compiled.args = self._args
+        self._shared.share(cand.compiled)
 
-    # -- deciding (what keeps a sized candidate untimed: ``untimed``) -----------------
+    # -- what keeps a candidate untimed: ``untimed``'s rules on this planner's figures --
+    def reach(self) -> rules.Reach:
+        return rules.Reach(self.budget_bytes, self.platform, self.overstated,
+                     tuple(self.timed.values()))
+
+    def total(self, cand: Candidate) -> float | None:
+        """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""
+        sized, guess = cand.sized, self.memory_model.predict
+        return sized.total_bytes if sized is not None else guess(cand.structure)
+
+    def predict(self, cand: Candidate) -> float | None:
+        """Predicted step seconds (``None`` before any schedule was timed)."""
+        return self.time_model.predict(cand.structure, float(self.total(cand) or 0))
+
+    def untimed(self, cand: Candidate, dominated: bool = False) -> Verdict | None:
+        """Why ``cand``, compiled, is not timed (``untimed.untimed``; ``None``: it may be)."""
+        assert cand.compiled is not None
+        return rules.untimed(cand.compiled, self.predict(cand), self.reach(), dominated)
+
+    def dominated(self, cand: Candidate, predicted: float | None) -> bool:
+        return rules.dominated(self.total(cand), predicted, self.timed.values())
+
+    def over_at_runtime(self, cand: Candidate) -> bool:
+        return rules.over_at_runtime(None if cand.sized is None else self.total(cand),
+                                     self.reach())
+
+    def guessed_over(self, cand: Candidate) -> bool:
+        return rules.guessed_over(self.memory_model.predict(cand.structure), self.reach())
+
+    # -- deciding ----------------------------------------------------------------------
     def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]:
         """Open candidates by predicted time (before any timing: fewest evaluations, the
         time model's prior); ``compiled_first``: those already compiled first."""
@@ -310,10 +322,9 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
 
     def next(self, deadline: float | None, *, explore: bool = False,
              dominated: bool = False) -> Candidate | None:
-        """The next candidate to time (or to record: a failure), or ``None``: done.
-        ``deadline``: ``time.monotonic()`` to finish by; ``explore``: no stop on the
-        predicted ratio (time every fitting schedule not dominated); ``dominated``:
-        dominated ones too (a caller that must measure a given number)."""
+        """The next candidate to time (or to record: a failure), or ``None``: done, by
+        ``deadline`` (``time.monotonic()``); ``explore``: no stop on the predicted ratio;
+        ``dominated``: dominated ones too (a caller that must measure a given number)."""
         if dominated:
             for cand in self.pool.values():
                 if cand.verdict is Verdict.DOMINATED and cand.schedule.key() not in self.taken:
@@ -350,18 +361,19 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
             if cand.compiled is None:
                 if calibrated and not explore and not self.patience_left():
                     continue  # no compile more; one compiled may still be timed
-                screen = self.twin_first(cand)  # an offload's twin first (``offload_twins``)
+                screen = cand if self.twins is None else self.twins.first(
+                    cand, self.taken, None if best is None else stop * best[2])
                 if screen is None:
                     continue
                 cand = screen
                 if self._surely_over(cand):
                     cand.verdict = Verdict.SURELY_OVER
                     continue
-                if not explore and self._dominated(cand, predicted):
+                if not explore and self.dominated(cand, predicted):
                     continue  # by the memory model's guess: not worth a compile (yet)
                 if time_left is not None and time_left < compile_cost:
                     return None
-                if not self._probed(cand):
+                if not self.probed(cand):
                     continue
                 if not dominated and self.compiling(cand):  # on a thread: time another
                     other = self.meanwhile(ranked[i + 1:], time_left, cand.schedule.key())
@@ -369,12 +381,12 @@ class Planner(CompilesAhead, OffloadTwins, GuardedCandidates, PresetsFirst, Unti
                         return other
                 self._screen(cand)  # the planner's own choice (not a seed, not a preset):
                 self.since_best += (cand.sized is not None and cand.sized.status == OK
-                                    and not self._over_at_runtime(cand))  # fits
+                                    and not self.over_at_runtime(cand))  # fits
                 return AGAIN  # the models moved: rank again
             m = cand.compiled.measurement
             if m.status == ERROR:
                 return cand  # recorded as a failed trial
-            verdict = self._untimed(cand, dominated)
+            verdict = self.untimed(cand, dominated)
             if verdict is not None:
                 cand.verdict = verdict
                 if verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more

@@ -25,6 +25,7 @@ from autoremat._schedules.base import Schedule
 from autoremat._search.candidates import Candidate, Verdict
 from autoremat._search.compile_pool import CompilePool
 from autoremat._search.memory_model import MemoryModel
+from autoremat._search.offload_twins import OffloadTwins
 from autoremat._search.predict import TimeModel
 from autoremat._search.presets import LayerPlan
 from autoremat._search.short_runs import ShortRuns
@@ -54,6 +55,7 @@ class CompilesAhead:
     short: ShortRuns
     time_budget: float
     _seeds_ahead: list[Candidate]
+    twins: OffloadTwins | None
 
     if TYPE_CHECKING:
         @property
@@ -63,14 +65,12 @@ class CompilesAhead:
         def patience_left(self) -> int: ...
         def predict(self, cand: Candidate) -> float | None: ...
         def _screen(self, cand: Candidate) -> None: ...
-        def _untimed(self, cand: Candidate, dominated: bool = False) -> Verdict | None: ...
-        def _guessed_over(self, cand: Candidate) -> bool: ...
+        def untimed(self, cand: Candidate, dominated: bool = False) -> Verdict | None: ...
+        def guessed_over(self, cand: Candidate) -> bool: ...
         def candidate(self, schedule: Schedule) -> Candidate: ...
         def _rank(self, compiled_first: bool = False) -> list[tuple[float, Candidate]]: ...
         def _first(self, cand: Candidate) -> int | None: ...
-        def _dominated(self, cand: Candidate, predicted: float | None) -> bool: ...
-        def twin(self, cand: Candidate) -> Candidate | None: ...
-        def twin_fits(self, twin: Candidate) -> bool | None: ...
+        def dominated(self, cand: Candidate, predicted: float | None) -> bool: ...
 
     def compile_cost(self) -> float:
         """Mean seconds of one compile so far (0 before any)."""
@@ -138,7 +138,7 @@ class CompilesAhead:
         11 s on two such compiles on the main thread, ``studies/results/tune_time.md``);
         ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction; those likely
-        over the budget at run time (``_guessed_over``) go after the rest too."""
+        over the budget at run time (``guessed_over``) go after the rest too."""
         self._seeds_ahead = [c for c in self._seeds_ahead if c.verdict is Verdict.UNDECIDED
                              and c.compiled is None and c.schedule.key() not in self.taken]
         found = [c for c in self._seeds_ahead if c.schedule.key() != exclude and not (
@@ -157,9 +157,8 @@ class CompilesAhead:
                     self.built is not None and self.built[0] == key):
                 continue
             if self.guard is not None and self.guard.used(cand.params):
-                continue  # probed first, on the main thread (``_probed``)
-            twin = self.twin(cand)
-            if twin is not None and self.twin_fits(twin) is not False:
+                continue  # probed first, on the main thread (``probed``)
+            if self.twins is not None and self.twins.waits(cand, self.taken):
                 continue  # its twin first, or dominated by it (``offload_twins``)
             if self._first(cand) is not None:  # a layer stack's preset: no prediction rules it out
                 if self.layers is None or not self.layers.over(cand.schedule):
@@ -172,13 +171,13 @@ class CompilesAhead:
                     continue
             if self._surely_over(cand):
                 continue
-            if not self.explore_front and self._dominated(cand, predicted):
+            if not self.explore_front and self.dominated(cand, predicted):
                 continue
             if own <= 0:
                 break
             own -= 1
             cut_or_over = (calibrated and cut is not None and predicted > cut) or (
-                self._guessed_over(cand))
+                self.guessed_over(cand))
             (later if cut_or_over else found).append(cand)
         return [*found, *later][:n]
 
@@ -218,7 +217,7 @@ class CompilesAhead:
             assert cand.compiled is not None
             predicted = self.predict(cand)
             if (cand.compiled.measurement.status != OK or self._first(cand) is not None
-                    or predicted is None or self._untimed(cand) is not None):
+                    or predicted is None or self.untimed(cand) is not None):
                 continue  # not one the planner would time (``untimed``)
             if calibrated and best is not None and not self.explore_front and (
                     predicted > stop * best[2] or predicted > self.stop_ratio(cand) * best[2]):

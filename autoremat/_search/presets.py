@@ -313,7 +313,7 @@ class PresetsFirst:
     if TYPE_CHECKING:
         def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]: ...
         def add(self, schedule: Schedule, params: dict[str, Any]) -> None: ...
-        def _probed(self, cand: Candidate) -> bool: ...
+        def probed(self, cand: Candidate) -> bool: ...
         def _screen(self, cand: Candidate) -> None: ...
 
     def _add_presets(self, costs: LayerCosts) -> None:
@@ -346,7 +346,7 @@ class PresetsFirst:
         if cand.compiled is None:
             if time_left is not None and time_left < compile_cost:
                 return None
-            if not self._probed(cand):
+            if not self.probed(cand):
                 return None
             self._screen(cand)
             return AGAIN

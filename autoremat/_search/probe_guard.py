@@ -26,7 +26,8 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
   never again on that platform.
 
 A choice or combination left out is never compiled and never proposed again in
-the study: the planner drops it (``refused``, ``refused_combinations``). A
+the study: the planner asks ``admit`` before a compile and drops what is left out
+(``refused``, ``refused_combinations``), and tells ``failed_in_trial`` what it measured. A
 combination that compiled at the probe's length but fails to compile in a trial
 is recorded as left out too (``compile_failed``).
 
@@ -149,6 +150,20 @@ class ProbeGuard:
             return True
         return self._verdict(used, lambda: self._combined(params, used)).offered
 
+    def admit(self, cand: Candidate) -> bool:
+        """``cand``'s risky choices passed (``allows``); else its verdict is ``REFUSED``."""
+        if self.allows(cand.params):
+            return True
+        cand.verdict = Verdict.REFUSED
+        return False
+
+    def failed_in_trial(self, params: Mapping[str, Any], m: Measurement | None) -> None:
+        """``compile_failed`` where ``m`` (a candidate's sizing, or its trial's measurement)
+        failed to compile -- at full length, or for its short run (``failed_at``) -- and not
+        for want of memory."""
+        if m is not None and m.status == ERROR and m.failed_at == COMPILE and not m.out_of_memory:
+            self.compile_failed(params, m.reason)
+
     def compile_failed(self, params: Mapping[str, Any], reason: str) -> None:
         """A candidate failed to compile in a trial (at full length, or its short run): a
         combination it uses is left out from now on (a single choice stays: the failure
@@ -239,28 +254,3 @@ class ProbeGuard:
                 return ProbeVerdict(False, self._no_reference)
             return probe_module.verdict(target, check, self._reference)
 
-
-class GuardedCandidates:
-    """The probe part of ``Planner`` (``autoremat._search.planner``): a candidate's risky
-    choices are probed before its first compile, and a combination that fails to compile
-    in a trial is left out. The attributes declared here are the planner's."""
-
-    guard: ProbeGuard | None
-    refused: frozenset[str]
-
-    def _probed(self, cand: Candidate) -> bool:
-        """``cand``'s risky choices passed the study's probe (probed now where not); else
-        it is refused, and the choices left out leave the proposals."""
-        if self.guard is None or self.guard.allows(cand.params):
-            return True
-        cand.verdict = Verdict.REFUSED
-        self.refused = self.guard.refused
-        return False
-
-    def _compile_failed(self, cand: Candidate, m: Measurement | None = None) -> None:
-        """A combination of risky choices that failed to compile (at full length, or for
-        its short run: ``Measurement.failed_at``; not for want of memory) is left out."""
-        m = m or (cand.compiled.measurement if cand.compiled is not None else None)
-        if (self.guard is not None and m is not None and m.status == ERROR
-                and m.failed_at == COMPILE and not m.out_of_memory):
-            self.guard.compile_failed(cand.params, m.reason)

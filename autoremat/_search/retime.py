@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from autoremat._measure import device_memory
-from autoremat._measure.device import arguments_fingerprint
 from autoremat._measure.timing import Compiled
+from autoremat._search.arguments import SharedArguments
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.study import MeasuredTrial
 
@@ -109,7 +109,9 @@ def retime_group(short: ShortRuns, group: Sequence[MeasuredTrial],
             if c is not kept:
                 c.release()
         return {}, {}
-    _share_arguments([c for c, _ in runs])
+    shared = SharedArguments()  # a big model's arguments once on the device, not per contender
+    for c, _ in runs:
+        shared.share(c)
     samples = interleaved([c for c, _ in runs], ROUNDS)
     for c, k in runs:
         if k != 1.0:
@@ -130,15 +132,6 @@ def paired(samples: Sequence[Sequence[float]]) -> list[float]:
     lead = statistics.median(samples[0])
     return [lead] + [lead * statistics.median(x / y for x, y in zip(s, samples[0], strict=True))
                      for s in samples[1:]]
-
-
-def _share_arguments(runs: Sequence[Compiled]) -> None:
-    """One set of arguments for steps whose arguments are alike (``arguments_fingerprint``):
-    the others' are dropped (a big model's would be on the device once per contender)."""
-    first: dict[str, Sequence[Any]] = {}
-    for c in runs:
-        fp = arguments_fingerprint(c.args)
-        c.args = first.setdefault(fp, c.args)
 
 
 def interleaved(runs: Sequence[Compiled], rounds: int) -> list[list[float]]:
