@@ -60,7 +60,8 @@ missing here)::
                         which schedule to time next; candidates:
                         its pool's entries; planner_ahead: its compiles ahead;
                         offload_twins: an offload only where its twin does not fit;
-                        untimed: what keeps a sized candidate untimed
+                        untimed: what keeps a sized candidate untimed (pure rules);
+                        arguments: one set of arguments for compiled steps alike
         compile_pool    compile threads: the planner's next candidates compile while one is timed
         short_runs      long T: time on short runs, predict full length; confirm: then check
         probe           before a study offers risky choices (offload), check them on the problem;
