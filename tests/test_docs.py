@@ -235,7 +235,9 @@ def _stack(prefix: str) -> dict[str, str]:
 
 TUNES = "tunes a problem (15-25 s with its other commands, at this size on 2 cores)"
 SMALL: dict[str, Small] = {
-    "data_parallel.py": Small(flags="--seq-len 16 --hidden 8"),
+    "data_parallel.py": Small(flags="--seq-len 16 --hidden 8",
+                              slow="two runs on a forced 4-device host, about 12 s; "
+                              "docs/many_devices.md runs it in the default suite"),
     "equinox_stack.py": Small(env=_stack("EQX_STACK"), slow=TUNES),
     "nnx_stack.py": Small(env=_stack("NNX_STACK"), slow=TUNES),
     "seed_lstm.py": Small(flags="--seq-len 24 --hidden 8 --batch 2",

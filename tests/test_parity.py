@@ -7,6 +7,7 @@ prints the two figures."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import re
@@ -31,6 +32,7 @@ T, B, H, D, Y = 64, 2, 16, 32, 4  # the seed's input and output sizes, small T, 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seed_lstm.py"
 
 
+@functools.cache
 def tuned(fuse: bool) -> autoremat.Schedule:
     """The schedule with the figures the tuner records (``meta``), measured on the built-in
     problem with the readout in the step (``fuse``) or after the scan."""
