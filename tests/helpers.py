@@ -8,7 +8,11 @@ every helper module), never from each other.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import flax.linen as nn
@@ -262,3 +266,20 @@ def scan_loss(p: Any, x: jax.Array) -> jax.Array:
 
     _, hs = lax.scan(step, jnp.zeros((x.shape[0], 8)), jnp.moveaxis(x, 1, 0))
     return jnp.mean(hs ** 2)
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str, env: Mapping[str, str] | None = None) -> ModuleType:
+    """``examples/<name>.py`` imported as a module (``_example_<name>``), with ``env`` set
+    while it loads (the examples read their sizes from the environment)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in (env or {}).items():
+            mp.setenv(k, v)
+        spec = importlib.util.spec_from_file_location(f"_example_{name}", EXAMPLES / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # flax modules are dataclasses: their module is looked up
+        spec.loader.exec_module(module)
+    return module

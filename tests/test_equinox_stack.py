@@ -7,9 +7,6 @@ scanned step is noted by ``Problem.from_loss``."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -20,12 +17,11 @@ from jax import lax
 
 import autoremat
 from autoremat._search.named_policies import step_costs
-from tests.helpers import assert_close
+from tests.helpers import assert_close, load_example
 
 # The test extra installs equinox; a device machine running `-m device` may lack it.
 eqx = pytest.importorskip("equinox")
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "equinox_stack.py"
 SIZES = {"EQX_STACK_LAYERS": "4", "EQX_STACK_D_MODEL": "16", "EQX_STACK_HEADS": "2",
          "EQX_STACK_MLP": "32", "EQX_STACK_SEQ_LEN": "8", "EQX_STACK_BATCH": "2"}
 SCHEDULES = [
@@ -37,15 +33,7 @@ SCHEDULES = [
 
 @pytest.fixture(scope="module")
 def example() -> Any:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in SIZES.items():
-            mp.setenv(k, v)
-        spec = importlib.util.spec_from_file_location("_equinox_stack", EXAMPLE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_example("equinox_stack", SIZES)
 
 
 @pytest.fixture(scope="module")

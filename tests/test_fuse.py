@@ -4,8 +4,6 @@ the linen example's ``--fused-readout``): the unfused model's loss and gradients
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +20,9 @@ from autoremat._models.seed_lstm import seed_lstm, seed_model
 from autoremat._scan.records import record_scans
 from autoremat._schedules import read_schedule
 from autoremat.cli import main
-from tests.helpers import assert_close, one_per_kind
+from tests.helpers import assert_close, load_example, one_per_kind
 
 T, B, D, H, Y = 37, 3, 5, 6, 2
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seed_lstm.py"
 
 
 def _data() -> tuple[Any, jax.Array, jax.Array, jax.Array]:
@@ -123,15 +120,6 @@ def test_record_scans_records_each_outermost_scan_once() -> None:
     assert [(r.stacked_bytes, r.carry_bytes) for r in records] == [(20 * 3 * 2 * 4, 2 * 4)]
 
 
-def _example() -> Any:
-    spec = importlib.util.spec_from_file_location("_seed_lstm_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("schedule", one_per_kind(), ids=lambda s: s.kind)
 def test_linen_example_fused_readout_has_the_unfused_loss_and_gradients(schedule: Schedule) -> None:
     """``examples/seed_lstm.py``: the Dense and the L2 loss called in the scanned method (its
@@ -140,7 +128,7 @@ def test_linen_example_fused_readout_has_the_unfused_loss_and_gradients(schedule
     import flax.linen as nn
     import optax
 
-    example = _example()
+    example = load_example("seed_lstm")
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 30, 4))
     y = jax.random.normal(jax.random.PRNGKey(2), (2, 30, 3))
     unfused_model, fused_model = (example.make_model(schedule, 8, 3, True, fused)

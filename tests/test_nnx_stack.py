@@ -7,10 +7,7 @@ inside the scanned block is noted, and the schedule still decides what is kept."
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -21,9 +18,8 @@ from flax import nnx
 import autoremat
 import autoremat.nnx
 from autoremat._search.named_policies import step_costs
-from tests.helpers import assert_close
+from tests.helpers import assert_close, load_example
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "nnx_stack.py"
 SIZES = {"NNX_STACK_LAYERS": "4", "NNX_STACK_D_MODEL": "16", "NNX_STACK_HEADS": "2",
          "NNX_STACK_MLP": "32", "NNX_STACK_SEQ_LEN": "8", "NNX_STACK_BATCH": "2"}
 SCHEDULES = [
@@ -35,15 +31,7 @@ SCHEDULES = [
 
 @pytest.fixture(scope="module")
 def example() -> Any:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in SIZES.items():
-            mp.setenv(k, v)
-        spec = importlib.util.spec_from_file_location("_nnx_stack", EXAMPLE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_example("nnx_stack", SIZES)
 
 
 @pytest.fixture(scope="module")

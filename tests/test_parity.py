@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import io
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +24,9 @@ import autoremat
 from autoremat._measure.measure import measure
 from autoremat._measure.parity import Parity, check_parity
 from autoremat.cli import main
-from tests.helpers import assert_close
+from tests.helpers import assert_close, load_example
 
 T, B, H, D, Y = 64, 2, 16, 32, 4  # the seed's input and output sizes, small T, B and H
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seed_lstm.py"
 
 
 @functools.cache
@@ -59,11 +56,7 @@ def test_the_linen_example_compiles_to_the_tuned_total(schedule: autoremat.Sched
                                                        tmp_path: Path) -> None:
     """``python examples/seed_lstm.py --schedule schedule.yaml``: it follows the schedule's
     ``fuse`` and prints its compiled total as a multiple of the tuned one."""
-    spec = importlib.util.spec_from_file_location("_seed_lstm_parity", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example
-    spec.loader.exec_module(example)
+    example = load_example("seed_lstm")
     path = tmp_path / "schedule.yaml"
     autoremat.save_schedule(schedule, path)
     out = io.StringIO()

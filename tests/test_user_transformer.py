@@ -4,8 +4,6 @@ traced step, the presets tried first, every schedule giving the unscheduled grad
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +13,8 @@ import pytest
 import autoremat
 from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.presets import is_layer_stack, preset_labels
-from tests.helpers import assert_close
+from tests.helpers import assert_close, load_example
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "user_transformer.py"
 SIZES = {"USER_LAYERS": "4", "USER_D_MODEL": "16", "USER_HEADS": "2", "USER_MLP": "32",
          "USER_SEQ_LEN": "8", "USER_BATCH": "2"}
 NAMES = {"query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi", "mlpwo"}
@@ -25,15 +22,7 @@ NAMES = {"query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi",
 
 @pytest.fixture(scope="module")
 def example() -> Any:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in SIZES.items():
-            mp.setenv(k, v)
-        spec = importlib.util.spec_from_file_location("_user_transformer", EXAMPLE)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # flax modules are dataclasses: their module is looked up
-        spec.loader.exec_module(module)
-    return module
+    return load_example("user_transformer", SIZES)
 
 
 def _costs(problem: autoremat.Problem) -> Any:
