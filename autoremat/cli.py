@@ -236,7 +236,7 @@ def _tune(args: argparse.Namespace) -> int:
                   f"{budget} bytes; write {given_budget}GB or {given_budget}GiB (or "
                   f"{given_budget}B for bytes)", file=sys.stderr)
         # The first line within a second: building the problem starts jax and the device
-        # and makes the arguments (tens of seconds on a fresh TPU machine, issue 47).
+        # and makes the arguments (tens of seconds on a fresh accelerator machine).
         print(f"building the problem ({settings.get('problem') or BUILTIN_PROBLEM}) ...",
               flush=True)
         if given_budget is None:

@@ -175,7 +175,7 @@ def _short(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-# -- Flax: nnx.scan with another loop (drop-in, issue 23) ----------------------------
+# -- Flax: nnx.scan with another loop (the drop-in) ----------------------------------
 # ``flax.nnx.transforms.iteration`` runs its loop through the module global
 # ``jax`` (``jax.lax.scan(...)``) in ``scan`` (flax 0.12.0-0.12.5) or in
 # ``_simple_scan`` / ``_graph_updates_scan`` (0.12.6+, tree and graph modes).

@@ -12,9 +12,8 @@ A ``Planner`` (``autoremat._search.planner``) holds an ``OffloadTwins``: before 
 or compiles an offloading candidate, it asks for the twin (``twin``, added to the pool):
 
 * the twin fits (timed, or sized within the budget): the candidate is dominated, never
-  probed, compiled or timed -- on a TPU v5e the big model at 12 GB spent 21 s probing
-  carry offload and a trial on a schedule whose twin fitted with 6x room, and the seed at
-  4 GB 5 s of probes (``studies/results/tune_time.md``);
+  probed, compiled or timed (a big model spent seconds probing carry offload and a trial
+  on a schedule whose twin fitted with 6x room: ``studies/results/tune_time.md``);
 * predicted far under the budget by a memory model that fits its points
   (``MemoryModel.far_under``): the same, without the twin's compile -- on the seed at 4 GB
   the twins of four offloads were compiled first, 1.4-2.3 s each, to find 100 MB;
@@ -23,9 +22,9 @@ or compiles an offloading candidate, it asks for the twin (``twin``, added to th
   the copies alone take longer than the search's stop allows (``copies_too_slow``): it
   moves at least the bytes its twin keeps more (the twin's size less its own, sized or
   predicted) over the host link (``device.host_bandwidth``, timed once), and its step is
-  no shorter than that. On a TPU v5e the big model at 12 GB probed offloaded dots
-  (10.9 s) and lost a trial to a compile failure (2.2 s) for a schedule moving some
-  44 GB a step, where the best took 0.39 s.
+  no shorter than that (a big model probed offloaded dots and lost a trial for a
+  schedule moving some 44 GB a step, where the best took 0.39 s:
+  ``studies/results/tune_time.md``).
 
 With ``explore_front`` an offloading schedule is a point of the front in its own right
 (less memory), so there it is tried as before; so is an offloading policy over the

@@ -134,8 +134,8 @@ class CompilesAhead:
         and unsized, short of the stop, not surely over the budget, not dominated by the
         memory model's guess (nor an offload by its twin); those predicted to be cut (over
         ``CUT_RATIO`` x the best) after the rest: ``next`` compiles them too when they come
-        up, and compiled here they cost the device no wait (a TPU v5e's big model waited
-        11 s on two such compiles on the main thread, ``studies/results/tune_time.md``);
+        up, and compiled here they cost the device no wait (a big model waited on two such
+        compiles on the main thread: ``studies/results/tune_time.md``);
         ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction; those likely
         over the budget at run time (``guessed_over``) go after the rest too."""
@@ -194,11 +194,9 @@ class CompilesAhead:
         (``compiling``): the first of ``ranked`` (those after it) sized, within the budget,
         not dominated and predicted short of the stop -- one the planner would time when it
         came up -- for the device to time instead of waiting (one done ahead is taken now);
-        none yet, it waits for the first compile under way to end and looks again. On a TPU
-        v5e the device waited 21 s of a big model's 83-s tune for compiles on the main thread
-        and 4 s for those of threads (stop 53's first run); later 5.7 s for one while the
-        pick's compile, done 2 s into the wait, was not looked at again (stop 54's first
-        run). ``None``: ``compiling`` is done first; the caller takes it."""
+        none yet, it waits for the first compile under way to end and looks again (where the
+        device's waits went: ``studies/results/tune_time.md``). ``None``: ``compiling`` is
+        done first; the caller takes it."""
         while True:
             found = self._meanwhile_once(ranked, time_left)
             if found is not None or self.compiles is None or not self.compiles.wait_other(

@@ -29,7 +29,8 @@ placements (each passed alone on a TPU, together they failed to compile) is prob
 as one more choice when the planner proposes it (``probe_guard``).
 
 The trade-off: a probe costs one compile and two short runs per choice (a few
-seconds on a GPU, ~9 s on a TPU v5e at H=1024; once per platform and jax version)
+seconds, more for a big model: ``studies/results/tune_time.md``; once per platform and
+jax version)
 and sees the problem at a short length; a failure that only appears at full length
 still reaches a trial -- which then fails without using up one of ``n_trials``
 (``autoremat._search.tune``; a combination that fails so is left out from then on).
@@ -61,7 +62,7 @@ from autoremat._search import space
 PROBE_LENGTH: Final = 64
 #: Outputs must match the plain scan's within this relative tolerance (CONTRIBUTING).
 RTOL: Final = 1e-5
-#: atol as a fraction of an output's largest magnitude. On a TPU v5e at ``highest``
+#: atol as a fraction of an output's largest magnitude. On a TPU at ``highest``
 #: precision an offloaded 8x8 schedule's Adam state differed from the plain scan's by
 #: 1.8e-8 where the largest value was 1e-3 (1.8e-5 of it: float32 sums reassociated,
 #: ``studies/results/search_tpu.md``), and on the big model (hidden 1024, batch 128) by

@@ -2,8 +2,8 @@
 
 ``autoremat._search.probe`` checks a risky choice (an offload placement, a GPU
 compiler option: ``probe.checks``) on a short instance of the problem. A study no
-longer probes them all before its search (three offload probes took 28 s of a
-128 s tune on a TPU v5e, issue 47): a ``ProbeGuard`` holds the verdicts, and the
+longer probes them all before its search (three offload probes took a fifth of a big
+model's tune: ``studies/results/tune_time.md``): a ``ProbeGuard`` holds the verdicts, and the
 planner asks it (``Planner.guard``) before it compiles a candidate:
 
 * a candidate that uses no risky choice is let through at once;
@@ -18,8 +18,8 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
   (``"offload_carries & offload_dots"``: ``combination``, read back by ``choices_of``);
 * a candidate that offloads at an ``unroll`` above 1 counts that as one more choice
   (``"unroll>1"``), probed only within a combination of two or more choices (a probe of
-  a big model's choice takes 8-13 s on a TPU v5e), but left out like one when a trial
-  fails to compile: at T=10^4 on a TPU v5e ``offload_dot_with_no_batch_dims`` failed to
+  a big model's choice takes seconds), but left out like one when a trial
+  fails to compile: at T=10^4 on a TPU ``offload_dot_with_no_batch_dims`` failed to
   compile at unroll 2, 4 and 8 alike ("The async-start expects the shape of operand 0 to
   match ...", the unrolled stack's shape) though it had passed its probe at unroll 1
   (``studies/results/tune_time.md``); the trial is lost once, then that choice unrolled
