@@ -118,20 +118,20 @@ def scan_axes(
                                       out_axes, unroll)
     finally:
         left_scan(token)
-    check_stacked(schedule, nbytes(ys), steps)
+    stacked = nbytes(ys)
+    check_stacked(schedule, stacked, steps)
     if records is not None:
         shapes = tuple((tuple(int(d) for d in y.shape), str(y.dtype))
                        for y in jax.tree_util.tree_leaves(ys))
-        records.append(ScanRecord(nbytes(ys), nbytes(carry), shapes))
+        records.append(ScanRecord(stacked, nbytes(carry), shapes))
     return carry, ys
 
 
 def _scan_axes(f: Callable[[Carry, Any], tuple[Carry, Any]], init: Carry, xs: PyTree,
-               length: int | None, schedule: Schedule | str | os.PathLike[str], reverse: bool,
+               length: int | None, schedule: Schedule, reverse: bool,
                in_axes: PyTree, out_axes: PyTree,
                unroll: int | bool | None) -> tuple[Carry, PyTree, int]:
     """The scan (``scan_axes``) and its number of steps."""
-    schedule = as_schedule(schedule)
     if not callable(f):  # lax.scan's checks, in lax.scan's order
         raise TypeError(f"lax.scan: f argument should be a callable. (autoremat.scan with "
                         f"schedule {schedule.describe()}, got {type(f).__name__})")
