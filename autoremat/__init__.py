@@ -56,23 +56,22 @@ missing here)::
         layer_stack     the layer stack: a decoder whose layers are one scan
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: parameters -> Schedule; the seeds
-        predict         the cost model; memory_model: bytes before compiling; planner:
-                        which schedule to time next; candidates:
-                        its pool's entries; planner_ahead: its compiles ahead;
-                        offload_twins: an offload only where its twin does not fit;
-                        untimed: what keeps a sized candidate untimed (pure rules);
-                        arguments: one set of arguments for compiled steps alike
-        compile_pool    compile threads: the planner's next candidates compile while one is timed
+        planning/       which schedule to time next: planner (composes the rest); pool:
+                        the candidates; standings: what was timed, the best, the
+                        patience; judge: the models' view of a candidate (predict: step
+                        time; memory_model: bytes before compiling; untimed: pure rules);
+                        clock: the time left; ahead: compiles ahead on compile_pool's
+                        threads; offload_twins: an offload only where its twin does not
+                        fit; presets: a layer stack's presets first (layer_costs: what
+                        its schedules keep, what each tag costs); candidates: the pool's
+                        entries; short_scans: every structure of a short heavy scan
+        arguments       one set of arguments for compiled steps alike
         short_runs      long T: time on short runs, predict full length; confirm: then check
-        probe           before a study offers risky choices (offload), check them on the problem;
-                        probe_guard: each when the planner first proposes it, and the
-                        combinations it proposes; probe_cache: the verdicts beside the storage
+        probes/         risky choices (offload) checked on the problem before a study
+                        offers them: probe (the checks, typed verdicts); guard: each when
+                        the planner first proposes it, and the combinations it proposes;
+                        cache: the verdicts beside the storage
         named_policies  policies over the problem's own checkpoint_name tags, per level
-        short_scans     short heavy scans (layers): every structure of the space listed
-        presets         layer stacks: the presets a user would pick, tried first; groups
-                        between two presets; chunks of layers below full
-        layer_costs     what a layer stack's schedules keep, from the trace; what each
-                        tag costs (knapsack)
         tune            the search: open the study, run a worker, confirm, prove, answer;
                         lockstep: every process of a multi-controller job, process 0 deciding
         proof           the proof of fit: the pick runs with only the budget on the device

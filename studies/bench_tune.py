@@ -10,7 +10,7 @@ Per case, on the seed LSTM (``autoremat.seed_lstm``, hidden 128, batch 10):
    screened by compiled memory first and timed only where it fits;
 4. the tuner's pick and the grid's best timed back to back, interleaved,
    in this process, so machine noise cancels;
-5. the cost model (``autoremat._search.predict.TimeModel``) calibrated on the
+5. the cost model (``autoremat._search.planning.predict.TimeModel``) calibrated on the
    tuner's timed trials, scored on every schedule the grid timed.
 
 Every figure is measured in this run; the table goes to
@@ -39,7 +39,7 @@ from autoremat._measure.timing import time_compiled
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.binomial import snapshot_range
-from autoremat._search.predict import Structure, TimeModel
+from autoremat._search.planning.predict import Structure, TimeModel
 from autoremat._search.short_runs import SHORT_SEQ_LEN, ShortRuns
 from autoremat._search.study import load_study, measured_trials
 from autoremat._search.tune import DEFAULT_TIME_LIMIT, tune

@@ -22,7 +22,7 @@ d. ``offload``: the probe's offload placements on this device (offered / left ou
    measured, and whether any offload schedule fits a budget below the smallest
    on-device one (9/10 of it) -- "does offload win where HBM binds".
 e. ``priors``: plain at unroll 1 and 8 and binomial s=11 (seed, seq2seq, T=10^4),
-   and the ``TPU_PRIOR`` constants they give (``autoremat._search.predict``).
+   and the ``TPU_PRIOR`` constants they give (``autoremat._search.planning.predict``).
 
 On the TPU machine, after the set-up of ``shared/reference/tpu.md`` (optuna from the
 carried wheels into ``/tmp/site``)::
@@ -303,7 +303,7 @@ def stage_d(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str],
 
     from autoremat import seed_lstm
     from autoremat._schedules.nested_space import OFFLOAD_POLICIES
-    from autoremat._search.probe import checks, probe
+    from autoremat._search.probes.probe import checks, probe
 
     platform = jax.default_backend()
     problem = seed_lstm(**s["offload"], fused_readout=True)
@@ -346,7 +346,7 @@ def stage_d(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str],
 
 def stage_e(s: dict[str, Any], storage: str) -> tuple[dict[str, Any], list[str], str]:
     from autoremat import seed_lstm
-    from autoremat._search.predict import Structure
+    from autoremat._search.planning.predict import Structure
 
     n = s["prior_len"]
     problem = seed_lstm(seq_len=n)

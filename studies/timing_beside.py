@@ -1,6 +1,6 @@
 """What runs beside a timing: one step timed alone, beside XLA compiles, beside a trace.
 
-The tuner's compile threads (``autoremat._search.compile_pool``) build, trace and size
+The tuner's compile threads (``autoremat._search.planning.compile_pool``) build, trace and size
 their schedules under the measure lock that a timing holds, and let only XLA's compile
 run beside it. This script measures why, on the issue-47 big model (``seed_lstm``, hidden
 1024, batch 128, T=10^4, fused readout; ``H``, ``B``, ``T`` in the environment resize

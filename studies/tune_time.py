@@ -6,7 +6,7 @@ starting, the problem's arguments -- is counted as a user sees it. The parent ne
 imports jax (one process at a time may hold a TPU); the cases run one after another in
 one scratch folder (one study storage, one probe cache, empty at the start: a fresh
 machine). The wrapper time-stamps, on stderr, every compile of a schedule (and whether
-the compiler ran out of memory), every probe (``probe_guard``), every trial, the
+the compiler ran out of memory), every probe (``probes.guard``), every trial, the
 full-length confirmation and the proof of fit; the parent time-stamps the CLI's own lines.
 
 Cases (issue 47's targets on a TPU v5e):
@@ -147,8 +147,8 @@ def child(argv: list[str]) -> int:
         sampler.start()
     import autoremat._measure.measure as measure_module
     import autoremat._measure.timing as timing_module
-    import autoremat._search.compile_pool as pool_module
-    import autoremat._search.probe_guard as guard_module
+    import autoremat._search.planning.compile_pool as pool_module
+    import autoremat._search.probes.guard as guard_module
     import autoremat._search.tune as tune_module
     import autoremat._search.worker as worker_module
     from autoremat import cli

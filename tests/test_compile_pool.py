@@ -1,4 +1,4 @@
-"""Compiles in parallel with timing (issue 47 item 3, ``autoremat._search.compile_pool``).
+"""Compiles in parallel with timing (issue 47 item 3, ``autoremat._search.planning.compile_pool``).
 
 On the CPU the rule gives one worker (no compile thread), so the tests ask for two
 (``AUTOREMAT_COMPILE_WORKERS``). A *fake slow compiler* (a thread's real compile, held
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-import autoremat._search.compile_pool as pool_module
-import autoremat._search.planner as plan_module
-import autoremat._search.planner_ahead as ahead_module
+import autoremat._search.planning.clock as clock_module
+import autoremat._search.planning.compile_pool as pool_module
+import autoremat._search.planning.planner as plan_module
 import autoremat._search.retime as retime_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import Compiled
@@ -30,7 +30,7 @@ from autoremat._measure.measurement import OK, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._measure.timing import CUT_RATIO
 from autoremat._schedules.base import Schedule
-from autoremat._search.compile_pool import WORKERS_ENV, CompilePool, compile_workers
+from autoremat._search.planning.compile_pool import WORKERS_ENV, CompilePool, compile_workers
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.study import load_study, measured_trials
 from autoremat._search.tune import tune
@@ -202,7 +202,7 @@ class Recorder:
         self.pools: list[CompilePool] = []
         self.planners: list[plan_module.Planner] = []
         self.seconds: dict[str, float] = {}  # the fake timer's figure of each key
-        real_compile = ahead_module.compile_schedule
+        real_compile = plan_module.compile_schedule
         real_quietly = pool_module.compile_quietly
         real_for_problem = CompilePool.for_problem.__func__  # type: ignore[attr-defined]
         real_take, real_close = CompilePool.take, CompilePool.close
@@ -258,7 +258,7 @@ class Recorder:
             real_planner_close(planner)
 
         real_planner_close = plan_module.Planner.close
-        monkeypatch.setattr(ahead_module, "compile_schedule", main_compile)
+        monkeypatch.setattr(plan_module, "compile_schedule", main_compile)
         monkeypatch.setattr(pool_module, "compile_quietly", slow_compile)
         monkeypatch.setattr(CompilePool, "for_problem", classmethod(for_problem))
         monkeypatch.setattr(CompilePool, "take", take)
@@ -385,20 +385,20 @@ def test_near_the_deadline_a_device_keeps_a_compile_for_the_proof_and_starts_non
     time left keeps one compile for it, so the tune ends within its limit; and no compile
     is taken ahead within two compiles of the deadline (it would be done too late to be
     timed, and hold up the end). A stopped clock: no wall-clock time is read."""
-    monkeypatch.setattr(ahead_module, "time", SimpleNamespace(monotonic=lambda: 1000.0))
+    monkeypatch.setattr(clock_module, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     problem = tiny()
     pool = CompilePool(lambda s: Compiled(Measurement("x", OK)), workers=2)
     planner = plan_module.Planner(problem, BUDGET, platform, ShortRuns(problem), compiles=pool)
     try:
-        planner.compile_seconds = [3.0, 5.0]
+        planner.clock.compile_seconds = [3.0, 5.0]
         reserve = 4.0 if platform == "tpu" else 0.0
-        planner.deadline = 1100.0
-        assert planner.time_left() == 100 - reserve
-        planner.deadline = 1007.0 + reserve  # 7 s left: under two compiles
-        planner.prefetch()
+        planner.clock.deadline = 1100.0
+        assert planner.clock.time_left() == 100 - reserve
+        planner.clock.deadline = 1007.0 + reserve  # 7 s left: under two compiles
+        planner.ahead.prefetch()
         assert pool.submitted == 0
-        planner.deadline = 1100.0
-        planner.prefetch()
+        planner.clock.deadline = 1100.0
+        planner.ahead.prefetch()
         assert pool.submitted == 1
     finally:
         planner.close()
@@ -428,16 +428,16 @@ def test_one_predicted_to_be_cut_is_compiled_ahead_after_the_others(
     planner = plan_module.Planner(problem, BUDGET, "tpu", ShortRuns(problem), compiles=pool)
     try:
         a, b, c = [cand for cand in planner.pool.values() if cand.params][:3]
-        planner.timed = {"timed": (1, 1.0)}  # the best: 1 s, fits
-        planner.time_model.points = 2
+        planner.standings.timed.update({"timed": (1, 1.0)})  # the best: 1 s, fits
+        planner.judge.time_model.points = 2
         cut = CUT_RATIO * 1.05
-        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+        monkeypatch.setattr(planner.judge, "rank", lambda candidates, compiled_first=False: [
             (1.0, a), (cut, b), (1.1, c)])
-        monkeypatch.setattr(planner, "stop_ratio", lambda cand=None: 1.6)
-        monkeypatch.setattr(planner, "_surely_over", lambda cand: False)
-        monkeypatch.setattr(planner, "dominated", lambda cand, predicted: False)
-        assert planner.ahead(3) == [a, c, b]
-        assert planner.ahead(2) == [a, c]
+        monkeypatch.setattr(planner.judge, "stop_ratio", lambda cand=None: 1.6)
+        monkeypatch.setattr(planner.judge, "surely_over", lambda cand: False)
+        monkeypatch.setattr(planner.judge, "dominated", lambda cand, predicted: False)
+        assert planner.ahead.upcoming(3) == [a, c, b]
+        assert planner.ahead.upcoming(2) == [a, c]
     finally:
         planner.close()
 
@@ -454,19 +454,19 @@ def test_one_likely_over_at_run_time_is_compiled_ahead_after_the_others(
         a, b, c = [cand for cand in planner.pool.values() if cand.params][:3]
         guesses = {a.schedule.key(): 1.0, b.schedule.key(): BUDGET + 10.0,
                    c.schedule.key(): BUDGET + 3.0}
-        planner.overstated = 5
-        monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+        planner.standings.overstated = 5
+        monkeypatch.setattr(planner.judge, "rank", lambda candidates, compiled_first=False: [
             (1.0, a), (1.05, b), (1.1, c)])
-        monkeypatch.setattr(planner.memory_model, "predict",
+        monkeypatch.setattr(planner.judge.memory_model, "predict",
                             lambda structure: next(g for k, g in guesses.items()
                                                    if planner.pool[k].structure is structure))
-        monkeypatch.setattr(planner, "_surely_over", lambda cand: False)
-        monkeypatch.setattr(planner, "dominated", lambda cand, predicted: False)
-        assert planner.ahead(3) == [a, c, b]  # b: 10 over, less 5; c: 3 over, less 5, fits
-        planner.overstated = None  # no run measured yet: its guess alone, both over
+        monkeypatch.setattr(planner.judge, "surely_over", lambda cand: False)
+        monkeypatch.setattr(planner.judge, "dominated", lambda cand, predicted: False)
+        assert planner.ahead.upcoming(3) == [a, c, b]  # b: 10 over, less 5; c: 3 over, less 5, fits
+        planner.standings.overstated = None  # no run measured yet: its guess alone, both over
         guesses[a.schedule.key()] = BUDGET + 1.0
-        assert planner.ahead(3) == [a, b, c]  # all over: in their order
-        assert planner.ahead(1) == [a]
+        assert planner.ahead.upcoming(3) == [a, b, c]  # all over: in their order
+        assert planner.ahead.upcoming(1) == [a]
     finally:
         planner.close()
 
@@ -475,11 +475,11 @@ def _ranked_first_then(planner: plan_module.Planner, first: Any, second: Any,
                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner ranks ``first``, then ``second``, both predicted at the best's 1 s (a
     timed schedule that fits) and neither dominated (the timed one stores more)."""
-    planner.timed = {"timed": (BUDGET - 1, 1.0)}
-    planner.time_model.points = 2
-    monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [
+    planner.standings.timed.update({"timed": (BUDGET - 1, 1.0)})
+    planner.judge.time_model.points = 2
+    monkeypatch.setattr(planner.judge, "rank", lambda candidates, compiled_first=False: [
         (0.9, first), (1.0, second)])
-    monkeypatch.setattr(planner, "predict", lambda cand: 1.0)
+    monkeypatch.setattr(planner.judge, "predict", lambda cand: 1.0)
 
 
 def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_another(
@@ -503,12 +503,12 @@ def test_while_the_candidate_ranked_first_compiles_on_a_thread_the_device_times_
         ready.compiled = Compiled(Measurement(ready.schedule.key(), OK, total_bytes=100),
                                   executable=object())
         _ranked_first_then(planner, first, ready, monkeypatch)
-        assert planner._next_once(None, False, False) is ready  # the device times it ...
+        assert planner.choose(None) is ready  # the device times it ...
         assert first.schedule.key() in pool and first.compiled is None  # ... while this compiles
-        assert planner._next_once(None, False, False) is ready  # not done yet: again
+        assert planner.choose(None) is ready  # not done yet: again
         gate.set()
         pool._ahead[first.schedule.key()].result(timeout=60)
-        assert planner._next_once(None, False, False) == "again"  # done: taken, sized
+        assert planner.choose(None) == "again"  # done: taken, sized
         assert first.compiled is not None and first.compiled.executable is not None
         assert pool.taken == 1 and pool.submitted == 1
     finally:
@@ -541,7 +541,7 @@ def test_a_compile_ahead_that_ends_while_the_first_choice_compiles_is_timed_mean
         _ranked_first_then(planner, first, other, monkeypatch)
         assert pool.submit(other.schedule.key(), other.schedule)  # ahead, not done
         opener.start()
-        assert planner._next_once(None, False, False) is other  # ended first: timed meanwhile
+        assert planner.choose(None) is other  # ended first: timed meanwhile
         assert not gates["first"].is_set() and first.compiled is None  # still compiling
         assert pool.taken == 1
     finally:

@@ -21,7 +21,7 @@ from autoremat._errors import ScheduleError
 from autoremat._measure.measure import compile_schedule, measure
 from autoremat._measure.measurement import ERROR, OK
 from autoremat._schedules import dump_schedule, from_data, parse_schedule
-from autoremat._search.predict import Structure
+from autoremat._search.planning.predict import Structure
 from autoremat._search.space import COMPILER_CHOICES, GRAPH_TYPES, build, propose, seeds
 from tests.tiny_problem import tiny
 

@@ -23,7 +23,7 @@ from autoremat._schedules.base import SHORT_SCAN
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import POLICIES, policy_choices
 from autoremat._search.named_policies import name_policies, named_policies, scanned_tags
-from autoremat._search.short_scans import structure_params
+from autoremat._search.planning.short_scans import structure_params
 from autoremat._search.space import propose
 from autoremat.cli import main
 from tests.helpers import assert_close

@@ -166,8 +166,8 @@ def test_gradients_match_lax_scan(every_k: type[_EveryK], every: int, reverse: b
 
 
 def test_the_cost_model_reads_its_features(every_k: type[_EveryK]) -> None:
-    from autoremat._search.memory_model import MemoryModel
-    from autoremat._search.predict import Structure, TimeModel
+    from autoremat._search.planning.memory_model import MemoryModel
+    from autoremat._search.planning.predict import Structure, TimeModel
 
     seq_len = 100
     structures = {k: Structure.of(every_k(every=k), seq_len) for k in (2, 5, 10, 25)}

@@ -11,9 +11,9 @@ import pytest
 
 from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
 from autoremat._measure.timing import Compiled
-from autoremat._search.candidates import Candidate, Verdict
-from autoremat._search.offload_twins import ON_DEVICE, OffloadTwins, on_device
-from autoremat._search.planner import Planner
+from autoremat._search.planning.candidates import Candidate, Verdict
+from autoremat._search.planning.offload_twins import ON_DEVICE, OffloadTwins, on_device
+from autoremat._search.planning.planner import Planner
 from autoremat._search.short_runs import ShortRuns
 from tests.tiny_problem import tiny
 
@@ -37,9 +37,9 @@ def _twins(planner: Planner) -> OffloadTwins:
 def _first(planner: Planner, cand: Candidate) -> Candidate | None:
     """What the planner screens in ``cand``'s place, asked as its ranking asks (the copies'
     limit: ``stop_ratio`` times the best step that fits)."""
-    best = planner.best
-    limit = None if best is None else planner.stop_ratio() * best[2]
-    return _twins(planner).first(cand, planner.taken, limit)
+    best = planner.standings.best
+    limit = None if best is None else planner.judge.stop_ratio() * best[2]
+    return _twins(planner).first(cand, planner.pool.taken, limit)
 
 
 def test_the_twin_keeps_on_the_device_what_is_offloaded() -> None:
@@ -67,7 +67,7 @@ def test_an_offload_waits_for_its_twin_and_is_dropped_where_the_twin_fits(label:
     planner.record(twin.schedule, Measurement(key, OK, "", total_bytes=BUDGET // 6,
                                               step_seconds=0.1))
     assert _first(planner, cand) is None and cand.verdict is Verdict.DOMINATED
-    assert cand not in planner.ahead(len(planner.pool))  # never compiled ahead either
+    assert cand not in planner.ahead.upcoming(len(planner.pool))  # never compiled ahead either
 
 
 def test_an_offload_goes_on_where_its_twin_is_over_the_budget() -> None:
@@ -77,7 +77,7 @@ def test_an_offload_goes_on_where_its_twin_is_over_the_budget() -> None:
     assert twin is not None
     planner.record(twin.schedule, Measurement(twin.schedule.key(), OVER_BUDGET, "over budget",
                                               total_bytes=2 * BUDGET))
-    assert _twins(planner).fits(twin, planner.taken) is False
+    assert _twins(planner).fits(twin, planner.pool.taken) is False
     assert _first(planner, cand) is cand and cand.verdict is Verdict.UNDECIDED
 
 
@@ -85,7 +85,7 @@ def test_the_whole_front_tries_offloads_in_their_own_right() -> None:
     planner = _planner(explore_front=True)
     cand = _offloading(planner, "offload_dots")
     assert planner.twins is None  # no twin asked first: the offload is a point of the front
-    assert cand in planner.ahead(len(planner.pool))  # compiled as any other
+    assert cand in planner.ahead.upcoming(len(planner.pool))  # compiled as any other
 
 
 def test_a_twin_the_memory_model_puts_far_under_the_budget_is_not_compiled(
@@ -100,7 +100,7 @@ def test_a_twin_the_memory_model_puts_far_under_the_budget_is_not_compiled(
         seen.append(budget)
         return True
 
-    monkeypatch.setattr(planner.memory_model, "far_under", far_under)
+    monkeypatch.setattr(planner.judge.memory_model, "far_under", far_under)
     assert _first(planner, cand) is None and cand.verdict is Verdict.DOMINATED
     twin = _twins(planner).twin(cand)
     assert twin is not None and twin.compiled is None and seen == [BUDGET]
@@ -112,7 +112,7 @@ def test_an_offload_whose_copies_alone_are_slower_than_the_best_is_dropped(
     """Its twin over the budget, an offload still moves at least what the twin keeps more:
     over a host link of ``bandwidth`` bytes/s, 1.5 MB take 1.5 s (dropped: the best takes
     0.1 s) or 1.5 us (it goes on)."""
-    import autoremat._search.offload_twins as twins_module
+    import autoremat._search.planning.offload_twins as twins_module
 
     monkeypatch.setattr(twins_module, "host_bandwidth", lambda: bandwidth)
     planner = _planner()
@@ -125,7 +125,7 @@ def test_an_offload_whose_copies_alone_are_slower_than_the_best_is_dropped(
                 and c.params.get("d1_policy") == "nothing")
     planner.record(best.schedule, Measurement(best.schedule.key(), OK, "",
                                               total_bytes=BUDGET // 2, step_seconds=0.1))
-    monkeypatch.setattr(planner.memory_model, "predict", lambda s: BUDGET // 2)
+    monkeypatch.setattr(planner.judge.memory_model, "predict", lambda s: BUDGET // 2)
     assert _first(planner, cand) is (None if dropped else cand)
     assert (cand.verdict is Verdict.DOMINATED) is dropped
 
@@ -137,7 +137,7 @@ def test_an_inner_offload_of_dots_moves_every_steps_dots(
     """Its twin keeps hardly more at the peak (a chunk's dots), but an offload of dots moves
     every step's, each step: 64 steps of 10 KB over 1 MB/s take 0.64 s, the best 0.1 s.
     An offload of carries moves what the twin keeps more: nothing here."""
-    import autoremat._search.offload_twins as twins_module
+    import autoremat._search.planning.offload_twins as twins_module
 
     monkeypatch.setattr(twins_module, "host_bandwidth", lambda: 1e6)
     planner = _planner()
@@ -150,6 +150,6 @@ def test_an_inner_offload_of_dots_moves_every_steps_dots(
                 and c.params.get("d1_policy") == "nothing")
     planner.record(best.schedule, Measurement(best.schedule.key(), OK, "",
                                               total_bytes=BUDGET // 2, step_seconds=0.1))
-    monkeypatch.setattr(planner.memory_model, "predict", lambda s: 2 * BUDGET)  # as the twin
-    monkeypatch.setattr(planner.memory_model, "step_dots_bytes", lambda: 1e4)
+    monkeypatch.setattr(planner.judge.memory_model, "predict", lambda s: 2 * BUDGET)  # as the twin
+    monkeypatch.setattr(planner.judge.memory_model, "step_dots_bytes", lambda: 1e4)
     assert _first(planner, cand) is (None if dropped else cand)

@@ -15,7 +15,7 @@ import autoremat
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.binomial import STATIC_CONTROL, BinomialSchedule
 from autoremat._schedules.nested import NestedSchedule
-from autoremat._search.predict import (
+from autoremat._search.planning.predict import (
     CPU_PRIOR,
     GPU_PRIOR,
     TPU_PRIOR,

@@ -1,5 +1,5 @@
 """Layer stacks: which scans count, what each tag costs, the knapsack, groups proposals, and
-a tune that tries the presets first (``autoremat._search.presets``). Tiny stacks on a CPU."""
+a tune that tries the presets first (``autoremat._search.planning.presets``). Tiny stacks on a CPU."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import NAME_COSTS
-from autoremat._search.layer_costs import MARGIN, LayerCosts, below_full, knapsack
 from autoremat._search.named_policies import named_policies, step_costs
-from autoremat._search.presets import LayerPlan, is_layer_stack, preset_labels, split
+from autoremat._search.planning.layer_costs import MARGIN, LayerCosts, below_full, knapsack
+from autoremat._search.planning.presets import LayerPlan, is_layer_stack, preset_labels, split
 from autoremat._search.space import seeds
 from autoremat._search.study import MeasuredTrial, measured_trials
 from tests.tiny_problem import tiny

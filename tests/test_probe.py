@@ -24,7 +24,7 @@ from autoremat._schedules.base import Check, Schedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import OFFLOAD_POLICIES, policy_choices
 from autoremat._search.attrs import PROBE
-from autoremat._search.probe import (
+from autoremat._search.probes.probe import (
     LEFT_OUT,
     OFFERED,
     PROBE_LENGTH,
@@ -139,7 +139,7 @@ def test_a_placement_that_fails_is_left_out_alone(monkeypatch: pytest.MonkeyPatc
     nested scan ("async-start expects the shape of operand 0 to match ... S(5)"): the
     compile of the ``offload_carries`` probe fails; the others compile and, on the
     TPU, place their residuals on the host (stood in: the CPU places nothing)."""
-    import autoremat._search.probe as probe_module
+    import autoremat._search.probes.probe as probe_module
 
     real = probe_module._run
     carries = OFFLOAD_POLICIES["offload_carries"]
@@ -275,7 +275,7 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
     use no risky choice on a real platform; here two of them hold it)."""
     monkeypatch.chdir(tmp_path)
     risky = autoremat.nested([8, 8], "everything_saveable")
-    monkeypatch.setattr("autoremat._search.probe.checks",
+    monkeypatch.setattr("autoremat._search.probes.probe.checks",
                         lambda n, platform, named=None: {"everything": Check(risky)})
     notes: list[str] = []
     result = tune(_odd_one(risky, "compile"), 10**6, n_trials=8, time_budget=0.02,

@@ -18,18 +18,18 @@ from typing import Any
 import optuna
 import pytest
 
-import autoremat._search.probe as probe_module
+import autoremat._search.probes.probe as probe_module
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import OFFLOAD_POLICIES
 from autoremat._search.attrs import PROBE
-from autoremat._search.candidates import Verdict
-from autoremat._search.planner import Planner
-from autoremat._search.probe import LEFT_OUT, OFFERED, PROBE_LENGTH, Source
-from autoremat._search.probe_cache import CACHE_ENV, VerdictCache, cache_path
-from autoremat._search.probe_guard import ProbeGuard, choices_of, combination
+from autoremat._search.planning.candidates import Verdict
+from autoremat._search.planning.planner import Planner
+from autoremat._search.probes.cache import CACHE_ENV, VerdictCache, cache_path
+from autoremat._search.probes.guard import ProbeGuard, choices_of, combination
+from autoremat._search.probes.probe import LEFT_OUT, OFFERED, PROBE_LENGTH, Source
 from autoremat._search.short_runs import ShortRuns
 from tests.tiny_problem import tiny
 

@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 import autoremat
-import autoremat._search.planner_ahead as ahead_module
+import autoremat._search.planning.planner as planner_module
 import autoremat._search.short_runs as short_runs_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import compile_schedule
@@ -61,7 +61,7 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
         return spy
 
     # patched where the search looks them up (both import them at module level)
-    monkeypatch.setattr(ahead_module, "compile_schedule", spy_compile(ahead_module.compile_schedule))
+    monkeypatch.setattr(planner_module, "compile_schedule", spy_compile(planner_module.compile_schedule))
     monkeypatch.setattr(short_runs_module, "time_compiled",
                         spy_time(short_runs_module.time_compiled))
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
@@ -278,8 +278,8 @@ def _interleaved(compiled: list[Any], rounds: int) -> list[float]:
 
 
 def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> None:
-    from autoremat._search.memory_model import MemoryModel
-    from autoremat._search.predict import Structure, TimeModel
+    from autoremat._search.planning.memory_model import MemoryModel
+    from autoremat._search.planning.predict import Structure, TimeModel
 
     seq_len = 10_000
     schedules = [autoremat.plain(seq_len), autoremat.nested([seq_len], "nothing_saveable"),
@@ -327,8 +327,8 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
 def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
     """More saved policies at the same lengths, a larger unroll, plain at any unroll:
     each stores at least what a schedule over the budget stored."""
-    from autoremat._search.memory_model import MemoryModel
-    from autoremat._search.predict import Structure
+    from autoremat._search.planning.memory_model import MemoryModel
+    from autoremat._search.planning.predict import Structure
 
     seq_len = 10_000
     s = lambda sched: Structure.of(sched, seq_len)  # noqa: E731
@@ -364,8 +364,8 @@ def test_memory_model_rules_out_what_it_predicts_far_over_once_it_fits_its_point
     """``far_over``: predicted at 1.5x the budget or more by a fit on at least five sized
     schedules that misses none of them by half -- not compiled; fewer points, or a fit
     that misses one, rules nothing out (``far_under``, its mirror, rules nothing in)."""
-    from autoremat._search.memory_model import FAR_OVER, FAR_POINTS, MemoryModel
-    from autoremat._search.predict import Structure
+    from autoremat._search.planning.memory_model import FAR_OVER, FAR_POINTS, MemoryModel
+    from autoremat._search.planning.predict import Structure
 
     seq_len = 10_000
     ne = lambda n: Structure.of(autoremat.nested(  # noqa: E731
@@ -400,8 +400,8 @@ def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_
     save), an outer ``dots`` level the dots of every step below it; an unfused schedule
     adds the readout's stack."""
     from autoremat._models.seed_lstm import seed_lstm
-    from autoremat._search.memory_model import MemoryModel
-    from autoremat._search.predict import Structure
+    from autoremat._search.planning.memory_model import MemoryModel
+    from autoremat._search.planning.predict import Structure
 
     seq_len = 100
     problem = seed_lstm(seq_len=seq_len, batch=8, hidden=64, fused_readout=None)
@@ -444,8 +444,8 @@ def test_until_dots_are_sized_the_memory_model_guesses_them_at_a_whole_steps_byt
     level that keeps every step's dots is guessed at least at its compiled total, not at a
     ``nothing`` level's (on a TPU v5e two such were compiled, out of memory)."""
     from autoremat._models.seed_lstm import seed_lstm
-    from autoremat._search.memory_model import MemoryModel
-    from autoremat._search.predict import Structure
+    from autoremat._search.planning.memory_model import MemoryModel
+    from autoremat._search.planning.predict import Structure
 
     seq_len = 100
     problem = seed_lstm(seq_len=seq_len, batch=8, hidden=64, fused_readout=None)
@@ -507,7 +507,8 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
     (the last compiled may still be timed)."""
     from autoremat._measure.measure import Compiled
     from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
-    from autoremat._search import planner as planner_module
+    from autoremat._search.planning.candidates import Verdict
+    from autoremat._search.planning.standings import PATIENCE
     from autoremat._search.short_runs import ShortRuns
 
     problem = tiny(64)
@@ -516,7 +517,7 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
     for i, schedule in enumerate(seeds[:2]):  # two timed: the time model is calibrated
         planner.record(schedule, Measurement(schedule.key(), OK, "", total_bytes=10**6,
                                              step_seconds=0.010 + i * 0.001))
-    assert planner.since_best == 0 and planner.best is not None
+    assert planner.standings.since_best == 0 and planner.standings.best is not None
     statuses = iter([OVER_BUDGET] * 3 + [OK] * 100)
 
     screens: list[str] = []
@@ -527,22 +528,22 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
         cand.compiled = Compiled(Measurement(cand.schedule.key(), status, "",
                                              total_bytes=10**6 if status == OK else 10**10))
 
-    monkeypatch.setattr(planner, "_screen", screen)
-    monkeypatch.setattr(planner, "dominated", lambda cand, predicted: False)
+    monkeypatch.setattr(planner, "screen", screen)
+    monkeypatch.setattr(planner.judge, "dominated", lambda cand, predicted: False)
     for _ in range(3):
-        assert planner._next_once(None, False, False) == "again"
-    assert planner.since_best == 0  # three over the budget: not counted
-    for n in range(1, planner_module.PATIENCE + 1):
-        assert planner._next_once(None, False, False) in ("again", None)
+        assert planner.choose(None) == "again"
+    assert planner.standings.since_best == 0  # three over the budget: not counted
+    for n in range(1, PATIENCE + 1):
+        assert planner.choose(None) in ("again", None)
         cand = next(c for c in planner.pool.values() if c.compiled is not None
                     and c.verdict.name == "UNDECIDED" and c.sized.status == OK)
-        cand.verdict = planner_module.Verdict.DOMINATED  # sized, not timed
-        assert planner.since_best == n
+        cand.verdict = Verdict.DOMINATED  # sized, not timed
+        assert planner.standings.since_best == n
     compiled = len(screens)
     assert planner.next(None) is None and len(screens) == compiled  # spent: done, no compile
     planner.record(seeds[2], Measurement(seeds[2].key(), OK, "", total_bytes=10**6,
                                          step_seconds=0.005))  # a better best
-    assert planner.since_best == 0 and planner._next_once(None, False, False) is not None
+    assert planner.standings.since_best == 0 and planner.choose(None) is not None
 
 
 def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_timed(
@@ -555,9 +556,9 @@ def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_tim
 
     from autoremat._measure.measure import Compiled
     from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
-    from autoremat._search import planner as planner_module
+    from autoremat._search.planning.candidates import Verdict
+    from autoremat._search.planning.untimed import over_at_runtime
     from autoremat._search.short_runs import ShortRuns
-    from autoremat._search.untimed import over_at_runtime
 
     gb = 10**9
     problem = tiny(64)
@@ -565,24 +566,24 @@ def test_a_schedule_sized_over_by_more_than_any_size_overstated_a_run_is_not_tim
     first, second, third = [s for s, _ in space.seeds(64)][:3]
     planner.record(first, Measurement(first.key(), OK, "", total_bytes=3 * gb,
                                       runtime_peak_bytes=3 * gb, step_seconds=0.4))
-    assert planner.overstated == 0
+    assert planner.standings.overstated == 0
     planner.record(second, Measurement(second.key(), OVER_BUDGET, "", total_bytes=17_540_000_000,
                                        runtime_peak_bytes=12_200_000_000))
-    assert planner.overstated == 5_340_000_000
+    assert planner.standings.overstated == 5_340_000_000
     sized = {}
     for schedule, total in ((third, 21_470_000_000), (first, 17_000_000_000)):
-        cand = planner.candidate(schedule)
+        cand = planner.pool.candidate(schedule)
         cand.compiled = Compiled(Measurement(schedule.key(), OK, "", total_bytes=total),
                                  executable=object())
         sized[total] = cand
-    assert planner.over_at_runtime(sized[21_470_000_000])  # 16.13 GB at best: over
-    assert not planner.over_at_runtime(sized[17_000_000_000])  # 11.66 GB: a run decides
-    reach = planner.reach()  # the rule alone, on the figures it names
+    assert planner.judge.over_at_runtime(sized[21_470_000_000])  # 16.13 GB at best: over
+    assert not planner.judge.over_at_runtime(sized[17_000_000_000])  # 11.66 GB: a run decides
+    reach = planner.standings.reach("tpu")  # the rule alone, on the figures it names
     assert over_at_runtime(21_470_000_000, reach) and not over_at_runtime(17_000_000_000, reach)
     cpu = replace(reach, platform="cpu")
     assert not over_at_runtime(21_470_000_000, cpu)  # its size decided (over) already
     over = sized[21_470_000_000]
-    monkeypatch.setattr(planner, "_rank", lambda compiled_first=False: [(0.3, over)])
-    assert planner._next_once(None, False, False) is None  # not timed ...
-    assert over.verdict is planner_module.Verdict.OVER_AT_RUNTIME
-    assert planner.memory_model.surely_over(over.structure)  # ... nor what stores more
+    monkeypatch.setattr(planner.judge, "rank", lambda candidates, compiled_first=False: [(0.3, over)])
+    assert planner.choose(None) is None  # not timed ...
+    assert over.verdict is Verdict.OVER_AT_RUNTIME
+    assert planner.judge.memory_model.surely_over(over.structure)  # ... nor what stores more

@@ -1,12 +1,12 @@
-"""What keeps a sized candidate untimed (``autoremat._search.untimed``): pure rules on the
+"""What keeps a sized candidate untimed (``autoremat._search.planning.untimed``): pure rules on the
 figures they name, checked without a planner."""
 
 from __future__ import annotations
 
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
-from autoremat._search.candidates import Verdict
-from autoremat._search.untimed import (
+from autoremat._search.planning.candidates import Verdict
+from autoremat._search.planning.untimed import (
     Reach,
     dominated,
     guessed_over,

@@ -12,7 +12,7 @@ import pytest
 
 import autoremat
 from autoremat._search.named_policies import named_policies, step_costs
-from autoremat._search.presets import is_layer_stack, preset_labels
+from autoremat._search.planning.presets import is_layer_stack, preset_labels
 from tests.helpers import assert_close, load_example
 
 SIZES = {"USER_LAYERS": "4", "USER_D_MODEL": "16", "USER_HEADS": "2", "USER_MLP": "32",

@@ -15,7 +15,7 @@ from autoremat._cli.settings import UsageError
 from autoremat._measure.mesh import device_note
 from autoremat._search.attrs import NAME_COSTS, PROBE
 from autoremat._search.pareto import pareto_front
-from autoremat._search.probe import lines as probe_lines
+from autoremat._search.probes.probe import lines as probe_lines
 from autoremat._search.study import StudyInfo
 from autoremat._units import format_bytes, parse_bytes
 

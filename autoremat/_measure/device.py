@@ -63,7 +63,7 @@ def host_bandwidth() -> float | None:
     faster direction's best of three copies of ``HOST_PROBE_BYTES`` (``None``: the device
     has no host memory to copy to). An offloading schedule moves what it offloads over
     this link and back within each step, so its step takes at least those bytes over this
-    figure (``autoremat._search.offload_twins``). Timed once per process, when first asked."""
+    figure (``autoremat._search.planning.offload_twins``). Timed once per process, when first asked."""
     import jax
     import jax.numpy as jnp
 

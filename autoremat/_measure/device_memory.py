@@ -62,7 +62,7 @@ T = TypeVar("T")
 
 #: Held while the device is measured: its memory around a piece of work (``need``,
 #: ``within.runs_within``) and a step's timing (``timing.time_compiled``); and by every lowering
-#: (``measure.compile_step``). A tuner's compile thread (``autoremat._search.compile_pool``)
+#: (``measure.compile_step``). A tuner's compile thread (``autoremat._search.planning.compile_pool``)
 #: builds and lowers its step under it -- a build may put arrays on the device, a trace
 #: holds the GIL a timed run waits for -- so a figure is the work's alone; only XLA's
 #: compile, outside the GIL, runs beside a timing.

@@ -47,7 +47,7 @@ class Problem:
       small: optional ``small() -> Problem``: the same step, the same ``seq_len``, at
         a size where even the plain scan compiles and runs in moments (fewer
         tokens, a narrower model). The probe checks risky choices (offload) on it
-        (``autoremat._search.probe``); without it the probe cuts the problem with
+        (``autoremat._search.probes.probe``); without it the probe cuts the problem with
         ``at_length``, or checks it as it is -- where the plain scan may not fit.
       fuse_choice: fusing the readout and loss into the scanned step is a choice of
         the search (``Schedule.fuse``): ``build`` applies the schedule's, and the

@@ -66,7 +66,7 @@ PERMUTATION = "permutation"
 def trace_context() -> Any:
     """JAX's trace context: the flags a trace depends on (x64, matmul precision, ...). Its
     context managers (``jax.default_matmul_precision``) set them per thread, so a thread
-    traces as another only when both read the same (``autoremat._search.compile_pool``)."""
+    traces as another only when both read the same (``autoremat._search.planning.compile_pool``)."""
     from jax._src import config
 
     return config.trace_context()
@@ -227,7 +227,7 @@ def nnx_scan_with(loop: Callable[..., Any]) -> Callable[..., Any]:
 #: memory kind (``mlir.wrap_with_memory_kind``; its frontend attribute
 #: ``_xla_buffer_placement`` names the kind, e.g. ``pinned_host``). On a CPU, jax
 #: (0.10) lowers a ``device_put`` to another memory space to nothing, so an offload
-#: policy's lowered step holds none: ``autoremat._search.probe`` reads this.
+#: policy's lowered step holds none: ``autoremat._search.probes.probe`` reads this.
 HOST_PLACEMENT_CALL = "annotate_device_placement"
 
 #: The primitive ``jax.ad_checkpoint.checkpoint_name`` binds (its parameter ``name``: the

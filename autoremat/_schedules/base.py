@@ -73,8 +73,8 @@ KNOWN_VERSIONS: Final = (1,)
 TRANSFORMS: Final = ("grad", "grad_of_grad", "jvp", "linearize", "hessian", "vmap", "jit")
 #: The keys every kind has; a kind adds its own (``Schedule.FIELDS``).
 #: A scan of at most this many steps is short (a stack of layers, not a recurrence): the
-#: search lists its structures (``autoremat._search.short_scans``), tries the presets a
-#: user would pick first (``autoremat._search.presets``) and offers the groups kind.
+#: search lists its structures (``autoremat._search.planning.short_scans``), tries the presets a
+#: user would pick first (``autoremat._search.planning.presets``) and offers the groups kind.
 SHORT_SCAN: Final = 128
 #: No policies over a problem's own tags (``Schedule.parameters``' default ``named``).
 NO_NAMES: Final[Mapping[str, Policy]] = MappingProxyType({})
@@ -86,7 +86,7 @@ OPTION_NAME: Final = re.compile(r"xla_[a-z0-9_]+")
 
 @dataclass(frozen=True)
 class Features:
-    """What the tuner's cost model (``autoremat._search.predict``) reads of one schedule at one
+    """What the tuner's cost model (``autoremat._search.planning.predict``) reads of one schedule at one
     ``T``; each kind computes its own (``Schedule.features``).
 
     Attributes:
@@ -112,7 +112,7 @@ class Features:
 @dataclass(frozen=True)
 class Check:
     """A choice of a kind's search space that a study must check on the user's own
-    problem before offering it (``Schedule.checks``; ``autoremat._search.probe``).
+    problem before offering it (``Schedule.checks``; ``autoremat._search.probes.probe``).
 
     Attributes:
       schedule: a schedule that uses the choice, at the probe's length.
@@ -285,7 +285,7 @@ class Schedule(ABC):
         them: choice label (a value of one of ``parameters``' ``choices``) -> a
         ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
         small instance of its problem and leaves out of its space every one that
-        fails to compile or changes the loss or gradients (``autoremat._search.probe``).
+        fails to compile or changes the loss or gradients (``autoremat._search.probes.probe``).
         This default has none: every choice is offered."""
         return {}
 

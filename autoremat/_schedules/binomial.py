@@ -182,7 +182,7 @@ class BinomialSchedule(Schedule):
         and its seed would spend a trial learning that. There it stays in the space
         (the smallest schedules are binomial: the planner times one when no
         nested schedule fits the budget) but is not seeded; the cost model's
-        GPU prior (``autoremat._search.predict.PRIORS``) ranks it as slow. So on a
+        GPU prior (``autoremat._search.planning.predict.PRIORS``) ranks it as slow. So on a
         TPU, where binomial also runs several times plain and its seed was never the
         pick; the TPU prior ranks it slow too. Figures: ``docs/tuning.md`` (CPU, GPU),
         ``studies/results/search_tpu.md`` and ``studies/results/tune_time.md`` (TPU)."""

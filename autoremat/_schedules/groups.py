@@ -7,7 +7,7 @@ first ``k`` layers keep what the faster policy keeps and the rest keep nothing, 
 the budget buys as much of the faster one as fits: memory and the recompute saved are
 both about linear in ``k`` (each layer stores its own residuals, Chen et al. 2016's
 per-layer accounting), and the search picks ``k`` from the two presets' measured peaks
-(``autoremat._search.presets``). The builder is one ``lax.scan`` per group (the nested
+(``autoremat._search.planning.presets``). The builder is one ``lax.scan`` per group (the nested
 kind's one-level scan, ``nested_scan``): gradients are exact.
 """
 
@@ -174,7 +174,7 @@ class GroupsSchedule(Schedule):
     @classmethod
     def searched(cls, seq_len: int) -> bool:
         """Offered for short scans (``SHORT_SCAN``) of two steps or more; the search's
-        planner keeps its draws for a layer stack only (``autoremat._search.presets``)."""
+        planner keeps its draws for a layer stack only (``autoremat._search.planning.presets``)."""
         return 2 <= seq_len <= SHORT_SCAN
 
     @classmethod
@@ -186,7 +186,7 @@ class GroupsSchedule(Schedule):
         problem's ``named`` ones). A coarse ladder, not every split: a short scan's
         structures are all listed (``short_scans``), and 63 splits of a 64-step scan
         were ~190 candidates, compiled to be ruled out; the split that pays is sized
-        from measured presets (``autoremat._search.presets``)."""
+        from measured presets (``autoremat._search.planning.presets``)."""
         labels = (NO_REMAT, *policy_choices(platform, "step", named))
         splits = sorted({min(max(1, round(seq_len * q)), max(1, seq_len - 1))
                          for q in (0.25, 0.5, 0.75)})
@@ -204,7 +204,7 @@ class GroupsSchedule(Schedule):
     @classmethod
     def seed_params(cls, seq_len: int, platform: str = "cpu") -> list[dict[str, Any]]:
         """None: a groups schedule is proposed from two presets' measured peaks
-        (``autoremat._search.presets``), not guessed."""
+        (``autoremat._search.planning.presets``), not guessed."""
         return []
 
     @classmethod

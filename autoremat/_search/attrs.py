@@ -37,7 +37,7 @@ RETRY_REASON: Final = "retry_reason"
 #: (``presets.LayerCosts.table``: bytes per layer and over all, recompute FLOPs per layer).
 NAME_COSTS: Final = "name_costs"
 
-#: The study attr holding the probe's outcome (``autoremat._search.probe``): choice
+#: The study attr holding the probe's outcome (``autoremat._search.probes.probe``): choice
 #: label -> one line.
 PROBE: Final = "probe"
 

@@ -40,7 +40,7 @@ from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.peers import combine, registered
 from autoremat._measure.timing import Compiled
-from autoremat._search.compile_pool import WORKERS_ENV
+from autoremat._search.planning.compile_pool import WORKERS_ENV
 from autoremat._units import parse_duration
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ offers, per level, beside the fixed policies (``autoremat._schedules.nested_spac
 * ``save_anything_except_these_names`` of the cheapest tags (a third, two
   thirds): everything kept but those;
 * where offload is offered (GPU, TPU; each choice probed before the study offers
-  it, ``autoremat._search.probe``), ``save_and_offload_only_these_names``
+  it, ``autoremat._search.probes.probe``), ``save_and_offload_only_these_names``
   moving the same prefixes to host memory;
 * MaxText's ``remat_policy`` presets (``MAXTEXT``) whose tags the step has all of,
   under MaxText's names (``save_qkv_proj``, ...): what a user of such a model would
-  pick by hand, tried first on a layer stack (``autoremat._search.presets``).
+  pick by hand, tried first on a layer stack (``autoremat._search.planning.presets``).
 
 The trade-off: the ranking is an estimate from the trace (bytes and matmul
 FLOPs), which keeps the space small -- a few choices per level -- and the

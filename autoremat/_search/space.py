@@ -7,7 +7,7 @@ depth, chunk lengths, policies and unroll; the binomial kind's snapshots).
 ``parameters`` lists them, ``build`` makes the schedule of a choice of them
 (``Schedule.from_params``). A study leaves out the choices its probe refused
 (``refused``: categorical values, e.g. ``offload_dots``;
-``autoremat._search.probe``): no candidate uses them.
+``autoremat._search.probes.probe``): no candidate uses them.
 
 On a GPU (``CUDA_PLATFORMS``) every schedule also takes a ``compiler`` choice
 (``COMPILER_CHOICES``): the XLA options its step is compiled with
@@ -72,7 +72,7 @@ FUSE_CHOICES: Final = {"fused": True, "unfused": False}
 
 def checks(seq_len: int, platform: str) -> dict[str, Check]:
     """The space's own choices to probe before a study offers them
-    (``autoremat._search.probe``): on a GPU, each non-default ``compiler`` choice on a
+    (``autoremat._search.probes.probe``): on a GPU, each non-default ``compiler`` choice on a
     plain scan (its option names and values must exist in this XLA, and it must not
     change the results)."""
     if platform not in CUDA_PLATFORMS:
@@ -134,7 +134,7 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
           fuse: bool = False, layer_stack: bool = False) -> list[tuple[Schedule, dict[str, Any]]]:
     """The obvious candidates and their params, kind by kind, in the order to try them
     (each kind's ``seed_params`` on ``platform``), none using a ``refused`` choice; of a
-    ``layer_stack`` (``autoremat._search.presets``), remat of each layer alone.
+    ``layer_stack`` (``autoremat._search.planning.presets``), remat of each layer alone.
     ``fuse`` (a choice): each seed fused (less memory; faster on a CPU) and, off a CPU,
     the first nested seed of two levels or more and no unroll (sqrt(T)'s) unfused too (on a
     TPU unfused ran faster at the same memory: ``docs/tuning.md``; the time model learns the

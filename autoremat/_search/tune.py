@@ -8,7 +8,7 @@ the whole measured front stays available (``autoremat pareto``). The answer is t
 fastest trial that fits
 (``autoremat._search.study.choose``).
 
-What gets measured is decided by ``autoremat._search.planner.Planner``, not by a
+What gets measured is decided by ``autoremat._search.planning.planner.Planner``, not by a
 sampler: the obvious candidates (``space.seeds``) are enqueued first, each
 trial holding its schedule, and always measured (they calibrate the cost model); after
 them the planner hands its candidate straight to the trial that measures it; candidates
@@ -43,10 +43,10 @@ the next fastest that passes is.
   on a small instance of the problem when the planner first proposes a schedule
   using them -- and each combination of them it proposes; those that fail or change
   the results are left out of the study's space, recorded in the study and in a
-  cache beside the storage (``autoremat._search.probe_guard``, ``probe``, ``probe_cache``).
+  cache beside the storage (``autoremat._search.probes``).
 * A step that tags values with ``jax.ad_checkpoint.checkpoint_name`` gets policies over
   those tags offered per level beside the fixed ones (``autoremat._search.named_policies``).
-* A layer stack (a short scan of heavy steps, ``autoremat._search.presets``) is seeded
+* A layer stack (a short scan of heavy steps, ``autoremat._search.planning.presets``) is seeded
   with remat of each layer alone; the presets a user would pick are tried before any
   other candidate, and the study records what each tag costs (``NAME_COSTS``).
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
@@ -80,12 +80,12 @@ from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import NAME_COSTS
 from autoremat._search.confirm import confirm
-from autoremat._search.layer_costs import LayerCosts
 from autoremat._search.named_policies import named_policies, step_costs
-from autoremat._search.presets import is_layer_stack
-from autoremat._search.probe import RULES
-from autoremat._search.probe_cache import VerdictCache, cache_path, environment_key
-from autoremat._search.probe_guard import ProbeGuard
+from autoremat._search.planning.layer_costs import LayerCosts
+from autoremat._search.planning.presets import is_layer_stack
+from autoremat._search.probes.cache import VerdictCache, cache_path, environment_key
+from autoremat._search.probes.guard import ProbeGuard
+from autoremat._search.probes.probe import RULES
 from autoremat._search.proof import prove_fit
 from autoremat._search.resume import default_study_name, open_study
 from autoremat._search.storage import (
@@ -161,7 +161,7 @@ def tune(
         (``autoremat._search.study.MeasuredTrial.of(frozen_trial)`` reads it).
       on_confirm: called with one line before each full-length timing of a
         schedule timed on short runs (``autoremat._search.confirm``), and with one
-        line per choice the study's probe checked (``autoremat._search.probe``).
+        line per choice the study's probe checked (``autoremat._search.probes.probe``).
 
     Returns:
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
@@ -271,7 +271,7 @@ def _probe_guard(problem: Problem, info: StudyInfo, study: Any, lock: StudyLock,
                  storage: str | None, on_note: Callable[[str], None] | None,
                  named: Mapping[str, Policy]) -> ProbeGuard:
     """The study's probe of risky choices, run as the planner first proposes each
-    (``autoremat._search.probe_guard``), its verdicts cached beside the storage."""
+    (``autoremat._search.probes.guard``), its verdicts cached beside the storage."""
     cache = VerdictCache(cache_path(storage), f"{environment_key()}|{RULES}",
                          f"{problem.name}|{info.fingerprint}")
     return ProbeGuard(problem, info.platform or "", study, lock, cache, on_note, named)

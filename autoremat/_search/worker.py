@@ -36,10 +36,10 @@ from autoremat._search.attrs import (
     WAITING_TAKEN,
     retimed_key,
 )
-from autoremat._search.candidates import Candidate
-from autoremat._search.compile_pool import CompilePool
-from autoremat._search.layer_costs import LayerCosts
-from autoremat._search.planner import Planner
+from autoremat._search.planning.candidates import Candidate
+from autoremat._search.planning.compile_pool import CompilePool
+from autoremat._search.planning.layer_costs import LayerCosts
+from autoremat._search.planning.planner import Planner
 from autoremat._search.retime import contenders, retime_cost, retime_group
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock, optuna_verbosity, set_user_attrs, trials_of
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
-    from autoremat._search.probe_guard import ProbeGuard
+    from autoremat._search.probes.guard import ProbeGuard
 
 
 _MAX_DUPLICATES_IN_A_ROW: Final = 50
@@ -173,7 +173,7 @@ class Worker:
         budget = self.info.budget_bytes
         enqueued = trial.user_attrs.get(SCHEDULE)
         if enqueued is not None:
-            cand = self.planner.candidate(from_data(enqueued))
+            cand = self.planner.pool.candidate(from_data(enqueued))
         elif planned is not None:
             cand = planned
         else:  # nothing planned, and the trial waiting for it was taken by another worker
@@ -185,12 +185,12 @@ class Worker:
         # the next candidates (the enqueued seeds first) compile while this one compiles
         # (the first seeds beside the plain scan, not the largest candidates: on a TPU
         # they ran out of memory beside it) and while it is timed
-        self.planner.prefetch(exclude=key, first=self.waiting())
+        self.planner.ahead.prefetch(exclude=key, first=self.waiting())
         compiled = self.planner.take_compiled(cand)
-        self.planner.prefetch()
-        predicted = self.planner.predict(cand)
+        self.planner.ahead.prefetch()
+        predicted = self.planner.judge.predict(cand)
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
-                            best=self.planner.rival())
+                            best=self.planner.judge.rival())
         self.planner.record(schedule, m)
         self._keep_if_best(key, compiled)
         failed = {COMPILE_FAILED: True} if compile_failed(m) else {}  # not one of n_trials
@@ -209,7 +209,7 @@ class Worker:
     def _keep_if_best(self, key: str, compiled: Compiled) -> None:
         """Keep the executable of the fastest schedule that fits (the proof of fit runs it:
         one compile less, seconds on an accelerator), release any other."""
-        best = self.planner.best
+        best = self.planner.standings.best
         if best is None or best[0] != key or compiled.executable is None:
             compiled.release()
             return
@@ -227,7 +227,7 @@ class Worker:
         before any the planner picks. Read only when the planner has compile threads."""
         from optuna.trial import TrialState
 
-        if self.planner.compiles is None or not self.planner.compiles.threads:
+        if not self.planner.ahead.running:
             return []
         return [from_data(t.user_attrs[SCHEDULE]) for t in self.fresh_trials()
                 if t.state == TrialState.WAITING and SCHEDULE in t.user_attrs]
@@ -296,7 +296,7 @@ class Worker:
             return False
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left < retime_cost(self.short, group,
-                                                 self.planner.compile_cost()):
+                                                 self.planner.clock.compile_cost()):
             return False
         self.retimed.append(frozenset(t.schedule.key() for t in group))
         figures, compiled = retime_group(self.short, group, self.kept)
@@ -305,7 +305,7 @@ class Worker:
         for number, figure in figures.items():
             self.study.set_user_attr(retimed_key(number), figure.to_attrs())
         self.planner.observe([(t.schedule, t.measurement) for t in self.measured_trials(
-            self.fresh_trials())], self.planner.taken)
+            self.fresh_trials())], self.planner.pool.taken)
         for c in compiled.values():
             self._keep_if_best(c.measurement.schedule_key, c)
         return True
@@ -336,10 +336,10 @@ class Worker:
                         time.sleep(pause if left is None else max(0.0, min(pause, left)))
                         continue
                     exact = n_trials is not None or self.total_trials is not None
-                    planned = self.plan(deadline, self.planner.explore_front)
+                    planned = self.plan(deadline, self.planner.judge.explore_front)
                     if planned is None and exact:
                         planned = self.plan(deadline, True, True)
-                    if planned is None and not exact and not self.planner.explore_front \
+                    if planned is None and not exact and not self.planner.judge.explore_front \
                             and self.retime(deadline):
                         continue  # the leader and its challengers re-timed: plan again
                     if planned is None:

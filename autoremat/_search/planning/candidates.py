@@ -1,8 +1,8 @@
 """A planner's candidate: one schedule of the pool, and what screening found of it.
 
 ``Candidate`` (its params, structure, compiled executable) and ``Verdict`` (why it will
-not be timed) are shared by the planner (``autoremat._search.planner``), its compiles
-ahead (``planner_ahead``) and the worker.
+not be timed) are shared by the planner (``autoremat._search.planning.planner``), its compiles
+ahead (``ahead``) and the worker.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Final
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules.base import Schedule
-from autoremat._search.predict import Structure
+from autoremat._search.planning.predict import Structure
 
 
 class Verdict(enum.Enum):
@@ -24,14 +24,14 @@ class Verdict(enum.Enum):
     MEASURED = "measured"
     SURELY_OVER = "over budget (stores more than one that is)"
     #: sized over the budget by more than any run's peak was under its sized figure
-    #: (``Planner.overstated``; a platform whose fit a run decides)
+    #: (``Standings.overstated``; a platform whose fit a run decides)
     OVER_AT_RUNTIME = "over budget at run time, by its size less the most a size overstated"
     NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
     DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
     REFUSED = "uses a choice or combination the study's probe left out"
 
 
-#: ``Planner._next_once``'s "the models moved: rank again".
+#: ``Planner.choose``'s "one was compiled: the models moved, rank again".
 AGAIN: Final = "again"
 
 

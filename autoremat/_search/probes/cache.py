@@ -1,6 +1,6 @@
 """The probe's verdicts kept across studies: a small JSON file beside the study storage.
 
-A probe (``autoremat._search.probe``) compiles and runs a short instance of the
+A probe (``autoremat._search.probes.probe``) compiles and runs a short instance of the
 problem -- seconds on a TPU each -- and its verdict depends on the device and its
 XLA more than on the study. So every verdict is also written to a cache file,
 keyed by the environment (platform, device kind, jax and jaxlib versions:

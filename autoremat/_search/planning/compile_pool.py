@@ -2,7 +2,7 @@
 
 XLA compiles outside the GIL, so while the device times one schedule on the main
 thread, threads can compile (``measure.compile_schedule``) the candidates the
-planner will screen next (``Planner.prefetch``): when one comes up, its
+planner will screen next (``CompilesAhead.prefetch``): when one comes up, its
 ``Compiled`` is ready. Only the main thread reads the results (``take``), so the
 planner's models and pool change there alone; a thread runs one compile and nothing
 else. One thread more is kept for the compile the planner needs now (``urgent``), so the

@@ -8,7 +8,7 @@ and back. The twin keeps them on the device (``ON_DEVICE``: offloaded dots saved
 offloading schedule is never the faster of the two, and is worth trying only where its
 twin does not fit the budget.
 
-A ``Planner`` (``autoremat._search.planner``) holds an ``OffloadTwins``: before it probes
+A ``Planner`` (``autoremat._search.planning.planner``) holds an ``OffloadTwins``: before it probes
 or compiles an offloading candidate, it asks for the twin (``twin``, added to the pool):
 
 * the twin fits (timed, or sized within the budget): the candidate is dominated, never
@@ -38,8 +38,8 @@ from typing import Any, Final
 
 from autoremat._measure.device import host_bandwidth
 from autoremat._measure.measurement import OK
-from autoremat._search.candidates import Candidate, Verdict
-from autoremat._search.memory_model import MemoryModel
+from autoremat._search.planning.candidates import Candidate, Verdict
+from autoremat._search.planning.memory_model import MemoryModel
 
 #: The offload labels that move a step's dots: every step's, out and back, each step.
 DOTS_OFFLOADS: Final = ("offload_step", "offload_dots")

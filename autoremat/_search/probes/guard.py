@@ -1,10 +1,10 @@
 """Probe a risky choice when the planner first proposes it, and every combination it uses.
 
-``autoremat._search.probe`` checks a risky choice (an offload placement, a GPU
+``autoremat._search.probes.probe`` checks a risky choice (an offload placement, a GPU
 compiler option: ``probe.checks``) on a short instance of the problem. A study no
 longer probes them all before its search (three offload probes took a fifth of a big
 model's tune: ``studies/results/tune_time.md``): a ``ProbeGuard`` holds the verdicts, and the
-planner asks it (``Planner.guard``) before it compiles a candidate:
+planner asks it (``Planner.probed``) before it compiles a candidate:
 
 * a candidate that uses no risky choice is let through at once;
 * each risky choice it uses is probed -- the first time only -- as
@@ -26,14 +26,14 @@ planner asks it (``Planner.guard``) before it compiles a candidate:
   never again on that platform.
 
 A choice or combination left out is never compiled and never proposed again in
-the study: the planner asks ``admit`` before a compile and drops what is left out
+the study: the planner asks ``allows`` before a compile and drops what is left out
 (``refused``, ``refused_combinations``), and tells ``failed_in_trial`` what it measured. A
 combination that compiled at the probe's length but fails to compile in a trial
 is recorded as left out too (``compile_failed``).
 
 Every verdict is recorded in the study (user attr ``attrs.PROBE``, read back
 by other workers and resumed studies, shown by ``autoremat pareto``) and in a
-cache file beside the storage (``autoremat._search.probe_cache``), so a verdict
+cache file beside the storage (``autoremat._search.probes.cache``), so a verdict
 costs nothing twice on the same platform, device kind and jax/jaxlib.
 """
 
@@ -50,12 +50,11 @@ from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import NO_NAMES, Check
 from autoremat._schedules.policy import Policy
-from autoremat._search import probe as probe_module
 from autoremat._search import space
 from autoremat._search.attrs import PROBE
-from autoremat._search.candidates import Candidate, Verdict
-from autoremat._search.probe import ProbeVerdict, Source
-from autoremat._search.probe_cache import VerdictCache
+from autoremat._search.probes import probe as probe_module
+from autoremat._search.probes.cache import VerdictCache
+from autoremat._search.probes.probe import ProbeVerdict, Source
 
 if TYPE_CHECKING:
     import optuna
@@ -149,13 +148,6 @@ class ProbeGuard:
         if len(choices) < 2:
             return True
         return self._verdict(used, lambda: self._combined(params, used)).offered
-
-    def admit(self, cand: Candidate) -> bool:
-        """``cand``'s risky choices passed (``allows``); else its verdict is ``REFUSED``."""
-        if self.allows(cand.params):
-            return True
-        cand.verdict = Verdict.REFUSED
-        return False
 
     def failed_in_trial(self, params: Mapping[str, Any], m: Measurement | None) -> None:
         """``compile_failed`` where ``m`` (a candidate's sizing, or its trial's measurement)

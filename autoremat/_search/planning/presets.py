@@ -41,7 +41,7 @@ dots policies are what its user would try first too.
    the budget by its own figure is proposed again with fewer layers of the larger one.
 6. Below ``full`` (its own figure over the budget): no per-layer schedule fits, since each
    keeps at least what ``full`` keeps; chunked schedules store fewer layer inputs
-   (``autoremat._search.layer_costs``). First Revolve (``binomial``) storing just
+   (``autoremat._search.planning.layer_costs``). First Revolve (``binomial``) storing just
    enough fewer inputs at one input's bytes each, which recomputes fewest layers, then
    the nested ``n1 x n2`` storing fewest (``below_full``), nothing saved at either level
    (``LayerPlan._below_full``). Once one of them is found over the budget, the inputs
@@ -58,18 +58,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._measure import device_memory
-from autoremat._measure.measurement import ERROR
 from autoremat._schedules.base import SHORT_SCAN, Schedule
 from autoremat._schedules.binomial import BinomialSchedule
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import NO_REMAT, Policy
-from autoremat._search.candidates import AGAIN, Candidate, Verdict
-from autoremat._search.layer_costs import (
+from autoremat._search.named_policies import MAXTEXT, MAXTEXT_OFFLOADED
+from autoremat._search.planning.candidates import Candidate
+from autoremat._search.planning.layer_costs import (
     MARGIN,
     LayerCosts,
     below_full,
@@ -77,7 +77,7 @@ from autoremat._search.layer_costs import (
     knapsack,
     stored,
 )
-from autoremat._search.named_policies import MAXTEXT, MAXTEXT_OFFLOADED
+from autoremat._search.planning.pool import Pool
 
 if TYPE_CHECKING:
     from autoremat._scan.checkpoint_names import StepCosts
@@ -299,60 +299,31 @@ def _is_full(schedule: Schedule) -> bool:
     return policy is not None and policy.name == "nothing_saveable"
 
 
-class PresetsFirst:
-    """The layer-stack part of ``Planner`` (``autoremat._search.planner``): its presets and
-    the plan's proposals join the pool and are tried before any other candidate (the
-    module doc's steps 2-6). The attributes and methods declared here are the planner's."""
+class Presets:
+    """A layer stack's presets and its plan's proposals, tried before any other candidate
+    (the module doc's steps 2-6): they join ``pool`` and are ranked first (``priority``)."""
 
-    platform: str
-    budget_bytes: int
-    named: Mapping[str, Policy]
-    refused: frozenset[str]
-    layers: LayerPlan | None
+    def __init__(self, costs: LayerCosts, pool: Pool, budget_bytes: int) -> None:
+        self.pool = pool
+        self.plan = LayerPlan(costs, budget_bytes,
+                              predicts=pool.platform in device_memory.VALIDATED)
+        for label in preset_labels(pool.platform, pool.named, pool.refused):
+            schedule, params = pool.propose(preset_params(label))
+            pool.add(schedule, params)
+            self.plan.first.append(schedule.key())
 
-    if TYPE_CHECKING:
-        def propose(self, wanted: Mapping[str, Any]) -> tuple[Schedule, dict[str, Any]]: ...
-        def add(self, schedule: Schedule, params: dict[str, Any]) -> None: ...
-        def probed(self, cand: Candidate) -> bool: ...
-        def _screen(self, cand: Candidate) -> None: ...
+    def priority(self, cand: Candidate) -> int | None:
+        """The rank of a candidate tried before all others (``None``: an ordinary one)."""
+        return self.plan.priority(cand.schedule.key())
 
-    def _add_presets(self, costs: LayerCosts) -> None:
-        """A layer stack's presets, tried before any other candidate (``presets``)."""
-        self.layers = LayerPlan(costs, self.budget_bytes,
-                                predicts=self.platform in device_memory.VALIDATED)
-        for label in preset_labels(self.platform, self.named, self.refused):
-            schedule, params = self.propose(preset_params(label))
-            self.add(schedule, params)
-            self.layers.first.append(schedule.key())
+    def over(self, schedule: Schedule) -> bool:
+        """Predicted over the budget by what it keeps (``LayerPlan.over``)."""
+        return self.plan.over(schedule)
 
-    def _observe_layers(self, schedule: Schedule, size: int | None,
-                        step: float | None = None) -> None:
-        """A layer stack's plan sees a sized or measured (``step``: timed) schedule; its
-        proposals join the pool (``presets.LayerPlan.observe``)."""
-        if self.layers is not None:  # the presets matter only until ``full`` is seen
-            presets = policy_choices(self.platform, "step", self.named) \
-                if self.layers.base is None else {}
-            for proposal in self.layers.observe(schedule, size, presets, step):
-                self.add(proposal, {})
-
-    def _first(self, cand: Candidate) -> int | None:
-        """The rank of a candidate tried before all others (a layer stack's preset)."""
-        return None if self.layers is None else self.layers.priority(cand.schedule.key())
-
-    def _next_first(self, cand: Candidate, time_left: float | None,
-                    compile_cost: float) -> Candidate | Literal["again"] | None:
-        """A candidate tried before all others (``presets``): compiled, then timed when it
-        fits, whatever the time model predicts; ``None``: not this one (rank on)."""
-        if cand.compiled is None:
-            if time_left is not None and time_left < compile_cost:
-                return None
-            if not self.probed(cand):
-                return None
-            self._screen(cand)
-            return AGAIN
-        if cand.compiled.measurement.status == ERROR:
-            return cand  # recorded as a failed trial
-        if cand.compiled.executable is None:
-            cand.verdict = Verdict.NO_EXECUTABLE
-            return None
-        return cand
+    def observe(self, schedule: Schedule, size: int | None, step: float | None = None) -> None:
+        """The plan sees a sized or measured (``step``: timed) schedule; its proposals join
+        the pool (``LayerPlan.observe``)."""
+        presets = policy_choices(self.pool.platform, "step", self.pool.named) \
+            if self.plan.base is None else {}  # the presets matter only until ``full`` is seen
+        for proposal in self.plan.observe(schedule, size, presets, step):
+            self.pool.add(proposal, {})

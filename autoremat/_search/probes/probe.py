@@ -26,7 +26,7 @@ Offload is probed per placement (``nested_space.OFFLOAD_POLICIES``: each step, t
 innermost level, an outer level's chunk-boundary carries by name), each on its
 own, so a placement this XLA refuses leaves out only that one; a combination of
 placements (each passed alone on a TPU, together they failed to compile) is probed
-as one more choice when the planner proposes it (``probe_guard``).
+as one more choice when the planner proposes it (``guard``).
 
 The trade-off: a probe costs one compile and two short runs per choice (a few
 seconds, more for a big model: ``studies/results/tune_time.md``; once per platform and
@@ -35,13 +35,13 @@ and sees the problem at a short length; a failure that only appears at full leng
 still reaches a trial -- which then fails without using up one of ``n_trials``
 (``autoremat._search.tune``; a combination that fails so is left out from then on).
 
-A study probes lazily (``autoremat._search.probe_guard``): a choice when the
+A study probes lazily (``autoremat._search.probes.guard``): a choice when the
 planner first proposes a schedule using it, and each combination of choices it
 proposes. A verdict is a ``ProbeVerdict`` (offered or not, why, and where it came from:
 a probe, the cache, a trial); it is recorded in the study as one line (user attr
 ``attrs.PROBE``: label -> ``"offered: ..."`` or ``"left out: ..."``; a resumed study or
 another worker reads them back) and cached beside the storage
-(``autoremat._search.probe_cache``).
+(``autoremat._search.probes.cache``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ RTOL: Final = 1e-5
 #: miscompiled offload is off by the size of the values, far past 1e-3 (the tests check
 #: exactness, not this).
 ATOL_FRACTION: Final = 1e-3
-#: The probe's rules, part of a cached verdict's key (``probe_cache``): a verdict found
+#: The probe's rules, part of a cached verdict's key (``cache``): a verdict found
 #: under other tolerances is not reused.
 RULES: Final = f"rtol {RTOL}, atol {ATOL_FRACTION} of the largest value"
 OFFERED: Final = "offered"
@@ -82,8 +82,8 @@ class Source(enum.Enum):
     """Where a verdict came from."""
 
     PROBE = "probe"  # a probe ran it
-    CACHE = "cache"  # the cache beside the storage (``probe_cache``)
-    TRIAL = "trial"  # a trial failed to compile it (``probe_guard``)
+    CACHE = "cache"  # the cache beside the storage (``cache``)
+    TRIAL = "trial"  # a trial failed to compile it (``guard``)
 
 
 #: What a verdict's stored line ends with, by where it came from.

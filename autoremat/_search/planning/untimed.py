@@ -2,7 +2,7 @@
 
 Pure functions of the figures they name (``Reach``: the budget, the platform, the most a
 size overstated a run, the timed schedules' bytes and seconds). The planner's ranking
-(``Planner.next``) and the device's choice while a compile runs (``planner_ahead``'s
+(``Planner.choose``) and the device's choice while a compile runs (``ahead``'s
 ``meanwhile``) ask the same ``untimed`` of a compiled candidate, so the two agree on
 what is worth timing:
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from autoremat._measure.device_memory import VALIDATED
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import Measurement
-from autoremat._search.candidates import Verdict
+from autoremat._search.planning.candidates import Verdict
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The memory model: a schedule's compiled total before compiling it, so the planner skips
-what is surely over the budget (``autoremat._search.planner``).
+what is surely over the budget (``autoremat._search.planning.planner``).
 
 ``MemoryModel`` fits ``total_bytes`` on what a schedule stores (``Features.terms``:
 carries, steps kept whole, steps' dots; ``nested.level_terms``) and whether it is
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from autoremat._search.predict import Structure, _dot, _ridge
+from autoremat._search.planning.predict import Structure, _dot, _ridge
 
 #: A schedule the memory model predicts at this many times the budget is not compiled
 #: (``MemoryModel.far_over``): on a user's GRU (T=160, budget half of plain's) the

@@ -1,0 +1,297 @@
+"""Which schedule to measure next: screen by compiled memory, predict time, time few.
+
+A worker's ``Planner`` holds a pool of candidate schedules (``pool``: the space's random
+draws, every structure of a short scan, the neighbours of the best so far) and decides,
+each time the search may measure one more, which one it is worth timing:
+
+1. candidates are ranked by predicted step time (``Judge.rank``: ``predict.TimeModel``,
+   calibrated on the study's own timed trials);
+2. going down that list, a candidate storing at least as much as one already over the
+   budget, or predicted at least as large as a program the compiler refused for want of
+   memory (``MemoryModel.surely_over``), is skipped unsized; the others are compiled and
+   sized (a fraction of timing's cost), the executable kept for the timing;
+3. one that ``untimed`` rules out (over the budget at run time, or dominated on memory
+   and predicted time by a schedule already timed) is never timed -- nor compiled, when
+   the memory model's guess already makes it dominated; nor an offloading one whose twin
+   without the copies fits (``offload_twins``); the first that is neither is;
+4. the search is done at once when the budget is under what no schedule removes
+   (``breakdown.floor_bytes``); else when the best prediction left is slower than the
+   best measured schedule that fits by ``judge.STOP_RATIO``, widened by twice the model's
+   own leave-one-out error (``Judge.stop_ratio``: a model off by 15% must not rule out a
+   schedule predicted 20% slower); or when ``standings.PATIENCE`` candidates within the budget were compiled
+   since the best last improved by ``IMPROVES`` and none of those is worth timing; or
+   when the time left cannot pay for the next compile or timing.
+
+With ``explore_front`` step 4's ratio test is off: every fitting schedule not dominated
+is timed. A timing stops after its first run when that run is already
+``timing.CUT_RATIO`` x slower than the best that fits (a *cut* trial), and after its
+fewest runs when they all are ``timing.BEATEN`` slower (``Judge.rival``). With compile
+threads (``compiles``) the next candidates are compiled ahead, and the device times
+another while the planner's choice compiles (``ahead``).
+
+Each rule lives in the part that holds its figures; the planner holds the parts and
+decides in that order (``choose``), and the worker reads the parts it needs
+(``planner.pool``, ``planner.judge``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from autoremat._measure import device_memory
+from autoremat._measure.breakdown import floor_bytes
+from autoremat._measure.measure import Compiled, compile_schedule
+from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
+from autoremat._measure.problem import Problem, Step
+from autoremat._measure.timing import DEFAULT_TIME_BUDGET
+from autoremat._schedules.base import Schedule
+from autoremat._schedules.policy import Policy
+from autoremat._search.arguments import SharedArguments
+from autoremat._search.planning.ahead import CompilesAhead
+from autoremat._search.planning.candidates import AGAIN, Candidate, Verdict
+from autoremat._search.planning.clock import Clock
+from autoremat._search.planning.compile_pool import CompilePool
+from autoremat._search.planning.judge import Judge
+from autoremat._search.planning.layer_costs import LayerCosts
+from autoremat._search.planning.memory_model import MemoryModel
+from autoremat._search.planning.offload_twins import OffloadTwins
+from autoremat._search.planning.pool import Pool
+from autoremat._search.planning.predict import TimeModel
+from autoremat._search.planning.presets import Presets
+from autoremat._search.planning.standings import Standings
+from autoremat._search.probes.guard import ProbeGuard
+from autoremat._search.short_runs import ShortRuns
+
+
+class Planner:
+    """One worker's pool of candidates and models (see the module doc).
+
+    Its parts, each readable alone: ``pool`` (the candidates), ``standings`` (what was
+    measured), ``judge`` (the models' view of a candidate), ``clock`` (the time left),
+    ``ahead`` (compiles ahead), ``twins`` (an offload's twin first; ``None``: the whole
+    front is wanted), ``presets`` (a layer stack's, first; ``None``: not a layer stack),
+    ``guard`` (the study's probe of risky choices; ``None``: none).
+
+    Attributes:
+      floor: bytes no schedule removes (``breakdown.floor_bytes``), once a compile said.
+    """
+
+    def __init__(self, problem: Problem, budget_bytes: int, platform: str, short: ShortRuns,
+                 *, seed: int = 0, explore_front: bool = False,
+                 time_budget: float = DEFAULT_TIME_BUDGET,
+                 refused: frozenset[str] = frozenset(),
+                 named: Mapping[str, Policy] | None = None,
+                 layer_costs: LayerCosts | None = None,
+                 built: tuple[str, Step, tuple[Any, ...]] | None = None,
+                 guard: ProbeGuard | None = None,
+                 compiles: CompilePool | None = None) -> None:
+        """``short``: how a candidate is timed (its run length and cost); ``refused``:
+        choices the study's probe left out; ``named``: policies over the problem's tags
+        (``named_policies``); ``layer_costs``: a layer stack's (its presets first);
+        ``built``: ``(schedule key, step, args)`` built before the search (``tune``: the
+        plain scan, whose arguments fingerprint the study), used by that schedule's
+        compile; ``compiles``: threads compiling ahead."""
+        self.problem, self.budget_bytes, self.platform = problem, budget_bytes, platform
+        self.short, self.time_budget, self.guard = short, time_budget, guard
+        self.pool = Pool(problem.seq_len, platform, seed=seed, refused=refused,
+                         fuse=problem.fuse_choice, named=named,
+                         layer_stack=layer_costs is not None)
+        self.presets = None if layer_costs is None else Presets(layer_costs, self.pool,
+                                                                budget_bytes)
+        self.standings = Standings(budget_bytes)
+        memory_model = MemoryModel()
+        self.judge = Judge(platform, self.standings, TimeModel(platform), memory_model,
+                           explore_front, self.presets)
+        self.twins = None if explore_front else OffloadTwins(
+            problem.seq_len, budget_bytes, memory_model,
+            (self.standings.timed, self.standings.cut), self.pool.proposed)
+        self.clock = Clock(reserve_compile=platform in device_memory.VALIDATED)
+        self.ahead = CompilesAhead(compiles, self.pool, self.judge, self.clock, short,
+                                   time_budget, twins=self.twins, guard=guard,
+                                   built=None if built is None else built[0])
+        self._built = built
+        self._shared = SharedArguments(None if built is None else built[2])
+        self.floor: int | None = None
+
+    # -- what the study holds ----------------------------------------------------------
+    def observe(self, measured: list[tuple[Schedule, Measurement]], taken: set[str]) -> None:
+        """What the study holds now (every worker's): measured trials, claimed keys."""
+        self.pool.taken = taken
+        for schedule, m in measured:
+            self.record(schedule, m, refit=False)
+        self._refit()
+
+    def record(self, schedule: Schedule, m: Measurement, *, refit: bool = True) -> None:
+        """One measured trial: no longer a candidate; its figures calibrate the model."""
+        key = schedule.key()
+        cand = self.pool.candidate(schedule)
+        if cand.verdict is Verdict.UNDECIDED:
+            cand.verdict = Verdict.MEASURED
+        if cand.compiled is not None:
+            cand.compiled.release()
+        self.standings.record(key, m)
+        fit = m.fit_bytes
+        if m.status == OVER_BUDGET and m.runtime_peak_bytes is not None:
+            self.judge.memory_model.mark_over(cand.structure)  # over by its run, not its compile
+        if self.presets is not None:
+            self.presets.observe(cand.schedule, m.size_bytes if fit is None else fit,
+                                 m.step_seconds)
+        if self.guard is not None:  # a combination that failed to compile is left out
+            self.guard.failed_in_trial(cand.params, m)
+        if refit:
+            self._refit()
+
+    def _refit(self) -> None:
+        self.judge.time_model.fit([(self.pool[k].structure, b, s)
+                                   for k, (b, s) in self.standings.measured().items()])
+        best = self.standings.new_best()
+        if best is not None:
+            self.pool.grow_around(best)
+
+    def probed(self, cand: Candidate) -> bool:
+        """``cand``'s risky choices passed the study's probe (``ProbeGuard.allows``: probed
+        now where not); else it is refused, and the choices left out leave the proposals."""
+        if self.guard is None or self.guard.allows(cand.params):
+            return True
+        cand.verdict = Verdict.REFUSED
+        self.pool.refused = self.guard.refused
+        return False
+
+    # -- screening ---------------------------------------------------------------------
+    def take_compiled(self, cand: Candidate) -> Compiled:
+        """The candidate compiled and sized (now if not screened); the pool keeps only the
+        sized figures (the caller runs and releases it)."""
+        if cand.compiled is None:
+            self.screen(cand)
+        assert cand.compiled is not None
+        compiled = cand.compiled
+        cand.compiled = Compiled(compiled.measurement)
+        return compiled
+
+    def screen(self, cand: Candidate) -> None:
+        """Compile and size ``cand`` (taken ahead by a compile thread where one did); its
+        figures teach the memory model, the guard, the floor and a layer stack's plan."""
+        key = cand.schedule.key()
+        built = None
+        if self._built is not None and self._built[0] == key:
+            built, self._built = self._built[1:], None  # compiled once: not kept
+        ahead = None if built is not None else self.ahead.take(key)
+        cand.compiled = ahead if ahead is not None else compile_schedule(
+            self.problem, cand.schedule, budget_bytes=self.budget_bytes, built=built)
+        m = cand.compiled.measurement
+        if m.compile_seconds is not None:
+            self.clock.compile_seconds.append(m.compile_seconds)
+        if m.size_bytes is not None:  # or the size the compiler stated, out of memory
+            self.judge.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
+                                        refused=m.total_bytes is None)
+        if self.guard is not None:
+            self.guard.failed_in_trial(cand.params, m)
+        floor = floor_bytes(m)
+        if floor is not None:
+            self.floor = floor
+        if m.status == OVER_BUDGET and self.presets is not None:
+            self.presets.observe(cand.schedule, m.size_bytes)
+        self._shared.share(cand.compiled)
+
+    # -- deciding ----------------------------------------------------------------------
+    def next(self, deadline: float | None, *, explore: bool = False,
+             dominated: bool = False) -> Candidate | None:
+        """The next candidate to time (or to record: a failure), or ``None``: done, by
+        ``deadline`` (``time.monotonic()``); ``explore``: no stop on the predicted ratio;
+        ``dominated``: dominated ones too (a caller that must measure a given number)."""
+        if dominated:
+            self.pool.reopen_dominated()
+        self.clock.deadline = deadline
+        while True:
+            chosen = self.choose(self.clock.time_left(), explore=explore or dominated,
+                                 dominated=dominated)
+            if chosen != AGAIN:
+                return chosen if isinstance(chosen, Candidate) else None
+
+    def choose(self, time_left: float | None, *, explore: bool = False,
+               dominated: bool = False) -> Candidate | Literal["again"] | None:
+        """One round of ``next``: the candidate to time, ``AGAIN`` (one was compiled: the
+        models moved, rank again) or ``None`` (done), with ``time_left`` seconds."""
+        if self.floor is not None and self.floor > self.budget_bytes:
+            return None  # nothing can fit: the arguments and outputs alone are over
+        judge = self.judge
+        compile_cost = self.clock.compile_cost()
+        ranked = judge.rank(self.pool.open(), compiled_first=dominated)
+        for i, (predicted, cand) in enumerate(ranked):
+            if self.presets is not None and judge.first(cand) is not None:
+                if cand.compiled is None and self.presets.over(cand.schedule):
+                    cand.verdict = Verdict.SURELY_OVER  # by what it keeps (``presets``)
+                    continue
+                first = self._preset(cand, time_left, compile_cost)
+                if first is not None:
+                    return first
+                continue
+            if judge.past_stop(predicted, explore=explore):
+                return None
+            if judge.past_stop(predicted, cand, explore=explore):
+                continue  # near a timed schedule, and not predicted within STOP_RATIO
+            if cand.compiled is None:
+                if judge.calibrated() and not explore and not self.standings.patience_left():
+                    continue  # no compile more; one compiled may still be timed
+                screen = cand if self.twins is None else self.twins.first(
+                    cand, self.pool.taken, judge.stop_seconds())
+                if screen is None:
+                    continue
+                cand = screen
+                if judge.surely_over(cand):
+                    cand.verdict = Verdict.SURELY_OVER
+                    continue
+                if not explore and judge.dominated(cand, predicted):
+                    continue  # by the memory model's guess: not worth a compile (yet)
+                if time_left is not None and time_left < compile_cost:
+                    return None
+                if not self.probed(cand):
+                    continue
+                if not dominated and self.ahead.compiling(cand):  # on a thread: time another
+                    other = self.ahead.meanwhile(ranked[i + 1:], time_left,
+                                                 cand.schedule.key(), self.screen)
+                    if other is not None:
+                        return other
+                self.screen(cand)  # the planner's own choice (not a seed, not a preset):
+                self.standings.compiled_within(  # counted where it fits
+                    cand.sized is not None and cand.sized.status == OK
+                    and not judge.over_at_runtime(cand))
+                return AGAIN  # the models moved: rank again
+            m = cand.compiled.measurement
+            if m.status == ERROR:
+                return cand  # recorded as a failed trial
+            verdict = judge.untimed(cand, dominated)
+            if verdict is not None:
+                cand.verdict = verdict
+                if verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
+                    judge.memory_model.mark_over(cand.structure)
+                continue
+            if (time_left is not None and judge.time_model.points
+                    and time_left < self.short.timing_cost(cand.schedule, predicted,
+                                                           self.time_budget)):
+                return None
+            return cand
+        return None
+
+    def _preset(self, cand: Candidate, time_left: float | None,
+                compile_cost: float) -> Candidate | Literal["again"] | None:
+        """A candidate tried before all others (``presets``): compiled, then timed when it
+        fits, whatever the time model predicts; ``None``: not this one (rank on)."""
+        if cand.compiled is None:
+            if time_left is not None and time_left < compile_cost:
+                return None
+            if not self.probed(cand):
+                return None
+            self.screen(cand)
+            return AGAIN
+        if cand.compiled.measurement.status == ERROR:
+            return cand  # recorded as a failed trial
+        if cand.compiled.executable is None:
+            cand.verdict = Verdict.NO_EXECUTABLE
+            return None
+        return cand
+
+    def close(self) -> None:
+        """Release what the compile threads took ahead and stop them."""
+        self.ahead.close()
