@@ -19,7 +19,7 @@ from autoremat._measure.measure import compile_schedule
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule
 from autoremat._search.pareto import pareto_front
-from autoremat._search.study import load_study, measured_trials
+from autoremat._search.study import StudyInfo, load_study, measured_trials
 from autoremat._search.tune import tune
 
 T = 400
@@ -131,7 +131,8 @@ def test_a_pick_too_slow_for_the_limit_is_written_as_predicted(
     assert plot_study(study, tmp_path / "front.png").stat().st_size > 0  # hollow: predicted
     assert "predicted T'=" in front_table(pareto_front(study), BUDGET, seq_len=T)
     monkeypatch.setattr(confirm_module, "ALWAYS_SECONDS", 0.0)
-    note = confirm_module.confirm(study, small(), BUDGET, time_limit=1e-9, time_budget=0.05)
+    note = confirm_module.confirm(study, small(), StudyInfo.of(study), time_limit=1e-9,
+                                  time_budget=0.05)
     assert f"trial {result.best_trial.number}" in note and "time limit" in note
     assert "would time it" in note
     assert not any(t.measurement.extrapolated_seconds for t in measured_trials(study))

@@ -28,7 +28,7 @@ from autoremat._measure.measurement import figure_names
 from autoremat._measure.problem import Problem
 from autoremat._measure.timing import time_compiled
 from autoremat._search.attrs import confirmed_key
-from autoremat._search.study import MeasuredTrial, measured_trials
+from autoremat._search.study import MeasuredTrial, StudyInfo, measured_trials
 
 if TYPE_CHECKING:
     import optuna
@@ -64,14 +64,15 @@ def _next(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> Measu
                  and (t.measurement.step_seconds or 0.0) <= limit), None)
 
 
-def confirm(study: optuna.Study, problem: Problem, budget_bytes: int, *,
+def confirm(study: optuna.Study, problem: Problem, info: StudyInfo, *,
             time_limit: float | None, time_budget: float,
             on_confirm: Callable[[str], None] | None = None) -> str:
-    """Time the pick (and a close runner-up) at full length (module doc); the
-    confirmed trials then carry ``extrapolated_seconds``. Returns why the pick
-    stays predicted ("": it does not)."""
+    """Time the pick (and a close runner-up) at full length (module doc), under the
+    study's budget (``info``: what the study was made for); the confirmed trials then
+    carry ``extrapolated_seconds``. Returns why the pick stays predicted ("": it does not)."""
+    budget_bytes = info.budget_bytes
     for _ in range(MAX_CONFIRMED):
-        trial = _next(measured_trials(study), budget_bytes, problem.seq_len)
+        trial = _next(measured_trials(study), budget_bytes, info.seq_len)
         if trial is None:
             break
         predicted = float(trial.measurement.step_seconds or 0.0)

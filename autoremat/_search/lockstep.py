@@ -41,7 +41,6 @@ from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.peers import combine, registered
 from autoremat._measure.timing import Compiled
 from autoremat._search.planning.compile_pool import WORKERS_ENV
-from autoremat._units import parse_duration
 
 if TYPE_CHECKING:
     from autoremat._measure.problem import Problem
@@ -320,16 +319,17 @@ def _one_compile_thread() -> Iterator[None]:
             os.environ[WORKERS_ENV] = before
 
 
-def in_lockstep(problem: Problem, heartbeat: float | str,
+def in_lockstep(problem: Problem, heartbeat: float,
                 tune_here: Callable[[], TuneResult]) -> TuneResult:
-    """``tune`` on every process of the job (module doc): process 0 runs ``tune_here`` with
-    the others following; every process returns its ``TuneResult``.
+    """``tune`` on every process of the job (module doc), their heartbeats ``heartbeat``
+    seconds apart: process 0 runs ``tune_here`` with the others following; every process
+    returns its ``TuneResult``.
 
     Raises:
       TuneError: jax.distributed is not initialized, the processes built different
         problems, or process 0's tune failed (its error, on the others).
     """
-    store = _Store(parse_duration(heartbeat, "heartbeat"))
+    store = _Store(float(heartbeat))
     with _Watchdog(store):
         if store.process != 0:
             return _Follower(problem, store).follow()

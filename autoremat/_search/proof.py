@@ -27,7 +27,7 @@ from autoremat._measure.measurement import proof_attrs
 from autoremat._measure.problem import Problem
 from autoremat._measure.timing import Compiled
 from autoremat._search.attrs import proof_key
-from autoremat._search.study import MeasuredTrial, choose
+from autoremat._search.study import MeasuredTrial, StudyInfo, choose
 from autoremat._units import format_bytes
 
 if TYPE_CHECKING:
@@ -37,17 +37,19 @@ if TYPE_CHECKING:
 MAX_TRIES: Final = 3
 
 
-def prove_fit(study: optuna.Study, problem: Problem, budget_bytes: int,
+def prove_fit(study: optuna.Study, problem: Problem, info: StudyInfo,
               on_line: Callable[[str], None] | None = None,
               compiled: Compiled | None = None) -> str:
-    """Prove the study's pick fits ``budget_bytes`` on the device (module doc). Returns one
+    """Prove the study's pick fits its budget (``info``: what the study was made for) on
+    the device (module doc). Returns one
     line saying what was proved ("" when nothing fits). ``compiled``: a schedule's
     executable at full length, run instead of compiling again when it is the pick's (the
     search keeps its best's: ``Worker.take_kept``)."""
     if not device_memory.meters():
         return "proof of fit: skipped (a CPU has no device memory to fill)"
+    budget_bytes = info.budget_bytes
     for _ in range(MAX_TRIES):
-        best = choose(study)
+        best = choose(study, info)
         if best is None:
             return "proof of fit: no pick left that fits"
         if best.measurement.fit_proof_bytes is not None:

@@ -14,7 +14,6 @@ import warnings
 from typing import TYPE_CHECKING, Final
 
 from autoremat._errors import TuneError
-from autoremat._measure.problem import Problem
 from autoremat._search.attrs import SCHEDULE
 from autoremat._search.space import seeds
 from autoremat._search.storage import StudyLock
@@ -29,9 +28,9 @@ if TYPE_CHECKING:
 METRIC_NAMES: Final = ("total_bytes", "step_seconds")
 
 
-def default_study_name(problem: Problem, budget_bytes: int, device_kind: str) -> str:
+def default_study_name(info: StudyInfo) -> str:
     """``<problem name> on <device kind> under <budget>``."""
-    return f"{problem.name} on {device_kind} under {budget_bytes}B"
+    return f"{info.problem} on {info.device_kind or ''} under {info.budget_bytes}B"
 
 
 def open_study(storage: RDBStorage, name: str, info: StudyInfo, lock: StudyLock,

@@ -157,11 +157,12 @@ def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
     return [t for t in found if t is not None]
 
 
-def choose(study: optuna.Study) -> MeasuredTrial | None:
+def choose(study: optuna.Study, info: StudyInfo | None = None) -> MeasuredTrial | None:
     """The fastest trial that fits the study's budget (ties: less memory), or ``None``;
     among those timed at full length when there are any (a time predicted from a short
-    run is the answer only while none was: ``autoremat._search.confirm``)."""
-    info = StudyInfo.of(study)
+    run is the answer only while none was: ``autoremat._search.confirm``). ``info``: what
+    the study was made for, when the caller has it (``tune``), else read from the study."""
+    info = info if info is not None else StudyInfo.of(study)
     return _choose(measured_trials(study), info.budget_bytes, info.seq_len)
 
 

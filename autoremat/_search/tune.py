@@ -64,6 +64,7 @@ the next fastest that passes is.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -179,26 +180,38 @@ def tune(
       ProblemError: the problem's step cannot be built.
     """
     import jax
-    import optuna
 
-    budget_bytes = parse_bytes(budget_bytes, "budget")
-    time_budget = parse_duration(time_budget, "time_budget")
-    heartbeat = parse_whole_seconds(heartbeat, "heartbeat")
+    beat = parse_whole_seconds(heartbeat, "heartbeat")
+    search = functools.partial(
+        _tune, problem, parse_bytes(budget_bytes, "budget"), n_trials=n_trials,
+        total_trials=total_trials,
+        limit=None if time_limit is None else parse_duration(time_limit, "time_limit"),
+        explore_front=explore_front, storage=storage, study_name=study_name, seed=seed,
+        out=out, time_budget=parse_duration(time_budget, "time_budget"),
+        heartbeat=beat, on_trial=on_trial,
+        on_confirm=on_confirm)
     if jax.process_count() > 1 and active_peers() is None:  # every process runs this call
         from autoremat._search.lockstep import in_lockstep
 
-        return in_lockstep(problem, heartbeat, lambda: tune(
-            problem, budget_bytes, n_trials=n_trials, total_trials=total_trials,
-            time_limit=time_limit, explore_front=explore_front, storage=storage,
-            study_name=study_name, seed=seed, out=out, time_budget=time_budget,
-            heartbeat=heartbeat, on_trial=on_trial, on_confirm=on_confirm))
-    limit = None if time_limit is None else parse_duration(time_limit, "time_limit")
+        return in_lockstep(problem, beat, search)
+    return search()
+
+
+def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
+          total_trials: int | None, limit: float | None, explore_front: bool,
+          storage: str | None, study_name: str | None, seed: int, out: str | Path | None,
+          time_budget: float, heartbeat: int, on_trial: OnTrial | None,
+          on_confirm: Callable[[str], None] | None) -> TuneResult:
+    """``tune`` on its arguments read (a budget in bytes, seconds): from here the budget
+    and the problem's facts travel in the study's ``StudyInfo``."""
+    import optuna
+
     start = time.monotonic()
     with optuna_verbosity(optuna.logging.WARNING):  # the caller's level is restored
         info, built = _study_info(problem, budget_bytes, storage)
-        _refuse_under_arguments(budget_bytes, built[2], problem.arg_names)
+        _refuse_under_arguments(info.budget_bytes, built[2], problem.arg_names)
         storage_obj = open_storage(storage, heartbeat=heartbeat)
-        name = study_name or default_study_name(problem, budget_bytes, info.device_kind or "")
+        name = study_name or default_study_name(info)
         lock = StudyLock(storage_obj, name)
         costs = step_costs(built[1], built[2], problem.seq_len)  # one trace: tags, matmuls
         layers = LayerCosts(problem.seq_len, costs) if (
@@ -218,11 +231,11 @@ def tune(
         interrupted = search.run(n_trials, None if limit is None else
                                  limit - (time.monotonic() - start))
         search_measured = search.measured
-        unconfirmed = "" if interrupted else confirm(study, problem, budget_bytes, time_limit=limit,
+        unconfirmed = "" if interrupted else confirm(study, problem, info, time_limit=limit,
                                                      time_budget=time_budget, on_confirm=on_confirm)
         kept = search.take_kept()  # the best's executable: the proof runs it
         del search  # its other executables: what they reserve on a device is not the pick's
-        proof = "" if interrupted else prove_fit(study, problem, budget_bytes, on_confirm, kept)
+        proof = "" if interrupted else prove_fit(study, problem, info, on_confirm, kept)
         if kept is not None:
             kept.release()
         result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,

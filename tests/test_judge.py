@@ -1,0 +1,66 @@
+"""The planner's judge, alone: the stop rule, the rival, the ranking."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from autoremat._measure.measurement import OK, Measurement
+from autoremat._search.planning.candidates import Candidate
+from autoremat._search.planning.judge import MAX_STOP, STOP_RATIO, Judge
+from autoremat._search.planning.memory_model import MemoryModel
+from autoremat._search.planning.pool import Pool
+from autoremat._search.planning.predict import TimeModel
+from autoremat._search.planning.standings import Standings
+
+
+def judge(best_seconds: float | None = None, *, points: int = 2, error: float = 0.0,
+          explore_front: bool = False, presets: Any = None) -> Judge:
+    standings = Standings(budget_bytes=100)
+    if best_seconds is not None:
+        standings.record("best", Measurement("best", OK, "", total_bytes=50,
+                                             step_seconds=best_seconds))
+    model = TimeModel("cpu")
+    model.points, model.error = points, error
+    return Judge("cpu", standings, model, MemoryModel(), explore_front, presets)
+
+
+def test_the_stop_ratio_widens_with_the_models_error_within_its_bounds() -> None:
+    assert judge(error=0.0).stop_ratio() == STOP_RATIO
+    assert judge(error=0.05).stop_ratio() == STOP_RATIO  # 1 + 2 x 0.05: under the floor
+    assert judge(error=0.2).stop_ratio() == pytest.approx(1.4)  # 1 + 2 x 0.2
+    assert judge(error=1.0).stop_ratio() == MAX_STOP
+
+
+def test_past_the_stop_only_once_calibrated_and_never_while_exploring() -> None:
+    beyond = 1.0 * STOP_RATIO * 1.01
+    assert judge(1.0).past_stop(beyond)
+    assert not judge(1.0).past_stop(0.99 * STOP_RATIO)
+    assert not judge(1.0).past_stop(beyond, explore=True)
+    assert not judge(1.0, points=1).past_stop(beyond)  # one timing: not calibrated
+    assert not judge(None).past_stop(beyond)  # nothing fits yet
+    assert judge(1.0).stop_seconds() == STOP_RATIO and judge(None).stop_seconds() is None
+
+
+def test_the_rival_is_the_best_unless_the_whole_front_is_wanted() -> None:
+    assert judge(0.5).rival() == 0.5
+    assert judge(0.5, explore_front=True).rival() is None
+    assert judge(None).rival() is None
+
+
+def test_presets_rank_first_in_their_order_then_the_fastest_predicted() -> None:
+    cands: list[Candidate] = list(Pool(1000, "cpu").values())[:5]
+    order = {cands[3].schedule.key(): 0, cands[4].schedule.key(): 1}  # two presets
+    presets = SimpleNamespace(priority=lambda c: order.get(c.schedule.key()),
+                              over=lambda s: False)
+    j = judge(1.0, presets=presets)
+    predicted = {id(c): p for c, p in zip(cands, [0.3, 0.1, 0.2, 0.9, 0.05], strict=True)}
+    j.predict = lambda c: predicted[id(c)]  # type: ignore[method-assign]
+    ranked = [c for _, c in j.rank(cands)]
+    assert ranked == [cands[3], cands[4], cands[1], cands[2], cands[0]]
+    j.presets = None
+    assert [c for _, c in j.rank(cands)] == [cands[4], cands[1], cands[2], cands[0], cands[3]]
+    cands[0].compiled = SimpleNamespace()  # type: ignore[assignment]
+    assert j.rank(cands, compiled_first=True)[0][1] is cands[0]
