@@ -132,8 +132,7 @@ class CompilePool:
     def room(self) -> int:
         """How many more compiles may be taken ahead now."""
         self._reap()
-        return 0 if self._executor is None else max(
-            0, self.capacity - len(self._ahead) - len(self._dropped))
+        return 0 if self._executor is None else max(0, self.capacity - self.held)
 
     def submit(self, key: str, schedule: Schedule) -> bool:
         """Compile ``schedule`` on a thread (``False``: no room, or already ahead)."""
@@ -223,9 +222,15 @@ class CompilePool:
             self._executor = None
         self._reap()
 
+    @property
+    def held(self) -> int:
+        """Compiles held: taken ahead (running, or done and not taken) and dropped ones
+        still running."""
+        return len(self._ahead) + len(self._dropped)
+
     def wait(self) -> None:
-        """Wait for the compiles dropped and still running, and release them."""
-        for future in self._dropped:
+        """Wait for every compile under way to end; release those dropped."""
+        for future in [*self._ahead.values(), *self._dropped]:
             with contextlib.suppress(Exception):
                 future.exception()  # waits, raising nothing
         self._reap()
