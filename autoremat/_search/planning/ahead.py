@@ -99,7 +99,8 @@ class CompilesAhead:
         cut = None if rival is None else CUT_RATIO * rival
         explore = judge.explore_front
         # no more of the planner's own than its patience lets it compile (``PATIENCE``)
-        own = judge.standings.patience_left() if judge.calibrated() and not explore else n
+        calibrated = judge.calibrated()
+        own = judge.standings.patience_left() if calibrated and not explore else n
         later: list[Candidate] = []  # predicted to be cut
         for predicted, cand in judge.rank(self.pool.open()):
             key = cand.schedule.key()
@@ -127,7 +128,7 @@ class CompilesAhead:
             if own <= 0:
                 break
             own -= 1
-            cut_or_over = (judge.calibrated() and cut is not None and predicted > cut) or (
+            cut_or_over = (calibrated and cut is not None and predicted > cut) or (
                 judge.guessed_over(cand))
             (later if cut_or_over else found).append(cand)
         return [*found, *later][:n]

@@ -92,7 +92,7 @@ class Planner:
         ``built``: ``(schedule key, step, args)`` built before the search (``tune``: the
         plain scan, whose arguments fingerprint the study), used by that schedule's
         compile; ``compiles``: threads compiling ahead."""
-        self.problem, self.budget_bytes, self.platform = problem, budget_bytes, platform
+        self.problem, self.budget_bytes = problem, budget_bytes
         self.short, self.time_budget, self.guard = short, time_budget, guard
         self.pool = Pool(problem.seq_len, platform, seed=seed, refused=refused,
                          fuse=problem.fuse_choice, named=named,
