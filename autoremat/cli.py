@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from autoremat import __version__
-from autoremat._cli.breakdown_text import nothing_fits_message
+from autoremat._cli.breakdown_text import bound_line, nothing_fits_message
 from autoremat._cli.distributed import deciding, join, written_line
 from autoremat._cli.exits import EXIT_CRASH as EXIT_CRASH
 from autoremat._cli.exits import (
@@ -280,6 +280,7 @@ def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[st
             out=settings["out"], time_budget=settings["time_budget"],
             heartbeat=settings["heartbeat"], on_trial=progress.on_trial,
             on_confirm=progress.note,
+            on_bound=lambda b: progress.note(bound_line(b, settings["trials"] is None)),
         )
     except BudgetError as e:  # under the step's arguments: refused before compiling
         print(f"autoremat: {with_flag(str(e))}", file=sys.stderr)

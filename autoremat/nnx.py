@@ -58,6 +58,7 @@ from autoremat._flax.nnx_remat_scans import remat_scans as remat_scans
 from autoremat._flax.nnx_scan import scan
 from autoremat._flax.rnn import finish, prepare, scan_body
 from autoremat._measure.problem import Problem
+from autoremat._scan.remat_scans import nothing_to_schedule, unroll_notes
 from autoremat._scan.scan import as_schedule
 from autoremat._schedules import plain
 from autoremat._schedules.base import Schedule
@@ -236,8 +237,7 @@ def _survey(model_fn: Callable[[Schedule], nnx.Module], loss_fn: Callable[..., j
         s.fusion.startswith("fused into the step") for s in remat_scans(
             loss_fn, plain(1), min_length=min_length, fuse=True).describe(model, *batch).scans)
     if not report.rewritten:
-        lengths = sorted({s.length for s in report.scans})
-        raise ProblemError(f"min_length: loss_fn(model, *batch) has no scan of length >= "
-                           f"min_length={min_length} (its scans' lengths: {lengths or 'none'}); "
-                           "set min_length to the layer count, or check that the model scans")
-    return report.notes, fusable
+        raise ProblemError(f"min_length: loss_fn(model, *batch): "
+                           f"{nothing_to_schedule(report.scans, min_length)} (a layer "
+                           "stack: min_length the layer count)")
+    return (*report.notes, *unroll_notes(report.scans)), fusable

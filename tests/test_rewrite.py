@@ -277,7 +277,7 @@ def test_a_scan_inside_a_custom_vjp_is_reported() -> None:
     custom.defvjp(lambda p, x: (scan_loss(p, x), (p, x)),
                   lambda res, g: jax.tree.map(lambda v: v * g, jax.grad(scan_loss, (0, 1))(*res)))
     wrapped = autoremat.remat_scans(lambda p, x: custom(p, x) + scan_loss(p, x), NESTED)
-    with pytest.warns(RematScansWarning, match=rf"length {T} at .*custom_vjp_call.*left as written"):
+    with pytest.warns(RematScansWarning, match=rf"length {T} at .*custom_vjp rule.*left as written"):
         jax.grad(wrapped)(W, X)
     assert len(wrapped.describe(W, X).left) == 1
 

@@ -18,6 +18,7 @@ from autoremat._measure.breakdown import (
 )
 from autoremat._measure.mesh import device_note
 from autoremat._models import SEED_FIXES, FloorFixes
+from autoremat._search.bound import Bound
 from autoremat._search.study import TuneResult
 from autoremat._units import format_bytes
 
@@ -150,17 +151,50 @@ def fix_texts(fixes: FloorFixes, setting: Callable[[str], str], stacked: bool) -
 def nothing_fits_message(result: TuneResult,
                          setting: Callable[[str], str] = seed_lstm_argument,
                          fixes: FloorFixes = SEED_FIXES) -> str:
-    """One line: the budget, the floor no schedule removes when the budget is under it
-    (what it is made of, how to lower it: ``floor_message``), and the smallest total
-    measured."""
+    """One line: the budget, the least memory measured -- the least-memory schedule's
+    compile before the search (``TuneResult.bound``) or the smallest trial -- and why: the
+    floor no schedule removes when the budget is under it (what it is made of, how to
+    lower it: ``floor_message``), or the memory outside the scans when that is most of it."""
     s = result.smallest_trial
-    if s is None or s.measurement.total_bytes is None:
+    bound = result.bound
+    budget = f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes)"
+    outside = "" if bound is None else f"; {bound_text(bound)}"
+    total = None if s is None else s.measurement.total_bytes
+    if s is None or total is None:
+        if bound is not None:
+            return (f"{budget}: the least-memory schedule ({bound.least}) compiles to "
+                    f"{format_bytes(bound.least_bytes)} ({bound.least_bytes} bytes){outside}")
         return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
                 "measured (see the trials' 'reason')")
-    total = s.measurement.total_bytes
     floor = floor_message(s.measurement, result.budget_bytes, setting, fixes)
+    least = (f"; the least-memory schedule ({bound.least}) compiles to "
+             f"{format_bytes(bound.least_bytes)}" if bound is not None
+             and bound.least_bytes < total else "")
     return (
-        f"nothing fits in {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes): "
-        f"the smallest total measured is {format_bytes(total)} ({total} bytes), "
-        f"trial {s.number}: {s.schedule.describe()}" + (f"; {floor}" if floor else "")
+        f"{budget}: the smallest total measured is {format_bytes(total)} ({total} bytes), "
+        f"trial {s.number}: {s.schedule.describe()}{least}{outside}"
+        + (f"; {floor}" if floor and (bound is None or not bound.negligible) else "")
     )
+
+
+def bound_text(bound: Bound) -> str:
+    """What scheduling can save at most, in words (``autoremat._search.bound``)."""
+    held = bound.step_bytes - bound.saving
+    text = (f"scheduling can save at most {format_bytes(bound.saving)} "
+            f"({100 * bound.share:.1f}%) of the step's {format_bytes(bound.step_bytes)}: "
+            f"the least-memory schedule ({bound.least}) compiles to "
+            f"{format_bytes(bound.least_bytes)}")
+    if bound.negligible:
+        text += (f": {format_bytes(held)} of the step lies outside what a schedule of its "
+                 "scans changes (arguments, attention, MLP activations); a smaller batch, a "
+                 "shorter sequence or jax.checkpoint around those layers lowers it")
+    return text
+
+
+def bound_line(bound: Bound, searching: bool) -> str:
+    """The tune's line on the bound; ``searching``: no trial count was given, so a
+    negligible bound times the plain scan alone (``tune``'s ``on_bound``)."""
+    line = f"bound: {bound_text(bound)} (two compiles, {bound.seconds:.1f} s)"
+    if bound.negligible and searching:
+        line += "; only the plain scan is timed (--trials N searches anyway)"
+    return line

@@ -154,6 +154,17 @@ def result_table(result: TuneResult) -> str:
         *([f"  {result.proof}"] if result.proof else []),
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement)] if shown else []),
+        *([f"  time limit {format_seconds(result.overrun.limit_seconds)} ran out inside "
+           + ("the bound's two compiles" if result.overrun.trial is None
+              else f"trial {result.overrun.trial}'s compile")
+           + f" ({format_seconds(result.overrun.compile_seconds)}); "
+           f"the tune took {format_seconds(result.overrun.elapsed_seconds)}"
+           + (f" and {result.queued} queued trial(s) did not start" if result.queued else "")
+           ] if result.overrun is not None else []),
+        *([f"  least a schedule reaches: {format_bytes(result.bound.least_bytes)} "
+           f"({result.bound.least}, compiled before the search); scheduling can save at most "
+           f"{format_bytes(result.bound.saving)} ({100 * result.bound.share:.1f}%) of the "
+           "step as written"] if result.bound is not None else []),
     ])
 
 

@@ -23,7 +23,13 @@ import optax
 
 from autoremat._errors import ProblemError
 from autoremat._scan.checkpoint_names import checkpointed_steps, inner_remat_note
-from autoremat._scan.remat_scans import DEFAULT_MIN_LENGTH, RematScans, remat_scans
+from autoremat._scan.remat_scans import (
+    DEFAULT_MIN_LENGTH,
+    RematScans,
+    nothing_to_schedule,
+    remat_scans,
+    unroll_notes,
+)
 from autoremat._scan.rewrite import REWRITTEN, survey
 from autoremat._schedules import plain
 from autoremat._schedules.base import Schedule
@@ -38,7 +44,8 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
                  ) -> tuple[int, Build, tuple[str, ...], bool, tuple[str, ...]]:
     """``(seq_len, build, arg_names, fuse_choice, notes)`` of ``Problem.from_loss`` (see
     there); ``fuse_choice``: ``fuse`` is ``None`` and fusing moves something into a long
-    scan; ``notes``: a remat inside a long scan's step (``checkpointed_steps``)."""
+    scan; ``notes``: a remat inside a long scan's step (``checkpointed_steps``), a long
+    scan's own ``unroll`` that the schedule's replaces (``unroll_notes``)."""
     min_length = DEFAULT_MIN_LENGTH if min_length is None else min_length
     if not callable(loss_fn):
         raise ProblemError(f"loss_fn: expected a callable loss_fn(params, *batch), got "
@@ -55,10 +62,10 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
     except Exception as e:
         raise ProblemError(f"loss_fn: calling loss_fn(params, *batch) failed: "
                            f"{type(e).__name__}: {e}") from None
-    long = [s.length for s in survey(closed.jaxpr, min_length) if s.action == REWRITTEN]
+    found = survey(closed.jaxpr, min_length)
+    long = [s.length for s in found if s.action == REWRITTEN]
     if not long:
-        raise ProblemError(f"loss_fn: no scan of length >= min_length={min_length} to schedule; "
-                           "lower min_length or check that the model scans over time")
+        raise ProblemError(f"loss_fn: {nothing_to_schedule(found, min_length)}")
     opt_state = optimizer.init(params)
     fusing = RematScans(loss_fn, plain(1), min_length=min_length, fuse=True)
     choice = fuse is None and any(  # ``Analysis.describe`` of a fused scan
@@ -78,8 +85,9 @@ def loss_problem(loss_fn: Callable[..., Any], params: Any, batch: Sequence[Any],
         return train_step, (params, opt_state, *batch)
 
     note = inner_remat_note(checkpointed_steps(closed.jaxpr, min_length))
+    notes = ((note,) if note else ()) + unroll_notes(found)
     return (max(long), build, ("params", "opt_state", *_batch_names(loss_fn, len(batch))),
-            choice, (note,) if note else ())
+            choice, notes)
 
 
 def time_axes(batch: Sequence[Any], seq_len: int) -> list[int | None] | None:

@@ -25,7 +25,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import jax
 import numpy as np
@@ -65,11 +65,14 @@ class RewriteReport:
     def __str__(self) -> str:
         lines = [f"remat_scans: schedule {self.schedule}, min_length {self.min_length}: "
                  f"{len(self.rewritten)} of {len(self.scans)} scan(s) rewritten"]
-        lines += [f"  note: {n}" for n in self.notes]
+        if not self.rewritten:
+            lines.append(f"  warning: {nothing_to_schedule(self.scans, self.min_length)}")
+        lines += [f"  note: {n}" for n in (*self.notes, *unroll_notes(self.scans))]
         for s in self.scans:
             inside = f"  inside {' > '.join(s.inside)}" if s.inside else ""
+            unroll = f"  unroll {s.unroll}" if s.unroll != 1 else ""
             lines.append(f"  {s.action:<10} length {s.length:>8}  carry "
-                         f"{format_bytes(s.carry_bytes):>9}  {s.where}{inside}")
+                         f"{format_bytes(s.carry_bytes):>9}{unroll}  {s.where}{inside}")
             if s.fusion:
                 lines.append(f"    {s.fusion}")
         return "\n".join(lines)
@@ -211,15 +214,65 @@ def _refuse_derivative(fn: Callable[..., Any]) -> None:
             return
 
 
+#: What a primitive that holds a long scan is, in a sentence: why its scan is left.
+_LEFT_WHY: Final = {
+    "custom_vjp_call": "a custom_vjp rule (a hand-written derivative, as a kernel's "
+                       "reference path has), whose backward pass is its own",
+    "custom_jvp_call": "a custom_jvp rule, whose derivative is its own",
+    "pallas_call": "a kernel (pallas_call), whose loop and memory are the kernel's own",
+    "while": "a while loop, which reverse mode does not differentiate",
+    "shard_map": "a shard_map, whose body remat_scans does not enter",
+}
+
+
+def _left_why(action: str) -> str:
+    inside = action.removeprefix("left: inside ")
+    for prefix, why in _LEFT_WHY.items():
+        if inside.startswith(prefix):
+            return why
+    return f"a {inside}, whose body remat_scans does not enter"
+
+
+def nothing_to_schedule(found: Sequence[FoundScan], min_length: int) -> str:
+    """One sentence: why a function has no scan ``remat_scans`` rewrites -- what was found
+    (no scan; scans shorter than ``min_length``; long scans inside a primitive it does not
+    enter) and what can and cannot be done about it."""
+    left = [s for s in found if s.action not in (REWRITTEN, TOO_SHORT)]
+    short = sorted({s.length for s in found if s.action == TOO_SHORT})
+    parts = []
+    if left:
+        parts.append("; ".join(sorted({
+            f"its scan of length {s.length} at {s.where} is inside {_left_why(s.action)}"
+            for s in left})) + ": autoremat cannot schedule a loop there")
+    if short:
+        parts.append(f"its other scans are shorter than min_length={min_length} (lengths "
+                     f"{short}): pass min_length={short[0]} where they loop over time"
+                     if left else
+                     f"its scans are shorter than min_length={min_length} (lengths {short}): "
+                     f"pass min_length={short[0]} where they loop over time")
+    if not found:
+        parts.append("it has no scan: autoremat schedules sequential loops (lax.scan and "
+                     "what lowers to it: fori_loop with static bounds, nn.scan, nn.RNN, "
+                     "nnx.scan); a parallel form such as lax.associative_scan or a "
+                     "convolution keeps no per-step residuals to schedule")
+    return f"no scan of length >= min_length={min_length} to schedule: " + "; ".join(parts)
+
+
+def unroll_notes(found: Sequence[FoundScan]) -> tuple[str, ...]:
+    """A sentence per rewritten scan whose own ``unroll`` the schedule's replaces."""
+    return tuple(dict.fromkeys(
+        f"the scan at {s.where} sets unroll={s.unroll}: a schedule runs it with the "
+        "schedule's own unroll (the search tries unrolls itself)"
+        for s in found if s.action == REWRITTEN and s.unroll != 1))
+
+
 def _warn(found: list[FoundScan], min_length: int) -> None:
     for s in found:
         if s.action not in (REWRITTEN, TOO_SHORT):
             warnings.warn(
-                f"remat_scans: the scan of length {s.length} at {s.where} is {s.action[6:]} and "
-                "is left as written (remat_scans does not enter custom_jvp/custom_vjp rules, "
-                "whose backward pass is their own, nor while loops or shard_map); move the "
-                "scan out of it to schedule it",
-                RematScansWarning, stacklevel=3)
+                f"remat_scans: the scan of length {s.length} at {s.where} is inside "
+                f"{_left_why(s.action)}, and is left as written", RematScansWarning,
+                stacklevel=3)
         elif s.backward:
             warnings.warn(
                 f"remat_scans: the scan of length {s.length} at {s.where} runs backward over "
@@ -227,8 +280,5 @@ def _warn(found: list[FoundScan], min_length: int) -> None:
                 "inside)? Then nothing is saved: wrap the loss, then differentiate.",
                 RematScansWarning, stacklevel=3)
     if not any(s.action == REWRITTEN for s in found):
-        lengths = sorted({s.length for s in found})
-        seen = f"(its scans have lengths {lengths})" if lengths else "(it has no scan)"
-        warnings.warn(
-            f"remat_scans: fn has no scan of length >= min_length={min_length} {seen}; "
-            "nothing is rewritten", RematScansWarning, stacklevel=3)
+        warnings.warn(f"remat_scans: {nothing_to_schedule(found, min_length)}; nothing is "
+                      "rewritten", RematScansWarning, stacklevel=3)

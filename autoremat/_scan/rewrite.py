@@ -13,7 +13,9 @@ residuals, for ``d - 1`` extra forward passes.
 A time-major copy made for the scan (``transpose`` moving axis ``k`` to 0,
 which is how ``nn.scan(in_axes=1)`` and ``nn.RNN`` hand batch-major data to
 ``lax.scan``) is not made: the rewritten scan reads chunks straight from the
-original array along axis ``k``, as ``autoremat.scan(axis=k)`` does.
+original array along axis ``k``, as ``autoremat.scan(axis=k)`` does. A rewritten scan
+runs with the schedule's ``unroll``, not the one it was written with (``describe``
+shows both).
 
 ``survey`` lists every scan without evaluating anything: what ``describe``
 reports and what decides which equations are entered. Scans inside
@@ -53,6 +55,8 @@ class FoundScan:
       backward: it scans the stacked outputs of an opposite-direction scan of the
         same length -- what ``jax.grad`` emits (or an RTS-style backward pass).
       fusion: what ``fuse`` moves into it (``Analysis.describe``); empty when off.
+      unroll: the scan's own ``unroll`` as written. A rewritten scan runs with the
+        schedule's ``unroll`` instead (what the tuner measured and chose).
     """
 
     length: int
@@ -62,6 +66,7 @@ class FoundScan:
     action: str
     backward: bool = False
     fusion: str = ""
+    unroll: int = 1
 
 
 def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
@@ -88,7 +93,8 @@ def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
                 fusion = analyse(jaxpr, index, partial(_heavy, min_length=min_length),
                                  level).describe()
             found.append(FoundScan(length, nbytes([v.aval for v in carry]),
-                                   ji.user_location(eqn), inside, action, backward, fusion))
+                                   ji.user_location(eqn), inside, action, backward, fusion,
+                                   _own_unroll(params[ji.UNROLL], length)))
             if length >= min_length:
                 stacked.update({v: (length, reverse) for v in eqn.outvars[n_carry:]})
             found += survey(params[ji.SCAN_BODY].jaxpr, min_length, (*inside, "scan"), blocked,
@@ -99,6 +105,13 @@ def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
             for sub in ji.sub_jaxprs(params):
                 found += survey(sub, min_length, (*inside, prim.name), inner, fuse)
     return found
+
+
+def _own_unroll(unroll: Any, length: int) -> int:
+    """A scan's ``unroll`` parameter as a count of steps (``True``: all of them)."""
+    if isinstance(unroll, bool):
+        return length if unroll else 1
+    return max(1, int(unroll))
 
 
 def _level(inside: tuple[str, ...]) -> str:
@@ -261,10 +274,6 @@ class _ScanEqn:
                    [read(v) for v in eqn.invars[n_consts:n_consts + n_carry]],
                    list(eqn.invars[n_consts + n_carry:]), step)
 
-    def scheduled_unroll(self) -> Any:
-        """``unroll`` for ``scan_axes`` (``None``: the schedule's own)."""
-        return None if self.unroll in (1, False) else self.unroll
-
     def inputs(self, read: Callable[[Any], Any],
                moved: dict[Any, tuple[Any, int]]) -> tuple[list[Any], list[int]]:
         """The scanned inputs and their axes (a time-major copy not made: the original)."""
@@ -286,8 +295,7 @@ def _scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, tuple[A
             return [*carry, *ys]
         xs, axes = s.inputs(read, moved)
         carry, ys = scan_axes(s.step, s.init, xs, s.length, schedule=ctx.schedule,
-                              reverse=s.reverse, in_axes=axes, out_axes=0,
-                              unroll=s.scheduled_unroll())
+                              reverse=s.reverse, in_axes=axes, out_axes=0)
     return [*carry, *ys]
 
 
@@ -308,8 +316,7 @@ def _fused_scan(eqn: ji.JaxprEqn, read: Callable[[Any], Any], moved: dict[Any, t
     with ji.source_context(eqn):
         carry, ys = scan_axes(step, [*s.init, *sums], xs, s.length, schedule=ctx.schedule,
                               reverse=s.reverse, in_axes=axes,
-                              out_axes=[a for _, a in plan.stacked],
-                              unroll=s.scheduled_unroll())
+                              out_axes=[a for _, a in plan.stacked])
     out = dict(zip(eqn.outvars[:n_carry], carry[:n_carry], strict=True))
     out.update((v, y) for (v, _), y in zip(plan.stacked, ys, strict=True))
     out.update((jaxpr.eqns[j].outvars[0], acc)

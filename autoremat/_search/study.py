@@ -29,6 +29,7 @@ from autoremat._search.attrs import (
     proof_key,
     retimed_key,
 )
+from autoremat._search.bound import Bound
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
 from autoremat._units import format_bytes
 
@@ -53,6 +54,8 @@ class StudyInfo:
       devices, mesh: how many devices the step spans and their mesh (``data=4``;
         ``""``: none); the budget and every figure are per device.
       fuse_choice: fusing the readout was a choice of the search (``Problem.fuse_choice``).
+      notes: what building the problem noticed (``Problem.notes``: a remat inside the
+        step, a scan's own unroll the schedule's replaces), recorded in the answer's meta.
     """
 
     budget_bytes: int
@@ -65,6 +68,7 @@ class StudyInfo:
     devices: int = 1
     mesh: str = ""
     fuse_choice: bool = False
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudyInfo:
@@ -78,11 +82,26 @@ class StudyInfo:
             if key not in attrs:
                 raise TuneError(f"study_name: study {study.study_name!r} has no {key!r}; "
                                 "it was not made by autoremat tune")
-        return cls(**{f.name: attrs[f.name] for f in fields(cls) if f.name in attrs})
+        found = {f.name: attrs[f.name] for f in fields(cls) if f.name in attrs}
+        if "notes" in found:
+            found["notes"] = tuple(found["notes"])
+        return cls(**found)
 
     def to_attrs(self) -> dict[str, Any]:
         """The study user attrs ``tune`` sets."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A time limit spent inside a compile: the limit, how long the call took, the trial
+    whose compile outlasted the limit (``None``: the bound's two compiles before the
+    search, ``autoremat._search.bound``) and that compile's seconds."""
+
+    limit_seconds: float
+    elapsed_seconds: float
+    trial: int | None
+    compile_seconds: float
 
 
 @dataclass(frozen=True)
@@ -195,6 +214,7 @@ def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
         **({"argument_sharding": dict(where.argument_sharding)}
            if where.argument_sharding else {}),
         **device_memory_meta(m),
+        **({"notes": list(info.notes)} if info.notes else {}),
         study_name=study.study_name,
         storage=redact(info.storage), trial=trial.number,
         date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -232,6 +252,9 @@ class TuneResult:
         (``measurement.extrapolated_seconds``: the prediction; ``autoremat._search.confirm``).
       unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
       proof: what the proof of fit found (``autoremat._search.proof``; "" when none ran).
+      bound: what scheduling can save at most, measured before the search
+        (``autoremat._search.bound``; ``None`` where it could not be compiled).
+      overrun: the time limit ran out inside one compile (``tune``; ``None`` otherwise).
     """
 
     study_name: str
@@ -249,6 +272,8 @@ class TuneResult:
     confirmed: tuple[MeasuredTrial, ...] = ()
     unconfirmed: str = ""
     proof: str = ""
+    bound: Bound | None = None
+    overrun: Overrun | None = None
     study_measured: int = 0
     queued: int = 0
     compile_failed: int = 0
@@ -279,7 +304,9 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
         devices=info.devices, mesh=info.mesh,
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
-        unconfirmed=unconfirmed, proof=proof, **counts,
+        unconfirmed=unconfirmed, proof=proof, bound=Bound.of(study.user_attrs),
+        study_measured=counts["study_measured"], queued=counts["queued"],
+        compile_failed=counts["compile_failed"],
     )
 
 

@@ -67,6 +67,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -80,6 +81,7 @@ from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import NAME_COSTS
+from autoremat._search.bound import BOUND_ATTR, Bound, scan_bound
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.planning.layer_costs import LayerCosts
@@ -97,7 +99,7 @@ from autoremat._search.storage import (
     optuna_verbosity,
     redact,
 )
-from autoremat._search.study import StudyInfo, TuneResult, summarize
+from autoremat._search.study import Overrun, StudyInfo, TuneResult, measured_trials, summarize
 from autoremat._search.worker import OnTrial, Worker
 from autoremat._units import format_bytes, parse_bytes, parse_duration, parse_whole_seconds
 
@@ -121,6 +123,7 @@ def tune(
     heartbeat: int | str = DEFAULT_HEARTBEAT,
     on_trial: OnTrial | None = None,
     on_confirm: Callable[[str], None] | None = None,
+    on_bound: Callable[[Bound], None] | None = None,
 ) -> TuneResult:
     """Find the fastest schedule of ``problem``'s step whose total memory fits.
 
@@ -163,6 +166,11 @@ def tune(
       on_confirm: called with one line before each full-length timing of a
         schedule timed on short runs (``autoremat._search.confirm``), and with one
         line per choice the study's probe checked (``autoremat._search.probes.probe``).
+      on_bound: called with what scheduling can save at most (``autoremat._search.bound``),
+        measured by two compiles before the search. Where that is a negligible share of
+        the step and neither ``n_trials`` nor ``total_trials`` asks for more, only the plain
+        scan is timed (the answer where it fits); on a CPU, where even the least-memory
+        schedule is over the budget then, nothing is timed.
 
     Returns:
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
@@ -173,11 +181,11 @@ def tune(
       TuneError: the storage cannot be opened, ``out`` cannot be written, the
         named study was made for another problem, argument shapes, device or
         budget.
+      ProblemError: the problem's step cannot be built.
 
     With ``jax.process_count() > 1`` every process of the job makes this same call:
     process 0 decides and alone writes the study and ``out``, every process compiles and
     runs each schedule, and all return the same result (``autoremat._search.lockstep``).
-      ProblemError: the problem's step cannot be built.
     """
     import jax
 
@@ -189,7 +197,7 @@ def tune(
         explore_front=explore_front, storage=storage, study_name=study_name, seed=seed,
         out=out, time_budget=parse_duration(time_budget, "time_budget"),
         heartbeat=beat, on_trial=on_trial,
-        on_confirm=on_confirm)
+        on_confirm=on_confirm, on_bound=on_bound)
     if jax.process_count() > 1 and active_peers() is None:  # every process runs this call
         from autoremat._search.lockstep import in_lockstep
 
@@ -201,7 +209,8 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
           total_trials: int | None, limit: float | None, explore_front: bool,
           storage: str | None, study_name: str | None, seed: int, out: str | Path | None,
           time_budget: float, heartbeat: int, on_trial: OnTrial | None,
-          on_confirm: Callable[[str], None] | None) -> TuneResult:
+          on_confirm: Callable[[str], None] | None,
+          on_bound: Callable[[Bound], None] | None) -> TuneResult:
     """``tune`` on its arguments read (a budget in bytes, seconds): from here the budget
     and the problem's facts travel in the study's ``StudyInfo``."""
     import optuna
@@ -217,6 +226,11 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
         layers = LayerCosts(problem.seq_len, costs) if (
             costs is not None and is_layer_stack(problem.seq_len, costs)) else None
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
+        bound = _bound(study, problem, built[1:])
+        if bound is not None and on_bound is not None:
+            on_bound(bound)
+        if n_trials is None and total_trials is None:
+            n_trials = _trials_worth(bound, info)
         if layers is not None and costs is not None and costs.tags:
             study.set_user_attr(NAME_COSTS, layers.table())
         named = named_policies({} if costs is None else costs.tags, info.platform or "")
@@ -240,6 +254,9 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
             kept.release()
         result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
                            interrupted=interrupted, unconfirmed=unconfirmed, proof=proof)
+        if limit is not None:
+            result = replace(result, overrun=_overrun(study, limit, time.monotonic() - start,
+                                                      search_measured, bound))
         if out is not None:
             _write_best(result, out)
         return result
@@ -260,8 +277,49 @@ def _study_info(problem: Problem, budget_bytes: int, storage: str | None,
     info = StudyInfo(budget_bytes=budget_bytes, seq_len=problem.seq_len, problem=problem.name,
                      fingerprint=arguments_fingerprint(args), device_kind=env["device_kind"],
                      platform=env["platform"], storage=redact(storage or DEFAULT_STORAGE),
-                     devices=devices, mesh=mesh, fuse_choice=problem.fuse_choice)
+                     devices=devices, mesh=mesh, fuse_choice=problem.fuse_choice,
+                     notes=problem.notes)
     return info, (reference.key(), step, args)
+
+
+def _overrun(study: Any, limit: float, elapsed: float, measured: int,
+             bound: Bound | None) -> Overrun | None:
+    """The limit spent inside one compile: the bound's (nothing measured after it) or the
+    last measured trial's outlasted the whole limit (``None`` when the call kept to it, or
+    no compile did)."""
+    if elapsed <= limit:
+        return None
+    if measured == 0:
+        fresh = bound is not None and bound.seconds >= limit
+        return Overrun(limit, elapsed, None, bound.seconds) if fresh and bound else None
+    trials = measured_trials(study)
+    last = max(trials, key=lambda t: t.number, default=None)
+    seconds = None if last is None else last.measurement.timing.compile_seconds
+    if last is None or seconds is None or seconds < limit:
+        return None
+    return Overrun(limit, elapsed, last.number, float(seconds))
+
+
+def _bound(study: Any, problem: Problem, built: tuple[Step, tuple[Any, ...]]) -> Bound | None:
+    """What scheduling can save at most: the study's record, else two compiles (recorded)."""
+    bound = Bound.of(study.user_attrs)
+    if bound is None:
+        bound = scan_bound(problem, built)
+        if bound is not None:
+            study.set_user_attr(BOUND_ATTR, bound.to_attrs())
+    return bound
+
+
+def _trials_worth(bound: Bound | None, info: StudyInfo) -> int | None:
+    """How many schedules are worth measuring when no count was asked for: where scheduling
+    can save only a negligible share of the step, the plain scan alone (the first seed) --
+    none on a CPU where even the least is over the budget (no offload goes under it
+    there); ``None``: as many as the search wants."""
+    if bound is None or not bound.negligible:
+        return None
+    if bound.step_bytes <= info.budget_bytes:
+        return 1
+    return 0 if info.platform == "cpu" and bound.least_bytes > info.budget_bytes else None
 
 
 def _refuse_under_arguments(budget_bytes: int, args: tuple[Any, ...],

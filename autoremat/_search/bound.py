@@ -1,0 +1,114 @@
+"""What scheduling can save at most, measured before the search: two compiles.
+
+A schedule changes only what the long scans keep for the backward pass: the
+attention scores, the MLP activations and anything else a step holds outside its
+scans stay whatever the schedule. ``scan_bound`` compiles the step twice -- as
+written (the plain scan) and with every long scan at the least memory a schedule
+gives it (``least_memory``: three nested levels of about ``T^(1/3)`` steps that save
+nothing, ``O(3 T^(1/3))`` carries and one step's residuals, Chen et al. 2016,
+arXiv 1604.06174) -- and reads both totals from the compiled executables. Their
+difference is what the search can win, up to the few carries a deeper nesting would
+save too; where it is a small share of the step (``NEGLIGIBLE``) the tune says so at
+once and times the plain scan only, and where even the least is over the budget it
+says that this is why nothing fits.
+
+Offload policies (a GPU or TPU moving residuals to host memory) can go under the
+least figure; there the bound informs but does not stop the search.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Final
+
+from autoremat._measure.problem import Problem, Step
+from autoremat._schedules import nested, plain
+from autoremat._schedules.base import Schedule
+
+#: A saving under this share of the step is not worth a search: the plain scan is timed
+#: and is the answer where it fits.
+NEGLIGIBLE: Final = 0.02
+#: The study user attr that holds the bound (a resumed study does not compile it again).
+BOUND_ATTR: Final = "scan_bound"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The step's total as written and under the least-memory schedule.
+
+    Attributes:
+      step_bytes: the plain scan's total (``memory_analysis()``: arguments + outputs +
+        temp - alias).
+      least_bytes: the total with every long scan under ``least``.
+      least: that schedule, described.
+      seconds: the two compiles' wall time.
+    """
+
+    step_bytes: int
+    least_bytes: int
+    least: str
+    seconds: float
+
+    @property
+    def saving(self) -> int:
+        """The most any schedule saves (never below zero)."""
+        return max(0, self.step_bytes - self.least_bytes)
+
+    @property
+    def share(self) -> float:
+        """``saving`` as a share of the step's total."""
+        return self.saving / self.step_bytes if self.step_bytes else 0.0
+
+    @property
+    def negligible(self) -> bool:
+        return self.share < NEGLIGIBLE
+
+    def to_attrs(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def of(cls, attrs: Mapping[str, Any]) -> Bound | None:
+        """The bound a study recorded (``BOUND_ATTR``), ``None`` when it has none."""
+        data = attrs.get(BOUND_ATTR)
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            return cls(int(data["step_bytes"]), int(data["least_bytes"]), str(data["least"]),
+                       float(data["seconds"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def least_memory(seq_len: int, fuse: bool | None) -> Schedule:
+    """Three nested levels of about ``T^(1/3)`` steps saving nothing (two when ``T`` is
+    short): the least memory a nested schedule gives a scan, up to a few carries.
+    ``fuse``: the readout in the step too, where that is a choice (less memory)."""
+    depth = 3 if seq_len >= 27 else 2 if seq_len >= 4 else 1
+    if depth == 1:
+        return replace(plain(seq_len), fuse=fuse)
+    inner = max(2, round(seq_len ** (1 / depth)))
+    lengths = [max(1, math.ceil(seq_len / inner ** (depth - 1)))] + [inner] * (depth - 1)
+    return replace(nested(lengths, "nothing_saveable"), fuse=fuse)
+
+
+def scan_bound(problem: Problem, built: tuple[Step, tuple[Any, ...]] | None = None,
+               ) -> Bound | None:
+    """Compile ``problem``'s step as written (``built``: its plain build, when the caller has
+    it) and under ``least_memory``; ``None`` when either fails to build or compile (the
+    search then finds out and says so per trial)."""
+    from autoremat._measure.measure import compile_schedule
+
+    start = time.monotonic()
+    least = least_memory(problem.seq_len, True if problem.fuse_choice else None)
+    totals = []
+    for schedule, made in ((plain(problem.seq_len), built), (least, None)):
+        compiled = compile_schedule(problem, schedule, built=made)
+        total = compiled.measurement.total_bytes
+        compiled.release()
+        if total is None:
+            return None
+        totals.append(int(total))
+    return Bound(totals[0], totals[1], least.describe(), time.monotonic() - start)
