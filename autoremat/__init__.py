@@ -31,7 +31,6 @@ missing here)::
         remat_scans     any function's long scans under a schedule; rewrite: the jaxpr pass
         fuse_readout    remat_scans moves the readout and loss after a scan into its step:
                         fuse_rules (per primitive), fuse_calls (jit, custom_jvp), fuse_inline
-        jax_internals   the JAX and Flax internals of remat_scans and nnx.scan, in one place
     _flax/        -> builder, for Flax: linen_scan, linen_rnn, nnx_scan, nnx_remat_scans, rnn
     _measure/     -> measure: compiled memory and step time of any Problem
         problem         Problem: a train step built for a schedule; find a user's by name
@@ -94,7 +93,9 @@ missing here)::
                   error or a crash is reported; distributed: tune --coordinator, joining a
                   multi-controller job (cli.py is the command)
 
-    shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations)
+    shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations),
+             _jax (every read of JAX's and Flax's internals: jaxpr parameters, tracer
+             classes, private modules; one module, tested on each JAX line CI runs)
     public:  __init__, cli, linen, nnx, bounds (Revolve's optimum; any schedule's cost)
 
 Importing ``autoremat`` does not import jax: ``scan``, ``linen`` and ``nnx`` load it

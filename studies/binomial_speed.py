@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: before the stage packages, as they are named now.
 _BUILDER_PATHS = ("autoremat/_schedules/binomial_scan.py", "autoremat/_binomial_scan.py")
 _MOVED = {"autoremat._revolve": "autoremat._schedules.revolve",
-          "autoremat._jax_internals": "autoremat._scan.jax_internals"}
+          "autoremat._jax_internals": "autoremat._jax",
+          "autoremat._scan.jax_internals": "autoremat._jax"}
 
 
 def _baseline_builder(rev: str) -> Any:

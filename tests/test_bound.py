@@ -101,7 +101,7 @@ def test_a_scans_own_unroll_is_reported_and_the_schedules_applies() -> None:
 
 
 def _scans(jaxpr: Any) -> list[Any]:
-    from autoremat._scan.jax_internals import SCAN, sub_jaxprs
+    from autoremat._jax import SCAN, sub_jaxprs
 
     found = []
     for eqn in jaxpr.eqns:

@@ -213,9 +213,8 @@ def test_every_constant_a_docstring_cites_is_defined() -> None:
     assert cited == []
 
 
-def test_jax_private_names_are_where_the_builder_says() -> None:
-    """``_scan``'s docstring names every module that imports JAX's private ``jax._src``
-    (``jax_internals``, and any other it owns up to by path)."""
+def test_jax_private_names_are_read_in_one_module() -> None:
+    """Only ``autoremat/_jax.py`` imports JAX's private ``jax._src``."""
     importers = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -224,11 +223,7 @@ def test_jax_private_names_are_where_the_builder_says() -> None:
             if any(n == "jax._src" or n.startswith("jax._src.") for n in names):
                 importers.append(path.relative_to(PACKAGE))
                 break
-    doc = _docstring(PACKAGE / "_scan" / "__init__.py")
-    unnamed = [str(p) for p in importers if not (p.parts[0] == "_scan" and p.stem in doc)
-               and str(p) not in doc]
-    assert PACKAGE / "_scan" / "jax_internals.py" in [PACKAGE / p for p in importers]
-    assert unnamed == []
+    assert [str(p) for p in importers] == ["_jax.py"]
 
 
 STAGES = ("_schedules", "_scan", "_flax", "_measure", "_models", "_search", "_cli")

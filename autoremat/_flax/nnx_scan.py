@@ -5,7 +5,7 @@ and tree mode (``graph=False``, ``graph_updates=False``), ``StateAxes``,
 carried / broadcast / scanned state, Modules and Variables returned from the
 step (scan over layers), ``transform_metadata`` -- with the loop Flax hands
 to ``jax.lax.scan`` run by ``autoremat._scan.scan.scan_axes`` under the schedule
-(``autoremat._scan.jax_internals.nnx_scan_with``).
+(``autoremat._jax.nnx_scan_with``).
 
 Memory: Flax carries some state the step only reads (the parameters of a
 module passed as ``nnx.Carry``, as ``nnx.RNN`` does; broadcast arrays).
@@ -23,7 +23,7 @@ from typing import Any
 from flax import nnx
 from flax.core.frozen_dict import FrozenDict
 
-from autoremat._scan.jax_internals import nnx_scan_with
+from autoremat._jax import nnx_scan_with
 from autoremat._scan.scan import as_schedule, scan_axes
 from autoremat._schedules.base import Schedule
 

@@ -4,7 +4,5 @@ holding a tuned schedule to the program it was measured in (``as_tuned``); the
 readout fused into the step (``fuse``); ``remat_scans``: any function's long scans
 rewritten from its jaxpr (``rewrite``), moving the readout after a scan into its step
 (``fuse_readout``, by ``fuse_rules``, through calls ``fuse_calls`` and inlined
-``fuse_inline``). Here JAX's and Flax's private names live in ``jax_internals`` only; below,
-the binomial builder reads JAX's tracer classes itself (``_schedules/binomial_scan.py``,
-which cannot import this stage).
+``fuse_inline``). JAX's and Flax's internals are read through ``autoremat._jax`` only.
 """

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from autoremat._errors import ScheduleError
-from autoremat._scan.jax_internals import (
+from autoremat._jax import (
     CHECKPOINT_NAME,
     CHECKPOINT_NAME_PARAM,
     LENGTH,

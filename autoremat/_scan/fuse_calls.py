@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoremat import _jax as ji
 from autoremat._errors import AutorematError
-from autoremat._scan import jax_internals as ji
 from autoremat._scan.fuse_rules import (
     ALIGNED,
     CONST,

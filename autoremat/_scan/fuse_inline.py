@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 
-from autoremat._scan import jax_internals as ji
+from autoremat import _jax as ji
 from autoremat._scan.fuse_readout import analyse
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autoremat._scan import jax_internals as ji
+from autoremat import _jax as ji
 from autoremat._scan.fuse_calls import apply, operand_value, step_rule
 from autoremat._scan.fuse_rules import (
     ALIGNED,

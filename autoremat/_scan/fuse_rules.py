@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from autoremat._scan import jax_internals as ji
+from autoremat import _jax as ji
 
 #: Operand modes inside the step.
 STEP = "step"  # a value computed in the step (stacked along time outside)

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 from jax import lax
 
-from autoremat._scan import jax_internals as ji
+from autoremat import _jax as ji
 from autoremat._scan.fuse_readout import Analysis, analyse, fused_step
 from autoremat._scan.scan import nbytes, scan_axes
 from autoremat._schedules.base import Schedule

@@ -22,8 +22,8 @@ import jax.extend.core
 import jax.numpy as jnp
 from jax import lax
 
+from autoremat._jax import trace_cache
 from autoremat._scan.checkpoint_names import check_policy_names
-from autoremat._scan.jax_internals import trace_cache
 from autoremat._schedules.base import Schedule
 
 PyTree = Any

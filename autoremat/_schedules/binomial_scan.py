@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from autoremat import _jax as ji
 from autoremat._errors import ScheduleError
 from autoremat._schedules.binomial_backward import Backward, zero
 from autoremat._schedules.revolve import Tables, tables
@@ -66,17 +67,6 @@ def binomial_scan(
     fn, consts = jax.closure_convert(step, init, x_first)
     loop = _Loop(fn, tables(steps, snapshots), tuple(axes), reverse, unroll, label, static)
     return loop.run(init, leaves, consts)
-
-
-def _traced_by(name: str, *trees: Any) -> bool:
-    """Whether a leaf is a tracer of JAX's ``ad.<name>`` (``JVPTracer``: forward mode;
-    ``LinearizeTracer``: reverse mode). Private classes: with a jax without them
-    the answer is ``False`` and JAX's own errors apply."""
-    from jax._src.interpreters import ad
-
-    kind = getattr(ad, name, None)
-    return isinstance(kind, type) and any(
-        isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
 
 
 def _under_linearize() -> bool:
@@ -115,10 +105,10 @@ class _Loop:
     def run(self, init: PyTree, xs: list[jax.Array], consts: list[Any]) -> tuple[PyTree, PyTree]:
         """The loop under a ``jax.custom_vjp``; in pure forward mode (``jax.jvp``,
         ``jax.jacfwd``) the plain forward sweep, whose JVP stores nothing either."""
-        if _traced_by("JVPTracer", init, xs, consts) and getattr(
+        if ji.traced_by("JVPTracer", init, xs, consts) and getattr(
                 jax.config, "jax_use_direct_linearize", True):
             return self.forward(init, xs, consts, keep=False)[0]
-        if _traced_by("LinearizeTracer", init, xs, consts) and _under_linearize():
+        if ji.traced_by("LinearizeTracer", init, xs, consts) and _under_linearize():
             raise ScheduleError(
                 f"schedule {self.label!r}: jax.linearize is not supported by the binomial "
                 "kind: its backward pass is a custom VJP, which has no forward-mode linear "

@@ -66,7 +66,7 @@ class _Store:
     def __init__(self, heartbeat: float) -> None:
         import jax
 
-        from autoremat._scan.jax_internals import distributed_client
+        from autoremat._jax import distributed_client
 
         self.client = distributed_client()
         if self.client is None:

@@ -142,7 +142,7 @@ class CompilePool:
         return True
 
     def _hand(self, key: str, schedule: Schedule) -> None:
-        from autoremat._scan.jax_internals import trace_context  # imports jax
+        from autoremat._jax import trace_context  # imports jax
 
         assert self._executor is not None
         context = contextvars.copy_context()  # the study's settings (offered names, ...)
@@ -196,7 +196,7 @@ class CompilePool:
 
     def _compile(self, schedule: Schedule, expected: object) -> Compiled:
         """On a thread: ``compile(schedule)`` when JAX traces there as on the main thread."""
-        from autoremat._scan.jax_internals import trace_context
+        from autoremat._jax import trace_context
 
         if trace_context() != expected:
             raise ContextDiffers("JAX's trace context differs from the main thread's")

@@ -12,7 +12,7 @@ search, ``probe`` runs each on a small instance of the problem: its own
 
 1. compile it (a failure leaves the choice out, with XLA's first line);
 2. for a choice that offloads, check that the lowered step places something in
-   host memory (``jax_internals.HOST_PLACEMENT_CALL``): on a CPU jax lowers the
+   host memory (``autoremat._jax.HOST_PLACEMENT_CALL``): on a CPU jax lowers the
    move to nothing, so the policy compiles but only repeats
    ``dots_with_no_batch_dims_saveable`` -- left out as such;
 3. run it and the plain scan once (remat of each step where the plain scan
@@ -229,7 +229,7 @@ def _run(problem: Problem, schedule: Schedule, offloads: bool) -> tuple[bool, li
         raise _CompileFailed(one_line(e)) from None
     placed = False
     if offloads:
-        from autoremat._scan.jax_internals import HOST_PLACEMENT_CALL
+        from autoremat._jax import HOST_PLACEMENT_CALL
 
         placed = HOST_PLACEMENT_CALL in lowered.as_text()
     out = jax.block_until_ready(executable(*args))

@@ -1,22 +1,21 @@
-"""The JAX and Flax internals of ``remat_scans`` and ``autoremat.nnx.scan``, in one place.
+"""Every read of JAX's and Flax's internals, in one place: the compatibility layer.
 
 ``remat_scans`` re-evaluates a traced function's jaxpr and so must know a few
 primitives (``scan``, ``jit``, ``checkpoint``, ``cond``, the custom-derivative
-calls, ``transpose``) and the names of their parameters. Public
+calls, ``transpose``) and the names of their parameters, which JAX renames
+between releases (jax 0.11 dropped ``scan``'s ``num_consts``/``num_carry`` for a
+flat tree of its operands, ``ft_in``: ``scan_split`` reads either). Public
 ``jax.extend`` API is used where it exists; the rest (``remat_p``, source
-locations, re-binding an equation with its own source information) is
-imported here and nowhere else, and ``tests/test_rewrite.py`` runs on the
-oldest jax in ``pyproject.toml`` (0.7.1) as well as the newest.
+locations, re-binding an equation with its own source information, the tracer
+classes the binomial builder tells apart, the multi-controller client) is
+imported here and nowhere else (``tests/test_imports.py``), and
+``tests/test_jax.py`` checks each reader against the installed JAX: CI runs it on
+the floor in ``pyproject.toml`` and on the newest release pip resolves.
 
 ``autoremat.nnx.scan`` is Flax's own ``nnx.scan`` with its loop replaced
-(``nnx_scan_with``, the last section): Flax's checks, errors, graph and tree
-modes and state handling, with the schedule's loop.
-
-Two others live where they are used, each in one function: the binomial builder
-(``autoremat._schedules.binomial_scan._traced_by``, a stage before this one) reads
-the tracer classes of ``jax._src.interpreters.ad``, answering ``False`` on a jax
-without them; ``autoremat.linen.scan`` is built on Flax's scope lifting
-(``flax.core.lift.pack``, ``flax.core.scope``, as ``nn.scan`` itself is).
+(``nnx_scan_with``): Flax's checks, errors, graph and tree modes and state
+handling, with the schedule's loop. ``autoremat.linen.scan`` is built on Flax's
+scope lifting (``flax.core.lift.pack``, ``flax.core.scope``, as ``nn.scan`` itself is).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ Var = jex_core.Var
 DropVar = jex_core.DropVar
 
 #: The JAX releases these readers are tested on: the floor in ``pyproject.toml`` to the
-#: newest (``tests/test_jax_internals.py`` checks each reader on the installed one).
+#: newest (``tests/test_jax.py`` checks each reader on the installed one).
 SUPPORTED_JAX = ">= 0.7.1"
 
 SCAN = prims.scan_p
@@ -266,3 +265,16 @@ def distributed_client() -> Any:
     from jax._src import distributed
 
     return distributed.global_state.client
+
+
+def traced_by(name: str, *trees: Any) -> bool:
+    """Whether a leaf of ``trees`` is a tracer of JAX's ``ad.<name>`` (``JVPTracer``: forward
+    mode; ``LinearizeTracer``: reverse mode); the binomial builder tells the two apart.
+    Private classes: with a jax without them the answer is ``False`` and JAX's own errors
+    apply."""
+    import jax
+    from jax._src.interpreters import ad
+
+    kind = getattr(ad, name, None)
+    return isinstance(kind, type) and any(
+        isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
