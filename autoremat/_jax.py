@@ -21,6 +21,7 @@ scope lifting (``flax.core.lift.pack``, ``flax.core.scope``, as ``nn.scan`` itse
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import types
@@ -38,7 +39,8 @@ Jaxpr = jex_core.Jaxpr
 JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Var = jex_core.Var
-DropVar = jex_core.DropVar
+# jax.extend.core has DropVar from jax 0.8; before, jax.core alone had it
+DropVar = getattr(jex_core, "DropVar", None) or getattr(importlib.import_module("jax.core"), "DropVar")
 
 #: The JAX releases these readers are tested on: the floor in ``pyproject.toml`` to the
 #: newest (``tests/test_jax.py`` checks each reader on the installed one).
