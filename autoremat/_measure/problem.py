@@ -134,7 +134,9 @@ class Problem:
 def resolve_problem(ref: str) -> Problem:
     """Find a problem by ``package.module:name`` or ``path/to/file.py:name``.
 
-    ``name`` is a ``Problem`` or a zero-argument callable returning one.
+    ``name`` is a ``Problem`` or a zero-argument callable returning one. A file's folder
+    goes first on ``sys.path`` (and stays there, for imports inside its functions), as
+    ``python path/to/file.py`` does, so the file can import the modules beside it.
     """
     module_ref, sep, attr = ref.rpartition(":")
     if not sep or not module_ref or not attr:
@@ -145,6 +147,9 @@ def resolve_problem(ref: str) -> Problem:
         path = Path(module_ref)
         if not path.is_file():
             raise ProblemError(f"problem: no such file {module_ref!r}")
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         spec = importlib.util.spec_from_file_location(f"_autoremat_problem_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
