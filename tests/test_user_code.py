@@ -67,3 +67,32 @@ def test_a_problem_file_imports_the_module_beside_it(
         "autoremat: --budget: nothing fits in 16 B (16 bytes): the step's arguments alone "
         "take"), err
     assert not (tmp_path / "runs").exists() and not (user / "runs").exists()
+
+
+@pytest.mark.parametrize("command", [["pareto", "--study-name", "foo"],
+                                     ["export", "--format", "maxtext", "--study-name", "foo"],
+                                     ["pareto", "--storage", "sqlite:///elsewhere/s.db",
+                                      "--study-name", "foo"]])
+def test_reading_a_study_in_an_empty_folder_makes_no_storage(
+        command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "autoremat: error: --study-name: no study 'foo' in sqlite:///"), err
+    assert err.endswith(": the file does not exist (no tune saved a study there); give the "
+                        "storage that holds 'foo', or tune first\n"), err
+    assert list(tmp_path.iterdir()) == []  # no runs/, no database, no lock
+
+
+def test_the_suite_checks_that_no_test_writes_the_users_runs_folder(tmp_path: Path) -> None:
+    from tests.conftest import USER_RUNS, runs_snapshot
+
+    assert USER_RUNS.name == "runs"
+    assert runs_snapshot(tmp_path / "runs") is None
+    (tmp_path / "runs").mkdir()
+    before = runs_snapshot(tmp_path / "runs")
+    (tmp_path / "runs" / "autoremat.db").write_bytes(b"x")
+    assert before == {} and runs_snapshot(tmp_path / "runs") != before

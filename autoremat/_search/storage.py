@@ -79,6 +79,15 @@ def trials_of(storage: BaseStorage, study: optuna.Study) -> list[FrozenTrial]:
     return storage.get_all_trials(study_id, deepcopy=False)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file an SQLite URL names (``sqlite:///runs/autoremat.db``: ``runs/autoremat.db``,
+    relative to the current folder); ``None`` for an in-memory or another database."""
+    if not url.startswith("sqlite:///"):
+        return None
+    name = url.removeprefix("sqlite:///").split("?", 1)[0]
+    return None if name in ("", ":memory:") else Path(name)
+
+
 def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) -> RDBStorage:
     """An Optuna storage for ``url`` (default ``DEFAULT_STORAGE``).
 
@@ -98,14 +107,13 @@ def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) 
         raise TuneError(f"storage: expected a storage URL string, got {url!r}")
     if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1:
         raise TuneError(f"heartbeat: expected whole seconds >= 1, got {heartbeat!r}")
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        if str(path) not in ("", ":memory:"):
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except (OSError, ValueError) as e:
-                raise TuneError(f"storage: cannot create the folder of {str(path)!r} ({e})"
-                                ) from None
+    path = sqlite_file(url)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (OSError, ValueError) as e:
+            raise TuneError(f"storage: cannot create the folder of {str(path)!r} ({e})"
+                            ) from None
     for attempt in range(6):
         try:
             with warnings.catch_warnings():

@@ -29,7 +29,7 @@ from autoremat._search.attrs import (
     proof_key,
     retimed_key,
 )
-from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
+from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact, sqlite_file
 from autoremat._units import format_bytes
 
 if TYPE_CHECKING:
@@ -130,12 +130,19 @@ class MeasuredTrial:
 
 def load_study(study_name: str, storage: str | None = None) -> optuna.Study:
     """Open the existing study ``study_name`` in ``storage`` (default ``DEFAULT_STORAGE``).
+    Reading only: an SQLite file that does not exist is not created.
 
     Raises:
       TuneError: the storage cannot be opened or holds no such study.
     """
     import optuna
 
+    url = storage or DEFAULT_STORAGE
+    file = sqlite_file(url) if isinstance(url, str) else None
+    if file is not None and not file.is_file():
+        raise TuneError(f"study_name: no study {study_name!r} in {redact(url)}: the file "
+                        "does not exist (no tune saved a study there); give the storage that "
+                        f"holds {study_name!r}, or tune first")
     storage_obj = open_storage(storage)
     try:
         return optuna.load_study(study_name=study_name, storage=storage_obj)
