@@ -23,7 +23,9 @@ from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import (
     COMPILE_FAILED,
+    LAYER_STACK,
     MEASURED,
+    NAME_COSTS,
     SCHEDULE,
     confirmed_key,
     proof_key,
@@ -154,6 +156,20 @@ def load_study(study_name: str, storage: str | None = None) -> optuna.Study:
         ) from None
 
 
+def checkpoint_names(study: optuna.Study) -> tuple[str, ...]:
+    """The step's ``checkpoint_name`` tags the study recorded (a layer stack's; none for a
+    step without, or a recurrence)."""
+    rows = study.user_attrs.get(NAME_COSTS) or []
+    return tuple(str(r["name"]) for r in rows if isinstance(r, dict) and "name" in r)
+
+
+def is_recurrence(study: optuna.Study) -> bool:
+    """The study's scan is a recurrence over time steps, not a stack of layers
+    (``LAYER_STACK``)."""
+    attrs = study.user_attrs
+    return not bool(attrs.get(LAYER_STACK, NAME_COSTS in attrs))
+
+
 def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
     """Finished trials that hold a measurement (COMPLETE, or FAIL with a reason)."""
     from optuna.trial import TrialState
@@ -239,6 +255,8 @@ class TuneResult:
         (``measurement.extrapolated_seconds``: the prediction; ``autoremat._search.confirm``).
       unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
       proof: what the proof of fit found (``autoremat._search.proof``; "" when none ran).
+      checkpoint_names: the step's ``checkpoint_name`` tags the study recorded (a layer
+        stack's), the ``names`` of ``autoremat.framework_policy``.
     """
 
     study_name: str
@@ -259,6 +277,7 @@ class TuneResult:
     study_measured: int = 0
     queued: int = 0
     compile_failed: int = 0
+    checkpoint_names: tuple[str, ...] = ()
 
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
@@ -286,7 +305,8 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
         devices=info.devices, mesh=info.mesh,
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
-        unconfirmed=unconfirmed, proof=proof, **counts,
+        unconfirmed=unconfirmed, proof=proof, checkpoint_names=checkpoint_names(study),
+        **counts,
     )
 
 

@@ -79,7 +79,7 @@ from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
-from autoremat._search.attrs import NAME_COSTS
+from autoremat._search.attrs import LAYER_STACK, NAME_COSTS
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.planning.layer_costs import LayerCosts
@@ -217,6 +217,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
         layers = LayerCosts(problem.seq_len, costs) if (
             costs is not None and is_layer_stack(problem.seq_len, costs)) else None
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
+        study.set_user_attr(LAYER_STACK, layers is not None)  # exports word layers, time steps
         if layers is not None and costs is not None and costs.tags:
             study.set_user_attr(NAME_COSTS, layers.table())
         named = named_policies({} if costs is None else costs.tags, info.platform or "")
