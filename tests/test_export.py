@@ -301,7 +301,7 @@ def test_a_recurrence_has_no_maxtext_form_and_its_flax_form_speaks_of_time_steps
     # the lines run as written: the imports they use, the policy jax's own
     code = "\n".join(line for line in lines if not line.startswith(("#", "RematCell", "cell_")))
     scope: dict[str, Any] = {}
-    exec(code, scope)  # noqa: S102 -- the export's own lines
+    exec(code, scope)  # the export's own lines
     import jax
 
     assert scope["policy"] is jax.checkpoint_policies.nothing_saveable

@@ -42,12 +42,12 @@ class Problem:
         "x", "y")``), used by the memory breakdown; default ``arg0, arg1, ...``.
       at_length: optional ``at_length(n) -> Problem``: the same step on the
         first ``n < seq_len`` steps of the data. With it the tuner times long
-        problems on short runs and predicts the full step time from them
-        (``autoremat._search.short_runs``); without it every timing runs at ``seq_len``.
+        problems on short runs and predicts the full step time from them; without it
+        every timing runs at ``seq_len``.
       small: optional ``small() -> Problem``: the same step, the same ``seq_len``, at
         a size where even the plain scan compiles and runs in moments (fewer
-        tokens, a narrower model). The probe checks risky choices (offload) on it
-        (``autoremat._search.probes.probe``); without it the probe cuts the problem with
+        tokens, a narrower model). The tuner checks risky choices (offload) on it before
+        offering them; without it the probe cuts the problem with
         ``at_length``, or checks it as it is -- where the plain scan may not fit.
       fuse_choice: fusing the readout and loss into the scanned step is a choice of
         the search (``Schedule.fuse``): ``build`` applies the schedule's, and the

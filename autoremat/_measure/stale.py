@@ -110,7 +110,7 @@ def load_schedule(
 ) -> Schedule:
     """Load a schedule file; with ``problem``, warn if it was tuned for another.
 
-    Same as ``autoremat._schedules.read_schedule`` plus, when ``problem`` is
+    Reads and checks the YAML (``ScheduleError`` naming the field) and, when ``problem`` is
     given, a ``StaleScheduleWarning`` naming each mismatch found by
     ``schedule_mismatches`` (argument shapes/dtypes, problem, sequence length,
     device kind). ``kwargs`` go to ``schedule_mismatches``.

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     import optuna
     import sqlalchemy
+    from optuna.distributions import BaseDistribution
     from optuna.storages import BaseStorage, RDBStorage
     from optuna.trial import FrozenTrial
 
@@ -251,6 +252,29 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
             trial.set_user_attr(key, value)
         return
     write(dict(attrs))
+
+
+def set_params(trial: optuna.Trial, params: Mapping[str, tuple[Any, BaseDistribution]]) -> None:
+    """Record each ``(value, distribution)`` of ``params`` as the running trial's Optuna
+    param, as ``trial.suggest_*`` records a sampled one (Optuna's storage API, then the
+    trial's cached copy), without sampling anything. A param the storage refuses (another
+    trial of the study holds one of that name with another distribution) is left out, and
+    so are all of them where this Optuna lacks ``Trial._trial_id`` or
+    ``Trial._cached_frozen_trial``: the params are a view for Optuna's tools, which the
+    search never reads."""
+    trial_id = getattr(trial, "_trial_id", None)
+    cached = getattr(trial, "_cached_frozen_trial", None)
+    storage = getattr(trial, "storage", None)
+    if not isinstance(trial_id, int) or cached is None or storage is None:
+        return
+    for name, (value, distribution) in params.items():
+        try:
+            storage.set_trial_param(trial_id, name, distribution.to_internal_repr(value),
+                                    distribution)
+        except ValueError:
+            continue
+        cached.distributions[name] = distribution
+        cached.params[name] = value
 
 
 def missing_internals(trial: optuna.Trial) -> list[str]:

@@ -105,10 +105,8 @@ class MeasuredTrial:
     def of(cls, trial: FrozenTrial,
            study_attrs: Mapping[str, Any] | None = None) -> MeasuredTrial | None:
         """The trial's measurement, or ``None`` when it measured nothing (pruned, lost).
-        ``study_attrs``: the study's, so a re-timing beside the search's leader
-        (``retimed_key``, ``autoremat._search.retime``) and a full-length confirmation of a
-        time predicted from a short run (``confirmed_key``, ``autoremat._search.confirm``)
-        replace its timing."""
+        ``study_attrs``: the study's, so a re-timing beside the search's leader and a
+        full-length timing of a time predicted from a short run replace its timing."""
         attrs = trial.user_attrs
         if not attrs.get(MEASURED):
             return None
@@ -252,9 +250,10 @@ class TuneResult:
       interrupted: ``True`` when Ctrl-C stopped the search.
       devices, mesh: what the figures are per device of (``StudyInfo``).
       confirmed: trials timed on a short run and then at full length
-        (``measurement.extrapolated_seconds``: the prediction; ``autoremat._search.confirm``).
+        (``measurement.extrapolated_seconds``: the prediction).
       unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
-      proof: what the proof of fit found (``autoremat._search.proof``; "" when none ran).
+      proof: what the proof of fit found: the pick run with only the budget free on the
+        device ("" when none ran).
       checkpoint_names: the step's ``checkpoint_name`` tags the study recorded (a layer
         stack's), the ``names`` of ``autoremat.framework_policy``.
     """
