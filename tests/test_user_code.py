@@ -151,7 +151,7 @@ def test_each_trial_records_its_schedule_as_params_optunas_tools_read(
         assert trial.params and set(trial.params) == set(trial.distributions)
         assert trial.params["kind"] == trial.user_attrs["schedule"]["kind"]
         assert trial.params["unroll"] == trial.user_attrs["schedule"]["unroll"]
-        assert 1.0 <= trial.params["recompute"] and trial.params["stored_carries"] >= 0
+        assert trial.params["recompute"] >= 1.0 and trial.params["stored_carries"] >= 0
     # every trial's distributions agree, so Optuna's importance reads them
     with warnings.catch_warnings():  # few trials: Optuna warns its figures are rough
         warnings.simplefilter("ignore")
@@ -171,7 +171,7 @@ def test_the_api_reads_text_budgets_and_a_plain_scan_by_default(
     _, study, _ = tuned
     assert autoremat.pareto_front(study, "1MB") == autoremat.pareto_front(study, 10**6) \
         == autoremat.pareto_front(study)
-    with pytest.raises(autoremat.BudgetError, match="^budget_bytes: cannot read '1 parsec'"):
+    with pytest.raises(autoremat.BudgetError, match=r"^budget_bytes: cannot read '1 parsec'"):
         autoremat.pareto_front(study, "1 parsec")
 
     def loss(w: jax.Array, scan: Any) -> jax.Array:
