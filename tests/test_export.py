@@ -315,3 +315,12 @@ def test_a_layer_stacks_flax_lines_import_what_they_use(stored: list[str],
     lines = capsys.readouterr().out.splitlines()
     assert lines[2:5] == ["import jax", "import flax.linen as nn", "from flax import nnx"]
     assert "RematBlock = nn.remat(Block, prevent_cse=False, policy=policy)" in lines
+
+
+def test_a_tune_result_holds_the_names_framework_policy_takes(stored: list[str]) -> None:
+    from autoremat._search.study import summarize
+
+    result = summarize(autoremat.load_study("stack", stored[1]), stored[1])
+    assert result.checkpoint_names == TAGS
+    form = autoremat.framework_policy(SAVE_CONTEXT, result.checkpoint_names)
+    assert dict(form.maxtext)["mlpwi"] == "remat"  # a tag the policy does not name is listed
