@@ -306,6 +306,13 @@ def test_a_recurrence_has_no_maxtext_form_and_its_flax_form_speaks_of_time_steps
 
     assert scope["policy"] is jax.checkpoint_policies.nothing_saveable
     assert scope["nn"].remat and scope["nnx"].remat
+    # a schedule file whose study is gone: its meta says what its scan runs
+    assert main(["export", "1", "--out", "lstm.yaml", *flags]) == EXIT_OK
+    assert autoremat.load_schedule("lstm.yaml").meta["layer_stack"] is False
+    (tmp_path / "r.db").unlink()
+    capsys.readouterr()
+    assert main(["export", "lstm.yaml", "--format", "maxtext"]) == EXIT_NO_FORM
+    assert "the study's scan is a recurrence over 10,000 time steps" in capsys.readouterr().err
 
 
 def test_a_layer_stacks_flax_lines_import_what_they_use(stored: list[str],

@@ -140,7 +140,8 @@ def framework_export(study: optuna.Study, number: int | None = None,
 
 def schedule_export(schedule: Schedule, fmt: str = "maxtext",
                     study: optuna.Study | None = None) -> FrameworkExport:
-    """A schedule file's schedule in format ``fmt`` (figures from its ``meta``); where
+    """A schedule file's schedule in format ``fmt`` (figures from its ``meta``, and whether
+    its scan is a recurrence: the study's, else the ``meta``'s ``layer_stack``); where
     ``fmt`` cannot write it and ``study`` is given, ``nearest`` is found there."""
     check_format(fmt)
     meta = dict(schedule.meta)
@@ -154,7 +155,7 @@ def schedule_export(schedule: Schedule, fmt: str = "maxtext",
                       else None, step if isinstance(step, (int, float)) else None,
                       isinstance(budget, int) and isinstance(total, int) and total <= budget)
     tags = checkpoint_names(study) if study is not None else ()
-    recurrence = study is not None and is_recurrence(study)
+    recurrence = is_recurrence(study) if study is not None else meta.get("layer_stack") is False
     seq_len = meta.get("seq_len")
     out = FrameworkExport(fmt, schedule, figures,
                           framework_policy(schedule, tags, recurrence=recurrence),

@@ -197,13 +197,15 @@ def _choose(trials: list[MeasuredTrial], budget_bytes: int,
 
 def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
                    info: StudyInfo | None = None) -> Schedule:
-    """The trial's schedule, with ``meta`` recording what it was tuned for and measured;
-    ``info``: the study's ``StudyInfo`` when the caller has it (else read from the study)."""
+    """The trial's schedule, with ``meta`` recording what it was tuned for (``layer_stack``:
+    its scan runs layers, not the time steps of a recurrence) and measured; ``info``: the
+    study's ``StudyInfo`` when the caller has it (else read from the study)."""
     m = trial.measurement
     sizes, timing, where = m.sizes, m.timing, m.where
     info = info if info is not None else StudyInfo.of(study)
     return trial.schedule.with_meta(
-        problem=info.problem, seq_len=info.seq_len, fingerprint=info.fingerprint,
+        problem=info.problem, seq_len=info.seq_len, layer_stack=not is_recurrence(study),
+        fingerprint=info.fingerprint,
         device_kind=where.device_kind, platform=where.platform,
         jax_version=where.jax_version, flax_version=where.flax_version,
         budget_bytes=info.budget_bytes, total_bytes=sizes.total_bytes,
