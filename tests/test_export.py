@@ -309,6 +309,11 @@ def test_a_recurrence_has_no_maxtext_form_and_its_flax_form_speaks_of_time_steps
     # a schedule file whose study is gone: its meta says what its scan runs
     assert main(["export", "1", "--out", "lstm.yaml", *flags]) == EXIT_OK
     assert autoremat.load_schedule("lstm.yaml").meta["layer_stack"] is False
+    from autoremat._cli.show_text import describe_schedule
+
+    shown = describe_schedule(autoremat.load_schedule("lstm.yaml"))
+    assert "  a recurrence over time steps (not a layer stack: no MaxText form)" in shown
+    assert "other meta" not in shown
     (tmp_path / "r.db").unlink()
     capsys.readouterr()
     assert main(["export", "lstm.yaml", "--format", "maxtext"]) == EXIT_NO_FORM
