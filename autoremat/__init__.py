@@ -72,7 +72,9 @@ missing here)::
                         cache: the verdicts beside the storage
         named_policies  policies over the problem's own checkpoint_name tags, per level
         tune            the search: open the study, run a worker, confirm, prove, answer;
-                        lockstep: every process of a multi-controller job, process 0 deciding
+                        lockstep: every process of a multi-controller job, process 0 deciding;
+                        tune_log: each trial and the answer on the "autoremat" logger, and
+                        the opt-in progress bar
         proof           the proof of fit: the pick runs with only the budget on the device
         worker          one worker's loop: plan, claim (no schedule twice), measure, count;
                         retime: before it stops, the leader and its challengers run in turn
@@ -81,6 +83,7 @@ missing here)::
         study           reading a study: measured trials, the answer, TuneResult;
                         last_study: the last study tuned from a folder (runs/)
         attrs           the names written into a study: trial attrs, study attrs
+        trial_params    each trial's schedule as Optuna params (dashboards, importance)
         pareto          the front as data: non-dominated trials, the plot's groups, export
         export_forms    export in a framework: a trial's form, or the nearest measured one
     _cli/         the command's settings and printing; breakdown_text: the breakdown and the

@@ -40,7 +40,7 @@ JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Var = jex_core.Var
 # jax.extend.core has DropVar from jax 0.8; before, jax.core alone had it
-DropVar = getattr(jex_core, "DropVar", None) or getattr(importlib.import_module("jax.core"), "DropVar")
+DropVar = getattr(jex_core, "DropVar", None) or importlib.import_module("jax.core").DropVar
 
 #: The JAX releases these readers are tested on: the floor in ``pyproject.toml`` to the
 #: newest (``tests/test_jax.py`` checks each reader on the installed one).

@@ -31,7 +31,7 @@ carries in the same units (each kind defines its own, ``Schedule.cost``), so
 the tuner's front can show a *recompute factor*
 (evaluations / ``T``: 1 for the plain scan, 2 for per-step remat) and the
 distance to the optimum at the same memory. For nested schedules it is a
-model (``autoremat._schedules.nested``): a level whose policy keeps everything (``none``,
+model (see ``autoremat.nested``): a level whose policy keeps everything (``none``,
 ``everything_saveable``) stores its steps' residuals, counted as one carry per
 step, and a partial policy (``dots_saveable``, ...) is counted as recomputing
 its body in full. Such a schedule can beat the carry-only optimum on

@@ -1,5 +1,7 @@
 """Shared fixtures: a PostgreSQL server for the tests marked ``postgres``; quick XLA
-compiles for the default suite, on the CPU; the accelerator for the tests marked ``device``.
+compiles for the default suite, on the CPU; the accelerator for the tests marked ``device``;
+a check that no test writes into the ``runs/`` folder of the folder pytest runs in (the
+user's own studies: a test's studies go to its ``tmp_path``).
 
 ``.ci/run`` starts a throwaway server on 127.0.0.1 and exports
 ``AUTOREMAT_TEST_POSTGRES_URL``; locally, point it at any server you may
@@ -15,6 +17,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,9 @@ OPT_FLAG = "--xla_backend_optimization_level"
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 POSTGRES_ENV = "AUTOREMAT_TEST_POSTGRES_URL"
 NO_POSTGRES = f"no PostgreSQL server: set {POSTGRES_ENV} (.ci/run starts one)"
+#: The folder pytest runs in: its ``runs/`` (the default studies, the last study) is the
+#: user's, and no test may change it.
+USER_RUNS = Path.cwd().resolve() / "runs"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -95,3 +101,23 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def runs_snapshot(folder: Path = USER_RUNS) -> dict[str, tuple[int, int]] | None:
+    """Every file under ``folder``: its size and modification time (``None``: no folder)."""
+    if not folder.is_dir():
+        return None
+    return {str(f.relative_to(folder)): (f.stat().st_size, f.stat().st_mtime_ns)
+            for f in folder.rglob("*") if f.is_file()}
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_users_runs_alone() -> Iterator[None]:
+    """Fails the test that made, changed or removed anything in the user's ``runs/``
+    (a study in the default storage, a last-study record): give it ``tmp_path``."""
+    before = runs_snapshot()
+    yield
+    after = runs_snapshot()
+    if after != before:
+        pytest.fail(f"this test wrote into {USER_RUNS} (the user's studies); run it in "
+                    "tmp_path (monkeypatch.chdir) or give it a storage there", pytrace=False)

@@ -66,8 +66,8 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
     assert "budget: 2.4 KB (2400 bytes)" in r.stdout
     assert "best (trial" in r.stdout and "plain (trial 0)" in r.stdout
     assert "study: 'cli'" in r.stdout and (
-        "(3 schedules measured in the study, 3 measured now; 2 queued, not measured (seed "
-        "schedules a later run measures first))") in r.stdout
+        "(3 schedules measured in the study, 3 measured now; 2 queued, not measured (first "
+        "candidates a later run measures first))") in r.stdout
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["meta"]["study_name"] == "cli" and best["meta"]["total_bytes"] <= 2400
 

@@ -23,6 +23,7 @@ commands tune as ``slow``.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import re
 import shlex
@@ -150,6 +151,8 @@ def test_the_commands_of_a_page_run(page: Path, tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("MPLBACKEND", "Agg")
     namespace = {"__name__": "__docs__", **_names()}
     saved = dict(os.environ)  # a snippet may set XLA_FLAGS: not for the next page's commands
+    logger = logging.getLogger("autoremat")  # a snippet may show tune's log: not afterwards
+    handlers, level = list(logger.handlers), logger.level
     try:
         for block in runnable:
             if block.lang == "bash":
@@ -159,6 +162,8 @@ def test_the_commands_of_a_page_run(page: Path, tmp_path: Path, monkeypatch: pyt
     finally:
         os.environ.clear()
         os.environ.update(saved)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
 
 
 def test_every_not_run_marker_gives_a_reason_and_sits_on_a_fence() -> None:

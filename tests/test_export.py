@@ -249,3 +249,90 @@ def test_keeping_decoder_layer_input_compiles_to_the_same_step() -> None:
     block = autoremat.nested([2], [{"save_only_these_names": kept}])
     totals = [measure(problem, s, run=False).total_bytes for s in (pick, block)]
     assert totals[0] is not None and totals[0] == totals[1]
+
+
+def _recurrence_study(storage: str) -> list[str]:
+    """The LSTM quick start's kind of study: a recurrence over 10,000 time steps, its
+    readout fused (no tags, not a layer stack); the flags that name it."""
+    study = optuna.create_study(directions=["minimize", "minimize"], storage=storage,
+                                study_name="lstm")
+    for key, value in (("budget_bytes", 10**9), ("seq_len", 10_000), ("layer_stack", False),
+                       ("fuse_choice", True)):
+        study.set_user_attr(key, value)
+    for schedule, total, step in [
+            (autoremat.nested([100, 100], ["nothing_saveable", "nothing_saveable"]), 10**8, 1.0),
+            (autoremat.nested([10_000], "nothing_saveable"), 2 * 10**8, 1.2)]:
+        schedule = schedule.with_fuse(True)
+        attrs = {"measured": True, "status": "ok", "feasible": True, "total_bytes": total,
+                 "step_seconds": step, "schedule": schedule.to_data(),
+                 "schedule_key": schedule.key(), "reason": ""}
+        study.add_trial(optuna.trial.create_trial(values=[float(total), step],
+                                                  user_attrs=attrs))
+    return ["--storage", storage, "--study-name", "lstm"]
+
+
+def test_a_recurrence_has_no_maxtext_form_and_its_flax_form_speaks_of_time_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    flags = _recurrence_study(f"sqlite:///{tmp_path / 'r.db'}")
+    for nearest in ([], ["--nearest"]):  # no empty 'remat_policy: custom', nearest or not
+        assert main(["export", "--format", "maxtext", *nearest, *flags]) == EXIT_NO_FORM
+        out, err = capsys.readouterr()
+        assert out == "" and "remat_policy: custom\n" not in err and err.count("\n") == 1
+        assert err.startswith("autoremat: trial 0 (100x100 nothing/nothing unroll=1 fused) has "
+                              "no form in MaxText's remat_policy: custom: the study's scan is "
+                              "a recurrence over 10,000 time steps, and MaxText's keys name "
+                              "the values of a decoder layer"), err
+        assert "export --format flax (remat of the cell at each time step)" in err
+    # the pick has two levels: Flax says why in the recurrence's words
+    assert main(["export", "--format", "flax", *flags]) == EXIT_NO_FORM
+    err = capsys.readouterr().err
+    assert "2 nested levels remat chunks of time steps (100x100), not each time step alone" \
+        in err and "layer" not in err
+    assert main(["export", "--format", "flax", "--nearest", *flags]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "Block" not in out and "layer" not in out, out
+    lines = out.splitlines()
+    assert lines[2] == "# a recurrence over 10,000 time steps: remat the cell each time step runs"
+    assert "RematCell = nn.remat(Cell, prevent_cse=False, policy=policy)" in lines
+    assert lines[-1].startswith("# fuse: true -- measured with the readout and loss inside the "
+                                "scanned step")
+    # the lines run as written: the imports they use, the policy jax's own
+    code = "\n".join(line for line in lines if not line.startswith(("#", "RematCell", "cell_")))
+    scope: dict[str, Any] = {}
+    exec(code, scope)  # the export's own lines
+    import jax
+
+    assert scope["policy"] is jax.checkpoint_policies.nothing_saveable
+    assert scope["nn"].remat and scope["nnx"].remat
+    # a schedule file whose study is gone: its meta says what its scan runs
+    assert main(["export", "1", "--out", "lstm.yaml", *flags]) == EXIT_OK
+    assert autoremat.load_schedule("lstm.yaml").meta["layer_stack"] is False
+    from autoremat._cli.show_text import describe_schedule
+
+    shown = describe_schedule(autoremat.load_schedule("lstm.yaml"))
+    assert "  a recurrence over time steps (not a layer stack: no MaxText form)" in shown
+    assert "other meta" not in shown
+    (tmp_path / "r.db").unlink()
+    capsys.readouterr()
+    assert main(["export", "lstm.yaml", "--format", "maxtext"]) == EXIT_NO_FORM
+    assert "the study's scan is a recurrence over 10,000 time steps" in capsys.readouterr().err
+
+
+def test_a_layer_stacks_flax_lines_import_what_they_use(stored: list[str],
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    assert main(["export", "1", "--format", "flax", *stored]) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:5] == ["import jax", "import flax.linen as nn", "from flax import nnx"]
+    assert "RematBlock = nn.remat(Block, prevent_cse=False, policy=policy)" in lines
+
+
+def test_a_tune_result_holds_the_names_framework_policy_takes(stored: list[str]) -> None:
+    from autoremat._search.study import summarize
+
+    result = summarize(autoremat.load_study("stack", stored[1]), stored[1])
+    assert result.checkpoint_names == TAGS
+    form = autoremat.framework_policy(SAVE_CONTEXT, result.checkpoint_names)
+    assert dict(form.maxtext)["mlpwi"] == "remat"  # a tag the policy does not name is listed

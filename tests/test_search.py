@@ -486,7 +486,7 @@ def _plain_out_of_memory(problem: Problem, compiles: list[str]) -> Problem:
     return Problem(problem.name, problem.seq_len, build, problem.arg_names)
 
 
-def test_tune_compiles_one_plain_scan_the_device_refused() -> None:
+def test_tune_compiles_one_plain_scan_the_device_refused(in_tmp: Path) -> None:
     compiles: list[str] = []
     result = tune(_plain_out_of_memory(tiny(), compiles), BUDGET, time_budget=0.02,
                   time_limit=None, study_name="refused")

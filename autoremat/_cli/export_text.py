@@ -50,22 +50,45 @@ def maxtext_lines(found: FrameworkExport) -> list[str]:
 
 
 def flax_lines(found: FrameworkExport) -> list[str]:
-    """Flax's remat of each block under the trial's policy, linen and NNX."""
+    """Flax's remat of each scanned step under the trial's policy, linen and NNX: each
+    block of a layer stack, or the cell a recurrence runs at each time step."""
     form = found.form
     unroll = (f"# and scan with unroll={form.unroll}: nn.scan(..., unroll={form.unroll}) / "
               f"nnx.scan(..., unroll={form.unroll})" if form.unroll > 1 else "")
+    fuse = [] if found.schedule.fuse is not True else [
+        "# fuse: true -- measured with the readout and loss inside the scanned step, so "
+        "nothing T-long is stacked: move them there (autoremat.fuse_loss / fuse_head; "
+        "autoremat.remat_scans does it), or the stack of outputs adds to every figure"]
+    if found.recurrence:
+        steps = f"{found.seq_len:,} time steps" if found.seq_len else "its time steps"
+        head = [f"# a recurrence over {steps}: remat the cell each time step runs"]
+        if not form.flax_policy:
+            return [*head, "# no remat: scan the cell as it is, with no nn.remat / nnx.remat",
+                    *([unroll] if unroll else []), *fuse]
+        return [
+            *head, *_IMPORTS, f"policy = {form.flax_policy}",
+            "# Flax linen: remat the cell, then scan it over time as before "
+            "(nn.scan(RematCell, ...) or nn.RNN(RematCell(...)))",
+            "RematCell = nn.remat(Cell, prevent_cse=False, policy=policy)",
+            "# Flax NNX: remat the cell's call inside nnx.scan over the time steps",
+            "cell_step = nnx.remat(cell_step, prevent_cse=False, policy=policy)",
+            *([unroll] if unroll else []), *fuse,
+        ]
     if not form.flax_policy:
         return ["# no remat: scan Block as it is, with no nn.remat / nnx.remat",
-                *([unroll] if unroll else [])]
+                *([unroll] if unroll else []), *fuse]
     return [
-        "import jax",
-        f"policy = {form.flax_policy}",
+        *_IMPORTS, f"policy = {form.flax_policy}",
         "# Flax linen: remat each block, then scan it as before (nn.scan(RematBlock, ...))",
         "RematBlock = nn.remat(Block, prevent_cse=False, policy=policy)",
         "# Flax NNX: remat the block's call inside nnx.scan",
         "forward = nnx.remat(forward, prevent_cse=False, policy=policy)",
-        *([unroll] if unroll else []),
+        *([unroll] if unroll else []), *fuse,
     ]
+
+
+#: What the Flax lines use.
+_IMPORTS: Final = ("import jax", "import flax.linen as nn", "from flax import nnx")
 
 
 def cannot_line(found: FrameworkExport, searched: bool = True) -> str:
@@ -75,6 +98,13 @@ def cannot_line(found: FrameworkExport, searched: bool = True) -> str:
         else "the schedule"
     line = (f"{who} ({found.figures.schedule}) has no form in {FORMAT_NAMES[found.format]}: "
             f"{found.form.why_not or found.form.maxtext_why_not}")
+    if found.recurrence and found.format == "maxtext":
+        steps = f"{found.seq_len:,} time steps" if found.seq_len else "time steps"
+        return (f"{who} ({found.figures.schedule}) has no form in {FORMAT_NAMES['maxtext']}: "
+                f"the study's scan is a recurrence over {steps}, and MaxText's keys name the "
+                "values of a decoder layer in a stack of layers, so none of its terms apply; "
+                "export --format flax (remat of the cell at each time step) or --format yaml "
+                "(autoremat.scan runs it)")
     near = found.nearest
     if near is None:
         return (f"{line}; the study measured no schedule it can write" if searched else

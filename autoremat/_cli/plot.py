@@ -11,17 +11,18 @@ from typing import TYPE_CHECKING, Any
 from autoremat._measure.measurement import fit_figure
 from autoremat._search.pareto import FrontPoint, pareto_front, plot_groups
 from autoremat._search.study import StudyInfo
-from autoremat._units import format_bytes, format_seconds
+from autoremat._units import format_bytes, format_seconds, parse_bytes
 
 if TYPE_CHECKING:
     import optuna
 
 
-def plot_study(study: optuna.Study, path: str | Path, budget_bytes: int | None = None) -> Path:
+def plot_study(study: optuna.Study, path: str | Path,
+               budget_bytes: int | str | None = None) -> Path:
     """Draw every measured trial: memory (log axis) vs step time (``plot_groups``).
 
     Within budget: filled circles (hollow: the step time is predicted from a
-    short run, ``autoremat._search.short_runs``); the front joined by a line; the chosen
+    short run at long T); the front joined by a line; the chosen
     point labelled. Cut trials (timed once, stopped as slower than the best that
     fits): grey triangles at that one run's time. Over budget (not timed): red crosses
     along the top edge at their memory. The budget is a vertical dashed line. On a
@@ -36,6 +37,7 @@ def plot_study(study: optuna.Study, path: str | Path, budget_bytes: int | None =
 
     path = Path(path)
     info = StudyInfo.of(study)
+    budget_bytes = None if budget_bytes is None else parse_bytes(budget_bytes, "budget_bytes")
     budget = info.budget_bytes if budget_bytes is None else budget_bytes
     groups, failed = plot_groups(study, budget_bytes)
     by_kind = {g.kind: g for g in groups}

@@ -95,8 +95,8 @@ def _device(m: Measurement) -> str:
 
 def study_line(result: TuneResult) -> str:
     """The study and what it holds: schedules measured (in the study, by this call), trials
-    queued and not measured (seeds this call did not reach), failed compiles."""
-    queued = (f"; {result.queued} queued, not measured (seed schedules a later run measures "
+    queued and not measured (first candidates this call did not reach), failed compiles."""
+    queued = (f"; {result.queued} queued, not measured (first candidates a later run measures "
               "first)" if result.queued else "")
     failed = (f"; {result.compile_failed} failed to compile (not counted)"
               if result.compile_failed else "")

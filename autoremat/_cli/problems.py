@@ -15,9 +15,9 @@ from autoremat._models import LAYER_STACK, MODELS, SEED_LSTM, model
 def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
                  hidden: int | None, seq2seq: bool, fused_readout: bool | None = None,
                  mesh: str | None = None, layers: dict[str, int | None] | None = None) -> Problem:
-    """The built-in seed LSTM or layer stack (resized), or the problem ``ref`` names (sizes
+    """The built-in LSTM or layer stack (resized), or the problem ``ref`` names (sizes
     checked by ``check_settings``); ``layers``: the layer stack's own sizes (``LAYER_SETTINGS``).
-    ``fused_readout``: the seed's readout fused (``True``), unfused (``False``), or either,
+    ``fused_readout``: the built-in LSTM's readout fused (``True``), unfused (``False``), or either,
     as the search chooses (``None``; unfused with ``seq2seq=False``: nothing to fuse)."""
     readout = {True: "--fused-readout", False: "--unfused-readout", None: None}[fused_readout]
     layer_flags = [s.flag for s in LAYER_SETTINGS if (layers or {}).get(s.name) is not None]
@@ -27,7 +27,7 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
                      "--mesh": mesh}
         named = [f for f, v in seed_only.items() if v is not None] + ([readout] if readout else [])
         if named:
-            raise UsageError(f"{named[0]}: sizes the seed LSTM only; {LAYER_STACK} takes "
+            raise UsageError(f"{named[0]}: sizes the built-in LSTM (seed_lstm) only; {LAYER_STACK} takes "
                              + " ".join(flag(name) for name in found.settings))
         sizes: dict[str, Any] = {k: v for k, v in {**(layers or {}), "seq_len": seq_len,
                                                    "batch": batch}.items() if v is not None}
@@ -53,5 +53,5 @@ def make_problem(ref: str | None, seq_len: int | None, batch: int | None,
     if named:
         raise UsageError(f"{named[0]}: only resizes the built-in problem; your --problem "
                          "sets its own sizes")
-    assert ref is not None  # no name is the default, the seed LSTM
+    assert ref is not None  # no name is the default, the built-in LSTM
     return resolve_problem(ref)

@@ -20,6 +20,9 @@ def describe_schedule(schedule: Schedule) -> str:
         return "\n".join(lines)
     lines.append(f"tuned for: {meta.get('problem')} (seq_len {meta.get('seq_len')}, "
                  f"fingerprint {meta.get('fingerprint')})")
+    if isinstance(meta.get("layer_stack"), bool):
+        lines.append("  a scan over layers (a layer stack)" if meta["layer_stack"] else
+                     "  a recurrence over time steps (not a layer stack: no MaxText form)")
     lines.append(f"  on {meta.get('device_kind')} ({meta.get('platform')}), jax "
                  f"{meta.get('jax_version')}, flax {meta.get('flax_version')}")
     if "devices" in meta:

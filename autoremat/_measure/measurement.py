@@ -92,15 +92,14 @@ class _Figure(Generic[V]):
 class Measurement:
     """The measured figures of one schedule of one problem on one device.
 
-    Its outcome (``schedule_key``, ``status``, ``reason``) and six records
-    (``autoremat._measure.figures``): ``sizes`` (total, temp, argument, output, alias
-    bytes, argument parts, stacked, carry), ``peaks`` (peak, runtime peak, compile
-    scratch), ``timing`` (step and compile seconds, samples, loss, cut, the lengths of
-    short runs), ``where`` (device, platform, versions, devices, mesh, sharding),
-    ``failure`` (failed at, out of memory, compiler bytes) and ``proof`` (the proof of
-    fit). Each figure reads by its flat name too (``m.total_bytes`` is
-    ``m.sizes.total_bytes``), is given by it to the constructor, and is stored under it
-    in a study (``to_attrs``, ``from_attrs``).
+    Its outcome (``schedule_key``, ``status``, ``reason``) and six records: ``sizes``
+    (total, temp, argument, output, alias bytes, argument parts, stacked, carry),
+    ``peaks`` (peak, runtime peak, compile scratch), ``timing`` (step and compile seconds,
+    samples, loss, cut, the lengths of short runs), ``where`` (device, platform, versions,
+    devices, mesh, sharding), ``failure`` (failed at, out of memory, compiler bytes) and
+    ``proof`` (the proof of fit). Each figure reads by its flat name too
+    (``m.total_bytes`` is ``m.sizes.total_bytes``), is given by it to the constructor, and
+    is stored under it in a study (``to_attrs``, ``from_attrs``).
 
     Attributes:
       schedule_key: ``Schedule.key()`` of what was measured.
@@ -110,7 +109,7 @@ class Measurement:
         compile or run failed, out of memory, or a non-finite loss).
       reason: why it is not ``ok`` (empty when it is), in words.
       failed_at: where it failed: ``"build"``, ``"compile"`` or ``"run"`` (``""``: it did
-        not; ``autoremat._measure.failure``); the reason's words start with it.
+        not); the reason's words start with it.
       out_of_memory: it failed because the device ran out of memory (with
         ``compiler_bytes`` when the compiler stated its size).
       total_bytes: argument + output + temp - alias, in bytes (see module doc).
@@ -119,8 +118,7 @@ class Measurement:
         process's high-water mark, so it includes earlier trials and compile scratch.
       runtime_peak_bytes: the step's own peak while it ran (GPU/TPU only): its
         arguments plus what its warm-up run raised the device's mark above what was
-        live, isolated from earlier trials and from compiling
-        (``autoremat._measure.device_memory``). ``None`` on a CPU, when the time is
+        live, isolated from earlier trials and from compiling. ``None`` on a CPU, when the time is
         predicted from a short run (until confirmed at full length), or when it
         could not be isolated.
       compile_scratch_bytes: the transient device memory compiling the step took
@@ -149,15 +147,13 @@ class Measurement:
       argument_sharding: ``(name, "replicated" | "sharded" | "partly sharded")``
         per argument on many devices (empty on one).
       timed_seq_len: the ``T`` the step was timed at (``None``: not timed).
-        Below the problem's ``seq_len`` the run was short
-        (``autoremat._search.short_runs``): ``step_samples`` are that run's, and
+        Below the problem's ``seq_len`` the run was short: ``step_samples`` are that run's, and
         ``step_seconds`` (or ``cut_seconds``) is the full-length time predicted
         from it -- bytes are always the full-length compile's.
       short_seq_len, short_seconds: the short run's ``T'`` and median (or cut)
         seconds, when there was one (kept once confirmed at full length).
       extrapolated_seconds: what the short run predicted, once the schedule was
-        also timed at full length (``autoremat._search.confirm``; ``step_seconds`` is then
-        measured at ``seq_len``).
+        also timed at full length (``step_seconds`` is then measured at ``seq_len``).
     """
 
     schedule_key: str

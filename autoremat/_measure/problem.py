@@ -42,12 +42,12 @@ class Problem:
         "x", "y")``), used by the memory breakdown; default ``arg0, arg1, ...``.
       at_length: optional ``at_length(n) -> Problem``: the same step on the
         first ``n < seq_len`` steps of the data. With it the tuner times long
-        problems on short runs and predicts the full step time from them
-        (``autoremat._search.short_runs``); without it every timing runs at ``seq_len``.
+        problems on short runs and predicts the full step time from them; without it
+        every timing runs at ``seq_len``.
       small: optional ``small() -> Problem``: the same step, the same ``seq_len``, at
         a size where even the plain scan compiles and runs in moments (fewer
-        tokens, a narrower model). The probe checks risky choices (offload) on it
-        (``autoremat._search.probes.probe``); without it the probe cuts the problem with
+        tokens, a narrower model). The tuner checks risky choices (offload) on it before
+        offering them; without it the probe cuts the problem with
         ``at_length``, or checks it as it is -- where the plain scan may not fit.
       fuse_choice: fusing the readout and loss into the scanned step is a choice of
         the search (``Schedule.fuse``): ``build`` applies the schedule's, and the
@@ -134,7 +134,9 @@ class Problem:
 def resolve_problem(ref: str) -> Problem:
     """Find a problem by ``package.module:name`` or ``path/to/file.py:name``.
 
-    ``name`` is a ``Problem`` or a zero-argument callable returning one.
+    ``name`` is a ``Problem`` or a zero-argument callable returning one. A file's folder
+    goes first on ``sys.path`` (and stays there, for imports inside its functions), as
+    ``python path/to/file.py`` does, so the file can import the modules beside it.
     """
     module_ref, sep, attr = ref.rpartition(":")
     if not sep or not module_ref or not attr:
@@ -145,6 +147,9 @@ def resolve_problem(ref: str) -> Problem:
         path = Path(module_ref)
         if not path.is_file():
             raise ProblemError(f"problem: no such file {module_ref!r}")
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         spec = importlib.util.spec_from_file_location(f"_autoremat_problem_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)

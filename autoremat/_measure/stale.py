@@ -25,8 +25,9 @@ from autoremat._schedules.base import Schedule
 #: (``autoremat._search.study.trial_schedule`` writes them, this module reads them
 #: first; the measured figures come with them: ``autoremat._measure.breakdown.KEYS``
 #: and the step and compile times).
-TUNED_FOR: Final = ("problem", "seq_len", "fingerprint", "device_kind", "platform", "jax_version",
-                    "flax_version", "budget_bytes", "study_name", "trial", "storage", "date")
+TUNED_FOR: Final = ("problem", "seq_len", "layer_stack", "fingerprint", "device_kind", "platform",
+                    "jax_version", "flax_version", "budget_bytes", "study_name", "trial",
+                    "storage", "date")
 #: The timing figures a tuned schedule's ``meta`` records.
 TIMING: Final = ("step_seconds", "compile_seconds", "timed_seq_len", "extrapolated_seconds")
 
@@ -110,7 +111,7 @@ def load_schedule(
 ) -> Schedule:
     """Load a schedule file; with ``problem``, warn if it was tuned for another.
 
-    Same as ``autoremat._schedules.read_schedule`` plus, when ``problem`` is
+    Reads and checks the YAML (``ScheduleError`` naming the field) and, when ``problem`` is
     given, a ``StaleScheduleWarning`` naming each mismatch found by
     ``schedule_mismatches`` (argument shapes/dtypes, problem, sequence length,
     device kind). ``kwargs`` go to ``schedule_mismatches``.

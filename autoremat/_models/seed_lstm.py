@@ -270,12 +270,14 @@ def seed_lstm(
     states, its cotangent and the readout's residual -- memory no schedule can
     remove -- do not exist; loss and gradients are the unfused step's. With
     ``fused_readout=None`` (seq2seq only) it is a choice of the search
-    (``Problem.fuse_choice``): each schedule's ``fuse`` decides.
+    (``Problem.fuse_choice``): each schedule's ``fuse`` decides. The default here is the
+    readout after the scan, as written; ``autoremat tune`` without ``--problem`` builds
+    ``seed_lstm(fused_readout=None)``: fused needs less memory, unfused was faster on a TPU.
 
     ``mesh`` (``"data=4"``, ``"data=2,fsdp=2"`` or a ``jax.sharding.Mesh``
     with those axis names): the batch is split over every mesh axis and, with
     ``fsdp``, parameters and optimizer state along their largest divisible
-    axis (``autoremat._measure.mesh``); every measured figure is then per device.
+    axis; every measured figure is then per device.
     ``batch`` defaults to 10, with a mesh to the next multiple of its size.
     """
     placed = None if mesh is None else make_mesh(mesh)

@@ -91,7 +91,7 @@ def remat_scans(fn: Callable[..., Any], schedule: Schedule | str | os.PathLike[s
       static_argnums: positional arguments that are not arrays (a model object,
         a flag); they are passed to ``fn`` as they are.
       fuse: move the per-step readout and loss that follow a long scan into its
-        step (``autoremat._scan.fuse_readout``): the ``(T, B, H)`` stacked outputs, their
+        step (as ``autoremat.fuse_loss`` would): the ``(T, B, H)`` stacked outputs, their
         cotangent and the readout's residuals are then not kept, so memory goes below
         the floor of the unfused scan, for the same values and gradients; ``False``
         runs every equation after the scan as written. ``None`` (default): what the

@@ -24,7 +24,7 @@ from autoremat._errors import ScheduleError
 from autoremat._scan.as_tuned import check_stacked, inside_scan, left_scan, warn_options
 from autoremat._scan.records import SCAN_RECORDS, ScanRecord
 from autoremat._scan.step_trace import checked_step
-from autoremat._schedules import read_schedule
+from autoremat._schedules import plain, read_schedule
 from autoremat._schedules.base import Schedule
 
 Carry = TypeVar("Carry")
@@ -37,7 +37,7 @@ def scan(
     xs: PyTree = None,
     length: int | None = None,
     *,
-    schedule: Schedule | str | os.PathLike[str],
+    schedule: Schedule | str | os.PathLike[str] | None = None,
     reverse: bool = False,
     unroll: int | bool | None = None,
     axis: int = 0,
@@ -57,7 +57,9 @@ def scan(
       init: the initial carry.
       xs: the scanned inputs, or ``None``.
       length: the number of steps; required when ``xs`` is ``None``.
-      schedule: the remat schedule, or the path of a schedule file (``autoremat.load_schedule``).
+      schedule: the remat schedule, or the path of a schedule file (``autoremat.load_schedule``);
+        ``None`` (default): the plain scan (``autoremat.plain``), no remat: the least time,
+        memory linear in ``T``.
       reverse: scan from the last step to the first (outputs keep index order).
       unroll: as ``lax.scan``'s (an int, or ``True`` to unroll fully); overrides
         the schedule's ``unroll`` (its innermost loop). ``None``: the schedule's.
@@ -80,6 +82,8 @@ def scan(
       >>> float(c), ys.shape
       (100.0, (100,))
     """
+    if schedule is None:
+        schedule = plain(scanned_length(xs, axis, length))
     return scan_axes(f, init, xs, length, schedule=schedule, reverse=reverse, unroll=unroll,
                      in_axes=axis, out_axes=axis if out_axis is None else out_axis)
 

@@ -150,10 +150,10 @@ class Param:
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule(ABC):
-    """How to rematerialize a scan; one subclass per kind (``autoremat._schedules``).
+    """How to rematerialize a scan; one subclass per kind (nested, binomial, groups).
 
-    Build one with ``autoremat.nested`` / ``binomial`` / ``root`` / ``plain``, or
-    from its YAML mapping with ``autoremat._schedules.from_data``. Each
+    Build one with ``autoremat.nested`` / ``binomial`` / ``groups`` / ``root`` /
+    ``plain``, or read its YAML file with ``autoremat.load_schedule``. Each
     kind's docstring defines its semantics (the one place they are defined;
     ``autoremat.scan`` follows it); every kind gives the loss and gradients
     of a plain ``lax.scan`` and differs only in memory and time.
@@ -241,7 +241,7 @@ class Schedule(ABC):
     @abstractmethod
     def parameters(cls, seq_len: int, platform: str, chosen: Mapping[str, Any],
                    named: Mapping[str, Policy] = NO_NAMES) -> list[Param]:
-        """This kind's parameters of the search space (``autoremat._search.space``) at
+        """This kind's parameters of the tuner's search space at
         ``T = seq_len`` on ``platform``, in the order they are chosen, as far as the
         values ``chosen`` so far fix them: a parameter whose range depends on an
         earlier one's value is listed once that value is chosen. ``named``: policies
@@ -285,8 +285,7 @@ class Schedule(ABC):
         them: choice label (a value of one of ``parameters``' ``choices``) -> a
         ``Check`` of a schedule using it at ``seq_len``. A study probes each on a
         small instance of its problem and leaves out of its space every one that
-        fails to compile or changes the loss or gradients (``autoremat._search.probes.probe``).
-        This default has none: every choice is offered."""
+        fails to compile or changes the loss or gradients. This default has none: every choice is offered."""
         return {}
 
     def policies(self) -> list[tuple[str, Policy]]:
@@ -297,7 +296,7 @@ class Schedule(ABC):
 
     def timing_length(self, seq_len: int, short: int) -> int:
         """The length to time this schedule at so that its step time at ``seq_len``
-        can be predicted from it (``autoremat._search.short_runs``): at least ``short``,
+        can be predicted from it: at least ``short``,
         and long enough to hold every part of the schedule's structure (whole
         inner chunks, enough steps per snapshot). This default keeps ``seq_len``:
         a kind that does not override it is timed at full length."""

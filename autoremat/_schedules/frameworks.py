@@ -102,27 +102,33 @@ class FrameworkPolicy:
         return self.policy is not None and not self.maxtext_why_not
 
 
-def layer_policy(schedule: Schedule) -> tuple[Policy | None, str]:
-    """The one policy every step of ``schedule`` has, or ``None`` and why not."""
+def layer_policy(schedule: Schedule, recurrence: bool = False) -> tuple[Policy | None, str]:
+    """The one policy every step of ``schedule`` has, or ``None`` and why not; the scan's
+    steps are layers, or time steps where ``recurrence``."""
+    steps, step = ("time steps", "time step") if recurrence else ("layers", "layer")
     if isinstance(schedule, NestedSchedule):
         if schedule.depth == 1:
             return schedule.levels[0].policy, ""
-        return None, (f"{schedule.depth} nested levels remat chunks of layers "
-                      f"({'x'.join(map(str, schedule.lengths))}), not each layer alone")
+        return None, (f"{schedule.depth} nested levels remat chunks of {steps} "
+                      f"({'x'.join(map(str, schedule.lengths))}), not each {step} alone")
     if isinstance(schedule, GroupsSchedule):
         policies = {g.policy for g in schedule.groups}
         if len(policies) == 1:
             return schedule.groups[0].policy, ""
-        return None, f"its {len(schedule.groups)} groups of layers have different policies"
-    return None, (f"the {schedule.kind} kind remats chunks of layers, not each layer "
+        return None, f"its {len(schedule.groups)} groups of {steps} have different policies"
+    return None, (f"the {schedule.kind} kind remats chunks of {steps}, not each {step} "
                   "under one policy")
 
 
-def framework_policy(schedule: Schedule, names: Iterable[str] = ()) -> FrameworkPolicy:
+def framework_policy(schedule: Schedule, names: Iterable[str] = (), *,
+                     recurrence: bool = False) -> FrameworkPolicy:
     """``schedule`` as MaxText's ``remat_policy: custom`` keys and Flax's ``policy=``, or why
-    it has no such form. ``names``: the problem's ``checkpoint_name`` tags (a study's
-    ``name_costs``); the policy's own names are added to them."""
-    policy, why = layer_policy(schedule)
+    it has no such form. ``names``: the step's ``checkpoint_name`` tags (a tune's
+    ``TuneResult.checkpoint_names``); the policy's own names are added to them.
+    ``recurrence``: the scan runs time steps of a recurrence, not layers: the words say so.
+    The form is a translation only: it runs the memory/time trade-off the schedule was
+    measured at only where every step of the scan is remat under that one policy."""
+    policy, why = layer_policy(schedule, recurrence)
     line = schedule.describe()
     if policy is None:
         return FrameworkPolicy(line, None, why_not=why, unroll=schedule.unroll)

@@ -12,7 +12,8 @@ enqueued trial its worker expected went to another worker, ``WAITING_TAKEN``; a 
 trial of a dead worker ``RETRY_OF`` and ``RETRY_REASON``. A trial enqueued before it runs (a seed, a retry)
 holds ``SCHEDULE``: the worker that takes it measures that schedule.
 
-The study holds, besides ``StudyInfo``: the probe's outcome (``PROBE``), and per trial its
+The study holds, besides ``StudyInfo``: the probe's outcome (``PROBE``), whether its scan is
+a layer stack (``LAYER_STACK``) and its tags' costs (``NAME_COSTS``), and per trial its
 re-timing beside the leader (``retimed_key``), its full-length confirmation
 (``confirmed_key``) and its proof of fit (``proof_key``).
 """
@@ -36,6 +37,10 @@ RETRY_REASON: Final = "retry_reason"
 #: Study user attr of a layer stack with ``checkpoint_name`` tags: what each tag costs
 #: (``presets.LayerCosts.table``: bytes per layer and over all, recompute FLOPs per layer).
 NAME_COSTS: Final = "name_costs"
+#: Study user attr: ``True`` where the tuner took the scan for a layer stack (a short scan of
+#: heavy steps, ``planning.presets.is_layer_stack``), ``False`` for a recurrence over time
+#: steps; a study without it is a layer stack where it holds ``NAME_COSTS``.
+LAYER_STACK: Final = "layer_stack"
 
 #: The study attr holding the probe's outcome (``autoremat._search.probes.probe``): choice
 #: label -> one line.

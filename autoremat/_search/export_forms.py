@@ -9,21 +9,30 @@ export says why and names the nearest schedule the study *measured* that they ca
 -- with its figures (``nearest``), which the command exports when asked.
 
 The problem's ``checkpoint_name`` tags come from the study (``name_costs``, recorded
-for a layer stack with tags), so the MaxText block lists every tag, kept or not.
+for a layer stack with tags), so the MaxText block lists every tag, kept or not. A
+study of a recurrence (its scan runs time steps, not layers: ``is_recurrence``) has no
+MaxText form at all -- MaxText's keys name the values of a decoder layer -- and its Flax
+form speaks of the cell run at each time step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 from autoremat._errors import TuneError
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.frameworks import FrameworkPolicy, framework_policy
-from autoremat._search.attrs import NAME_COSTS
 from autoremat._search.pareto import export_trial
-from autoremat._search.study import StudyInfo, choose, measured_trials, trial_schedule
+from autoremat._search.study import (
+    StudyInfo,
+    checkpoint_names,
+    choose,
+    is_recurrence,
+    measured_trials,
+    trial_schedule,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -68,6 +77,8 @@ class FrameworkExport:
       nearest: where the format cannot write ``schedule``: the nearest measured trial it
         can (``nearest_expressible``), its schedule and form; ``None`` when none was
         measured, or not needed.
+      recurrence: the scan runs the time steps of a recurrence, not layers
+        (``is_recurrence``); ``seq_len``: how many (``None``: not known).
     """
 
     format: str
@@ -76,16 +87,21 @@ class FrameworkExport:
     form: FrameworkPolicy
     budget_bytes: int | None = None
     nearest: FrameworkExport | None = None
+    recurrence: bool = False
+    seq_len: int | None = None
 
     @property
     def expressible(self) -> bool:
         """The format can write this schedule."""
-        return expressible(self.form, self.format)
+        return expressible(self.form, self.format, self.recurrence)
 
 
-def expressible(form: FrameworkPolicy, fmt: str) -> bool:
-    """``fmt`` can write the schedule ``form`` translates (YAML writes any)."""
-    return fmt == "yaml" or (form.maxtext_ok if fmt == "maxtext" else form.flax_ok)
+def expressible(form: FrameworkPolicy, fmt: str, recurrence: bool = False) -> bool:
+    """``fmt`` can write the schedule ``form`` translates (YAML writes any; MaxText no
+    recurrence: its keys name a decoder layer's values)."""
+    if fmt == "maxtext":
+        return form.maxtext_ok and not recurrence
+    return fmt == "yaml" or form.flax_ok
 
 
 def check_format(fmt: str) -> str:
@@ -93,12 +109,6 @@ def check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise TuneError(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     return fmt
-
-
-def study_tags(study: optuna.Study) -> tuple[str, ...]:
-    """The problem's ``checkpoint_name`` tags the study recorded (none for a step without)."""
-    rows = study.user_attrs.get(NAME_COSTS) or []
-    return tuple(str(r["name"]) for r in rows if isinstance(r, dict) and "name" in r)
 
 
 def framework_export(study: optuna.Study, number: int | None = None,
@@ -118,10 +128,11 @@ def framework_export(study: optuna.Study, number: int | None = None,
         number = pick.number
     schedule = export_trial(study, number)  # first: its error names the trial
     info = StudyInfo.of(study)
-    tags = study_tags(study)
+    tags, recurrence = checkpoint_names(study), is_recurrence(study)
     m = next(t.measurement for t in measured_trials(study) if t.number == number)
     out = FrameworkExport(fmt, schedule, _figures(number, schedule, m, info.budget_bytes),
-                          framework_policy(schedule, tags), info.budget_bytes)
+                          framework_policy(schedule, tags, recurrence=recurrence),
+                          info.budget_bytes, recurrence=recurrence, seq_len=info.seq_len)
     if out.expressible:
         return out
     return _with_nearest(out, study, tags)
@@ -129,7 +140,8 @@ def framework_export(study: optuna.Study, number: int | None = None,
 
 def schedule_export(schedule: Schedule, fmt: str = "maxtext",
                     study: optuna.Study | None = None) -> FrameworkExport:
-    """A schedule file's schedule in format ``fmt`` (figures from its ``meta``); where
+    """A schedule file's schedule in format ``fmt`` (figures from its ``meta``, and whether
+    its scan is a recurrence: the study's, else the ``meta``'s ``layer_stack``); where
     ``fmt`` cannot write it and ``study`` is given, ``nearest`` is found there."""
     check_format(fmt)
     meta = dict(schedule.meta)
@@ -142,9 +154,13 @@ def schedule_export(schedule: Schedule, fmt: str = "maxtext",
                       peak if isinstance(peak, int) else total if isinstance(total, int)
                       else None, step if isinstance(step, (int, float)) else None,
                       isinstance(budget, int) and isinstance(total, int) and total <= budget)
-    tags = study_tags(study) if study is not None else ()
-    out = FrameworkExport(fmt, schedule, figures, framework_policy(schedule, tags),
-                          budget if isinstance(budget, int) else None)
+    tags = checkpoint_names(study) if study is not None else ()
+    recurrence = is_recurrence(study) if study is not None else meta.get("layer_stack") is False
+    seq_len = meta.get("seq_len")
+    out = FrameworkExport(fmt, schedule, figures,
+                          framework_policy(schedule, tags, recurrence=recurrence),
+                          budget if isinstance(budget, int) else None, recurrence=recurrence,
+                          seq_len=seq_len if isinstance(seq_len, int) else None)
     if out.expressible or study is None:
         return out
     return _with_nearest(out, study, tags)
@@ -156,9 +172,11 @@ def nearest_expressible(study: optuna.Study, fmt: str,
     (ties: less memory, then the lower number); when none fits, the one with the least
     memory (the nearest the budget); ``None`` when ``fmt`` can write none of them."""
     info = StudyInfo.of(study)
+    recurrence = is_recurrence(study)
     found = [(t, form) for t in measured_trials(study)
              if t.measurement.fit_bytes is not None
-             and expressible(form := framework_policy(t.schedule, tags), fmt)]
+             and expressible(form := framework_policy(t.schedule, tags, recurrence=recurrence),
+                             fmt, recurrence)]
     fits = [(t, f) for t, f in found if t.measurement.fits(info.budget_bytes)]
     if fits:
         t, form = min(fits, key=lambda p: (p[0].measurement.step_seconds or 0.0,
@@ -170,14 +188,14 @@ def nearest_expressible(study: optuna.Study, fmt: str,
     schedule = trial_schedule(study, t, info)
     return FrameworkExport(fmt, schedule,
                            _figures(t.number, schedule, t.measurement, info.budget_bytes),
-                           framework_policy(schedule, tags), info.budget_bytes)
+                           framework_policy(schedule, tags, recurrence=recurrence),
+                           info.budget_bytes, recurrence=recurrence, seq_len=info.seq_len)
 
 
 def _with_nearest(out: FrameworkExport, study: optuna.Study,
                   tags: tuple[str, ...]) -> FrameworkExport:
     nearest = nearest_expressible(study, out.format, tags)
-    return FrameworkExport(out.format, out.schedule, out.figures, out.form,
-                           out.budget_bytes, nearest)
+    return replace(out, nearest=nearest)
 
 
 def _figures(number: int, schedule: Schedule, m: Measurement, budget: int) -> Figures:

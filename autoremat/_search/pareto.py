@@ -37,6 +37,7 @@ from autoremat._search.study import (
     measured_trials,
     trial_schedule,
 )
+from autoremat._units import parse_bytes
 from autoremat.bounds import cost, distance_to_optimum
 
 if TYPE_CHECKING:
@@ -56,10 +57,9 @@ class FrontPoint:
       chosen: the trial ``tune`` picks under the study's budget.
       recompute: step evaluations per step of one forward + backward pass.
       vs_optimum: evaluations over the optimum at the same stored carries.
-      breakdown: where its memory goes (``autoremat._measure.breakdown.KEYS``).
+      breakdown: where its memory goes (argument, output, temp, stacked bytes, ...).
       timed_seq_len: the ``T`` its step time was measured at; below the study's
-        ``seq_len``, ``step_seconds`` is predicted from that short run
-        (``autoremat._search.short_runs``).
+        ``seq_len``, ``step_seconds`` is predicted from that short run.
     """
 
     number: int
@@ -79,13 +79,22 @@ def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] <= b[0] and a[1] <= b[1] and a != b
 
 
-def pareto_front(study: optuna.Study, budget_bytes: int | None = None) -> list[FrontPoint]:
-    """The non-dominated trials within the study's budget, sorted by memory.
+def pareto_front(study: optuna.Study, budget_bytes: int | str | None = None
+                 ) -> list[FrontPoint]:
+    """The non-dominated trials within the study's budget, sorted by memory: each point
+    saves memory over the next only by spending step time on recomputation.
 
-    ``budget_bytes``: another budget to read the front at (default: the study's); ``chosen``
-    is then the fastest within it. Over the study's budget nothing was timed, so a larger
-    budget adds no point the study did not time."""
+    ``budget_bytes``: another budget to read the front at, in bytes or as text like
+    ``tune``'s (``"100MB"``, ``"4GiB"``; default: the study's); ``chosen`` is then the
+    fastest within it. Over the study's budget nothing was timed, so a larger budget adds
+    no point the study did not time.
+
+    Raises:
+      BudgetError: ``budget_bytes`` cannot be read.
+      TuneError: the study was not made by ``tune``.
+    """
     info = StudyInfo.of(study)
+    budget_bytes = None if budget_bytes is None else parse_bytes(budget_bytes, "budget_bytes")
     budget = info.budget_bytes if budget_bytes is None else budget_bytes
     trials = measured_trials(study)
     fits = [t for t in trials if t.measurement.fits(budget)]

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     import optuna
     import sqlalchemy
+    from optuna.distributions import BaseDistribution
     from optuna.storages import BaseStorage, RDBStorage
     from optuna.trial import FrozenTrial
 
@@ -79,6 +80,15 @@ def trials_of(storage: BaseStorage, study: optuna.Study) -> list[FrozenTrial]:
     return storage.get_all_trials(study_id, deepcopy=False)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file an SQLite URL names (``sqlite:///runs/autoremat.db``: ``runs/autoremat.db``,
+    relative to the current folder); ``None`` for an in-memory or another database."""
+    if not url.startswith("sqlite:///"):
+        return None
+    name = url.removeprefix("sqlite:///").split("?", 1)[0]
+    return None if name in ("", ":memory:") else Path(name)
+
+
 def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) -> RDBStorage:
     """An Optuna storage for ``url`` (default ``DEFAULT_STORAGE``).
 
@@ -98,14 +108,13 @@ def open_storage(url: str | None = None, *, heartbeat: int = DEFAULT_HEARTBEAT) 
         raise TuneError(f"storage: expected a storage URL string, got {url!r}")
     if isinstance(heartbeat, bool) or not isinstance(heartbeat, int) or heartbeat < 1:
         raise TuneError(f"heartbeat: expected whole seconds >= 1, got {heartbeat!r}")
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        if str(path) not in ("", ":memory:"):
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except (OSError, ValueError) as e:
-                raise TuneError(f"storage: cannot create the folder of {str(path)!r} ({e})"
-                                ) from None
+    path = sqlite_file(url)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (OSError, ValueError) as e:
+            raise TuneError(f"storage: cannot create the folder of {str(path)!r} ({e})"
+                            ) from None
     for attempt in range(6):
         try:
             with warnings.catch_warnings():
@@ -243,6 +252,29 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
             trial.set_user_attr(key, value)
         return
     write(dict(attrs))
+
+
+def set_params(trial: optuna.Trial, params: Mapping[str, tuple[Any, BaseDistribution]]) -> None:
+    """Record each ``(value, distribution)`` of ``params`` as the running trial's Optuna
+    param, as ``trial.suggest_*`` records a sampled one (Optuna's storage API, then the
+    trial's cached copy), without sampling anything. A param the storage refuses (another
+    trial of the study holds one of that name with another distribution) is left out, and
+    so are all of them where this Optuna lacks ``Trial._trial_id`` or
+    ``Trial._cached_frozen_trial``: the params are a view for Optuna's tools, which the
+    search never reads."""
+    trial_id = getattr(trial, "_trial_id", None)
+    cached = getattr(trial, "_cached_frozen_trial", None)
+    storage = getattr(trial, "storage", None)
+    if not isinstance(trial_id, int) or cached is None or storage is None:
+        return
+    for name, (value, distribution) in params.items():
+        try:
+            storage.set_trial_param(trial_id, name, distribution.to_internal_repr(value),
+                                    distribution)
+        except ValueError:
+            continue
+        cached.distributions[name] = distribution
+        cached.params[name] = value
 
 
 def missing_internals(trial: optuna.Trial) -> list[str]:

@@ -23,14 +23,16 @@ from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import (
     COMPILE_FAILED,
+    LAYER_STACK,
     MEASURED,
+    NAME_COSTS,
     SCHEDULE,
     confirmed_key,
     proof_key,
     retimed_key,
 )
 from autoremat._search.bound import Bound
-from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
+from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact, sqlite_file
 from autoremat._units import format_bytes
 
 if TYPE_CHECKING:
@@ -122,10 +124,8 @@ class MeasuredTrial:
     def of(cls, trial: FrozenTrial,
            study_attrs: Mapping[str, Any] | None = None) -> MeasuredTrial | None:
         """The trial's measurement, or ``None`` when it measured nothing (pruned, lost).
-        ``study_attrs``: the study's, so a re-timing beside the search's leader
-        (``retimed_key``, ``autoremat._search.retime``) and a full-length confirmation of a
-        time predicted from a short run (``confirmed_key``, ``autoremat._search.confirm``)
-        replace its timing."""
+        ``study_attrs``: the study's, so a re-timing beside the search's leader and a
+        full-length timing of a time predicted from a short run replace its timing."""
         attrs = trial.user_attrs
         if not attrs.get(MEASURED):
             return None
@@ -149,12 +149,19 @@ class MeasuredTrial:
 
 def load_study(study_name: str, storage: str | None = None) -> optuna.Study:
     """Open the existing study ``study_name`` in ``storage`` (default ``DEFAULT_STORAGE``).
+    Reading only: an SQLite file that does not exist is not created.
 
     Raises:
       TuneError: the storage cannot be opened or holds no such study.
     """
     import optuna
 
+    url = storage or DEFAULT_STORAGE
+    file = sqlite_file(url) if isinstance(url, str) else None
+    if file is not None and not file.is_file():
+        raise TuneError(f"study_name: no study {study_name!r} in {redact(url)}: the file "
+                        "does not exist (no tune saved a study there); give the storage that "
+                        f"holds {study_name!r}, or tune first")
     storage_obj = open_storage(storage)
     try:
         return optuna.load_study(study_name=study_name, storage=storage_obj)
@@ -164,6 +171,20 @@ def load_study(study_name: str, storage: str | None = None) -> optuna.Study:
             f"study_name: no study {study_name!r} in {redact(storage or DEFAULT_STORAGE)}; "
             f"studies there: {', '.join(repr(n) for n in names) or 'none'}"
         ) from None
+
+
+def checkpoint_names(study: optuna.Study) -> tuple[str, ...]:
+    """The step's ``checkpoint_name`` tags the study recorded (a layer stack's; none for a
+    step without, or a recurrence)."""
+    rows = study.user_attrs.get(NAME_COSTS) or []
+    return tuple(str(r["name"]) for r in rows if isinstance(r, dict) and "name" in r)
+
+
+def is_recurrence(study: optuna.Study) -> bool:
+    """The study's scan is a recurrence over time steps, not a stack of layers
+    (``LAYER_STACK``)."""
+    attrs = study.user_attrs
+    return not bool(attrs.get(LAYER_STACK, NAME_COSTS in attrs))
 
 
 def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
@@ -195,13 +216,15 @@ def _choose(trials: list[MeasuredTrial], budget_bytes: int,
 
 def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
                    info: StudyInfo | None = None) -> Schedule:
-    """The trial's schedule, with ``meta`` recording what it was tuned for and measured;
-    ``info``: the study's ``StudyInfo`` when the caller has it (else read from the study)."""
+    """The trial's schedule, with ``meta`` recording what it was tuned for (``layer_stack``:
+    its scan runs layers, not the time steps of a recurrence) and measured; ``info``: the
+    study's ``StudyInfo`` when the caller has it (else read from the study)."""
     m = trial.measurement
     sizes, timing, where = m.sizes, m.timing, m.where
     info = info if info is not None else StudyInfo.of(study)
     return trial.schedule.with_meta(
-        problem=info.problem, seq_len=info.seq_len, fingerprint=info.fingerprint,
+        problem=info.problem, seq_len=info.seq_len, layer_stack=not is_recurrence(study),
+        fingerprint=info.fingerprint,
         device_kind=where.device_kind, platform=where.platform,
         jax_version=where.jax_version, flax_version=where.flax_version,
         budget_bytes=info.budget_bytes, total_bytes=sizes.total_bytes,
@@ -249,11 +272,14 @@ class TuneResult:
       interrupted: ``True`` when Ctrl-C stopped the search.
       devices, mesh: what the figures are per device of (``StudyInfo``).
       confirmed: trials timed on a short run and then at full length
-        (``measurement.extrapolated_seconds``: the prediction; ``autoremat._search.confirm``).
+        (``measurement.extrapolated_seconds``: the prediction).
       unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
-      proof: what the proof of fit found (``autoremat._search.proof``; "" when none ran).
-      bound: what scheduling can save at most, measured before the search
-        (``autoremat._search.bound``; ``None`` where it could not be compiled).
+      proof: what the proof of fit found: the pick run with only the budget free on the
+        device ("" when none ran).
+      checkpoint_names: the step's ``checkpoint_name`` tags the study recorded (a layer
+        stack's), the ``names`` of ``autoremat.framework_policy``.
+      bound: what scheduling can save at most, measured before the search (``None``
+        where it could not be compiled).
       overrun: the time limit ran out inside one compile (``tune``; ``None`` otherwise).
     """
 
@@ -277,6 +303,7 @@ class TuneResult:
     study_measured: int = 0
     queued: int = 0
     compile_failed: int = 0
+    checkpoint_names: tuple[str, ...] = ()
 
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
@@ -304,7 +331,8 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         measured=measured, n_trials=len(study.trials), interrupted=interrupted,
         devices=info.devices, mesh=info.mesh,
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
-        unconfirmed=unconfirmed, proof=proof, bound=Bound.of(study.user_attrs),
+        unconfirmed=unconfirmed, proof=proof, checkpoint_names=checkpoint_names(study),
+        bound=Bound.of(study.user_attrs),
         study_measured=counts["study_measured"], queued=counts["queued"],
         compile_failed=counts["compile_failed"],
     )

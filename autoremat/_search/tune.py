@@ -80,7 +80,7 @@ from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
-from autoremat._search.attrs import NAME_COSTS
+from autoremat._search.attrs import LAYER_STACK, NAME_COSTS
 from autoremat._search.bound import BOUND_ATTR, Bound, scan_bound
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
@@ -100,6 +100,7 @@ from autoremat._search.storage import (
     redact,
 )
 from autoremat._search.study import Overrun, StudyInfo, TuneResult, measured_trials, summarize
+from autoremat._search.tune_log import LOGGER, TuneLog, log_result
 from autoremat._search.worker import OnTrial, Worker
 from autoremat._units import format_bytes, parse_bytes, parse_duration, parse_whole_seconds
 
@@ -124,20 +125,26 @@ def tune(
     on_trial: OnTrial | None = None,
     on_confirm: Callable[[str], None] | None = None,
     on_bound: Callable[[Bound], None] | None = None,
+    progress: bool = False,
 ) -> TuneResult:
     """Find the fastest schedule of ``problem``'s step whose total memory fits.
 
     Candidates are sized by compiling them (cheap); only those that fit and
     that the calibrated cost model does not rule out are timed (about
-    ``time_budget`` s each): the time goes near the answer (module doc).
+    ``time_budget`` s each): the time goes near the answer, and the memory each
+    schedule saves is paid for in recomputation, which the timing measures.
+
+    Each trial, each full-length timing and the answer are logged on the ``autoremat``
+    logger (``logging``, level INFO: ``logging.basicConfig(level=logging.INFO)`` shows
+    them).
 
     Args:
       problem: the training step (see ``autoremat.Problem``).
       budget_bytes: the memory budget for ``total_bytes``: bytes (an int), or text as
-        ``autoremat tune --budget`` takes it (``"4GB"``, ``"512MiB"``; ``parse_bytes``) --
-        per device when the problem's arguments are sharded over many
-        (``autoremat._measure.mesh``). Under the step's arguments alone it is refused
-        before anything compiles (``BudgetError``).
+        ``autoremat tune --budget`` takes it (``"4GB"``, ``"512MiB"``;
+        ``autoremat.parse_bytes``) -- per device when the problem's arguments are
+        sharded over many. Under the step's arguments alone it is refused before
+        anything compiles (``BudgetError``).
       n_trials: measure this many schedules in this call, fewer when a small
         space runs out of candidates (duplicates do not count); ``None``: until
         the planner is done or ``time_limit``.
@@ -147,30 +154,32 @@ def tune(
       time_limit: stop starting new compiles or trials after this long, from
         the call's start: seconds, or text such as ``"90s"``, ``"5m"``,
         ``"1.5h"`` (``None``: no limit). A trial under way finishes. A pick
-        timed on short runs is then timed at full length (``autoremat._search.confirm``).
+        timed on short runs is then timed at full length.
       explore_front: measure the whole front, not just near the fastest
         schedule that fits (no stop on predictions, no cut trials).
       storage: an Optuna storage URL; default ``sqlite:///runs/autoremat.db``.
       study_name: resume or create this study; default from the problem,
         device and budget, so running the same call again resumes.
-      seed: the candidate pool's seed (offset by the trials already in the study).
+      seed: the seed of the planner's random candidates (offset by the trials already
+        in the study).
       out: when given and a schedule fits, write it there (atomic YAML).
       time_budget: about how long timing one schedule may take: seconds, or text as
         ``time_limit`` takes it (``"5s"``).
       heartbeat: whole seconds between a running trial's heartbeats (or text: ``"90s"``,
-        ``"1m"``; RDB storages);
-        a trial silent for ``GRACE_INTERVALS * heartbeat`` is stale: failed
+        ``"1m"``; RDB storages); a trial silent for three heartbeats is stale: failed
         and retried.
       on_trial: called as ``on_trial(study, frozen_trial)`` after each trial
-        (``autoremat._search.study.MeasuredTrial.of(frozen_trial)`` reads it).
+        (``autoremat.MeasuredTrial.of(frozen_trial)`` reads it).
       on_confirm: called with one line before each full-length timing of a
-        schedule timed on short runs (``autoremat._search.confirm``), and with one
-        line per choice the study's probe checked (``autoremat._search.probes.probe``).
-      on_bound: called with what scheduling can save at most (``autoremat._search.bound``),
-        measured by two compiles before the search. Where that is a negligible share of
-        the step and neither ``n_trials`` nor ``total_trials`` asks for more, only the plain
-        scan is timed (the answer where it fits); on a CPU, where even the least-memory
-        schedule is over the budget then, nothing is timed.
+        schedule timed on short runs, and with one line per risky choice (offload)
+        the study checked on the problem before offering it.
+      on_bound: called with what scheduling can save at most, measured by two compiles
+        before the search (the step as written and every long scan at its least memory).
+        Where that is a negligible share of the step and neither ``n_trials`` nor
+        ``total_trials`` asks for more, only the plain scan is timed (the answer where it
+        fits); on a CPU, where even the least-memory schedule is over the budget then,
+        nothing is timed.
+      progress: draw a progress bar over the trials (tqdm; a widget in a notebook).
 
     Returns:
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
@@ -185,24 +194,34 @@ def tune(
 
     With ``jax.process_count() > 1`` every process of the job makes this same call:
     process 0 decides and alone writes the study and ``out``, every process compiles and
-    runs each schedule, and all return the same result (``autoremat._search.lockstep``).
+    runs each schedule, and all return the same result.
     """
     import jax
 
     beat = parse_whole_seconds(heartbeat, "heartbeat")
+    budget = parse_bytes(budget_bytes, "budget")
+    log = TuneLog(n_trials if n_trials is not None else total_trials, progress, on_trial,
+                  on_confirm)
+    LOGGER.info("tuning %s under %s per device", problem.name, format_bytes(budget))
     search = functools.partial(
-        _tune, problem, parse_bytes(budget_bytes, "budget"), n_trials=n_trials,
+        _tune, problem, budget, n_trials=n_trials,
         total_trials=total_trials,
         limit=None if time_limit is None else parse_duration(time_limit, "time_limit"),
         explore_front=explore_front, storage=storage, study_name=study_name, seed=seed,
         out=out, time_budget=parse_duration(time_budget, "time_budget"),
-        heartbeat=beat, on_trial=on_trial,
-        on_confirm=on_confirm, on_bound=on_bound)
-    if jax.process_count() > 1 and active_peers() is None:  # every process runs this call
-        from autoremat._search.lockstep import in_lockstep
+        heartbeat=beat, on_trial=log.on_trial, on_confirm=log.on_confirm,
+        on_bound=functools.partial(_log_bound, on_bound))
+    try:
+        if jax.process_count() > 1 and active_peers() is None:  # every process runs this
+            from autoremat._search.lockstep import in_lockstep
 
-        return in_lockstep(problem, beat, search)
-    return search()
+            result = in_lockstep(problem, beat, search)
+        else:
+            result = search()
+    finally:
+        log.close()
+    log_result(result)
+    return result
 
 
 def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
@@ -226,6 +245,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
         layers = LayerCosts(problem.seq_len, costs) if (
             costs is not None and is_layer_stack(problem.seq_len, costs)) else None
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
+        study.set_user_attr(LAYER_STACK, layers is not None)  # exports word layers, time steps
         bound = _bound(study, problem, built[1:])
         if bound is not None and on_bound is not None:
             on_bound(bound)
@@ -298,6 +318,14 @@ def _overrun(study: Any, limit: float, elapsed: float, measured: int,
     if last is None or seconds is None or seconds < limit:
         return None
     return Overrun(limit, elapsed, last.number, float(seconds))
+
+
+def _log_bound(then: Callable[[Bound], None] | None, bound: Bound) -> None:
+    LOGGER.info("scheduling can save at most %s (%.1f%%) of the step's %s (least-memory "
+                "schedule %s: %s)", format_bytes(bound.saving), 100 * bound.share,
+                format_bytes(bound.step_bytes), bound.least, format_bytes(bound.least_bytes))
+    if then is not None:
+        then(bound)
 
 
 def _bound(study: Any, problem: Problem, built: tuple[Step, tuple[Any, ...]]) -> Bound | None:

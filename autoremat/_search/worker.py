@@ -42,8 +42,15 @@ from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
 from autoremat._search.retime import contenders, retime_cost, retime_group
 from autoremat._search.short_runs import ShortRuns
-from autoremat._search.storage import StudyLock, optuna_verbosity, set_user_attrs, trials_of
+from autoremat._search.storage import (
+    StudyLock,
+    optuna_verbosity,
+    set_params,
+    set_user_attrs,
+    trials_of,
+)
 from autoremat._search.study import MeasuredTrial, StudyInfo
+from autoremat._search.trial_params import schedule_params
 
 if TYPE_CHECKING:
     import optuna
@@ -182,6 +189,8 @@ class Worker:
         schedule, key = cand.schedule, cand.schedule.key()
         self.claim(trial, key, {SCHEDULE_KEY: key, SCHEDULE: schedule.to_data(),
                                 DESCRIBE: schedule.describe()})
+        set_params(trial, {name: (spec.value, spec.distribution()) for name, spec in
+                           schedule_params(schedule, self.info.seq_len).items()})
         # the next candidates (the enqueued seeds first) compile while this one compiles
         # (the first seeds beside the plain scan, not the largest candidates: on a TPU
         # they ran out of memory beside it) and while it is timed
