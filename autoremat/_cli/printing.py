@@ -144,6 +144,7 @@ def result_table(result: TuneResult) -> str:
            "measured)"]
           if device else []),
         row(f"best (trial {best.number})" if best else "best", best),
+        *tie_lines(result),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
         *([f"  vs plain: against the plain scan with the readout and loss moved into its "
            f"step (trial {plain.number}); the plain scan as written, the readout after it, "
@@ -155,6 +156,22 @@ def result_table(result: TuneResult) -> str:
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement)] if shown else []),
     ])
+
+
+def tie_lines(result: TuneResult) -> list[str]:
+    """Why the best is not the fastest that fits: it tied with it within the measured
+    noise and is smaller ("within noise of plain, 28x less memory")."""
+    tie = result.tie
+    if tie is None:
+        return []
+    fastest, mine = tie.fastest.measurement.step_seconds, tie.pick.measurement.step_seconds
+    slower = f"{((mine or 0) / fastest - 1) * 100:+.1f}%" if fastest else "?"
+    who = "the plain scan" if tie.fastest_is_plain else tie.fastest.schedule.describe()
+    ratio = tie.memory_ratio
+    smaller = f", {ratio:.3g}x less memory" if ratio is not None else ", less memory"
+    return [f"  {'':<18} within noise of {who} (trial {tie.fastest.number}: "
+            f"{format_seconds(fastest)}; {slower}, runs spread {tie.noise * 100:.1f}%)"
+            f"{smaller}"]
 
 
 def name_cost_lines(rows: list[dict[str, Any]]) -> list[str]:
