@@ -49,6 +49,8 @@ missing here)::
         within          a run within a budget (the proof of fit); the least that suffices
                         (bisection): the truth device_memory is checked against
         stale           is a saved schedule still the one for this problem?
+        compile_cache   compiles paid once: JAX's persistent cache in a study's folder,
+                        its hits counted
         parity          does it compile to the total its tune measured? (show --problem)
     _models/      the built-in problems, measured and searched like a user's; their
                   registry (MODELS: builder, settings, the fixes for a floor)

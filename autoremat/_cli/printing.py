@@ -102,7 +102,20 @@ def study_line(result: TuneResult) -> str:
               if result.compile_failed else "")
     return (f"study: {result.study_name!r} in {redact(result.storage)} "
             f"({result.study_measured} schedules measured in the study, {result.measured} "
-            f"measured now{queued}{failed})")
+            f"measured now{queued}{failed})" + cache_words(result))
+
+
+def cache_words(result: TuneResult) -> str:
+    """``; N of M compiles read back from the compile cache (X%)`` ("" without one)."""
+    use = result.compile_cache
+    if use is None or not use.folder:
+        return ""
+    rate = use.rate
+    whose = "" if use.own else " (yours)"
+    if rate is None:
+        return f"; compile cache{whose}: no compile looked in it"
+    return (f"; compile cache{whose}: {use.hits} of {use.hits + use.misses} compiles read "
+            f"back ({rate * 100:.0f}%)")
 
 
 def result_table(result: TuneResult) -> str:

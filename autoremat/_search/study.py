@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError
 from autoremat._measure.breakdown import DEVICE_KEYS
+from autoremat._measure.compile_cache import CacheUse
 from autoremat._measure.measurement import Measurement
 from autoremat._measure.timing import spread
 from autoremat._schedules import from_data, plain
@@ -301,6 +302,8 @@ class TuneResult:
       tie: where ``best`` is not the fastest that fits but tied with it within the
         measured noise and smaller (``tie_break``): the fastest, the noise, the memory
         ratio; ``None`` otherwise.
+      compile_cache: what JAX's persistent compilation cache did during the tune (hits,
+        misses, its folder; ``autoremat._measure.compile_cache``); ``None``: not a tune.
     """
 
     study_name: str
@@ -322,11 +325,13 @@ class TuneResult:
     queued: int = 0
     compile_failed: int = 0
     tie: Pick | None = None
+    compile_cache: CacheUse | None = None
 
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
               measured: int = 0, interrupted: bool = False,
-              unconfirmed: str = "", proof: str = "") -> TuneResult:
+              unconfirmed: str = "", proof: str = "",
+              compile_cache: CacheUse | None = None) -> TuneResult:
     """The ``TuneResult`` of a study (nothing is measured, nothing written); ``info``: what
     the study was made for, when the caller has it (``tune``), else read from the study."""
     info = info if info is not None else StudyInfo.of(study)
@@ -351,7 +356,8 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         devices=info.devices, mesh=info.mesh,
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
         unconfirmed=unconfirmed, proof=proof,
-        tie=picked if picked is not None and picked.tied else None, **counts,
+        tie=picked if picked is not None and picked.tied else None,
+        compile_cache=compile_cache, **counts,
     )
 
 

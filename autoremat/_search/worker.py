@@ -138,6 +138,7 @@ class Worker:
         self.attempts = 0
         self.kept: Compiled | None = None  # the best's executable (``_keep_if_best``)
         self.retimed: list[frozenset[str]] = []  # the keys of each group re-timed (``retime``)
+        self.retiming = False  # the search re-times before it stops (``run``)
 
     def fresh_trials(self) -> list[FrozenTrial]:
         """Every trial, read from the storage itself (not a cache)."""
@@ -173,7 +174,7 @@ class Worker:
         budget = self.info.budget_bytes
         enqueued = trial.user_attrs.get(SCHEDULE)
         if enqueued is not None:
-            cand = self.planner.pool.candidate(from_data(enqueued))
+            cand = self.planner.candidate(from_data(enqueued))
         elif planned is not None:
             cand = planned
         else:  # nothing planned, and the trial waiting for it was taken by another worker
@@ -185,12 +186,12 @@ class Worker:
         # the next candidates (the enqueued seeds first) compile while this one compiles
         # (the first seeds beside the plain scan, not the largest candidates: on a TPU
         # they ran out of memory beside it) and while it is timed
-        self.planner.ahead.prefetch(exclude=key, first=self.waiting())
+        self.planner.prefetch(exclude=key, first=self.waiting())
         compiled = self.planner.take_compiled(cand)
-        self.planner.ahead.prefetch()
-        predicted = self.planner.judge.predict(cand)
+        self.planner.prefetch()
+        predicted = self.planner.predict(cand)
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
-                            best=self.planner.judge.rival())
+                            best=self.planner.rival())
         self.planner.record(schedule, m)
         self._keep_if_best(key, compiled)
         failed = {COMPILE_FAILED: True} if compile_failed(m) else {}  # not one of n_trials
@@ -209,8 +210,7 @@ class Worker:
     def _keep_if_best(self, key: str, compiled: Compiled) -> None:
         """Keep the executable of the fastest schedule that fits (the proof of fit runs it:
         one compile less, seconds on an accelerator), release any other."""
-        best = self.planner.standings.best
-        if best is None or best[0] != key or compiled.executable is None:
+        if self.planner.best_key() != key or compiled.executable is None:
             compiled.release()
             return
         if self.kept is not None:
@@ -227,7 +227,7 @@ class Worker:
         before any the planner picks. Read only when the planner has compile threads."""
         from optuna.trial import TrialState
 
-        if not self.planner.ahead.running:
+        if not self.planner.compiles_ahead:
             return []
         return [from_data(t.user_attrs[SCHEDULE]) for t in self.fresh_trials()
                 if t.state == TrialState.WAITING and SCHEDULE in t.user_attrs]
@@ -275,9 +275,12 @@ class Worker:
         trials = self.fresh_trials()
         if any(t.state == TrialState.WAITING for t in trials):
             return "enqueued"
-        self.planner.observe([(m.schedule, m.measurement) for m in self.measured_trials(trials)],
+        measured = self.measured_trials(trials)
+        self.planner.observe([(m.schedule, m.measurement) for m in measured],
                              {str(t.user_attrs.get(SCHEDULE_KEY)) for t in trials
                               if _is_measured(t) or _is_claimed(t)})
+        if self.retiming:  # the re-timing the noise asks for is paid before the limit
+            self.planner.reserve(self.retime_cost(self.contenders(measured)))
         return self.planner.next(deadline, explore=explore, dominated=dominated)
 
     def measured_trials(self, trials: list[FrozenTrial]) -> list[MeasuredTrial]:
@@ -285,18 +288,26 @@ class Worker:
         attrs = self.study.user_attrs
         return [m for m in (MeasuredTrial.of(t, attrs) for t in trials) if m is not None]
 
+    def contenders(self, measured: list[MeasuredTrial]) -> list[MeasuredTrial]:
+        """The leader and the challengers it is to be re-timed with (``retime.contenders``:
+        where their noise asks for it), not re-timed before; ``[]``: none."""
+        return contenders(measured, self.info.budget_bytes, plain(self.problem.seq_len).key(),
+                          self.retimed)
+
+    def retime_cost(self, group: list[MeasuredTrial]) -> float:
+        """About how long re-timing ``group`` takes (0 for none)."""
+        return retime_cost(self.short, group, self.planner.compile_cost()) if group else 0.0
+
     def retime(self, deadline: float | None) -> bool:
         """Before the search stops: its leader run in turn with its closest challengers
         (``autoremat._search.retime``), their figures written to the study; ``True`` when
         they ran (the planner looks again), ``False`` when there is nothing to re-time or
         the time left cannot pay for it."""
-        group = contenders(self.measured_trials(self.fresh_trials()), self.info.budget_bytes,
-                           plain(self.problem.seq_len).key(), self.retimed)
+        group = self.contenders(self.measured_trials(self.fresh_trials()))
         if not group:
             return False
         left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left < retime_cost(self.short, group,
-                                                 self.planner.clock.compile_cost()):
+        if left is not None and left < self.retime_cost(group):
             return False
         self.retimed.append(frozenset(t.schedule.key() for t in group))
         figures, compiled = retime_group(self.short, group, self.kept)
@@ -305,7 +316,7 @@ class Worker:
         for number, figure in figures.items():
             self.study.set_user_attr(retimed_key(number), figure.to_attrs())
         self.planner.observe([(t.schedule, t.measurement) for t in self.measured_trials(
-            self.fresh_trials())], self.planner.pool.taken)
+            self.fresh_trials())])
         for c in compiled.values():
             self._keep_if_best(c.measurement.schedule_key, c)
         return True
@@ -336,11 +347,11 @@ class Worker:
                         time.sleep(pause if left is None else max(0.0, min(pause, left)))
                         continue
                     exact = n_trials is not None or self.total_trials is not None
-                    planned = self.plan(deadline, self.planner.judge.explore_front)
+                    self.retiming = not exact and not self.planner.explore_front
+                    planned = self.plan(deadline, self.planner.explore_front)
                     if planned is None and exact:
                         planned = self.plan(deadline, True, True)
-                    if planned is None and not exact and not self.planner.judge.explore_front \
-                            and self.retime(deadline):
+                    if planned is None and self.retiming and self.retime(deadline):
                         continue  # the leader and its challengers re-timed: plan again
                     if planned is None:
                         break

@@ -30,8 +30,9 @@ threads (``compiles``) the next candidates are compiled ahead, and the device ti
 another while the planner's choice compiles (``ahead``).
 
 Each rule lives in the part that holds its figures; the planner holds the parts and
-decides in that order (``choose``), and the worker reads the parts it needs
-(``planner.pool``, ``planner.judge``, ...).
+decides in that order (``choose``). The worker calls the planner's face only (``observe``,
+``next``, ``candidate``, ``take_compiled``, ``prefetch``, ``predict``, ``rival``, ``record``,
+``best_key``, ``reserve``, ``close``), never its parts.
 """
 
 from __future__ import annotations
@@ -114,10 +115,56 @@ class Planner:
         self._shared = SharedArguments(None if built is None else built[2])
         self.floor: int | None = None
 
+    # -- the worker's face ---------------------------------------------------------------
+    @property
+    def explore_front(self) -> bool:
+        """Every fitting schedule not dominated is timed (no stop on predictions)."""
+        return self.judge.explore_front
+
+    @property
+    def compiles_ahead(self) -> bool:
+        """Threads compile candidates ahead (so enqueued seeds are worth reading)."""
+        return self.ahead.running
+
+    def candidate(self, schedule: Schedule) -> Candidate:
+        """The pool's candidate of a schedule from the study (a seed, a retry)."""
+        return self.pool.candidate(schedule)
+
+    def prefetch(self, exclude: str | None = None,
+                 first: list[Schedule] | None = None) -> None:
+        """Hand the compile threads what the planner would compile next
+        (``CompilesAhead.prefetch``)."""
+        self.ahead.prefetch(exclude=exclude, first=first)
+
+    def predict(self, cand: Candidate) -> float | None:
+        """``cand``'s predicted step seconds (``None`` before any timing)."""
+        return self.judge.predict(cand)
+
+    def rival(self) -> float | None:
+        """The best step that fits, which a timing competes with (``Judge.rival``)."""
+        return self.judge.rival()
+
+    def best_key(self) -> str | None:
+        """The key of the fastest timed schedule that fits (``None``: none yet)."""
+        best = self.standings.best
+        return None if best is None else best[0]
+
+    def compile_cost(self) -> float:
+        """Mean seconds of one compile so far (``Clock.compile_cost``)."""
+        return self.clock.compile_cost()
+
+    def reserve(self, seconds: float) -> None:
+        """Keep ``seconds`` back from the time left for work after the planner stops
+        (``Clock.reserve``)."""
+        self.clock.reserve = max(0.0, seconds)
+
     # -- what the study holds ----------------------------------------------------------
-    def observe(self, measured: list[tuple[Schedule, Measurement]], taken: set[str]) -> None:
-        """What the study holds now (every worker's): measured trials, claimed keys."""
-        self.pool.taken = taken
+    def observe(self, measured: list[tuple[Schedule, Measurement]],
+                taken: set[str] | None = None) -> None:
+        """What the study holds now (every worker's): measured trials, claimed keys
+        (``None``: as before)."""
+        if taken is not None:
+            self.pool.taken = taken
         for schedule, m in measured:
             self.record(schedule, m, refit=False)
         self._refit()
