@@ -10,10 +10,10 @@ for one tune, in the folder given (``tune``: beside the study's storage), and co
 it read back: ``CacheUse``, which the tune's summary reports.
 
 Costs: disk (each executable once, with no limit: delete the folder to reclaim it) and
-the time to write each one (small against the compile). A cache the
-user configured (``JAX_COMPILATION_CACHE_DIR``, or ``jax.config``) is used as it is, and
-counted; one turned off (``JAX_ENABLE_COMPILATION_CACHE=false``) stays off. On leaving,
-JAX's settings are as they were.
+the time to write each one (small against the compile). A cache the user configured
+(JAX's ``jax_compilation_cache_dir``, from the environment or ``jax.config``) is used as
+it is, and counted; one turned off (``jax_enable_compilation_cache`` false) stays off. On
+leaving, JAX's settings are as they were.
 
 The counts are JAX's monitoring events (``jax.monitoring``): a compile that looked in the
 cache found its executable (a hit) or did not (a miss). A program JAX does not cache (one

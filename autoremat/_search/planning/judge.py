@@ -1,4 +1,4 @@
-"""What a planner's models say of a candidate: its time, its bytes, whether to go on.
+"""What a planner's models say of a candidate: its time, its bytes, what to do with it.
 
 The time model (``predict.TimeModel``, calibrated on the study's own timed trials) and
 the memory model (``MemoryModel``) predict; ``untimed``'s pure rules decide on their
@@ -6,15 +6,25 @@ figures and the ``Standings``. The stop rule: a candidate predicted slower than 
 measured schedule that fits by ``STOP_RATIO``, widened by twice the time model's
 leave-one-out error (a model off by 15% must not rule out a schedule predicted 20%
 slower), up to ``MAX_STOP``, is not worth timing -- nor is anything ranked after it.
+
+One function orders the screening rules: ``next_action`` decides a candidate's next
+``Action`` (stop, skip, compile, time, fail) from its ``Facts``. The planner's ranking
+(``Planner.choose``), the compiles ahead (``ahead.upcoming``) and the device's choice while
+a compile runs (``ahead.meanwhile``) all ask it, each with the facts of its round
+(``Round``; ``Judge.facts`` reads them from the models as the rules ask, so a rule not
+reached costs nothing).
 """
 
 from __future__ import annotations
 
+import enum
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
+from autoremat._measure.measurement import ERROR
 from autoremat._search.planning import untimed
 from autoremat._search.planning.candidates import Candidate, Verdict
 from autoremat._search.planning.memory_model import MemoryModel
@@ -26,6 +36,220 @@ from autoremat._search.planning.standings import Standings
 #: (at least; ``Judge.stop_ratio`` widens it by the model's error, up to ``MAX_STOP``).
 STOP_RATIO: Final = 1.15
 MAX_STOP: Final = 1.6
+
+
+class Action(enum.Enum):
+    """A candidate's next step in a round of screening (``next_action``)."""
+
+    STOP = "stop"  # nothing ranked after it is worth it either: the round ends
+    SKIP = "skip"  # not this one (``Decision.verdict``: for good, and why)
+    COMPILE = "compile"  # compile and size it (the caller probes its risky choices first)
+    TIME = "time"  # time it
+    FAIL = "fail"  # it failed to build or compile: recorded as a failed trial
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``next_action``'s answer; ``verdict``: why a skipped candidate is set aside for good
+    (``None``: it may come up again)."""
+
+    action: Action
+    verdict: Verdict | None = None
+
+
+class Facts(Protocol):
+    """What ``next_action`` reads of one candidate, each read only where a rule asks.
+
+    ``preset``: a layer stack's preset (tried before all others, whatever the time model
+    says); ``preset_over``: over the budget by what it keeps; ``compiled``: sized;
+    ``failed``: its build or compile failed; ``executable``: it has one to run;
+    ``past_stop``: predicted past the stop (``Judge.past_stop``), so is all ranked after
+    it; ``past_own_stop``: past its own, narrower stop near a timed schedule;
+    ``patience_spent``: no compile more of the planner's own (``standings.PATIENCE``);
+    ``twin_found``: something to compile in its place (itself, or its offload's twin:
+    ``offload_twins``); ``surely_over``: over the budget before a compile;
+    ``dominated``: dominated by the memory model's guess; ``compile_fits``: the time
+    left pays for a compile; ``untimed``: why, sized, it is not timed
+    (``untimed.untimed``); ``timing_fits``: the time left pays for its timing."""
+
+    @property
+    def preset(self) -> bool: ...
+    @property
+    def preset_over(self) -> bool: ...
+    @property
+    def compiled(self) -> bool: ...
+    @property
+    def failed(self) -> bool: ...
+    @property
+    def executable(self) -> bool: ...
+    @property
+    def past_stop(self) -> bool: ...
+    @property
+    def past_own_stop(self) -> bool: ...
+    @property
+    def patience_spent(self) -> bool: ...
+    @property
+    def twin_found(self) -> bool: ...
+    @property
+    def surely_over(self) -> bool: ...
+    @property
+    def dominated(self) -> bool: ...
+    @property
+    def compile_fits(self) -> bool: ...
+    @property
+    def untimed(self) -> Verdict | None: ...
+    @property
+    def timing_fits(self) -> bool: ...
+
+
+_SKIP: Final = Decision(Action.SKIP)
+
+
+def next_action(f: Facts) -> Decision:
+    """The screening rules, in their one order (the planner's module doc says why each).
+
+    A preset is compiled, then timed, whatever is predicted (skipped where it keeps more
+    than fits, or no compile fits in the time left). Any other: past the stop, the round
+    ends; past its own stop, skipped. Not yet compiled: skipped when the patience is
+    spent, when its twin decided it, when surely over or dominated by the guess; the
+    round ends when no compile fits in the time left; else compiled. Compiled: a failure
+    is recorded; one ``untimed`` rules out is skipped for good; the round ends when its
+    timing does not fit in the time left; else timed."""
+    if f.preset:
+        if not f.compiled:
+            if f.preset_over:
+                return Decision(Action.SKIP, Verdict.SURELY_OVER)
+            return Decision(Action.COMPILE) if f.compile_fits else _SKIP
+        if f.failed:
+            return Decision(Action.FAIL)
+        if not f.executable:
+            return Decision(Action.SKIP, Verdict.NO_EXECUTABLE)
+        return Decision(Action.TIME)
+    if f.past_stop:
+        return Decision(Action.STOP)
+    if f.past_own_stop:
+        return _SKIP
+    if not f.compiled:
+        if f.patience_spent or not f.twin_found:
+            return _SKIP
+        if f.surely_over:
+            return Decision(Action.SKIP, Verdict.SURELY_OVER)
+        if f.dominated:
+            return _SKIP
+        return Decision(Action.COMPILE) if f.compile_fits else Decision(Action.STOP)
+    if f.failed:
+        return Decision(Action.FAIL)
+    verdict = f.untimed
+    if verdict is not None:
+        return Decision(Action.SKIP, verdict)
+    return Decision(Action.TIME) if f.timing_fits else Decision(Action.STOP)
+
+
+@dataclass(frozen=True)
+class Round:
+    """What the caller of a round of screening knows that the judge does not.
+
+    Attributes:
+      explore: no stop on the predicted ratio, no skip on a guessed domination, no patience.
+      dominated_too: a dominated candidate may be timed (a caller that must measure a
+        given number).
+      time_left: seconds left to start a compile or a timing (``None``: no limit).
+      compile_cost: seconds of one compile.
+      timing_cost: seconds to time a candidate predicted at the seconds given (``None``:
+        a timing always fits).
+      twin: what to compile in a candidate's place (``OffloadTwins.first``; ``None``: the
+        candidate itself).
+      own_left: compiles of the planner's own left (``None``: the standings' patience,
+        once the model is calibrated).
+    """
+
+    explore: bool = False
+    dominated_too: bool = False
+    time_left: float | None = None
+    compile_cost: float = 0.0
+    timing_cost: Callable[[Candidate, float], float] | None = None
+    twin: Callable[[Candidate], Candidate | None] | None = None
+    own_left: int | None = None
+
+
+class CandidateFacts:
+    """``Facts`` of one candidate in one round, read from the judge when first asked
+    (``next_action`` reads few of them). ``target``: the candidate to act on -- its twin,
+    where one was found in its place."""
+
+    def __init__(self, judge: Judge, cand: Candidate, predicted: float, rnd: Round) -> None:
+        self._judge, self._cand, self._predicted, self._round = judge, cand, predicted, rnd
+        self.target = cand
+
+    @functools.cached_property
+    def preset(self) -> bool:
+        return self._judge.first(self._cand) is not None
+
+    @functools.cached_property
+    def preset_over(self) -> bool:
+        presets = self._judge.presets
+        return presets is not None and presets.over(self._cand.schedule)
+
+    @property
+    def compiled(self) -> bool:
+        return self._cand.compiled is not None
+
+    @property
+    def failed(self) -> bool:
+        sized = self._cand.sized
+        return sized is not None and sized.status == ERROR
+
+    @property
+    def executable(self) -> bool:
+        return self._cand.compiled is not None and self._cand.compiled.executable is not None
+
+    @functools.cached_property
+    def past_stop(self) -> bool:
+        return self._judge.past_stop(self._predicted, explore=self._round.explore)
+
+    @functools.cached_property
+    def past_own_stop(self) -> bool:
+        return self._judge.past_stop(self._predicted, self._cand, explore=self._round.explore)
+
+    @functools.cached_property
+    def patience_spent(self) -> bool:
+        own = self._round.own_left
+        if own is not None:
+            return own <= 0
+        judge = self._judge
+        return (judge.calibrated() and not self._round.explore
+                and judge.patience_left() <= 0)
+
+    @functools.cached_property
+    def twin_found(self) -> bool:
+        twin = self._round.twin
+        found = self._cand if twin is None else twin(self._cand)
+        if found is None:
+            return False
+        self.target = found
+        return True
+
+    @functools.cached_property
+    def surely_over(self) -> bool:
+        return self._judge.surely_over(self.target)
+
+    @functools.cached_property
+    def dominated(self) -> bool:
+        return not self._round.explore and self._judge.dominated(self.target, self._predicted)
+
+    @property
+    def compile_fits(self) -> bool:
+        left = self._round.time_left
+        return left is None or left >= self._round.compile_cost
+
+    @functools.cached_property
+    def untimed(self) -> Verdict | None:
+        return self._judge.untimed(self._cand, self._round.dominated_too)
+
+    @functools.cached_property
+    def timing_fits(self) -> bool:
+        left, cost = self._round.time_left, self._round.timing_cost
+        return left is None or cost is None or left >= cost(self._cand, self._predicted)
 
 
 @dataclass
@@ -120,6 +344,16 @@ class Judge:
         return self.memory_model.surely_over(cand.structure) or self.memory_model.far_over(
             cand.structure, self.budget_bytes) or (
             self.presets is not None and self.presets.over(cand.schedule))
+
+    def facts(self, cand: Candidate, predicted: float, rnd: Round) -> CandidateFacts:
+        """``cand``'s facts in a round (``next_action`` decides on them); ``predicted``: its
+        step seconds as ranked."""
+        return CandidateFacts(self, cand, predicted, rnd)
+
+    def patience_left(self) -> int:
+        """Compiles of the planner's own left before the best must improve
+        (``Standings.patience_left``)."""
+        return self.standings.patience_left()
 
     def first(self, cand: Candidate) -> int | None:
         """The rank of a candidate tried before all others (a layer stack's preset)."""

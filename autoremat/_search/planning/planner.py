@@ -43,7 +43,7 @@ from typing import Any, Literal
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.measure import Compiled, compile_schedule
-from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
+from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules.base import Schedule
@@ -53,7 +53,7 @@ from autoremat._search.planning.ahead import CompilesAhead
 from autoremat._search.planning.candidates import AGAIN, Candidate, Verdict
 from autoremat._search.planning.clock import Clock
 from autoremat._search.planning.compile_pool import CompilePool
-from autoremat._search.planning.judge import Judge
+from autoremat._search.planning.judge import Action, Judge, Round, next_action
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.memory_model import MemoryModel
 from autoremat._search.planning.offload_twins import OffloadTwins
@@ -259,85 +259,51 @@ class Planner:
     def choose(self, time_left: float | None, *, explore: bool = False,
                dominated: bool = False) -> Candidate | Literal["again"] | None:
         """One round of ``next``: the candidate to time, ``AGAIN`` (one was compiled: the
-        models moved, rank again) or ``None`` (done), with ``time_left`` seconds."""
+        models moved, rank again) or ``None`` (done), with ``time_left`` seconds. Each
+        candidate, in ranked order, gets the judge's ``next_action``."""
         if self.floor is not None and self.floor > self.budget_bytes:
             return None  # nothing can fit: the arguments and outputs alone are over
         judge = self.judge
-        compile_cost = self.clock.compile_cost()
+        twins = self.twins
+        rnd = Round(explore=explore, dominated_too=dominated, time_left=time_left,
+                    compile_cost=self.clock.compile_cost(),
+                    timing_cost=self._timing_cost if judge.time_model.points else None,
+                    twin=None if twins is None else (
+                        lambda c: twins.first(c, self.pool.taken, judge.stop_seconds())))
         ranked = judge.rank(self.pool.open(), compiled_first=dominated)
         for i, (predicted, cand) in enumerate(ranked):
-            if self.presets is not None and judge.first(cand) is not None:
-                if cand.compiled is None and self.presets.over(cand.schedule):
-                    cand.verdict = Verdict.SURELY_OVER  # by what it keeps (``presets``)
-                    continue
-                first = self._preset(cand, time_left, compile_cost)
-                if first is not None:
-                    return first
-                continue
-            if judge.past_stop(predicted, explore=explore):
+            facts = judge.facts(cand, predicted, rnd)
+            decision = next_action(facts)
+            target = facts.target
+            if decision.verdict is not None:
+                target.verdict = decision.verdict
+                if decision.verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
+                    judge.memory_model.mark_over(target.structure)
+            action = decision.action
+            if action is Action.STOP:
                 return None
-            if judge.past_stop(predicted, cand, explore=explore):
-                continue  # near a timed schedule, and not predicted within STOP_RATIO
-            if cand.compiled is None:
-                if judge.calibrated() and not explore and not self.standings.patience_left():
-                    continue  # no compile more; one compiled may still be timed
-                screen = cand if self.twins is None else self.twins.first(
-                    cand, self.pool.taken, judge.stop_seconds())
-                if screen is None:
-                    continue
-                cand = screen
-                if judge.surely_over(cand):
-                    cand.verdict = Verdict.SURELY_OVER
-                    continue
-                if not explore and judge.dominated(cand, predicted):
-                    continue  # by the memory model's guess: not worth a compile (yet)
-                if time_left is not None and time_left < compile_cost:
-                    return None
-                if not self.probed(cand):
-                    continue
-                if not dominated and self.ahead.compiling(cand):  # on a thread: time another
-                    other = self.ahead.meanwhile(ranked[i + 1:], time_left,
-                                                 cand.schedule.key(), self.screen)
-                    if other is not None:
-                        return other
-                self.screen(cand)  # the planner's own choice (not a seed, not a preset):
-                self.standings.compiled_within(  # counted where it fits
-                    cand.sized is not None and cand.sized.status == OK
-                    and not judge.over_at_runtime(cand))
-                return AGAIN  # the models moved: rank again
-            m = cand.compiled.measurement
-            if m.status == ERROR:
-                return cand  # recorded as a failed trial
-            verdict = judge.untimed(cand, dominated)
-            if verdict is not None:
-                cand.verdict = verdict
-                if verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
-                    judge.memory_model.mark_over(cand.structure)
+            if action in (Action.TIME, Action.FAIL):
+                return target  # a failure is recorded as a failed trial
+            if action is Action.SKIP or not self.probed(target):
                 continue
-            if (time_left is not None and judge.time_model.points
-                    and time_left < self.short.timing_cost(cand.schedule, predicted,
-                                                           self.time_budget)):
-                return None
-            return cand
+            if facts.preset:  # tried before all others, not counted against the patience
+                self.screen(target)
+                return AGAIN
+            if not dominated and self.ahead.compiling(target):  # on a thread: time another
+                other = self.ahead.meanwhile(ranked[i + 1:], time_left,
+                                             target.schedule.key(), self.screen)
+                if other is not None:
+                    return other
+            self.screen(target)  # the planner's own choice (not a seed, not a preset):
+            self.standings.compiled_within(  # counted where it fits
+                target.sized is not None and target.sized.status == OK
+                and not judge.over_at_runtime(target))
+            return AGAIN  # the models moved: rank again
         return None
 
-    def _preset(self, cand: Candidate, time_left: float | None,
-                compile_cost: float) -> Candidate | Literal["again"] | None:
-        """A candidate tried before all others (``presets``): compiled, then timed when it
-        fits, whatever the time model predicts; ``None``: not this one (rank on)."""
-        if cand.compiled is None:
-            if time_left is not None and time_left < compile_cost:
-                return None
-            if not self.probed(cand):
-                return None
-            self.screen(cand)
-            return AGAIN
-        if cand.compiled.measurement.status == ERROR:
-            return cand  # recorded as a failed trial
-        if cand.compiled.executable is None:
-            cand.verdict = Verdict.NO_EXECUTABLE
-            return None
-        return cand
+    def _timing_cost(self, cand: Candidate, predicted: float) -> float:
+        """Seconds to time ``cand`` predicted at ``predicted`` (its run, ``short``)."""
+        return self.short.timing_cost(cand.schedule, predicted, self.time_budget)
 
     def close(self) -> None:
         """Release what the compile threads took ahead and stop them."""
