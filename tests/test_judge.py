@@ -84,6 +84,7 @@ class Given:
     compiled: bool = False
     failed: bool = False
     executable: bool = True
+    early: bool = False
     past_stop: bool = False
     past_own_stop: bool = False
     patience_spent: bool = False
@@ -91,6 +92,7 @@ class Given:
     surely_over: bool = False
     dominated: bool = False
     compile_fits: bool = True
+    any_compile_fits: bool = True
     untimed: Verdict | None = None
     timing_fits: bool = True
 
@@ -110,13 +112,19 @@ def test_one_function_orders_the_screening_rules() -> None:
     # any other: the stop first, then its own stop
     assert act(past_stop=True, surely_over=True) == Decision(Action.STOP)
     assert act(past_own_stop=True) == Decision(Action.SKIP)
+    # an early one (an unroll of the leader), ranked out of predicted order: skipped, not
+    # the end of the round
+    assert act(past_stop=True, early=True) == Decision(Action.SKIP)
+    assert act(patience_spent=True, early=True) == Decision(Action.SKIP)
     # not compiled yet
     assert act() == Decision(Action.COMPILE)
     assert act(patience_spent=True, compile_fits=False) == Decision(Action.SKIP)
     assert act(twin_found=False) == Decision(Action.SKIP)
     assert act(surely_over=True) == Decision(Action.SKIP, Verdict.SURELY_OVER)
     assert act(dominated=True, compile_fits=False) == Decision(Action.SKIP)
-    assert act(compile_fits=False) == Decision(Action.STOP)
+    assert act(compile_fits=False, any_compile_fits=False) == Decision(Action.STOP)
+    # its own compile (unrolled) does not fit where a cheaper one would: not started
+    assert act(compile_fits=False) == Decision(Action.SKIP, Verdict.TOO_LATE)
     # compiled
     assert act(compiled=True) == Decision(Action.TIME)
     assert act(compiled=True, failed=True, untimed=Verdict.DOMINATED) == Decision(Action.FAIL)

@@ -165,10 +165,22 @@ def result_table(result: TuneResult) -> str:
         *(["short runs predicted the step times; confirmed at full length:", *confirmed]
           if confirmed else []),
         *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
+        *too_late_lines(result),
         *([f"  {result.proof}"] if result.proof else []),
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement)] if shown else []),
     ])
+
+
+def too_late_lines(result: TuneResult) -> list[str]:
+    """The candidates not started as their compile would end past the time limit."""
+    late = result.too_late
+    if not late:
+        return []
+    shown = ", ".join(f"{t.schedule} (~{t.seconds:.0f} s)" for t in late[:3])
+    more = f" and {len(late) - 3} more" if len(late) > 3 else ""
+    return [f"  not started: {len(late)} candidate(s) whose compile would end past the time "
+            f"limit: {shown}{more}; a longer --time-limit would try them"]
 
 
 def tie_lines(result: TuneResult) -> list[str]:

@@ -32,6 +32,7 @@ from autoremat._search.attrs import (
     proof_key,
     retimed_key,
 )
+from autoremat._search.planning.candidates import TooLate
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact
 from autoremat._units import format_bytes
 
@@ -304,6 +305,8 @@ class TuneResult:
         ratio; ``None`` otherwise.
       compile_cache: what JAX's persistent compilation cache did during the tune (hits,
         misses, its folder; ``autoremat._measure.compile_cache``); ``None``: not a tune.
+      too_late: candidates the search did not compile as their compile (an unrolled one)
+        would end past the time limit (``planning.candidates.TooLate``).
     """
 
     study_name: str
@@ -326,12 +329,14 @@ class TuneResult:
     compile_failed: int = 0
     tie: Pick | None = None
     compile_cache: CacheUse | None = None
+    too_late: tuple[TooLate, ...] = ()
 
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
               measured: int = 0, interrupted: bool = False,
               unconfirmed: str = "", proof: str = "",
-              compile_cache: CacheUse | None = None) -> TuneResult:
+              compile_cache: CacheUse | None = None,
+              too_late: tuple[TooLate, ...] = ()) -> TuneResult:
     """The ``TuneResult`` of a study (nothing is measured, nothing written); ``info``: what
     the study was made for, when the caller has it (``tune``), else read from the study."""
     info = info if info is not None else StudyInfo.of(study)
@@ -357,7 +362,7 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
         unconfirmed=unconfirmed, proof=proof,
         tie=picked if picked is not None and picked.tied else None,
-        compile_cache=compile_cache, **counts,
+        compile_cache=compile_cache, too_late=too_late, **counts,
     )
 
 

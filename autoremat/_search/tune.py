@@ -237,7 +237,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
         del built
         interrupted = search.run(n_trials, None if limit is None else
                                  limit - (time.monotonic() - start))
-        search_measured = search.measured
+        search_measured, too_late = search.measured, search.too_late()
         unconfirmed = "" if interrupted else confirm(study, problem, info, time_limit=limit,
                                                      time_budget=time_budget, on_confirm=on_confirm)
         kept = search.take_kept()  # the best's executable: the proof runs it
@@ -247,7 +247,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
             kept.release()
         result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
                            interrupted=interrupted, unconfirmed=unconfirmed, proof=proof,
-                           compile_cache=cache_use())
+                           compile_cache=cache_use(), too_late=too_late)
         if out is not None:
             _write_best(result, out)
         return result

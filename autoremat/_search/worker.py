@@ -36,7 +36,7 @@ from autoremat._search.attrs import (
     WAITING_TAKEN,
     retimed_key,
 )
-from autoremat._search.planning.candidates import Candidate
+from autoremat._search.planning.candidates import Candidate, TooLate
 from autoremat._search.planning.compile_pool import CompilePool
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
@@ -216,6 +216,10 @@ class Worker:
         if self.kept is not None:
             self.kept.release()
         self.kept = compiled
+
+    def too_late(self) -> tuple[TooLate, ...]:
+        """The candidates not compiled as their compile would end past the time limit."""
+        return tuple(self.planner.too_late)
 
     def take_kept(self) -> Compiled | None:
         """The kept executable (``_keep_if_best``), now the caller's to release."""

@@ -102,6 +102,7 @@ class CompilesAhead:
         calibrated = judge.calibrated()
         own = judge.patience_left() if calibrated and not explore else n
         later: list[Candidate] = []  # predicted to be cut
+        left = self.clock.time_left()
         for predicted, cand in judge.rank(self.pool.open()):
             key = cand.schedule.key()
             if len(found) >= n:
@@ -119,6 +120,9 @@ class CompilesAhead:
                 break
             if action is not Action.COMPILE:
                 continue
+            unroll = cand.schedule.unroll
+            if unroll > 1 and left is not None and left < self.clock.compile_cost_of(unroll):
+                continue  # an unrolled compile that would end past the limit: not started
             if facts.preset:  # a layer stack's preset: no prediction rules it out
                 found.append(cand)
                 continue

@@ -21,7 +21,7 @@ import enum
 import functools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from autoremat._measure.measurement import ERROR
@@ -63,13 +63,17 @@ class Facts(Protocol):
     ``preset``: a layer stack's preset (tried before all others, whatever the time model
     says); ``preset_over``: over the budget by what it keeps; ``compiled``: sized;
     ``failed``: its build or compile failed; ``executable``: it has one to run;
-    ``past_stop``: predicted past the stop (``Judge.past_stop``), so is all ranked after
-    it; ``past_own_stop``: past its own, narrower stop near a timed schedule;
+    ``early``: an unroll of the leader or a close rival, ranked before the rest out of
+    predicted order (``Judge.early``); ``past_stop``: predicted past the stop
+    (``Judge.past_stop``), so is all ranked after it (but an early one's);
+    ``past_own_stop``: past its own, narrower stop near a timed schedule;
     ``patience_spent``: no compile more of the planner's own (``standings.PATIENCE``);
     ``twin_found``: something to compile in its place (itself, or its offload's twin:
     ``offload_twins``); ``surely_over``: over the budget before a compile;
     ``dominated``: dominated by the memory model's guess; ``compile_fits``: the time
-    left pays for a compile; ``untimed``: why, sized, it is not timed
+    left pays for its compile (``Clock.compile_cost_of``: by its unroll);
+    ``any_compile_fits``: the time left pays for a compile at unroll 1; ``untimed``:
+    why, sized, it is not timed
     (``untimed.untimed``); ``timing_fits``: the time left pays for its timing."""
 
     @property
@@ -82,6 +86,8 @@ class Facts(Protocol):
     def failed(self) -> bool: ...
     @property
     def executable(self) -> bool: ...
+    @property
+    def early(self) -> bool: ...
     @property
     def past_stop(self) -> bool: ...
     @property
@@ -97,6 +103,8 @@ class Facts(Protocol):
     @property
     def compile_fits(self) -> bool: ...
     @property
+    def any_compile_fits(self) -> bool: ...
+    @property
     def untimed(self) -> Verdict | None: ...
     @property
     def timing_fits(self) -> bool: ...
@@ -110,9 +118,11 @@ def next_action(f: Facts) -> Decision:
 
     A preset is compiled, then timed, whatever is predicted (skipped where it keeps more
     than fits, or no compile fits in the time left). Any other: past the stop, the round
-    ends; past its own stop, skipped. Not yet compiled: skipped when the patience is
-    spent, when its twin decided it, when surely over or dominated by the guess; the
-    round ends when no compile fits in the time left; else compiled. Compiled: a failure
+    ends (an early one, ranked out of predicted order, is skipped); past its own stop,
+    skipped. Not yet compiled: skipped when the patience is spent, when its twin decided
+    it, when surely over or dominated by the guess; the round ends
+    when no compile fits in the time left; one whose own, dearer compile (unrolled) does
+    not fit is skipped for good; else compiled. Compiled: a failure
     is recorded; one ``untimed`` rules out is skipped for good; the round ends when its
     timing does not fit in the time left; else timed."""
     if f.preset:
@@ -126,7 +136,7 @@ def next_action(f: Facts) -> Decision:
             return Decision(Action.SKIP, Verdict.NO_EXECUTABLE)
         return Decision(Action.TIME)
     if f.past_stop:
-        return Decision(Action.STOP)
+        return _SKIP if f.early else Decision(Action.STOP)
     if f.past_own_stop:
         return _SKIP
     if not f.compiled:
@@ -136,7 +146,10 @@ def next_action(f: Facts) -> Decision:
             return Decision(Action.SKIP, Verdict.SURELY_OVER)
         if f.dominated:
             return _SKIP
-        return Decision(Action.COMPILE) if f.compile_fits else Decision(Action.STOP)
+        if f.compile_fits:
+            return Decision(Action.COMPILE)
+        return Decision(Action.SKIP, Verdict.TOO_LATE) if f.any_compile_fits else Decision(
+            Action.STOP)
     if f.failed:
         return Decision(Action.FAIL)
     verdict = f.untimed
@@ -154,7 +167,8 @@ class Round:
       dominated_too: a dominated candidate may be timed (a caller that must measure a
         given number).
       time_left: seconds left to start a compile or a timing (``None``: no limit).
-      compile_cost: seconds of one compile.
+      compile_cost: seconds of one compile (at unroll 1).
+      compile_cost_of: seconds of a candidate's own compile (``None``: ``compile_cost``).
       timing_cost: seconds to time a candidate predicted at the seconds given (``None``:
         a timing always fits).
       twin: what to compile in a candidate's place (``OffloadTwins.first``; ``None``: the
@@ -167,6 +181,7 @@ class Round:
     dominated_too: bool = False
     time_left: float | None = None
     compile_cost: float = 0.0
+    compile_cost_of: Callable[[Candidate], float] | None = None
     timing_cost: Callable[[Candidate, float], float] | None = None
     twin: Callable[[Candidate], Candidate | None] | None = None
     own_left: int | None = None
@@ -238,7 +253,18 @@ class CandidateFacts:
         return not self._round.explore and self._judge.dominated(self.target, self._predicted)
 
     @property
+    def early(self) -> bool:
+        return self._cand.schedule.key() in self._judge.early
+
+    @functools.cached_property
     def compile_fits(self) -> bool:
+        left, cost_of = self._round.time_left, self._round.compile_cost_of
+        if left is None:
+            return True
+        return left >= (self._round.compile_cost if cost_of is None else cost_of(self.target))
+
+    @property
+    def any_compile_fits(self) -> bool:
         left = self._round.time_left
         return left is None or left >= self._round.compile_cost
 
@@ -261,6 +287,9 @@ class Judge:
       explore_front: every fitting schedule not dominated is timed (no timing competes
         with the best: ``rival``).
       presets: a layer stack's presets, ranked first (``None``: not a layer stack).
+      early: key -> rank of the unrolls of the leader and its closest rivals, ranked
+        after the presets and before the rest, by predicted time
+        (``Planner.propose_unrolls``): where unrolling pays, it is found early.
     """
 
     platform: str
@@ -269,6 +298,7 @@ class Judge:
     memory_model: MemoryModel
     explore_front: bool = False
     presets: Presets | None = None
+    early: dict[str, int] = field(default_factory=dict)
 
     @property
     def budget_bytes(self) -> int:
@@ -366,9 +396,10 @@ class Judge:
         ``compiled_first``: those already compiled first."""
         ranked = [(self.predict(c), c) for c in candidates]
 
-        def order(pc: tuple[float, Candidate]) -> tuple[float, bool, float]:
+        def order(pc: tuple[float, Candidate]) -> tuple[float, float, bool, float]:
             first = self.first(pc[1])
             return (math.inf if first is None else first,
+                    self.early.get(pc[1].schedule.key(), math.inf),
                     compiled_first and pc[1].compiled is None, pc[0])
 
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),

@@ -38,7 +38,7 @@ decides in that order (``choose``). The worker calls the planner's face only (``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
@@ -50,7 +50,7 @@ from autoremat._schedules.base import Schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.arguments import SharedArguments
 from autoremat._search.planning.ahead import CompilesAhead
-from autoremat._search.planning.candidates import AGAIN, Candidate, Verdict
+from autoremat._search.planning.candidates import AGAIN, Candidate, TooLate, Verdict
 from autoremat._search.planning.clock import Clock
 from autoremat._search.planning.compile_pool import CompilePool
 from autoremat._search.planning.judge import Action, Judge, Round, next_action
@@ -63,6 +63,14 @@ from autoremat._search.planning.presets import Presets
 from autoremat._search.planning.standings import Standings
 from autoremat._search.probes.guard import ProbeGuard
 from autoremat._search.short_runs import ShortRuns
+
+#: The rivals whose unrolls are proposed early (``propose_unrolls``): timed within this
+#: fraction of the leader,
+UNROLL_BAND: Final = 0.10
+#: and at most this many besides the leader.
+UNROLL_RIVALS: Final = 2
+#: At most this many unrolled candidates are ranked early at a time.
+EARLY: Final = 4
 
 
 class Planner:
@@ -114,6 +122,7 @@ class Planner:
         self._built = built
         self._shared = SharedArguments(None if built is None else built[2])
         self.floor: int | None = None
+        self.too_late: list[TooLate] = []
 
     # -- the worker's face ---------------------------------------------------------------
     @property
@@ -195,6 +204,28 @@ class Planner:
         best = self.standings.new_best()
         if best is not None:
             self.pool.grow_around(best)
+        if not self.judge.explore_front:
+            self.propose_unrolls()
+
+    def propose_unrolls(self) -> None:
+        """The unrolls of the leader's innermost scan and of its closest rivals' (timed
+        within ``UNROLL_BAND`` of it, up to ``UNROLL_RIVALS``), ranked after the presets
+        and before the rest (``Judge.early``), the fastest predicted first, up to
+        ``EARLY``: where an unroll pays (a layer stack on a TPU: 9% at unroll 8), it is
+        found before the limit, whichever candidate the random draws put near the top.
+        Still screened as any other (``judge.next_action``); an unrolled compile's cost
+        is its own (``Clock.compile_cost_of``)."""
+        budget = self.budget_bytes
+        fits = sorted((s, k) for k, (b, s) in self.standings.timed.items() if b <= budget)
+        if not fits:
+            self.judge.early = {}
+            return
+        near = [k for s, k in fits if s <= (1.0 + UNROLL_BAND) * fits[0][0]][:1 + UNROLL_RIVALS]
+        found = {c.schedule.key(): c for k in near for c in self.pool.unrolled(k)
+                 if c.verdict is Verdict.UNDECIDED and c.schedule.key() not in self.pool.taken}
+        predicted = {k: self.judge.predict(c) for k, c in found.items()}
+        ranked = sorted(found, key=lambda k: (predicted[k] is None, predicted[k] or 0.0, k))
+        self.judge.early = {k: i for i, k in enumerate(ranked[:EARLY])}
 
     def probed(self, cand: Candidate) -> bool:
         """``cand``'s risky choices passed the study's probe (``ProbeGuard.allows``: probed
@@ -228,7 +259,7 @@ class Planner:
             self.problem, cand.schedule, budget_bytes=self.budget_bytes, built=built)
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
-            self.clock.compile_seconds.append(m.compile_seconds)
+            self.clock.add_compile(m.compile_seconds, cand.schedule.unroll)
         if m.size_bytes is not None:  # or the size the compiler stated, out of memory
             self.judge.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
                                         refused=m.total_bytes is None)
@@ -267,6 +298,7 @@ class Planner:
         twins = self.twins
         rnd = Round(explore=explore, dominated_too=dominated, time_left=time_left,
                     compile_cost=self.clock.compile_cost(),
+                    compile_cost_of=lambda c: self.clock.compile_cost_of(c.schedule.unroll),
                     timing_cost=self._timing_cost if judge.time_model.points else None,
                     twin=None if twins is None else (
                         lambda c: twins.first(c, self.pool.taken, judge.stop_seconds())))
@@ -279,6 +311,10 @@ class Planner:
                 target.verdict = decision.verdict
                 if decision.verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
                     judge.memory_model.mark_over(target.structure)
+                if decision.verdict is Verdict.TOO_LATE:  # the tune says so
+                    self.too_late.append(TooLate(
+                        target.schedule.describe(),
+                        self.clock.compile_cost_of(target.schedule.unroll)))
             action = decision.action
             if action is Action.STOP:
                 return None

@@ -18,7 +18,7 @@ from autoremat._schedules.policy import Policy
 from autoremat._search.planning.candidates import Candidate, Verdict
 from autoremat._search.planning.predict import Structure
 from autoremat._search.planning.short_scans import short_scan_params
-from autoremat._search.space import neighbours, propose, seeds
+from autoremat._search.space import neighbours, parameters, propose, seeds
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -92,6 +92,29 @@ class Pool(Mapping[str, Candidate]):
             for schedule, near in neighbours(params, self.seq_len, self.platform, self.rng,
                                              self.refused, self.fuse, self.named):
                 self.add(schedule, near)
+
+    def unrolled(self, key: str) -> list[Candidate]:
+        """The candidates of ``key``'s schedule at each other unroll its innermost scan may
+        take (the space's ``*_unroll`` choices), added; none for a schedule the space did
+        not draw (no params)."""
+        params = self._candidates[key].params
+        names = {k for k in params if k.endswith("_unroll")}
+        if not names:
+            return []
+        out: list[Candidate] = []
+        for param in parameters(params, self.seq_len, self.platform, self.refused, self.fuse,
+                                self.named):
+            if param.name not in names:
+                continue
+            for value in param.choices:
+                if value == params[param.name]:
+                    continue
+                schedule, chosen = self.propose({**params, param.name: value})
+                self.add(schedule, chosen)
+                found = self._candidates.get(schedule.key())
+                if found is not None and schedule.key() != key and all(c is not found for c in out):
+                    out.append(found)
+        return out
 
     def open(self) -> list[Candidate]:
         """The candidates still undecided and not in the study, in the pool's order."""
