@@ -40,6 +40,10 @@ class Clock:
     reserve: float = 0.0
     unrolls: list[int] = field(default_factory=list)  # each compile's unroll, as timed
 
+    def until(self, deadline: float | None) -> None:
+        """Finish by ``deadline`` (``time.monotonic()``; ``None``: no limit)."""
+        self.deadline = deadline
+
     def add_compile(self, seconds: float, unroll: int = 1) -> None:
         """One compile's seconds, of a schedule at ``unroll``."""
         self.compile_seconds.append(seconds)

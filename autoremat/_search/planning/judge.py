@@ -380,6 +380,11 @@ class Judge:
         step seconds as ranked."""
         return CandidateFacts(self, cand, predicted, rnd)
 
+    def prefer(self, keys: list[str]) -> None:
+        """Rank these candidates, in this order, after the presets and before the rest
+        (``early``)."""
+        self.early = {k: i for i, k in enumerate(keys)}
+
     def patience_left(self) -> int:
         """Compiles of the planner's own left before the best must improve
         (``Standings.patience_left``)."""

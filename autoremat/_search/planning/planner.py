@@ -5,7 +5,10 @@ draws, every structure of a short scan, the neighbours of the best so far) and d
 each time the search may measure one more, which one it is worth timing:
 
 1. candidates are ranked by predicted step time (``Judge.rank``: ``predict.TimeModel``,
-   calibrated on the study's own timed trials);
+   calibrated on the study's own timed trials) -- a layer stack's presets first, then
+   the unrolls of the leader's innermost scan and of its closest rivals'
+   (``propose_unrolls``), the fastest predicted first, so an unroll that pays is found
+   before the limit;
 2. going down that list, a candidate storing at least as much as one already over the
    budget, or predicted at least as large as a program the compiler refused for want of
    memory (``MemoryModel.surely_over``), is skipped unsized; the others are compiled and
@@ -20,7 +23,9 @@ each time the search may measure one more, which one it is worth timing:
    own leave-one-out error (``Judge.stop_ratio``: a model off by 15% must not rule out a
    schedule predicted 20% slower); or when ``standings.PATIENCE`` candidates within the budget were compiled
    since the best last improved by ``IMPROVES`` and none of those is worth timing; or
-   when the time left cannot pay for the next compile or timing.
+   when the time left cannot pay for the next compile or timing. An unrolled compile costs
+   more (``Clock.compile_cost_of``): one that would end past the limit is not started
+   while cheaper ones are (``TooLate``; the tune's result lists them).
 
 With ``explore_front`` step 4's ratio test is off: every fitting schedule not dominated
 is timed. A timing stops after its first run when that run is already
@@ -29,8 +34,9 @@ fewest runs when they all are ``timing.BEATEN`` slower (``Judge.rival``). With c
 threads (``compiles``) the next candidates are compiled ahead, and the device times
 another while the planner's choice compiles (``ahead``).
 
-Each rule lives in the part that holds its figures; the planner holds the parts and
-decides in that order (``choose``). The worker calls the planner's face only (``observe``,
+Each rule lives in the part that holds its figures; one function orders them
+(``judge.next_action``), which the planner asks of each candidate in ranked order
+(``choose``), as its compiles ahead do (``ahead``). The worker calls the planner's face only (``observe``,
 ``next``, ``candidate``, ``take_compiled``, ``prefetch``, ``predict``, ``rival``, ``record``,
 ``best_key``, ``reserve``, ``close``), never its parts.
 """
@@ -173,7 +179,7 @@ class Planner:
         """What the study holds now (every worker's): measured trials, claimed keys
         (``None``: as before)."""
         if taken is not None:
-            self.pool.taken = taken
+            self.pool.take(taken)
         for schedule, m in measured:
             self.record(schedule, m, refit=False)
         self._refit()
@@ -218,14 +224,14 @@ class Planner:
         budget = self.budget_bytes
         fits = sorted((s, k) for k, (b, s) in self.standings.timed.items() if b <= budget)
         if not fits:
-            self.judge.early = {}
+            self.judge.prefer([])
             return
         near = [k for s, k in fits if s <= (1.0 + UNROLL_BAND) * fits[0][0]][:1 + UNROLL_RIVALS]
         found = {c.schedule.key(): c for k in near for c in self.pool.unrolled(k)
                  if c.verdict is Verdict.UNDECIDED and c.schedule.key() not in self.pool.taken}
         predicted = {k: self.judge.predict(c) for k, c in found.items()}
         ranked = sorted(found, key=lambda k: (predicted[k] is None, predicted[k] or 0.0, k))
-        self.judge.early = {k: i for i, k in enumerate(ranked[:EARLY])}
+        self.judge.prefer(ranked[:EARLY])
 
     def probed(self, cand: Candidate) -> bool:
         """``cand``'s risky choices passed the study's probe (``ProbeGuard.allows``: probed
@@ -233,7 +239,7 @@ class Planner:
         if self.guard is None or self.guard.allows(cand.params):
             return True
         cand.verdict = Verdict.REFUSED
-        self.pool.refused = self.guard.refused
+        self.pool.refuse(self.guard.refused)
         return False
 
     # -- screening ---------------------------------------------------------------------
@@ -280,7 +286,7 @@ class Planner:
         ``dominated``: dominated ones too (a caller that must measure a given number)."""
         if dominated:
             self.pool.reopen_dominated()
-        self.clock.deadline = deadline
+        self.clock.until(deadline)
         while True:
             chosen = self.choose(self.clock.time_left(), explore=explore or dominated,
                                  dominated=dominated)

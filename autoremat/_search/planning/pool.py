@@ -27,9 +27,9 @@ POOL_SIZE: Final = 300
 class Pool(Mapping[str, Candidate]):
     """The candidates by schedule key (module doc), in the space of one problem.
 
-    Attributes:
-      refused: choices the study's probe left out: no longer proposed.
-      taken: keys in the study (measured, or claimed by a worker): not open.
+    Its ``refused`` choices (the study's probe left them out: no longer proposed) and
+    ``taken`` keys (in the study: measured, or claimed by a worker; not open) are read
+    here and set by ``refuse`` and ``take``.
     """
 
     def __init__(self, seq_len: int, platform: str, *, seed: int = 0,
@@ -38,8 +38,8 @@ class Pool(Mapping[str, Candidate]):
         self.seq_len, self.platform, self.fuse = seq_len, platform, fuse
         self.named = dict(named or {})
         self.layer_stack = layer_stack
-        self.refused = refused
-        self.taken: set[str] = set()
+        self._refused = refused
+        self._taken: frozenset[str] = frozenset()
         self.rng = random.Random(seed)
         self._candidates: dict[str, Candidate] = {}
         for schedule, params in seeds(seq_len, platform, refused, fuse):
@@ -48,6 +48,24 @@ class Pool(Mapping[str, Candidate]):
             self.add(*self.propose(p))
         for _ in range(POOL_SIZE):
             self.add(*self.propose({}))
+
+    @property
+    def refused(self) -> frozenset[str]:
+        """Choices the study's probe left out: no longer proposed."""
+        return self._refused
+
+    @property
+    def taken(self) -> frozenset[str]:
+        """Keys in the study (measured, or claimed by a worker): not open."""
+        return self._taken
+
+    def refuse(self, refused: frozenset[str]) -> None:
+        """The choices the study's probe has left out, from now on."""
+        self._refused = refused
+
+    def take(self, keys: set[str] | frozenset[str]) -> None:
+        """The keys the study holds now (every worker's)."""
+        self._taken = frozenset(keys)
 
     def __getitem__(self, key: str) -> Candidate:
         return self._candidates[key]
