@@ -95,13 +95,14 @@ def contenders(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: st
 
 def in_doubt(leader: MeasuredTrial, other: MeasuredTrial) -> bool:
     """The two trials' own runs do not settle which is faster: either was timed with one
-    run (no spread known), or the runs of one of them spread wider than ``STEADY``
-    (``timing.spread``) and the other's fastest run is no slower than the leader's slowest
-    (each trial's runs scaled to its step time: a short run's are)."""
+    run (no spread known), or the runs of one of them do not agree within ``STEADY`` of
+    their median (their range, ``timing.spread``, over twice that) and the other's fastest
+    run is no slower than the leader's slowest (each trial's runs scaled to its step time:
+    a short run's are)."""
     runs = [_scaled(t) for t in (leader, other)]
     if any(len(r) < 2 for r in runs):
         return True
-    if max(spread(r) for r in runs) <= STEADY:
+    if max(spread(r) for r in runs) <= 2 * STEADY:
         return False
     return min(runs[1]) <= max(runs[0])
 

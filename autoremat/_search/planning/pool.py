@@ -127,7 +127,11 @@ class Pool(Mapping[str, Candidate]):
             for value in param.choices:
                 if value == params[param.name]:
                     continue
-                schedule, chosen = self.propose({**params, param.name: value})
+                schedule, chosen = propose(  # its own stream: the pool's draws stay as they are
+                    {**params, param.name: value}, self.seq_len, self.platform,
+                    random.Random(0), self.refused, self.fuse, self.named)
+                if any(chosen.get(k) != v for k, v in params.items() if k != param.name):
+                    continue  # a choice not offered here was drawn anew: not its unroll
                 self.add(schedule, chosen)
                 found = self._candidates.get(schedule.key())
                 if found is not None and schedule.key() != key and all(c is not found for c in out):
