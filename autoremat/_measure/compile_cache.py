@@ -63,9 +63,10 @@ class _Counts:
     def __init__(self) -> None:
         self.hits = self.misses = 0
         self.lock = threading.Lock()
+        self.closed = False  # a jax with no way to unregister a listener: it stops counting
 
     def __call__(self, event: str, **kwargs: Any) -> None:
-        if event in (HIT, MISS):
+        if event in (HIT, MISS) and not self.closed:
             with self.lock:
                 if event == HIT:
                     self.hits += 1
@@ -102,7 +103,10 @@ def persistent_cache(folder: Path | None) -> Iterator[Callable[[], CacheUse]]:
     try:
         yield lambda: CacheUse(where, counts.hits, counts.misses, own=ours)
     finally:
-        jax.monitoring.unregister_event_listener(counts)
+        unregister = getattr(jax.monitoring, "unregister_event_listener", None)
+        if unregister is not None:
+            unregister(counts)
+        counts.closed = True
         if ours:
             for name, value in before.items():
                 config.update(name, value)
