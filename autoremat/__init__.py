@@ -60,10 +60,10 @@ missing here)::
         space           what the search can choose: parameters -> Schedule; the seeds
         planning/       which schedule to time next: planner (composes the rest); pool:
                         the candidates; standings: what was timed, the best, the
-                        patience; judge: the models' view of a candidate and the one
-                        rule of what to do with it (predict: step time; memory_model:
-                        bytes before compiling; untimed: pure rules); clock: the time
-                        left, a compile's cost by its unroll; ahead: compiles ahead on compile_pool's
+                        patience; judge: the models' view of a candidate (predict: step
+                        time; memory_model: bytes before compiling; untimed: pure rules);
+                        screening: the one rule of what to do with a candidate; clock: the
+                        time left, a compile's cost by its unroll; ahead: compiles ahead on compile_pool's
                         threads; offload_twins: an offload only where its twin does not
                         fit; presets: a layer stack's presets first (layer_costs: what
                         its schedules keep, what each tag costs); candidates: the pool's

@@ -10,18 +10,11 @@ import pytest
 
 from autoremat._measure.measurement import OK, Measurement
 from autoremat._search.planning.candidates import Candidate, Verdict
-from autoremat._search.planning.judge import (
-    MAX_STOP,
-    STOP_RATIO,
-    Action,
-    Decision,
-    Judge,
-    Round,
-    next_action,
-)
+from autoremat._search.planning.judge import MAX_STOP, STOP_RATIO, Judge, Round
 from autoremat._search.planning.memory_model import MemoryModel
 from autoremat._search.planning.pool import Pool
 from autoremat._search.planning.predict import TimeModel
+from autoremat._search.planning.screening import Action, Decision, next_action
 from autoremat._search.planning.standings import Standings
 
 
@@ -77,7 +70,7 @@ def test_presets_rank_first_in_their_order_then_the_fastest_predicted() -> None:
 
 @dataclass(frozen=True)
 class Given:
-    """A candidate's facts, as ``next_action`` reads them (``judge.Facts``), given."""
+    """A candidate's facts, as ``next_action`` reads them (``screening.Facts``), given."""
 
     preset: bool = False
     preset_over: bool = False

@@ -20,9 +20,10 @@ from autoremat._schedules.base import Schedule
 from autoremat._search.planning.candidates import Candidate, Verdict
 from autoremat._search.planning.clock import Clock
 from autoremat._search.planning.compile_pool import CompilePool
-from autoremat._search.planning.judge import Action, Judge, Round, next_action
+from autoremat._search.planning.judge import Judge, Round
 from autoremat._search.planning.offload_twins import OffloadTwins
 from autoremat._search.planning.pool import Pool
+from autoremat._search.planning.screening import Action, next_action
 from autoremat._search.probes.guard import ProbeGuard
 from autoremat._search.short_runs import ShortRuns
 
@@ -89,7 +90,7 @@ class CompilesAhead:
         ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction; those likely
         over the budget at run time (``Judge.guessed_over``) go after the rest too. The
-        rules are the planner's (``judge.next_action``), without the clock."""
+        rules are the planner's (``screening.next_action``), without the clock."""
         judge, taken = self.judge, self.pool.taken
         self.seeds = [c for c in self.seeds if c.verdict is Verdict.UNDECIDED
                       and c.compiled is None and c.schedule.key() not in taken]

@@ -35,7 +35,7 @@ threads (``compiles``) the next candidates are compiled ahead, and the device ti
 another while the planner's choice compiles (``ahead``).
 
 Each rule lives in the part that holds its figures; one function orders them
-(``judge.next_action``), which the planner asks of each candidate in ranked order
+(``screening.next_action``), which the planner asks of each candidate in ranked order
 (``choose``), as its compiles ahead do (``ahead``). The worker calls the planner's face only (``observe``,
 ``next``, ``candidate``, ``take_compiled``, ``prefetch``, ``predict``, ``rival``, ``record``,
 ``best_key``, ``reserve``, ``close``), never its parts.
@@ -59,13 +59,14 @@ from autoremat._search.planning.ahead import CompilesAhead
 from autoremat._search.planning.candidates import AGAIN, Candidate, TooLate, Verdict
 from autoremat._search.planning.clock import Clock
 from autoremat._search.planning.compile_pool import CompilePool
-from autoremat._search.planning.judge import Action, Judge, Round, next_action
+from autoremat._search.planning.judge import Judge, Round
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.memory_model import MemoryModel
 from autoremat._search.planning.offload_twins import OffloadTwins
 from autoremat._search.planning.pool import Pool
 from autoremat._search.planning.predict import TimeModel
 from autoremat._search.planning.presets import Presets
+from autoremat._search.planning.screening import Action, next_action
 from autoremat._search.planning.standings import Standings
 from autoremat._search.probes.guard import ProbeGuard
 from autoremat._search.short_runs import ShortRuns
@@ -219,7 +220,7 @@ class Planner:
         and before the rest (``Judge.early``), the fastest predicted first, up to
         ``EARLY``: where an unroll pays (a layer stack on a TPU: 9% at unroll 8), it is
         found before the limit, whichever candidate the random draws put near the top.
-        Still screened as any other (``judge.next_action``); an unrolled compile's cost
+        Still screened as any other (``screening.next_action``); an unrolled compile's cost
         is its own (``Clock.compile_cost_of``)."""
         budget = self.budget_bytes
         fits = sorted((s, k) for k, (b, s) in self.standings.timed.items() if b <= budget)
