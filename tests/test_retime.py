@@ -16,7 +16,14 @@ import autoremat._search.retime as retime_module
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
 from autoremat._schedules.base import Schedule
-from autoremat._search.retime import BAND, CHALLENGERS, contenders, in_doubt, paired
+from autoremat._search.retime import (
+    BAND,
+    CHALLENGERS,
+    contenders,
+    in_doubt,
+    paired,
+    to_reserve,
+)
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.study import MeasuredTrial, load_study, measured_trials
 from autoremat._search.tune import tune
@@ -151,3 +158,23 @@ def test_the_planners_clock_keeps_the_re_timing_back(monkeypatch: pytest.MonkeyP
     assert clock.time_left() == 100.0
     clock.reserve = 30.0
     assert clock.time_left() == 70.0
+
+
+def test_time_is_kept_back_for_a_noisy_leader_before_a_challenger_comes_close() -> None:
+    """``to_reserve``: the group in doubt where there is one; else a noisy leader and one
+    challenger like it; nothing for a leader whose runs agree, or one timed by one run."""
+    plain, nested = autoremat.plain(T), autoremat.nested([4, 4], "nothing_saveable")
+
+    def timed(number: int, schedule: Schedule, samples: tuple[float, ...]) -> MeasuredTrial:
+        return MeasuredTrial(number, schedule, Measurement(
+            schedule.key(), OK, "", total_bytes=1000, step_seconds=sorted(samples)[1],
+            step_samples=samples))
+
+    noisy = timed(0, plain, (1.00, 1.05, 1.10))
+    far = timed(1, nested, (1.5, 1.55, 1.6))  # out of the band: no challenger
+    assert to_reserve([noisy, far], 10**4, PLAIN) == [noisy, noisy]
+    assert to_reserve([noisy, far], 10**4, PLAIN, [frozenset({PLAIN})]) == []  # re-timed
+    close = timed(1, nested, (1.02, 1.06, 1.09))
+    assert to_reserve([noisy, close], 10**4, PLAIN) == [noisy, close]
+    assert to_reserve([timed(0, plain, (0.995, 1.0, 1.004)), far], 10**4, PLAIN) == []
+    assert to_reserve([trial(0, plain, 1.0), far], 10**4, PLAIN) == []  # one run: a long step

@@ -24,8 +24,10 @@ Only where the noise asks for it (``in_doubt``): a challenger whose runs and the
 agree within ``timing.STEADY`` (a TPU's mostly do), or do not overlap the leader's, is
 ranked by its own timing already; re-timing it would spend the time of a compile and a
 few runs to confirm the order. One timed with a single run (no spread known) is in
-doubt. The worker keeps the re-timing's cost back from the planner while a group is to
-be re-timed (``Clock.reserve``), so the limit leaves time for it.
+doubt. The worker keeps the re-timing's cost back from the planner (``Clock.reserve``)
+while a group is to be re-timed -- and, where the leader's own runs do not agree, before
+any challenger is close (``to_reserve``), up to ``RESERVE_SHARE`` of the time limit -- so
+the limit leaves time for it.
 
 A schedule timed on a short run (``short_runs``) is re-timed on that short run, scaled
 the same way; the time left must pay for the compiles and the runs.
@@ -51,6 +53,9 @@ BAND: Final = 0.10
 CHALLENGERS: Final = 2
 #: Runs of each contender after its warm-up, in turn: the median of three.
 ROUNDS: Final = 3
+#: At most this share of the time limit is kept back for a re-timing no challenger asks
+#: for yet (``to_reserve``'s ``[leader, leader]``).
+RESERVE_SHARE: Final = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,28 @@ def contenders(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: st
     if not chosen or any(group <= before for before in done):
         return []
     return [leader, *chosen]
+
+
+def to_reserve(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: str,
+               done: Sequence[frozenset[str]] = ()) -> list[MeasuredTrial]:
+    """The group whose re-timing the search keeps time back for: ``contenders`` where
+    there are some; else, where the leader's own runs do not agree (two or more, wider
+    than ``STEADY`` of their median: a busy CPU's), the leader and one challenger like it
+    (``[leader, leader]``), so the time is there when a challenger comes close; ``[]``:
+    none (a TPU's runs agree; one run: a long step, its noise small against it)."""
+    group = contenders(trials, budget_bytes, plain_key, done)
+    if group:
+        return group
+    fits = sorted((t for t in trials if t.measurement.fits(budget_bytes)
+                   and t.measurement.step_seconds is not None),
+                  key=lambda t: (t.measurement.step_seconds, t.number))
+    if not fits:
+        return []
+    leader, runs = fits[0], _scaled(fits[0])
+    if len(runs) < 2 or spread(runs) <= 2 * STEADY or any(
+            leader.schedule.key() in before for before in done):
+        return []
+    return [leader, leader]
 
 
 def in_doubt(leader: MeasuredTrial, other: MeasuredTrial) -> bool:

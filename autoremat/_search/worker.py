@@ -40,7 +40,13 @@ from autoremat._search.planning.candidates import Candidate, TooLate
 from autoremat._search.planning.compile_pool import CompilePool
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
-from autoremat._search.retime import contenders, retime_cost, retime_group
+from autoremat._search.retime import (
+    RESERVE_SHARE,
+    contenders,
+    retime_cost,
+    retime_group,
+    to_reserve,
+)
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock, optuna_verbosity, set_user_attrs, trials_of
 from autoremat._search.study import MeasuredTrial, StudyInfo
@@ -139,6 +145,7 @@ class Worker:
         self.kept: Compiled | None = None  # the best's executable (``_keep_if_best``)
         self.retimed: list[frozenset[str]] = []  # the keys of each group re-timed (``retime``)
         self.retiming = False  # the search re-times before it stops (``run``)
+        self.limit: float | None = None  # ``run``'s time limit
 
     def fresh_trials(self) -> list[FrozenTrial]:
         """Every trial, read from the storage itself (not a cache)."""
@@ -284,7 +291,7 @@ class Worker:
                              {str(t.user_attrs.get(SCHEDULE_KEY)) for t in trials
                               if _is_measured(t) or _is_claimed(t)})
         if self.retiming:  # the re-timing the noise asks for is paid before the limit
-            self.planner.reserve(self.retime_cost(self.contenders(measured)))
+            self.planner.reserve(self.retime_reserve(measured))
         return self.planner.next(deadline, explore=explore, dominated=dominated)
 
     def measured_trials(self, trials: list[FrozenTrial]) -> list[MeasuredTrial]:
@@ -297,6 +304,16 @@ class Worker:
         where their noise asks for it), not re-timed before; ``[]``: none."""
         return contenders(measured, self.info.budget_bytes, plain(self.problem.seq_len).key(),
                           self.retimed)
+
+    def retime_reserve(self, measured: list[MeasuredTrial]) -> float:
+        """Seconds to keep back for the re-timing the noise asks for (``retime.to_reserve``:
+        one not asked for yet by a challenger, at most ``RESERVE_SHARE`` of the limit)."""
+        group = to_reserve(measured, self.info.budget_bytes, plain(self.problem.seq_len).key(),
+                           self.retimed)
+        cost = self.retime_cost(group)
+        if group and group[0] is group[-1] and self.limit is not None:  # anticipated
+            cost = min(cost, RESERVE_SHARE * self.limit)
+        return cost
 
     def retime_cost(self, group: list[MeasuredTrial]) -> float:
         """About how long re-timing ``group`` takes (0 for none)."""
@@ -332,6 +349,7 @@ class Worker:
         import optuna
 
         deadline = None if time_limit is None else time.monotonic() + time_limit
+        self.limit = time_limit
         cap = n_trials if n_trials is not None else _MAX_TRIALS
         max_attempts = cap * 10 + _MAX_DUPLICATES_IN_A_ROW
         # A failed schedule is a FAIL trial with its reason in user_attrs (and on_trial);
