@@ -174,6 +174,7 @@ def test_time_is_kept_back_for_a_noisy_leader_before_a_challenger_comes_close() 
     far = timed(1, nested, (1.5, 1.55, 1.6))  # out of the band: no challenger
     assert to_reserve([noisy, far], 10**4, PLAIN) == [noisy, noisy]
     assert to_reserve([noisy, far], 10**4, PLAIN, [frozenset({PLAIN})]) == []  # re-timed
+    assert to_reserve([noisy], 10**4, PLAIN) == []  # no other timed: no field yet
     close = timed(1, nested, (1.02, 1.06, 1.09))
     assert to_reserve([noisy, close], 10**4, PLAIN) == [noisy, close]
     assert to_reserve([timed(0, plain, (0.995, 1.0, 1.004)), far], 10**4, PLAIN) == []

@@ -102,17 +102,18 @@ def to_reserve(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: st
                done: Sequence[frozenset[str]] = ()) -> list[MeasuredTrial]:
     """The group whose re-timing the search keeps time back for: ``contenders`` where
     there are some; else, where the leader's own runs do not agree (two or more, wider
-    than ``STEADY`` of their median: a busy CPU's), the leader and one challenger like it
-    (``[leader, leader]``), so the time is there when a challenger comes close; ``[]``:
-    none (a TPU's runs agree; one run: a long step, its noise small against it)."""
+    than ``STEADY`` of their median: a busy CPU's) and another schedule that fits was
+    timed, the leader and one challenger like it (``[leader, leader]``), so the time is
+    there when a challenger comes close; ``[]``: none (a TPU's runs agree; one run: a
+    long step, its noise small against it; no other timed: no field yet)."""
     group = contenders(trials, budget_bytes, plain_key, done)
     if group:
         return group
     fits = sorted((t for t in trials if t.measurement.fits(budget_bytes)
                    and t.measurement.step_seconds is not None),
                   key=lambda t: (t.measurement.step_seconds, t.number))
-    if not fits:
-        return []
+    if len(fits) < 2:
+        return []  # no field yet: nothing may come close (a layer stack's cut presets)
     leader, runs = fits[0], _scaled(fits[0])
     if len(runs) < 2 or spread(runs) <= 2 * STEADY or any(
             leader.schedule.key() in before for before in done):
