@@ -48,6 +48,8 @@ missing here)::
         within          a run within a budget (the proof of fit); the least that suffices
                         (bisection): the truth device_memory is checked against
         stale           is a saved schedule still the one for this problem?
+        compile_cache   compiles paid once: JAX's persistent cache in a study's folder,
+                        its hits counted
         parity          does it compile to the total its tune measured? (show --problem)
     _models/      the built-in problems, measured and searched like a user's; their
                   registry (MODELS: builder, settings, the fixes for a floor)
@@ -59,7 +61,8 @@ missing here)::
                         the candidates; standings: what was timed, the best, the
                         patience; judge: the models' view of a candidate (predict: step
                         time; memory_model: bytes before compiling; untimed: pure rules);
-                        clock: the time left; ahead: compiles ahead on compile_pool's
+                        screening: the one rule of what to do with a candidate; clock: the
+                        time left, a compile's cost by its unroll; ahead: compiles ahead on compile_pool's
                         threads; offload_twins: an offload only where its twin does not
                         fit; presets: a layer stack's presets first (layer_costs: what
                         its schedules keep, what each tag costs); candidates: the pool's

@@ -19,6 +19,7 @@ Every figure is measured in this run; the table goes to
     python studies/bench_tune.py --quick          # the T=10^4 cases
     python studies/bench_tune.py --cases c --grid-repeats 0 --rounds 3
     python studies/bench_tune.py --cases d,e --grid-repeats 0 --rounds 1   # ~1.5 h
+    python studies/bench_tune.py --cases f --grid-repeats 0 --rounds 3     # T=2x10^5
 """
 
 from __future__ import annotations
@@ -56,9 +57,13 @@ CASES = {  # name: (T, loss, budget: a fraction of plain's total, or bytes)
     # The top of the range (issue 21): the grid is ``top_grid``, timed once each.
     "d": (1_000_000, "last", 2e9),
     "e": (1_000_000, "fused", 2e9),
+    # A long recurrence at the default limit: its grid is ``mid_grid`` (15 points).
+    "f": (200_000, "last", 0.025),
 }
 #: Cases whose full-length grid is ``top_grid`` (one step takes minutes).
 TOP = ("d", "e")
+#: Cases whose grid is ``mid_grid``.
+MID = ("f",)
 PAIRS = [(o, i) for o in ("nothing_saveable", "dots_saveable")
          for i in ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
                    "everything_saveable")]
@@ -87,6 +92,40 @@ def top_grid(seq_len: int) -> list[Schedule]:
         autoremat.binomial(64),
         autoremat.binomial(256),
     ]
+
+
+def mid_grid(seq_len: int) -> list[Schedule]:
+    """Fifteen schedules at ``T = 2 x 10^5`` (any ``T`` divisible by 4000): two and three
+    levels over a ladder of inner lengths with the tuner's policy families, four levels,
+    an unrolled innermost loop, and binomial."""
+    ne, nde = ["nothing_saveable", "everything_saveable"], ["nothing_saveable", "dots_saveable"]
+    three = ["nothing_saveable", "nothing_saveable", "everything_saveable"]
+    three_dots = ["nothing_saveable", "dots_saveable", "everything_saveable"]
+    return [
+        autoremat.nested([seq_len // 500, 500], ne),
+        autoremat.nested([seq_len // 1000, 1000], ne),
+        autoremat.nested([seq_len // 1000, 1000], nde),
+        autoremat.nested([seq_len // 2000, 2000], ne),
+        autoremat.nested([seq_len // 1000, 1000], ne, unroll=2),
+        autoremat.nested([seq_len // 100, 10, 10], three),
+        autoremat.nested([seq_len // 100, 10, 10], three_dots),
+        autoremat.nested([seq_len // 400, 20, 20], three),
+        autoremat.nested([seq_len // 1000, 100, 10], three),
+        autoremat.nested([seq_len // 4000, 40, 100], three),
+        autoremat.nested([seq_len // 1000, 10, 10, 10], ["nothing_saveable"] * 3
+                         + ["everything_saveable"]),
+        autoremat.nested([seq_len // 4000, 20, 20, 10], ["nothing_saveable"] * 3
+                         + ["everything_saveable"]),
+        autoremat.binomial(16),
+        autoremat.binomial(64),
+        autoremat.binomial(256),
+    ]
+
+
+def grid_of(case: str) -> list[Schedule]:
+    """The case's grid: ``top_grid``, ``mid_grid`` or the exhaustive ``grid``."""
+    seq_len = CASES[case][0]
+    return (top_grid if case in TOP else mid_grid if case in MID else grid)(seq_len)
 
 
 def grid(seq_len: int) -> list[Schedule]:
@@ -228,7 +267,7 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
           f"{result.best_trial.schedule.describe()} {result.best_trial.measurement.step_seconds}"
           f"; confirmed (predicted / measured): {confirmed}", flush=True)
 
-    schedules = top_grid(seq_len) if case in TOP else grid(seq_len)
+    schedules = grid_of(case)
     short_runs = ShortRuns(problem)
     t0 = time.perf_counter()
     timed: list[tuple[Schedule, Measurement]] = []
@@ -316,7 +355,7 @@ def write(rows: list[str]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default="a,b,c", help="comma-separated: a to e (see CASES)")
+    p.add_argument("--cases", default="a,b,c", help="comma-separated: a to f (see CASES)")
     p.add_argument("--quick", action="store_true", help="the T=10^4 cases only (a, b)")
     p.add_argument("--time-budget", type=float, default=2.0, help="timing seconds per schedule")
     p.add_argument("--tune-limit", help="the tuner's --time-limit (default: its own)")
@@ -327,7 +366,7 @@ def main() -> None:
                    "longer than --time-budget: its one run)")
     a = p.parse_args()
     cases = ["a", "b"] if a.quick else a.cases.split(",")
-    sizes = [len((top_grid if c in TOP else grid)(CASES[c][0])) for c in cases]
+    sizes = [len(grid_of(c)) for c in cases]
     print(f"grid sizes: {sizes}", flush=True)
     log = [line for line in (RESULTS.read_text().splitlines() if RESULTS.exists() else [])
            if line.startswith("| ") and not line.startswith("| case")]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autoremat._atomic import atomic_write_text
+from autoremat._units import parse_bytes
 
 RESULTS = Path(__file__).parent / "results"
 #: Each run's printed output (its trials, one line each).
@@ -41,6 +42,11 @@ COMMAND = ["tune", "--budget", "4GB"]
 ROW = re.compile(r"^\s+(best|plain) \(trial (\d+)\)\s+(\S+ \S+)\s+(\S+ \S+)\s+(\S+) (m?s)\s+"
                  r"(?:([\d.]+)x)?\s+(.*)$")
 MEASURED = re.compile(r"\((\d+) schedules measured in the study")
+#: ``  within noise of the plain scan (trial 0: 2.15 s; +0.1%, runs spread 2.3%), 28.2x less
+#: memory``: the pick won a tie on memory (``autoremat._search.study.tie_break``).
+TIE = re.compile(r"^\s+within noise of (.*)$")
+#: ``compile cache: 3 of 40 compiles read back (8%)``
+CACHE = re.compile(r"compile cache(?: \(yours\))?: (\d+) of (\d+) compiles read back")
 
 
 @dataclass
@@ -56,6 +62,10 @@ class Run:
     trials: int
     retimed: int
     wall_seconds: float
+    memory_vs_plain: float | None = None
+    tie: str = ""
+    cache_hits: int | None = None
+    cache_looked: int | None = None
     check_pick_seconds: float | None = None
     check_plain_seconds: float | None = None
 
@@ -81,11 +91,27 @@ def parse(out: str) -> dict[str, Any]:
     if best is None:
         raise SystemExit(f"no pick in the tune's output:\n{out}")
     trials = MEASURED.search(out)
+    tie = next((m.group(1) for m in map(TIE.match, out.splitlines()) if m), "")
+    cache = CACHE.search(out)
+    pick_bytes = _bytes(best.group(3))
+    plain_bytes = _bytes(plain.group(3)) if plain else None
     return {"pick": best.group(8).strip(), "pick_trial": int(best.group(2)),
             "pick_seconds": _seconds(best.group(5), best.group(6)),
             "vs_plain": float(best.group(7)) if best.group(7) else None,
             "plain_seconds": _seconds(plain.group(5), plain.group(6)) if plain else None,
-            "trials": int(trials.group(1)) if trials else -1}
+            "trials": int(trials.group(1)) if trials else -1,
+            "memory_vs_plain": (pick_bytes / plain_bytes if pick_bytes is not None
+                                and plain_bytes else None),
+            "tie": tie, "cache_hits": int(cache.group(1)) if cache else None,
+            "cache_looked": int(cache.group(2)) if cache else None}
+
+
+def _bytes(text: str) -> int | None:
+    """A table's ``27.1 MB`` as bytes (``None``: not a size)."""
+    try:
+        return parse_bytes(text.replace(" ", ""), "total")
+    except Exception:
+        return None
 
 
 def retimed_count(folder: Path) -> int:
@@ -154,19 +180,29 @@ def table(runs: list[Run], rounds: int) -> str:
         f"in turn by this script afterwards, {rounds} runs each after a warm-up (the ratio of "
         "their medians).",
         "",
-        "| run | pick | step | vs plain | in turn | trials | re-timed | wall |",
-        "|---|---|---|---|---|---|---|---|",
+        "*memory*: the pick's total over the plain scan's. *tie*: the pick won a tie on "
+        "memory with the fastest, within the measured noise (the tune's line). *cache*: "
+        "compiles read back from the compile cache, of those that looked.",
+        "",
+        "| run | pick | step | vs plain | in turn | memory | tie | trials | re-timed | cache "
+        "| wall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         ratio = r.check_ratio
+        cache = "-" if r.cache_looked is None else f"{r.cache_hits} of {r.cache_looked}"
         lines.append(
             f"| {r.run} | {r.pick} (trial {r.pick_trial}) | {r.pick_seconds:.3g} s | "
             f"{'-' if r.vs_plain is None else f'{r.vs_plain:.2f}x'} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {r.trials} | {r.retimed} | "
-            f"{r.wall_seconds:.0f} s |")
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{'-' if r.memory_vs_plain is None else f'{r.memory_vs_plain:.3f}x'} | "
+            f"{r.tie or '-'} | {r.trials} | {r.retimed} | {cache} | {r.wall_seconds:.0f} s |")
     good = [r for r in runs if r.vs_plain is not None and r.vs_plain <= 0.95]
+    small = [r for r in runs if r not in good and r.memory_vs_plain is not None
+             and r.memory_vs_plain <= 0.1]
     lines += ["", f"Picks at or under 0.95x plain (the tune's figures): {len(good)} of "
-              f"{len(runs)}."]
+              f"{len(runs)}; of the others, at or under 1/10 of plain's memory: {len(small)} "
+              f"(the target: {len(runs)} of {len(runs)} in all)."]
     return "\n".join(lines) + "\n"
 
 

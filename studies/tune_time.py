@@ -16,7 +16,11 @@ a. ``big``: ``tune --hidden 1024 --batch 128 --budget 12GB`` (T=10^4): <= 60 s c
 b. ``seed``: ``tune --budget 4GB`` (the seed LSTM): <= 45 s;
 c. ``unmodified``: ``tune --problem examples/seed_unmodified.py:problem --budget 4GB``
    (``Problem.from_loss``, T=10^4): 0 trials lost to compiles of combined offload
-   placements.
+   placements;
+d. ``mlp_stack``: the MLP-heavy layer stack (12 layers, d_model 1536, MLP 6144, 512
+   tokens, batch 16: ``studies/layer_presets.py``'s ``MLP_HEAVY``) at the chip's memory
+   (16909 MB on a v5e), the default time limit: <= 150 s, and the pick unrolled where an
+   unroll is >= 5% faster than unroll 1 (the line ``unroll`` of each run gives the pick's).
 
 Per case the breakdown: the first line, start-up to the ``problem:`` line, probes (count,
 seconds, verdicts), trials (measured, seconds, cut, lost to failed compiles -- of them
@@ -27,7 +31,11 @@ On the TPU machine (after ``source studies/device_setup.sh``)::
 
     PYTHONUNBUFFERED=1 python3 studies/tune_time.py --out studies/results/tune_time.md
 
-``--cases a,b`` runs only those; ``--sample`` samples each case's main thread every 10 ms
+``--cases a,b`` runs only those, in that order (a letter twice runs it twice);
+``--fresh`` gives each run its own scratch folder (a fresh study, probe cache and
+compile cache: three fresh runs of ``d`` are ``--cases d,d,d --fresh``; without it a case
+run again resumes the study, and its compile cache's hits are in its ``study:`` line);
+``--sample`` samples each case's main thread every 10 ms
 and adds where its time went (seconds on the stack per function, and in time). Off a TPU
 it says so and exits 0 unless ``--allow-cpu``;
 ``--small`` shrinks every size (T=64, tiny models, 1 trial each: the CPU plumbing test,
@@ -40,6 +48,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,10 +60,15 @@ from typing import Any, Final
 ROOT = Path(__file__).resolve().parent.parent
 #: The wrapper's event lines on stderr start with this.
 TAG = "@tune_time "
-CASES = ("a", "b", "c")
-NAMES = {"a": "big", "b": "seed", "c": "unmodified"}
-#: Issue 47's targets: seconds command to written pick (``None``: none).
-TARGET_S = {"a": 60.0, "b": 45.0, "c": None}
+CASES = ("a", "b", "c", "d")
+NAMES = {"a": "big", "b": "seed", "c": "unmodified", "d": "mlp_stack"}
+#: The targets: seconds command to written pick (``None``: none).
+TARGET_S = {"a": 60.0, "b": 45.0, "c": None, "d": 150.0}
+#: The MLP-heavy layer stack (``studies/layer_presets.py``'s ``MLP_HEAVY``) and a v5e's
+#: memory, the budget of case ``d``.
+MLP_STACK: Final = ["--problem", "layer_stack", "--layers", "12", "--d-model", "1536",
+                    "--heads", "12", "--mlp", "6144", "--seq-len", "512", "--batch", "16"]
+CHIP_BUDGET: Final = "16909MB"
 #: Set (by ``--sample``) in a case's environment: its main thread is sampled (``_sample_main``).
 SAMPLE_ENV: Final = "TUNE_TIME_SAMPLE"
 
@@ -69,12 +83,16 @@ def case_args(case: str, small: bool) -> tuple[list[str], dict[str, str]]:
             "b": (["tune", "--budget", "12MB", "--seq-len", "64", *quick], {}),
             "c": (["tune", "--problem", f"{ROOT / 'examples' / 'seed_unmodified.py'}:problem",
                    "--budget", "12MB", *quick], {"SEED_SEQ_LEN": "64"}),
+            "d": (["tune", "--problem", "layer_stack", "--layers", "2", "--d-model", "16",
+                   "--heads", "2", "--mlp", "32", "--seq-len", "8", "--batch", "2",
+                   "--budget", "64MB", *quick], {}),
         }[case]
     return {
         "a": (["tune", "--hidden", "1024", "--batch", "128", "--budget", "12GB"], {}),
         "b": (["tune", "--budget", "4GB"], {}),
         "c": (["tune", "--problem", f"{ROOT / 'examples' / 'seed_unmodified.py'}:problem",
                "--budget", "4GB"], {}),
+        "d": (["tune", *MLP_STACK, "--budget", CHIP_BUDGET], {}),
     }[case]
 
 
@@ -365,6 +383,9 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
         "proof_s": sum(e["seconds"] for e in of["proof"]),
         "pick": next((line for _, name, line in log if name == "out"
                       and line.strip().startswith("best (trial")), None),
+        "unroll": next((int(m.group(1)) for _, name, line in log if name == "out"
+                        and line.strip().startswith("best (trial")
+                        and (m := re.search(r"unroll=(\d+)", line))), None),
         "study_line": next((line for _, name, line in log if name == "out"
                             and line.startswith("study: ")), None),
         "target_s": TARGET_S[case],
@@ -451,6 +472,7 @@ def markdown(results: list[dict[str, Any]], header: list[str]) -> str:
                        "event", "t")) if r["pool"] else "none"))
         out += [f"- {x}" for x in ([r["study_line"]] if r["study_line"] else [])]
         out += [f"- pick: {r['pick'].strip()}" if r["pick"] else "- pick: none"]
+        out += [f"- unroll: {r['unroll']}"] if r.get("unroll") is not None else []
         out += [f"- probe: {v}" for v in r["probe_verdicts"]]
         if r.get("profile"):
             prof = r["profile"]
@@ -476,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small", action="store_true", help="tiny sizes: the CPU plumbing test")
     p.add_argument("--allow-cpu", action="store_true", help="run off a TPU too")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    p.add_argument("--fresh", action="store_true",
+                   help="each run in its own scratch folder (fresh study and caches)")
     p.add_argument("--sample", action="store_true",
                    help="sample each case's main thread every 10 ms (where its time goes)")
     args = p.parse_args(argv)
@@ -492,13 +516,17 @@ def main(argv: list[str] | None = None) -> int:
     def header() -> list[str]:
         sizes = "--small sizes (not measurements)" if args.small else "issue 47 sizes"
         ran = next((r["platform"] for r in results if r.get("platform")), platform)
-        return [f"Platform: {ran}; {sizes}; {when} UTC; each case a fresh process, one "
-                "scratch folder (probe cache empty at the start)."]
+        where = ("each run its own scratch folder (fresh study, probe and compile caches)"
+                 if args.fresh else "one scratch folder (probe and compile caches empty at "
+                 "the start)")
+        return [f"Platform: {ran}; {sizes}; {when} UTC; each case a fresh process, {where}."]
 
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="tune_time-") as scratch:
-        for case in cases:
-            r = run_case(case, args.small, Path(scratch), args.timeout, args.sample)
+        for i, case in enumerate(cases):
+            folder = Path(scratch) / (f"run{i}" if args.fresh else "shared")
+            folder.mkdir(exist_ok=True)
+            r = run_case(case, args.small, folder, args.timeout, args.sample)
             results.append(r)
             print(f"{case}. {r['name']}: exit {r['exit']}, problem: at {_s(r['startup_s'])}, "
                   f"{r['probes']} probes {_s(r['probe_s'])}, {r['trials']} trials, "

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from autoremat._measure.measurement import OK, Measurement
-from autoremat._search.planning.candidates import Candidate
-from autoremat._search.planning.judge import MAX_STOP, STOP_RATIO, Judge
+from autoremat._search.planning.candidates import Candidate, Verdict
+from autoremat._search.planning.judge import MAX_STOP, STOP_RATIO, Judge, Round
 from autoremat._search.planning.memory_model import MemoryModel
 from autoremat._search.planning.pool import Pool
 from autoremat._search.planning.predict import TimeModel
+from autoremat._search.planning.screening import Action, Decision, next_action
 from autoremat._search.planning.standings import Standings
 
 
@@ -64,3 +66,81 @@ def test_presets_rank_first_in_their_order_then_the_fastest_predicted() -> None:
     assert [c for _, c in j.rank(cands)] == [cands[4], cands[1], cands[2], cands[0], cands[3]]
     cands[0].compiled = SimpleNamespace()  # type: ignore[assignment]
     assert j.rank(cands, compiled_first=True)[0][1] is cands[0]
+
+
+@dataclass(frozen=True)
+class Given:
+    """A candidate's facts, as ``next_action`` reads them (``screening.Facts``), given."""
+
+    preset: bool = False
+    preset_over: bool = False
+    compiled: bool = False
+    failed: bool = False
+    executable: bool = True
+    early: bool = False
+    past_stop: bool = False
+    past_own_stop: bool = False
+    patience_spent: bool = False
+    twin_found: bool = True
+    surely_over: bool = False
+    dominated: bool = False
+    compile_fits: bool = True
+    any_compile_fits: bool = True
+    untimed: Verdict | None = None
+    timing_fits: bool = True
+
+
+def test_one_function_orders_the_screening_rules() -> None:
+    """Every rule's outcome, from facts given (no model, no clock): the one order the
+    planner's ranking, the compiles ahead and the device's choice meanwhile all ask."""
+    act = lambda **facts: next_action(Given(**facts))  # noqa: E731
+    # a preset: compiled, then timed, whatever is predicted
+    assert act(preset=True, past_stop=True) == Decision(Action.COMPILE)
+    assert act(preset=True, preset_over=True) == Decision(Action.SKIP, Verdict.SURELY_OVER)
+    assert act(preset=True, compile_fits=False) == Decision(Action.SKIP)
+    assert act(preset=True, compiled=True, past_stop=True) == Decision(Action.TIME)
+    assert act(preset=True, compiled=True, failed=True) == Decision(Action.FAIL)
+    assert act(preset=True, compiled=True, executable=False) == Decision(
+        Action.SKIP, Verdict.NO_EXECUTABLE)
+    # any other: the stop first, then its own stop
+    assert act(past_stop=True, surely_over=True) == Decision(Action.STOP)
+    assert act(past_own_stop=True) == Decision(Action.SKIP)
+    # an early one (an unroll of the leader), ranked out of predicted order: skipped, not
+    # the end of the round
+    assert act(past_stop=True, early=True) == Decision(Action.SKIP)
+    assert act(patience_spent=True, early=True) == Decision(Action.SKIP)
+    # not compiled yet
+    assert act() == Decision(Action.COMPILE)
+    assert act(patience_spent=True, compile_fits=False) == Decision(Action.SKIP)
+    assert act(twin_found=False) == Decision(Action.SKIP)
+    assert act(surely_over=True) == Decision(Action.SKIP, Verdict.SURELY_OVER)
+    assert act(dominated=True, compile_fits=False) == Decision(Action.SKIP)
+    assert act(compile_fits=False, any_compile_fits=False) == Decision(Action.STOP)
+    # its own compile (unrolled) does not fit where a cheaper one would: not started
+    assert act(compile_fits=False) == Decision(Action.SKIP, Verdict.TOO_LATE)
+    # compiled
+    assert act(compiled=True) == Decision(Action.TIME)
+    assert act(compiled=True, failed=True, untimed=Verdict.DOMINATED) == Decision(Action.FAIL)
+    assert act(compiled=True, untimed=Verdict.DOMINATED, timing_fits=False) == Decision(
+        Action.SKIP, Verdict.DOMINATED)
+    assert act(compiled=True, timing_fits=False) == Decision(Action.STOP)
+
+
+def test_the_judges_facts_are_read_only_where_a_rule_asks() -> None:
+    """A candidate past the stop is never offered to its twin (which proposes candidates:
+    a side effect), and one in the patience's way neither."""
+    asked: list[str] = []
+
+    def twin(c: Candidate) -> Candidate | None:
+        asked.append(c.schedule.key())
+        return None
+
+    j = judge(1.0, points=3)
+    cand = Pool(16, "cpu", seed=0).open()[0]
+    past = j.facts(cand, 10.0, Round(twin=twin))
+    assert next_action(past).action is Action.STOP and asked == []
+    spent = j.facts(cand, 1.0, Round(twin=twin, own_left=0))
+    assert next_action(spent).action is Action.SKIP and asked == []
+    found = j.facts(cand, 1.0, Round(twin=twin))
+    assert next_action(found) == Decision(Action.SKIP) and asked == [cand.schedule.key()]
+    assert found.target is cand

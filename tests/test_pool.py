@@ -38,7 +38,7 @@ def test_groups_draws_join_only_a_layer_stack() -> None:
 def test_open_leaves_out_what_is_taken_or_decided_and_dominated_ones_come_back() -> None:
     pool = Pool(1000, "cpu")
     first, second, third = list(pool.values())[:3]
-    pool.taken = {first.schedule.key()}
+    pool.take({first.schedule.key()})
     second.verdict = Verdict.DOMINATED
     third.verdict = Verdict.MEASURED
     opened = pool.open()

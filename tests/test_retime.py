@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +16,14 @@ import autoremat._search.retime as retime_module
 from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
 from autoremat._schedules.base import Schedule
-from autoremat._search.retime import BAND, CHALLENGERS, contenders, paired
+from autoremat._search.retime import (
+    BAND,
+    CHALLENGERS,
+    contenders,
+    in_doubt,
+    paired,
+    to_reserve,
+)
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.study import MeasuredTrial, load_study, measured_trials
 from autoremat._search.tune import tune
@@ -118,3 +126,56 @@ def test_a_plain_scan_ahead_by_noise_is_re_timed_and_the_search_goes_on(
                for t in single_trials if t.measurement.step_seconds is not None)
     summary = {k: t.measurement.step_seconds for k, t in trials.items()}
     assert min(v for v in summary.values() if v is not None) == best.measurement.step_seconds
+
+
+def test_runs_that_agree_or_do_not_overlap_settle_the_order_without_re_timing() -> None:
+    """Where the noise asks for it: a TPU's runs (within ``STEADY``) or runs that do not
+    overlap the leader's rank the two already; one run each, or noisy runs that overlap,
+    do not."""
+    plain, nested = autoremat.plain(T), autoremat.nested([4, 4], "nothing_saveable")
+
+    def timed(number: int, schedule: Schedule, samples: tuple[float, ...]) -> MeasuredTrial:
+        return MeasuredTrial(number, schedule, Measurement(
+            schedule.key(), OK, "", total_bytes=1000, step_seconds=sorted(samples)[1],
+            step_samples=samples))
+
+    steady = [timed(0, plain, (0.991, 1.000, 1.009)), timed(1, nested, (0.995, 1.003, 1.01))]
+    assert not in_doubt(*steady) and contenders(steady, 10**4, PLAIN) == []  # each +-1%
+    noisy = [timed(0, plain, (1.00, 1.03, 1.06)), timed(1, nested, (1.01, 1.04, 1.07))]
+    assert in_doubt(*noisy) and [t.number for t in contenders(noisy, 10**4, PLAIN)] == [0, 1]
+    apart = [timed(0, plain, (1.00, 1.02, 1.04)), timed(1, nested, (1.05, 1.06, 1.08))]
+    assert not in_doubt(*apart)  # noisy, but every run of one is slower than the other's
+    assert in_doubt(trial(0, plain, 1.0), trial(1, nested, 1.01))  # no spread known
+
+
+def test_the_planners_clock_keeps_the_re_timing_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time the planner may spend is the time left less what re-timing will take."""
+    import autoremat._search.planning.clock as clock_module
+    from autoremat._search.planning.clock import Clock
+
+    monkeypatch.setattr(clock_module, "time", SimpleNamespace(monotonic=lambda: 1000.0))
+    clock = Clock(deadline=1100.0)
+    assert clock.time_left() == 100.0
+    clock.reserve = 30.0
+    assert clock.time_left() == 70.0
+
+
+def test_time_is_kept_back_for_a_noisy_leader_before_a_challenger_comes_close() -> None:
+    """``to_reserve``: the group in doubt where there is one; else a noisy leader and one
+    challenger like it; nothing for a leader whose runs agree, or one timed by one run."""
+    plain, nested = autoremat.plain(T), autoremat.nested([4, 4], "nothing_saveable")
+
+    def timed(number: int, schedule: Schedule, samples: tuple[float, ...]) -> MeasuredTrial:
+        return MeasuredTrial(number, schedule, Measurement(
+            schedule.key(), OK, "", total_bytes=1000, step_seconds=sorted(samples)[1],
+            step_samples=samples))
+
+    noisy = timed(0, plain, (1.00, 1.05, 1.10))
+    far = timed(1, nested, (1.5, 1.55, 1.6))  # out of the band: no challenger
+    assert to_reserve([noisy, far], 10**4, PLAIN) == [noisy, noisy]
+    assert to_reserve([noisy, far], 10**4, PLAIN, [frozenset({PLAIN})]) == []  # re-timed
+    assert to_reserve([noisy], 10**4, PLAIN) == []  # no other timed: no field yet
+    close = timed(1, nested, (1.02, 1.06, 1.09))
+    assert to_reserve([noisy, close], 10**4, PLAIN) == [noisy, close]
+    assert to_reserve([timed(0, plain, (0.995, 1.0, 1.004)), far], 10**4, PLAIN) == []
+    assert to_reserve([trial(0, plain, 1.0), far], 10**4, PLAIN) == []  # one run: a long step

@@ -102,7 +102,20 @@ def study_line(result: TuneResult) -> str:
               if result.compile_failed else "")
     return (f"study: {result.study_name!r} in {redact(result.storage)} "
             f"({result.study_measured} schedules measured in the study, {result.measured} "
-            f"measured now{queued}{failed})")
+            f"measured now{queued}{failed})" + cache_words(result))
+
+
+def cache_words(result: TuneResult) -> str:
+    """``; N of M compiles read back from the compile cache (X%)`` ("" without one)."""
+    use = result.compile_cache
+    if use is None or not use.folder:
+        return ""
+    rate = use.rate
+    whose = "" if use.own else " (yours)"
+    if rate is None:
+        return f"; compile cache{whose}: no compile looked in it"
+    return (f"; compile cache{whose}: {use.hits} of {use.hits + use.misses} compiles read "
+            f"back ({rate * 100:.0f}%)")
 
 
 def result_table(result: TuneResult) -> str:
@@ -144,6 +157,7 @@ def result_table(result: TuneResult) -> str:
            "measured)"]
           if device else []),
         row(f"best (trial {best.number})" if best else "best", best),
+        *tie_lines(result),
         row(f"plain (trial {plain.number})" if plain else "plain scan", plain),
         *([f"  vs plain: against the plain scan with the readout and loss moved into its "
            f"step (trial {plain.number}); the plain scan as written, the readout after it, "
@@ -151,6 +165,7 @@ def result_table(result: TuneResult) -> str:
         *(["short runs predicted the step times; confirmed at full length:", *confirmed]
           if confirmed else []),
         *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
+        *too_late_lines(result),
         *([f"  {result.proof}"] if result.proof else []),
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement)] if shown else []),
@@ -166,6 +181,33 @@ def result_table(result: TuneResult) -> str:
            f"{format_bytes(result.bound.saving)} ({100 * result.bound.share:.1f}%) of the "
            "step as written"] if result.bound is not None else []),
     ])
+
+
+def too_late_lines(result: TuneResult) -> list[str]:
+    """The candidates not started as their compile would end past the time limit."""
+    late = result.too_late
+    if not late:
+        return []
+    shown = ", ".join(f"{t.schedule} (~{t.seconds:.0f} s)" for t in late[:3])
+    more = f" and {len(late) - 3} more" if len(late) > 3 else ""
+    return [f"  not started: {len(late)} candidate(s) whose compile would end past the time "
+            f"limit: {shown}{more}; a longer --time-limit would try them"]
+
+
+def tie_lines(result: TuneResult) -> list[str]:
+    """Why the best is not the fastest that fits: it tied with it within the measured
+    noise and is smaller ("within noise of plain, 28x less memory")."""
+    tie = result.tie
+    if tie is None:
+        return []
+    fastest, mine = tie.fastest.measurement.step_seconds, tie.pick.measurement.step_seconds
+    slower = f"{((mine or 0) / fastest - 1) * 100:+.1f}%" if fastest else "?"
+    who = "the plain scan" if tie.fastest_is_plain else tie.fastest.schedule.describe()
+    ratio = tie.memory_ratio
+    smaller = f", {ratio:.3g}x less memory" if ratio is not None else ", less memory"
+    return [f"  {'':<18} within noise of {who} (trial {tie.fastest.number}: "
+            f"{format_seconds(fastest)}; {slower}, runs spread {tie.noise * 100:.1f}%)"
+            f"{smaller}"]
 
 
 def name_cost_lines(rows: list[dict[str, Any]]) -> list[str]:

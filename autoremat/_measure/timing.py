@@ -235,6 +235,21 @@ def steady(samples: Sequence[float]) -> bool:
     return _agree(samples, outliers=1) or (len(samples) >= 5 and _agree(samples[-3:], 0))
 
 
+def spread(samples: Sequence[float]) -> float:
+    """How far apart a step's own timed runs lie: their range over their median, the
+    slowest left out from four runs on (one outlier, as ``steady`` allows one); 0.0 for
+    fewer than two runs (no spread is known). Two timings of one program differ by about
+    this much, so step times closer than it are not told apart (a TPU's runs mostly agree
+    within ``STEADY``, a busy CPU's seldom do)."""
+    runs = sorted(samples)
+    if len(runs) >= 4:
+        runs = runs[:-1]
+    if len(runs) < 2:
+        return 0.0
+    mid = statistics.median(runs)
+    return (runs[-1] - runs[0]) / mid if mid > 0 else 0.0
+
+
 def _agree(samples: Sequence[float], outliers: int) -> bool:
     """Three or more of ``samples``, and all but ``outliers``, within ``STEADY`` of their
     median."""

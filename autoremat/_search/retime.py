@@ -20,6 +20,15 @@ now, the planner goes on from it (its neighbours, its patience counted afresh). 
 is re-timed once: the search stops when its leader's closest challengers were re-timed
 with it already.
 
+Only where the noise asks for it (``in_doubt``): a challenger whose runs and the leader's
+agree within ``timing.STEADY`` (a TPU's mostly do), or do not overlap the leader's, is
+ranked by its own timing already; re-timing it would spend the time of a compile and a
+few runs to confirm the order. One timed with a single run (no spread known) is in
+doubt. The worker keeps the re-timing's cost back from the planner (``Clock.reserve``)
+while a group is to be re-timed -- and, where the leader's own runs do not agree, before
+any challenger is close (``to_reserve``), up to ``RESERVE_SHARE`` of the time limit -- so
+the limit leaves time for it.
+
 A schedule timed on a short run (``short_runs``) is re-timed on that short run, scaled
 the same way; the time left must pay for the compiles and the runs.
 """
@@ -33,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from autoremat._measure import device_memory
-from autoremat._measure.timing import Compiled
+from autoremat._measure.timing import STEADY, Compiled, spread
 from autoremat._search.arguments import SharedArguments
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.study import MeasuredTrial
@@ -44,6 +53,9 @@ BAND: Final = 0.10
 CHALLENGERS: Final = 2
 #: Runs of each contender after its warm-up, in turn: the median of three.
 ROUNDS: Final = 3
+#: At most this share of the time limit is kept back for a re-timing no challenger asks
+#: for yet (``to_reserve``'s ``[leader, leader]``).
+RESERVE_SHARE: Final = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,9 @@ class Retimed:
 def contenders(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: str,
                done: Sequence[frozenset[str]] = ()) -> list[MeasuredTrial]:
     """The leader and its closest challengers (module doc), leader first; ``[]`` when
-    nothing is to re-time: no leader, no challenger within ``BAND``, or this group (or one
-    holding it) was re-timed already (``done``: the keys of each group re-timed).
+    nothing is to re-time: no leader, no challenger within ``BAND`` whose order with the
+    leader is ``in_doubt``, or this group (or one holding it) was re-timed already
+    (``done``: the keys of each group re-timed).
     ``plain_key``: the plain scan's key, fused or not (``plain(T).key()``)."""
     fits = sorted((t for t in trials if t.measurement.fits(budget_bytes)
                    and t.measurement.step_seconds is not None),
@@ -75,13 +88,58 @@ def contenders(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: st
     if len(fits) < 2:
         return []
     leader, limit = fits[0], (1.0 + BAND) * (fits[0].measurement.step_seconds or 0.0)
-    close = [t for t in fits[1:] if (t.measurement.step_seconds or 0.0) <= limit]
+    close = [t for t in fits[1:] if (t.measurement.step_seconds or 0.0) <= limit
+             and in_doubt(leader, t)]
     chosen = close[:CHALLENGERS] + [t for t in close[CHALLENGERS:]
                                     if t.schedule.with_fuse(None).key() == plain_key][:1]
     group = frozenset(t.schedule.key() for t in (leader, *chosen))
     if not chosen or any(group <= before for before in done):
         return []
     return [leader, *chosen]
+
+
+def to_reserve(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: str,
+               done: Sequence[frozenset[str]] = ()) -> list[MeasuredTrial]:
+    """The group whose re-timing the search keeps time back for: ``contenders`` where
+    there are some; else, where the leader's own runs do not agree (two or more, wider
+    than ``STEADY`` of their median: a busy CPU's) and another schedule that fits was
+    timed, the leader and one challenger like it (``[leader, leader]``), so the time is
+    there when a challenger comes close; ``[]``: none (a TPU's runs agree; one run: a
+    long step, its noise small against it; no other timed: no field yet)."""
+    group = contenders(trials, budget_bytes, plain_key, done)
+    if group:
+        return group
+    fits = sorted((t for t in trials if t.measurement.fits(budget_bytes)
+                   and t.measurement.step_seconds is not None),
+                  key=lambda t: (t.measurement.step_seconds, t.number))
+    if len(fits) < 2:
+        return []  # no field yet: nothing may come close (a layer stack's cut presets)
+    leader, runs = fits[0], _scaled(fits[0])
+    if len(runs) < 2 or spread(runs) <= 2 * STEADY or any(
+            leader.schedule.key() in before for before in done):
+        return []
+    return [leader, leader]
+
+
+def in_doubt(leader: MeasuredTrial, other: MeasuredTrial) -> bool:
+    """The two trials' own runs do not settle which is faster: either was timed with one
+    run (no spread known), or the runs of one of them do not agree within ``STEADY`` of
+    their median (their range, ``timing.spread``, over twice that) and the other's fastest
+    run is no slower than the leader's slowest (each trial's runs scaled to its step time:
+    a short run's are)."""
+    runs = [_scaled(t) for t in (leader, other)]
+    if any(len(r) < 2 for r in runs):
+        return True
+    if max(spread(r) for r in runs) <= 2 * STEADY:
+        return False
+    return min(runs[1]) <= max(runs[0])
+
+
+def _scaled(t: MeasuredTrial) -> list[float]:
+    """The trial's runs in its step time's units (a short run's scaled to full length)."""
+    samples, seconds = t.measurement.step_samples, t.measurement.step_seconds or 0.0
+    mid = statistics.median(samples) if samples else 0.0
+    return [x * seconds / mid for x in samples] if mid > 0 else []
 
 
 def retime_cost(short: ShortRuns, group: Sequence[MeasuredTrial], compile_seconds: float) -> float:

@@ -4,8 +4,9 @@ Every trial that measured a schedule holds, in its Optuna user attrs, the
 ``Measurement`` (``Measurement.to_attrs``, read back with ``from_attrs``),
 the schedule (``"schedule"``, ``Schedule.to_data``) and ``"measured": True``;
 the study holds ``StudyInfo``. The answer is the fastest measured trial that
-fits the budget (``Measurement.fits``; ties: less memory), among those timed
-at full length when any was (``choose``). Nothing here runs
+fits the budget (``Measurement.fits``), among those timed at full length when any
+was (``choose``) -- or, of the trials whose step times lie within the measured noise of
+the fastest's, the one with the least memory, the plain scan last (``tie_break``). Nothing here runs
 the search (``autoremat._search.tune``) or measures anything.
 """
 
@@ -14,11 +15,13 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError
 from autoremat._measure.breakdown import DEVICE_KEYS
+from autoremat._measure.compile_cache import CacheUse
 from autoremat._measure.measurement import Measurement
+from autoremat._measure.timing import spread
 from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
 from autoremat._search.attrs import (
@@ -32,6 +35,7 @@ from autoremat._search.attrs import (
     retimed_key,
 )
 from autoremat._search.bound import Bound
+from autoremat._search.planning.candidates import TooLate
 from autoremat._search.storage import DEFAULT_STORAGE, open_storage, redact, sqlite_file
 from autoremat._units import format_bytes
 
@@ -198,7 +202,8 @@ def measured_trials(study: optuna.Study) -> list[MeasuredTrial]:
 
 
 def choose(study: optuna.Study, info: StudyInfo | None = None) -> MeasuredTrial | None:
-    """The fastest trial that fits the study's budget (ties: less memory), or ``None``;
+    """The fastest trial that fits the study's budget (ties within noise: the least
+    memory, ``tie_break``), or ``None``;
     among those timed at full length when there are any (a time predicted from a short
     run is the answer only while none was: ``autoremat._search.confirm``). ``info``: what
     the study was made for, when the caller has it (``tune``), else read from the study."""
@@ -208,10 +213,73 @@ def choose(study: optuna.Study, info: StudyInfo | None = None) -> MeasuredTrial 
 
 def _choose(trials: list[MeasuredTrial], budget_bytes: int,
             seq_len: int) -> MeasuredTrial | None:
+    pick = tie_break(trials, budget_bytes, seq_len)
+    return None if pick is None else pick.pick
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The answer among a study's trials, and the tie it won.
+
+    Attributes:
+      pick: the trial picked: the smallest of those tied with the fastest.
+      fastest: the fastest trial that fits (``pick`` itself when no smaller one tied).
+      noise: the spread of runs that made them a tie (``timing.spread``; the larger of
+        the two trials', at most ``MAX_TIE``).
+      fastest_is_plain: ``fastest`` is the plain scan (fused or not).
+    """
+
+    pick: MeasuredTrial
+    fastest: MeasuredTrial
+    noise: float = 0.0
+    fastest_is_plain: bool = False
+
+    @property
+    def tied(self) -> bool:
+        """The pick is not the fastest: it won a tie on memory."""
+        return self.pick.number != self.fastest.number
+
+    @property
+    def memory_ratio(self) -> float | None:
+        """The fastest's memory over the pick's (``Measurement.fit_bytes``)."""
+        mine, theirs = self.pick.measurement.fit_bytes, self.fastest.measurement.fit_bytes
+        return None if not mine or theirs is None else theirs / mine
+
+
+#: The widest band of noise that makes two step times a tie: a schedule this much slower
+#: than the fastest is not picked for its memory, whatever its runs' spread.
+MAX_TIE: Final = 0.05
+
+
+def tie_break(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> Pick | None:
+    """The fastest trial that fits and the one picked (``None``: nothing fits): among
+    those timed at full length when there are any; of the trials whose step time lies
+    within the measured noise of the fastest's (the larger ``timing.spread`` of the two
+    trials' own runs, at most ``MAX_TIE``), the one with the least memory, the plain scan
+    last -- timings within their noise do not rank schedules, and the smaller one leaves
+    the device's memory to the rest of the program."""
     fits = [t for t in trials if t.measurement.fits(budget_bytes)]
     full = [t for t in fits if not t.measurement.predicted(seq_len)]
-    return min(full or fits, key=lambda t: (t.measurement.step_seconds,
-                                            t.measurement.total_bytes, t.number), default=None)
+    fastest = min(full or fits, key=lambda t: (t.measurement.step_seconds,
+                                               t.measurement.total_bytes, t.number),
+                  default=None)
+    if fastest is None:
+        return None
+    plain_key = plain(seq_len).key()
+
+    def is_plain(t: MeasuredTrial) -> bool:
+        return t.schedule.with_fuse(None).key() == plain_key
+
+    best = fastest.measurement.step_seconds or 0.0
+    tied = []
+    for t in full or fits:
+        noise = min(MAX_TIE, max(spread(t.measurement.step_samples),
+                                 spread(fastest.measurement.step_samples)))
+        if (t.measurement.step_seconds or 0.0) <= (1.0 + noise) * best:
+            tied.append((t, noise))
+    pick, noise = min(tied, key=lambda tn: (is_plain(tn[0]), tn[0].measurement.fit_bytes or 0,
+                                            tn[0].measurement.step_seconds, tn[0].number))
+    return Pick(pick, fastest, noise if pick is not fastest else 0.0, is_plain(fastest))
 
 
 def trial_schedule(study: optuna.Study, trial: MeasuredTrial,
@@ -281,6 +349,13 @@ class TuneResult:
       bound: what scheduling can save at most, measured before the search (``None``
         where it could not be compiled).
       overrun: the time limit ran out inside one compile (``tune``; ``None`` otherwise).
+      tie: where ``best`` is not the fastest that fits but tied with it within the
+        measured noise and smaller (``tie_break``): the fastest, the noise, the memory
+        ratio; ``None`` otherwise.
+      compile_cache: what JAX's persistent compilation cache did during the tune (hits,
+        misses, its folder); ``None``: not a tune.
+      too_late: candidates the search did not compile as their compile (an unrolled one)
+        would end past the time limit.
     """
 
     study_name: str
@@ -304,16 +379,22 @@ class TuneResult:
     queued: int = 0
     compile_failed: int = 0
     checkpoint_names: tuple[str, ...] = ()
+    tie: Pick | None = None
+    compile_cache: CacheUse | None = None
+    too_late: tuple[TooLate, ...] = ()
 
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
               measured: int = 0, interrupted: bool = False,
-              unconfirmed: str = "", proof: str = "") -> TuneResult:
+              unconfirmed: str = "", proof: str = "",
+              compile_cache: CacheUse | None = None,
+              too_late: tuple[TooLate, ...] = ()) -> TuneResult:
     """The ``TuneResult`` of a study (nothing is measured, nothing written); ``info``: what
     the study was made for, when the caller has it (``tune``), else read from the study."""
     info = info if info is not None else StudyInfo.of(study)
     trials = measured_trials(study)
-    best_trial = _choose(trials, info.budget_bytes, info.seq_len)
+    picked = tie_break(trials, info.budget_bytes, info.seq_len)
+    best_trial = None if picked is None else picked.pick
     best = trial_schedule(study, best_trial, info) if best_trial is not None else None
     if best is not None and best_trial is not None and best.fuse is not None:
         best = best.with_meta(fuse_why=fuse_why(trials, best_trial, info.budget_bytes,
@@ -333,6 +414,8 @@ def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = Non
         confirmed=tuple(t for t in trials if t.measurement.extrapolated_seconds is not None),
         unconfirmed=unconfirmed, proof=proof, checkpoint_names=checkpoint_names(study),
         bound=Bound.of(study.user_attrs),
+        tie=picked if picked is not None and picked.tied else None,
+        compile_cache=compile_cache, too_late=too_late,
         study_measured=counts["study_measured"], queued=counts["queued"],
         compile_failed=counts["compile_failed"],
     )

@@ -49,6 +49,9 @@ the next fastest that passes is.
 * A layer stack (a short scan of heavy steps, ``autoremat._search.planning.presets``) is seeded
   with remat of each layer alone; the presets a user would pick are tried before any
   other candidate, and the study records what each tag costs (``NAME_COSTS``).
+* A schedule compiled twice (sized, then re-timed, confirmed or proved; or in a resumed
+  or repeated tune) is read back from JAX's persistent compilation cache beside the
+  storage (``autoremat._measure.compile_cache``); ``TuneResult.compile_cache`` counts it.
 * The trial's user attrs hold every figure (``Measurement.to_attrs``), the
   schedule and the model's ``predicted_seconds``; the study its
   ``StudyInfo``. The same study name resumes; Ctrl-C keeps finished trials.
@@ -73,6 +76,7 @@ from typing import Any, Final
 
 from autoremat._errors import BudgetError, ProblemError, TuneError, one_line
 from autoremat._measure.breakdown import argument_parts
+from autoremat._measure.compile_cache import persistent_cache
 from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.mesh import layout
 from autoremat._measure.peers import active as active_peers
@@ -106,6 +110,8 @@ from autoremat._units import format_bytes, parse_bytes, parse_duration, parse_wh
 
 #: ``tune``'s default time limit: the built-in problem at T=10^4 in under 2.5 minutes.
 DEFAULT_TIME_LIMIT: Final = "2m"
+#: The folder of compiled executables beside a study's storage (``compile_cache``).
+COMPILE_CACHE_DIR: Final = "xla_cache"
 
 
 def tune(
@@ -235,7 +241,8 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
     import optuna
 
     start = time.monotonic()
-    with optuna_verbosity(optuna.logging.WARNING):  # the caller's level is restored
+    with optuna_verbosity(optuna.logging.WARNING), persistent_cache(  # restored after
+            compile_cache_folder(storage)) as cache_use:
         info, built = _study_info(problem, budget_bytes, storage)
         _refuse_under_arguments(info.budget_bytes, built[2], problem.arg_names)
         storage_obj = open_storage(storage, heartbeat=heartbeat)
@@ -264,7 +271,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
         del built
         interrupted = search.run(n_trials, None if limit is None else
                                  limit - (time.monotonic() - start))
-        search_measured = search.measured
+        search_measured, too_late = search.measured, search.too_late()
         unconfirmed = "" if interrupted else confirm(study, problem, info, time_limit=limit,
                                                      time_budget=time_budget, on_confirm=on_confirm)
         kept = search.take_kept()  # the best's executable: the proof runs it
@@ -273,13 +280,28 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
         if kept is not None:
             kept.release()
         result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
-                           interrupted=interrupted, unconfirmed=unconfirmed, proof=proof)
+                           interrupted=interrupted, unconfirmed=unconfirmed, proof=proof,
+                           compile_cache=cache_use(), too_late=too_late)
         if limit is not None:
             result = replace(result, overrun=_overrun(study, limit, time.monotonic() - start,
                                                       search_measured, bound))
         if out is not None:
             _write_best(result, out)
         return result
+
+
+def compile_cache_folder(storage: str | None) -> Path | None:
+    """Where a study's compiled executables are kept (``compile_cache``): beside its
+    SQLite file, else ``runs/`` (another storage); ``None``: an in-memory storage."""
+    url = storage or DEFAULT_STORAGE
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if path in ("", ":memory:") or path.startswith("file::memory:"):
+            return None
+        return Path(path).parent / COMPILE_CACHE_DIR
+    if url.startswith("sqlite:"):
+        return None
+    return Path("runs") / COMPILE_CACHE_DIR
 
 
 def _study_info(problem: Problem, budget_bytes: int, storage: str | None,

@@ -36,11 +36,17 @@ from autoremat._search.attrs import (
     WAITING_TAKEN,
     retimed_key,
 )
-from autoremat._search.planning.candidates import Candidate
+from autoremat._search.planning.candidates import Candidate, TooLate
 from autoremat._search.planning.compile_pool import CompilePool
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
-from autoremat._search.retime import contenders, retime_cost, retime_group
+from autoremat._search.retime import (
+    RESERVE_SHARE,
+    contenders,
+    retime_cost,
+    retime_group,
+    to_reserve,
+)
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import (
     StudyLock,
@@ -145,6 +151,8 @@ class Worker:
         self.attempts = 0
         self.kept: Compiled | None = None  # the best's executable (``_keep_if_best``)
         self.retimed: list[frozenset[str]] = []  # the keys of each group re-timed (``retime``)
+        self.retiming = False  # the search re-times before it stops (``run``)
+        self.limit: float | None = None  # ``run``'s time limit
 
     def fresh_trials(self) -> list[FrozenTrial]:
         """Every trial, read from the storage itself (not a cache)."""
@@ -180,7 +188,7 @@ class Worker:
         budget = self.info.budget_bytes
         enqueued = trial.user_attrs.get(SCHEDULE)
         if enqueued is not None:
-            cand = self.planner.pool.candidate(from_data(enqueued))
+            cand = self.planner.candidate(from_data(enqueued))
         elif planned is not None:
             cand = planned
         else:  # nothing planned, and the trial waiting for it was taken by another worker
@@ -194,12 +202,12 @@ class Worker:
         # the next candidates (the enqueued seeds first) compile while this one compiles
         # (the first seeds beside the plain scan, not the largest candidates: on a TPU
         # they ran out of memory beside it) and while it is timed
-        self.planner.ahead.prefetch(exclude=key, first=self.waiting())
+        self.planner.prefetch(exclude=key, first=self.waiting())
         compiled = self.planner.take_compiled(cand)
-        self.planner.ahead.prefetch()
-        predicted = self.planner.judge.predict(cand)
+        self.planner.prefetch()
+        predicted = self.planner.predict(cand)
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
-                            best=self.planner.judge.rival())
+                            best=self.planner.rival())
         self.planner.record(schedule, m)
         self._keep_if_best(key, compiled)
         failed = {COMPILE_FAILED: True} if compile_failed(m) else {}  # not one of n_trials
@@ -218,13 +226,16 @@ class Worker:
     def _keep_if_best(self, key: str, compiled: Compiled) -> None:
         """Keep the executable of the fastest schedule that fits (the proof of fit runs it:
         one compile less, seconds on an accelerator), release any other."""
-        best = self.planner.standings.best
-        if best is None or best[0] != key or compiled.executable is None:
+        if self.planner.best_key() != key or compiled.executable is None:
             compiled.release()
             return
         if self.kept is not None:
             self.kept.release()
         self.kept = compiled
+
+    def too_late(self) -> tuple[TooLate, ...]:
+        """The candidates not compiled as their compile would end past the time limit."""
+        return tuple(self.planner.too_late)
 
     def take_kept(self) -> Compiled | None:
         """The kept executable (``_keep_if_best``), now the caller's to release."""
@@ -236,7 +247,7 @@ class Worker:
         before any the planner picks. Read only when the planner has compile threads."""
         from optuna.trial import TrialState
 
-        if not self.planner.ahead.running:
+        if not self.planner.compiles_ahead:
             return []
         return [from_data(t.user_attrs[SCHEDULE]) for t in self.fresh_trials()
                 if t.state == TrialState.WAITING and SCHEDULE in t.user_attrs]
@@ -284,9 +295,12 @@ class Worker:
         trials = self.fresh_trials()
         if any(t.state == TrialState.WAITING for t in trials):
             return "enqueued"
-        self.planner.observe([(m.schedule, m.measurement) for m in self.measured_trials(trials)],
+        measured = self.measured_trials(trials)
+        self.planner.observe([(m.schedule, m.measurement) for m in measured],
                              {str(t.user_attrs.get(SCHEDULE_KEY)) for t in trials
                               if _is_measured(t) or _is_claimed(t)})
+        if self.retiming:  # the re-timing the noise asks for is paid before the limit
+            self.planner.reserve(self.retime_reserve(measured))
         return self.planner.next(deadline, explore=explore, dominated=dominated)
 
     def measured_trials(self, trials: list[FrozenTrial]) -> list[MeasuredTrial]:
@@ -294,18 +308,36 @@ class Worker:
         attrs = self.study.user_attrs
         return [m for m in (MeasuredTrial.of(t, attrs) for t in trials) if m is not None]
 
+    def contenders(self, measured: list[MeasuredTrial]) -> list[MeasuredTrial]:
+        """The leader and the challengers it is to be re-timed with (``retime.contenders``:
+        where their noise asks for it), not re-timed before; ``[]``: none."""
+        return contenders(measured, self.info.budget_bytes, plain(self.problem.seq_len).key(),
+                          self.retimed)
+
+    def retime_reserve(self, measured: list[MeasuredTrial]) -> float:
+        """Seconds to keep back for the re-timing the noise asks for (``retime.to_reserve``:
+        one not asked for yet by a challenger, at most ``RESERVE_SHARE`` of the limit)."""
+        group = to_reserve(measured, self.info.budget_bytes, plain(self.problem.seq_len).key(),
+                           self.retimed)
+        cost = self.retime_cost(group)
+        if group and group[0] is group[-1] and self.limit is not None:  # anticipated
+            cost = min(cost, RESERVE_SHARE * self.limit)
+        return cost
+
+    def retime_cost(self, group: list[MeasuredTrial]) -> float:
+        """About how long re-timing ``group`` takes (0 for none)."""
+        return retime_cost(self.short, group, self.planner.compile_cost()) if group else 0.0
+
     def retime(self, deadline: float | None) -> bool:
         """Before the search stops: its leader run in turn with its closest challengers
         (``autoremat._search.retime``), their figures written to the study; ``True`` when
         they ran (the planner looks again), ``False`` when there is nothing to re-time or
         the time left cannot pay for it."""
-        group = contenders(self.measured_trials(self.fresh_trials()), self.info.budget_bytes,
-                           plain(self.problem.seq_len).key(), self.retimed)
+        group = self.contenders(self.measured_trials(self.fresh_trials()))
         if not group:
             return False
         left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left < retime_cost(self.short, group,
-                                                 self.planner.clock.compile_cost()):
+        if left is not None and left < self.retime_cost(group):
             return False
         self.retimed.append(frozenset(t.schedule.key() for t in group))
         figures, compiled = retime_group(self.short, group, self.kept)
@@ -314,7 +346,7 @@ class Worker:
         for number, figure in figures.items():
             self.study.set_user_attr(retimed_key(number), figure.to_attrs())
         self.planner.observe([(t.schedule, t.measurement) for t in self.measured_trials(
-            self.fresh_trials())], self.planner.pool.taken)
+            self.fresh_trials())])
         for c in compiled.values():
             self._keep_if_best(c.measurement.schedule_key, c)
         return True
@@ -326,6 +358,7 @@ class Worker:
         import optuna
 
         deadline = None if time_limit is None else time.monotonic() + time_limit
+        self.limit = time_limit
         cap = n_trials if n_trials is not None else _MAX_TRIALS
         max_attempts = cap * 10 + _MAX_DUPLICATES_IN_A_ROW
         # A failed schedule is a FAIL trial with its reason in user_attrs (and on_trial);
@@ -345,11 +378,11 @@ class Worker:
                         time.sleep(pause if left is None else max(0.0, min(pause, left)))
                         continue
                     exact = n_trials is not None or self.total_trials is not None
-                    planned = self.plan(deadline, self.planner.judge.explore_front)
+                    self.retiming = not exact and not self.planner.explore_front
+                    planned = self.plan(deadline, self.planner.explore_front)
                     if planned is None and exact:
                         planned = self.plan(deadline, True, True)
-                    if planned is None and not exact and not self.planner.judge.explore_front \
-                            and self.retime(deadline):
+                    if planned is None and self.retiming and self.retime(deadline):
                         continue  # the leader and its challengers re-timed: plan again
                     if planned is None:
                         break

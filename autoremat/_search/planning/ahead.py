@@ -15,15 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from autoremat._measure.measure import Compiled
-from autoremat._measure.measurement import OK
 from autoremat._measure.timing import CUT_RATIO
 from autoremat._schedules.base import Schedule
 from autoremat._search.planning.candidates import Candidate, Verdict
 from autoremat._search.planning.clock import Clock
 from autoremat._search.planning.compile_pool import CompilePool
-from autoremat._search.planning.judge import Judge
+from autoremat._search.planning.judge import Judge, Round
 from autoremat._search.planning.offload_twins import OffloadTwins
 from autoremat._search.planning.pool import Pool
+from autoremat._search.planning.screening import Action, next_action
 from autoremat._search.probes.guard import ProbeGuard
 from autoremat._search.short_runs import ShortRuns
 
@@ -89,7 +89,8 @@ class CompilesAhead:
         such compiles on the main thread: ``studies/results/tune_time.md``);
         ``exclude``: a key left out. The enqueued
         seeds (``prefetch``'s ``first``) come first, whatever their prediction; those likely
-        over the budget at run time (``Judge.guessed_over``) go after the rest too."""
+        over the budget at run time (``Judge.guessed_over``) go after the rest too. The
+        rules are the planner's (``screening.next_action``), without the clock."""
         judge, taken = self.judge, self.pool.taken
         self.seeds = [c for c in self.seeds if c.verdict is Verdict.UNDECIDED
                       and c.compiled is None and c.schedule.key() not in taken]
@@ -100,8 +101,9 @@ class CompilesAhead:
         explore = judge.explore_front
         # no more of the planner's own than its patience lets it compile (``PATIENCE``)
         calibrated = judge.calibrated()
-        own = judge.standings.patience_left() if calibrated and not explore else n
+        own = judge.patience_left() if calibrated and not explore else n
         later: list[Candidate] = []  # predicted to be cut
+        left = self.clock.time_left()
         for predicted, cand in judge.rank(self.pool.open()):
             key = cand.schedule.key()
             if len(found) >= n:
@@ -113,20 +115,18 @@ class CompilesAhead:
                 continue  # probed first, on the main thread (``Planner.probed``)
             if self.twins is not None and self.twins.waits(cand, taken):
                 continue  # its twin first, or dominated by it (``offload_twins``)
-            if judge.first(cand) is not None:  # a layer stack's preset: no prediction rules it out
-                if judge.presets is None or not judge.presets.over(cand.schedule):
-                    found.append(cand)
-                continue
-            if judge.past_stop(predicted, explore=explore):
+            facts = judge.facts(cand, predicted, Round(explore=explore, own_left=own))
+            action = next_action(facts).action  # the planner's rules, no clock
+            if action is Action.STOP:
                 break
-            if judge.past_stop(predicted, cand, explore=explore):
+            if action is not Action.COMPILE:
                 continue
-            if judge.surely_over(cand):
+            unroll = cand.schedule.unroll
+            if unroll > 1 and left is not None and left < self.clock.compile_cost_of(unroll):
+                continue  # an unrolled compile that would end past the limit: not started
+            if facts.preset:  # a layer stack's preset: no prediction rules it out
+                found.append(cand)
                 continue
-            if not explore and judge.dominated(cand, predicted):
-                continue
-            if own <= 0:
-                break
             own -= 1
             cut_or_over = (calibrated and cut is not None and predicted > cut) or (
                 judge.guessed_over(cand))
@@ -158,24 +158,20 @@ class CompilesAhead:
     def _meanwhile_once(self, ranked: Sequence[tuple[float, Candidate]],
                         time_left: float | None,
                         screen: Callable[[Candidate], None]) -> Candidate | None:
-        judge, explore = self.judge, self.judge.explore_front
+        judge = self.judge
+        rnd = Round(explore=judge.explore_front, time_left=time_left,
+                    timing_cost=lambda c, p: self.short.timing_cost(c.schedule, p,
+                                                                    self.time_budget))
         for _, cand in ranked:
             if cand.compiled is None:
                 if self.threads is None or not self.threads.ready(cand.schedule.key()):
                     continue  # no compile is started or waited for here
                 screen(cand)  # done ahead: taken without waiting
-            assert cand.compiled is not None
-            predicted = judge.predict(cand)
-            if (cand.compiled.measurement.status != OK or judge.first(cand) is not None
-                    or predicted is None or judge.untimed(cand) is not None):
-                continue  # not one the planner would time (``Judge.untimed``)
-            if judge.past_stop(predicted, explore=explore) or judge.past_stop(
-                    predicted, cand, explore=explore):
-                continue
-            if time_left is not None and time_left < self.short.timing_cost(
-                    cand.schedule, predicted, self.time_budget):
-                continue
-            return cand
+            predicted = judge.predict(cand)  # sized now: its own prediction
+            if judge.first(cand) is not None or predicted is None:
+                continue  # a preset comes up first in the planner's own order
+            if next_action(judge.facts(cand, predicted, rnd)).action is Action.TIME:
+                return cand  # one the planner would time
         return None
 
     def close(self) -> None:

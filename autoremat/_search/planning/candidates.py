@@ -29,6 +29,19 @@ class Verdict(enum.Enum):
     NO_EXECUTABLE = "sized, no executable (over budget, or released after timing)"
     DOMINATED = "dominated"  # its executable is kept (``Planner.next(dominated=True)``)
     REFUSED = "uses a choice or combination the study's probe left out"
+    #: its compile (an unrolled one costs more: ``Clock.compile_cost_of``) would end past
+    #: the time limit, while cheaper ones still fit
+    TOO_LATE = "its compile would end past the time limit"
+
+
+@dataclass(frozen=True)
+class TooLate:
+    """A candidate not compiled (``Verdict.TOO_LATE``): its compile, of about ``seconds``
+    (estimated by its unroll: ``Clock.compile_cost_of``), would end past the time limit,
+    while cheaper compiles still fit. ``schedule``: its one-line description."""
+
+    schedule: str
+    seconds: float
 
 
 #: ``Planner.choose``'s "one was compiled: the models moved, rank again".

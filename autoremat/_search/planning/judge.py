@@ -1,4 +1,4 @@
-"""What a planner's models say of a candidate: its time, its bytes, whether to go on.
+"""What a planner's models say of a candidate: its time, its bytes, what to do with it.
 
 The time model (``predict.TimeModel``, calibrated on the study's own timed trials) and
 the memory model (``MemoryModel``) predict; ``untimed``'s pure rules decide on their
@@ -6,15 +6,22 @@ figures and the ``Standings``. The stop rule: a candidate predicted slower than 
 measured schedule that fits by ``STOP_RATIO``, widened by twice the time model's
 leave-one-out error (a model off by 15% must not rule out a schedule predicted 20%
 slower), up to ``MAX_STOP``, is not worth timing -- nor is anything ranked after it.
+
+One function orders the screening rules (``screening.next_action``: a candidate's next
+action from its facts); ``Judge.facts`` gives a candidate's facts in a round (``Round``:
+what the caller knows), read from the models as the rules ask, so a rule not reached
+costs nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Final
 
+from autoremat._measure.measurement import ERROR
 from autoremat._search.planning import untimed
 from autoremat._search.planning.candidates import Candidate, Verdict
 from autoremat._search.planning.memory_model import MemoryModel
@@ -28,6 +35,126 @@ STOP_RATIO: Final = 1.15
 MAX_STOP: Final = 1.6
 
 
+@dataclass(frozen=True)
+class Round:
+    """What the caller of a round of screening knows that the judge does not.
+
+    Attributes:
+      explore: no stop on the predicted ratio, no skip on a guessed domination, no patience.
+      dominated_too: a dominated candidate may be timed (a caller that must measure a
+        given number).
+      time_left: seconds left to start a compile or a timing (``None``: no limit).
+      compile_cost: seconds of one compile (at unroll 1).
+      compile_cost_of: seconds of a candidate's own compile (``None``: ``compile_cost``).
+      timing_cost: seconds to time a candidate predicted at the seconds given (``None``:
+        a timing always fits).
+      twin: what to compile in a candidate's place (``OffloadTwins.first``; ``None``: the
+        candidate itself).
+      own_left: compiles of the planner's own left (``None``: the standings' patience,
+        once the model is calibrated).
+    """
+
+    explore: bool = False
+    dominated_too: bool = False
+    time_left: float | None = None
+    compile_cost: float = 0.0
+    compile_cost_of: Callable[[Candidate], float] | None = None
+    timing_cost: Callable[[Candidate, float], float] | None = None
+    twin: Callable[[Candidate], Candidate | None] | None = None
+    own_left: int | None = None
+
+
+class CandidateFacts:
+    """``screening.Facts`` of one candidate in one round, read from the judge when first
+    asked (``next_action`` reads few of them). ``target``: the candidate to act on -- its twin,
+    where one was found in its place."""
+
+    def __init__(self, judge: Judge, cand: Candidate, predicted: float, rnd: Round) -> None:
+        self._judge, self._cand, self._predicted, self._round = judge, cand, predicted, rnd
+        self.target = cand
+
+    @functools.cached_property
+    def preset(self) -> bool:
+        return self._judge.first(self._cand) is not None
+
+    @functools.cached_property
+    def preset_over(self) -> bool:
+        presets = self._judge.presets
+        return presets is not None and presets.over(self._cand.schedule)
+
+    @property
+    def compiled(self) -> bool:
+        return self._cand.compiled is not None
+
+    @property
+    def failed(self) -> bool:
+        sized = self._cand.sized
+        return sized is not None and sized.status == ERROR
+
+    @property
+    def executable(self) -> bool:
+        return self._cand.compiled is not None and self._cand.compiled.executable is not None
+
+    @functools.cached_property
+    def past_stop(self) -> bool:
+        return self._judge.past_stop(self._predicted, explore=self._round.explore)
+
+    @functools.cached_property
+    def past_own_stop(self) -> bool:
+        return self._judge.past_stop(self._predicted, self._cand, explore=self._round.explore)
+
+    @functools.cached_property
+    def patience_spent(self) -> bool:
+        own = self._round.own_left
+        if own is not None:
+            return own <= 0
+        judge = self._judge
+        return (judge.calibrated() and not self._round.explore
+                and judge.patience_left() <= 0)
+
+    @functools.cached_property
+    def twin_found(self) -> bool:
+        twin = self._round.twin
+        found = self._cand if twin is None else twin(self._cand)
+        if found is None:
+            return False
+        self.target = found
+        return True
+
+    @functools.cached_property
+    def surely_over(self) -> bool:
+        return self._judge.surely_over(self.target)
+
+    @functools.cached_property
+    def dominated(self) -> bool:
+        return not self._round.explore and self._judge.dominated(self.target, self._predicted)
+
+    @property
+    def early(self) -> bool:
+        return self._cand.schedule.key() in self._judge.early
+
+    @functools.cached_property
+    def compile_fits(self) -> bool:
+        left, cost_of = self._round.time_left, self._round.compile_cost_of
+        if left is None:
+            return True
+        return left >= (self._round.compile_cost if cost_of is None else cost_of(self.target))
+
+    @property
+    def any_compile_fits(self) -> bool:
+        left = self._round.time_left
+        return left is None or left >= self._round.compile_cost
+
+    @functools.cached_property
+    def untimed(self) -> Verdict | None:
+        return self._judge.untimed(self._cand, self._round.dominated_too)
+
+    @functools.cached_property
+    def timing_fits(self) -> bool:
+        left, cost = self._round.time_left, self._round.timing_cost
+        return left is None or cost is None or left >= cost(self._cand, self._predicted)
+
+
 @dataclass
 class Judge:
     """The models and the standings of one planner, asked of one candidate at a time.
@@ -37,6 +164,9 @@ class Judge:
       explore_front: every fitting schedule not dominated is timed (no timing competes
         with the best: ``rival``).
       presets: a layer stack's presets, ranked first (``None``: not a layer stack).
+      early: key -> rank of the unrolls of the leader and its closest rivals, ranked
+        after the presets and before the rest, by predicted time
+        (``Planner.propose_unrolls``): where unrolling pays, it is found early.
     """
 
     platform: str
@@ -45,6 +175,7 @@ class Judge:
     memory_model: MemoryModel
     explore_front: bool = False
     presets: Presets | None = None
+    early: dict[str, int] = field(default_factory=dict)
 
     @property
     def budget_bytes(self) -> int:
@@ -121,6 +252,21 @@ class Judge:
             cand.structure, self.budget_bytes) or (
             self.presets is not None and self.presets.over(cand.schedule))
 
+    def facts(self, cand: Candidate, predicted: float, rnd: Round) -> CandidateFacts:
+        """``cand``'s facts in a round (``next_action`` decides on them); ``predicted``: its
+        step seconds as ranked."""
+        return CandidateFacts(self, cand, predicted, rnd)
+
+    def prefer(self, keys: list[str]) -> None:
+        """Rank these candidates, in this order, after the presets and before the rest
+        (``early``)."""
+        self.early = {k: i for i, k in enumerate(keys)}
+
+    def patience_left(self) -> int:
+        """Compiles of the planner's own left before the best must improve
+        (``Standings.patience_left``)."""
+        return self.standings.patience_left()
+
     def first(self, cand: Candidate) -> int | None:
         """The rank of a candidate tried before all others (a layer stack's preset)."""
         return None if self.presets is None else self.presets.priority(cand)
@@ -132,9 +278,10 @@ class Judge:
         ``compiled_first``: those already compiled first."""
         ranked = [(self.predict(c), c) for c in candidates]
 
-        def order(pc: tuple[float, Candidate]) -> tuple[float, bool, float]:
+        def order(pc: tuple[float, Candidate]) -> tuple[float, float, bool, float]:
             first = self.first(pc[1])
             return (math.inf if first is None else first,
+                    self.early.get(pc[1].schedule.key(), math.inf),
                     compiled_first and pc[1].compiled is None, pc[0])
 
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),

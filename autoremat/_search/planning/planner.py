@@ -5,7 +5,10 @@ draws, every structure of a short scan, the neighbours of the best so far) and d
 each time the search may measure one more, which one it is worth timing:
 
 1. candidates are ranked by predicted step time (``Judge.rank``: ``predict.TimeModel``,
-   calibrated on the study's own timed trials);
+   calibrated on the study's own timed trials) -- a layer stack's presets first, then
+   the unrolls of the leader's innermost scan and of its closest rivals'
+   (``propose_unrolls``), the fastest predicted first, so an unroll that pays is found
+   before the limit;
 2. going down that list, a candidate storing at least as much as one already over the
    budget, or predicted at least as large as a program the compiler refused for want of
    memory (``MemoryModel.surely_over``), is skipped unsized; the others are compiled and
@@ -20,7 +23,9 @@ each time the search may measure one more, which one it is worth timing:
    own leave-one-out error (``Judge.stop_ratio``: a model off by 15% must not rule out a
    schedule predicted 20% slower); or when ``standings.PATIENCE`` candidates within the budget were compiled
    since the best last improved by ``IMPROVES`` and none of those is worth timing; or
-   when the time left cannot pay for the next compile or timing.
+   when the time left cannot pay for the next compile or timing. An unrolled compile costs
+   more (``Clock.compile_cost_of``): one that would end past the limit is not started
+   while cheaper ones are (``TooLate``; the tune's result lists them).
 
 With ``explore_front`` step 4's ratio test is off: every fitting schedule not dominated
 is timed. A timing stops after its first run when that run is already
@@ -29,39 +34,50 @@ fewest runs when they all are ``timing.BEATEN`` slower (``Judge.rival``). With c
 threads (``compiles``) the next candidates are compiled ahead, and the device times
 another while the planner's choice compiles (``ahead``).
 
-Each rule lives in the part that holds its figures; the planner holds the parts and
-decides in that order (``choose``), and the worker reads the parts it needs
-(``planner.pool``, ``planner.judge``, ...).
+Each rule lives in the part that holds its figures; one function orders them
+(``screening.next_action``), which the planner asks of each candidate in ranked order
+(``choose``), as its compiles ahead do (``ahead``). The worker calls the planner's face only (``observe``,
+``next``, ``candidate``, ``take_compiled``, ``prefetch``, ``predict``, ``rival``, ``record``,
+``best_key``, ``reserve``, ``close``), never its parts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from autoremat._measure import device_memory
 from autoremat._measure.breakdown import floor_bytes
 from autoremat._measure.measure import Compiled, compile_schedule
-from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
+from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.arguments import SharedArguments
 from autoremat._search.planning.ahead import CompilesAhead
-from autoremat._search.planning.candidates import AGAIN, Candidate, Verdict
+from autoremat._search.planning.candidates import AGAIN, Candidate, TooLate, Verdict
 from autoremat._search.planning.clock import Clock
 from autoremat._search.planning.compile_pool import CompilePool
-from autoremat._search.planning.judge import Judge
+from autoremat._search.planning.judge import Judge, Round
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.memory_model import MemoryModel
 from autoremat._search.planning.offload_twins import OffloadTwins
 from autoremat._search.planning.pool import Pool
 from autoremat._search.planning.predict import TimeModel
 from autoremat._search.planning.presets import Presets
+from autoremat._search.planning.screening import Action, next_action
 from autoremat._search.planning.standings import Standings
 from autoremat._search.probes.guard import ProbeGuard
 from autoremat._search.short_runs import ShortRuns
+
+#: The rivals whose unrolls are proposed early (``propose_unrolls``): timed within this
+#: fraction of the leader,
+UNROLL_BAND: Final = 0.10
+#: and at most this many besides the leader.
+UNROLL_RIVALS: Final = 2
+#: At most this many unrolled candidates are ranked early at a time.
+EARLY: Final = 4
 
 
 class Planner:
@@ -113,11 +129,58 @@ class Planner:
         self._built = built
         self._shared = SharedArguments(None if built is None else built[2])
         self.floor: int | None = None
+        self.too_late: list[TooLate] = []
+
+    # -- the worker's face ---------------------------------------------------------------
+    @property
+    def explore_front(self) -> bool:
+        """Every fitting schedule not dominated is timed (no stop on predictions)."""
+        return self.judge.explore_front
+
+    @property
+    def compiles_ahead(self) -> bool:
+        """Threads compile candidates ahead (so enqueued seeds are worth reading)."""
+        return self.ahead.running
+
+    def candidate(self, schedule: Schedule) -> Candidate:
+        """The pool's candidate of a schedule from the study (a seed, a retry)."""
+        return self.pool.candidate(schedule)
+
+    def prefetch(self, exclude: str | None = None,
+                 first: list[Schedule] | None = None) -> None:
+        """Hand the compile threads what the planner would compile next
+        (``CompilesAhead.prefetch``)."""
+        self.ahead.prefetch(exclude=exclude, first=first)
+
+    def predict(self, cand: Candidate) -> float | None:
+        """``cand``'s predicted step seconds (``None`` before any timing)."""
+        return self.judge.predict(cand)
+
+    def rival(self) -> float | None:
+        """The best step that fits, which a timing competes with (``Judge.rival``)."""
+        return self.judge.rival()
+
+    def best_key(self) -> str | None:
+        """The key of the fastest timed schedule that fits (``None``: none yet)."""
+        best = self.standings.best
+        return None if best is None else best[0]
+
+    def compile_cost(self) -> float:
+        """Mean seconds of one compile so far (``Clock.compile_cost``)."""
+        return self.clock.compile_cost()
+
+    def reserve(self, seconds: float) -> None:
+        """Keep ``seconds`` back from the time left for work after the planner stops
+        (``Clock.reserve``)."""
+        self.clock.reserve = max(0.0, seconds)
 
     # -- what the study holds ----------------------------------------------------------
-    def observe(self, measured: list[tuple[Schedule, Measurement]], taken: set[str]) -> None:
-        """What the study holds now (every worker's): measured trials, claimed keys."""
-        self.pool.taken = taken
+    def observe(self, measured: list[tuple[Schedule, Measurement]],
+                taken: set[str] | None = None) -> None:
+        """What the study holds now (every worker's): measured trials, claimed keys
+        (``None``: as before)."""
+        if taken is not None:
+            self.pool.take(taken)
         for schedule, m in measured:
             self.record(schedule, m, refit=False)
         self._refit()
@@ -148,6 +211,28 @@ class Planner:
         best = self.standings.new_best()
         if best is not None:
             self.pool.grow_around(best)
+        if not self.judge.explore_front:
+            self.propose_unrolls()
+
+    def propose_unrolls(self) -> None:
+        """The unrolls of the leader's innermost scan and of its closest rivals' (timed
+        within ``UNROLL_BAND`` of it, up to ``UNROLL_RIVALS``), ranked after the presets
+        and before the rest (``Judge.early``), the fastest predicted first, up to
+        ``EARLY``: where an unroll pays (a layer stack on a TPU: 9% at unroll 8), it is
+        found before the limit, whichever candidate the random draws put near the top.
+        Still screened as any other (``screening.next_action``); an unrolled compile's cost
+        is its own (``Clock.compile_cost_of``)."""
+        budget = self.budget_bytes
+        fits = sorted((s, k) for k, (b, s) in self.standings.timed.items() if b <= budget)
+        if not fits:
+            self.judge.prefer([])
+            return
+        near = [k for s, k in fits if s <= (1.0 + UNROLL_BAND) * fits[0][0]][:1 + UNROLL_RIVALS]
+        found = {c.schedule.key(): c for k in near for c in self.pool.unrolled(k)
+                 if c.verdict is Verdict.UNDECIDED and c.schedule.key() not in self.pool.taken}
+        predicted = {k: self.judge.predict(c) for k, c in found.items()}
+        ranked = sorted(found, key=lambda k: (predicted[k] is None, predicted[k] or 0.0, k))
+        self.judge.prefer(ranked[:EARLY])
 
     def probed(self, cand: Candidate) -> bool:
         """``cand``'s risky choices passed the study's probe (``ProbeGuard.allows``: probed
@@ -155,7 +240,7 @@ class Planner:
         if self.guard is None or self.guard.allows(cand.params):
             return True
         cand.verdict = Verdict.REFUSED
-        self.pool.refused = self.guard.refused
+        self.pool.refuse(self.guard.refused)
         return False
 
     # -- screening ---------------------------------------------------------------------
@@ -181,7 +266,7 @@ class Planner:
             self.problem, cand.schedule, budget_bytes=self.budget_bytes, built=built)
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
-            self.clock.compile_seconds.append(m.compile_seconds)
+            self.clock.add_compile(m.compile_seconds, cand.schedule.unroll)
         if m.size_bytes is not None:  # or the size the compiler stated, out of memory
             self.judge.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
                                         refused=m.total_bytes is None)
@@ -202,7 +287,7 @@ class Planner:
         ``dominated``: dominated ones too (a caller that must measure a given number)."""
         if dominated:
             self.pool.reopen_dominated()
-        self.clock.deadline = deadline
+        self.clock.until(deadline)
         while True:
             chosen = self.choose(self.clock.time_left(), explore=explore or dominated,
                                  dominated=dominated)
@@ -212,85 +297,56 @@ class Planner:
     def choose(self, time_left: float | None, *, explore: bool = False,
                dominated: bool = False) -> Candidate | Literal["again"] | None:
         """One round of ``next``: the candidate to time, ``AGAIN`` (one was compiled: the
-        models moved, rank again) or ``None`` (done), with ``time_left`` seconds."""
+        models moved, rank again) or ``None`` (done), with ``time_left`` seconds. Each
+        candidate, in ranked order, gets the judge's ``next_action``."""
         if self.floor is not None and self.floor > self.budget_bytes:
             return None  # nothing can fit: the arguments and outputs alone are over
         judge = self.judge
-        compile_cost = self.clock.compile_cost()
+        twins = self.twins
+        rnd = Round(explore=explore, dominated_too=dominated, time_left=time_left,
+                    compile_cost=self.clock.compile_cost(),
+                    compile_cost_of=lambda c: self.clock.compile_cost_of(c.schedule.unroll),
+                    timing_cost=self._timing_cost if judge.time_model.points else None,
+                    twin=None if twins is None else (
+                        lambda c: twins.first(c, self.pool.taken, judge.stop_seconds())))
         ranked = judge.rank(self.pool.open(), compiled_first=dominated)
         for i, (predicted, cand) in enumerate(ranked):
-            if self.presets is not None and judge.first(cand) is not None:
-                if cand.compiled is None and self.presets.over(cand.schedule):
-                    cand.verdict = Verdict.SURELY_OVER  # by what it keeps (``presets``)
-                    continue
-                first = self._preset(cand, time_left, compile_cost)
-                if first is not None:
-                    return first
-                continue
-            if judge.past_stop(predicted, explore=explore):
+            facts = judge.facts(cand, predicted, rnd)
+            decision = next_action(facts)
+            target = facts.target
+            if decision.verdict is not None:
+                target.verdict = decision.verdict
+                if decision.verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
+                    judge.memory_model.mark_over(target.structure)
+                if decision.verdict is Verdict.TOO_LATE:  # the tune says so
+                    self.too_late.append(TooLate(
+                        target.schedule.describe(),
+                        self.clock.compile_cost_of(target.schedule.unroll)))
+            action = decision.action
+            if action is Action.STOP:
                 return None
-            if judge.past_stop(predicted, cand, explore=explore):
-                continue  # near a timed schedule, and not predicted within STOP_RATIO
-            if cand.compiled is None:
-                if judge.calibrated() and not explore and not self.standings.patience_left():
-                    continue  # no compile more; one compiled may still be timed
-                screen = cand if self.twins is None else self.twins.first(
-                    cand, self.pool.taken, judge.stop_seconds())
-                if screen is None:
-                    continue
-                cand = screen
-                if judge.surely_over(cand):
-                    cand.verdict = Verdict.SURELY_OVER
-                    continue
-                if not explore and judge.dominated(cand, predicted):
-                    continue  # by the memory model's guess: not worth a compile (yet)
-                if time_left is not None and time_left < compile_cost:
-                    return None
-                if not self.probed(cand):
-                    continue
-                if not dominated and self.ahead.compiling(cand):  # on a thread: time another
-                    other = self.ahead.meanwhile(ranked[i + 1:], time_left,
-                                                 cand.schedule.key(), self.screen)
-                    if other is not None:
-                        return other
-                self.screen(cand)  # the planner's own choice (not a seed, not a preset):
-                self.standings.compiled_within(  # counted where it fits
-                    cand.sized is not None and cand.sized.status == OK
-                    and not judge.over_at_runtime(cand))
-                return AGAIN  # the models moved: rank again
-            m = cand.compiled.measurement
-            if m.status == ERROR:
-                return cand  # recorded as a failed trial
-            verdict = judge.untimed(cand, dominated)
-            if verdict is not None:
-                cand.verdict = verdict
-                if verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
-                    judge.memory_model.mark_over(cand.structure)
+            if action in (Action.TIME, Action.FAIL):
+                return target  # a failure is recorded as a failed trial
+            if action is Action.SKIP or not self.probed(target):
                 continue
-            if (time_left is not None and judge.time_model.points
-                    and time_left < self.short.timing_cost(cand.schedule, predicted,
-                                                           self.time_budget)):
-                return None
-            return cand
+            if facts.preset:  # tried before all others, not counted against the patience
+                self.screen(target)
+                return AGAIN
+            if not dominated and self.ahead.compiling(target):  # on a thread: time another
+                other = self.ahead.meanwhile(ranked[i + 1:], time_left,
+                                             target.schedule.key(), self.screen)
+                if other is not None:
+                    return other
+            self.screen(target)  # the planner's own choice (not a seed, not a preset):
+            self.standings.compiled_within(  # counted where it fits
+                target.sized is not None and target.sized.status == OK
+                and not judge.over_at_runtime(target))
+            return AGAIN  # the models moved: rank again
         return None
 
-    def _preset(self, cand: Candidate, time_left: float | None,
-                compile_cost: float) -> Candidate | Literal["again"] | None:
-        """A candidate tried before all others (``presets``): compiled, then timed when it
-        fits, whatever the time model predicts; ``None``: not this one (rank on)."""
-        if cand.compiled is None:
-            if time_left is not None and time_left < compile_cost:
-                return None
-            if not self.probed(cand):
-                return None
-            self.screen(cand)
-            return AGAIN
-        if cand.compiled.measurement.status == ERROR:
-            return cand  # recorded as a failed trial
-        if cand.compiled.executable is None:
-            cand.verdict = Verdict.NO_EXECUTABLE
-            return None
-        return cand
+    def _timing_cost(self, cand: Candidate, predicted: float) -> float:
+        """Seconds to time ``cand`` predicted at ``predicted`` (its run, ``short``)."""
+        return self.short.timing_cost(cand.schedule, predicted, self.time_budget)
 
     def close(self) -> None:
         """Release what the compile threads took ahead and stop them."""

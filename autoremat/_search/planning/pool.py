@@ -18,7 +18,7 @@ from autoremat._schedules.policy import Policy
 from autoremat._search.planning.candidates import Candidate, Verdict
 from autoremat._search.planning.predict import Structure
 from autoremat._search.planning.short_scans import short_scan_params
-from autoremat._search.space import neighbours, propose, seeds
+from autoremat._search.space import neighbours, parameters, propose, seeds
 
 #: Random draws in the initial pool.
 POOL_SIZE: Final = 300
@@ -27,9 +27,9 @@ POOL_SIZE: Final = 300
 class Pool(Mapping[str, Candidate]):
     """The candidates by schedule key (module doc), in the space of one problem.
 
-    Attributes:
-      refused: choices the study's probe left out: no longer proposed.
-      taken: keys in the study (measured, or claimed by a worker): not open.
+    Its ``refused`` choices (the study's probe left them out: no longer proposed) and
+    ``taken`` keys (in the study: measured, or claimed by a worker; not open) are read
+    here and set by ``refuse`` and ``take``.
     """
 
     def __init__(self, seq_len: int, platform: str, *, seed: int = 0,
@@ -38,8 +38,8 @@ class Pool(Mapping[str, Candidate]):
         self.seq_len, self.platform, self.fuse = seq_len, platform, fuse
         self.named = dict(named or {})
         self.layer_stack = layer_stack
-        self.refused = refused
-        self.taken: set[str] = set()
+        self._refused = refused
+        self._taken: frozenset[str] = frozenset()
         self.rng = random.Random(seed)
         self._candidates: dict[str, Candidate] = {}
         for schedule, params in seeds(seq_len, platform, refused, fuse):
@@ -48,6 +48,24 @@ class Pool(Mapping[str, Candidate]):
             self.add(*self.propose(p))
         for _ in range(POOL_SIZE):
             self.add(*self.propose({}))
+
+    @property
+    def refused(self) -> frozenset[str]:
+        """Choices the study's probe left out: no longer proposed."""
+        return self._refused
+
+    @property
+    def taken(self) -> frozenset[str]:
+        """Keys in the study (measured, or claimed by a worker): not open."""
+        return self._taken
+
+    def refuse(self, refused: frozenset[str]) -> None:
+        """The choices the study's probe has left out, from now on."""
+        self._refused = refused
+
+    def take(self, keys: set[str] | frozenset[str]) -> None:
+        """The keys the study holds now (every worker's)."""
+        self._taken = frozenset(keys)
 
     def __getitem__(self, key: str) -> Candidate:
         return self._candidates[key]
@@ -92,6 +110,33 @@ class Pool(Mapping[str, Candidate]):
             for schedule, near in neighbours(params, self.seq_len, self.platform, self.rng,
                                              self.refused, self.fuse, self.named):
                 self.add(schedule, near)
+
+    def unrolled(self, key: str) -> list[Candidate]:
+        """The candidates of ``key``'s schedule at each other unroll its innermost scan may
+        take (the space's ``*_unroll`` choices), added; none for a schedule the space did
+        not draw (no params)."""
+        params = self._candidates[key].params
+        names = {k for k in params if k.endswith("_unroll")}
+        if not names:
+            return []
+        out: list[Candidate] = []
+        for param in parameters(params, self.seq_len, self.platform, self.refused, self.fuse,
+                                self.named):
+            if param.name not in names:
+                continue
+            for value in param.choices:
+                if value == params[param.name]:
+                    continue
+                schedule, chosen = propose(  # its own stream: the pool's draws stay as they are
+                    {**params, param.name: value}, self.seq_len, self.platform,
+                    random.Random(0), self.refused, self.fuse, self.named)
+                if any(chosen.get(k) != v for k, v in params.items() if k != param.name):
+                    continue  # a choice not offered here was drawn anew: not its unroll
+                self.add(schedule, chosen)
+                found = self._candidates.get(schedule.key())
+                if found is not None and schedule.key() != key and all(c is not found for c in out):
+                    out.append(found)
+        return out
 
     def open(self) -> list[Candidate]:
         """The candidates still undecided and not in the study, in the pool's order."""

@@ -1,0 +1,113 @@
+"""Compiles paid once: JAX's persistent compilation cache in a study's folder.
+
+A tune compiles a schedule more than once: to size it, again to re-time it beside its
+rivals (``autoremat._search.retime``), to time it at full length
+(``autoremat._search.confirm``), to prove it fits (``autoremat._search.proof``), and again
+in a resumed or repeated tune. JAX can keep each compiled executable on disk, keyed by
+the program, the compiler's options and the device, and read it back instead of
+compiling (its compiled memory figures read alike). ``persistent_cache`` turns that on
+for one tune, in the folder given (``tune``: beside the study's storage), and counts what
+it read back: ``CacheUse``, which the tune's summary reports.
+
+Costs: disk (each executable once, with no limit: delete the folder to reclaim it) and
+the time to write each one (small against the compile). A cache the user configured
+(JAX's ``jax_compilation_cache_dir``, from the environment or ``jax.config``) is used as
+it is, and counted; one turned off (``jax_enable_compilation_cache`` false) stays off. On
+leaving, JAX's settings are as they were.
+
+The counts are JAX's monitoring events (``jax.monitoring``): a compile that looked in the
+cache found its executable (a hit) or did not (a miss). A program JAX does not cache (one
+with host callbacks) is neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+#: JAX's events for a compile that found its executable in the cache, and one that did not.
+HIT: Final = "/jax/compilation_cache/cache_hits"
+MISS: Final = "/jax/compilation_cache/cache_misses"
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """What the persistent compilation cache did during one tune.
+
+    Attributes:
+      folder: where it is (``""``: no cache was used).
+      hits: compiles read back from it.
+      misses: compiles it did not hold (compiled, then written to it).
+      own: ``folder`` is the study's (``False``: the user's own cache).
+    """
+
+    folder: str = ""
+    hits: int = 0
+    misses: int = 0
+    own: bool = True
+
+    @property
+    def rate(self) -> float | None:
+        """Hits over compiles that looked in the cache (``None``: none did)."""
+        looked = self.hits + self.misses
+        return None if looked == 0 else self.hits / looked
+
+
+class _Counts:
+    """Hits and misses counted from JAX's events (compile threads record them too)."""
+
+    def __init__(self) -> None:
+        self.hits = self.misses = 0
+        self.lock = threading.Lock()
+        self.closed = False  # a jax with no way to unregister a listener: it stops counting
+
+    def __call__(self, event: str, **kwargs: Any) -> None:
+        if event in (HIT, MISS) and not self.closed:
+            with self.lock:
+                if event == HIT:
+                    self.hits += 1
+                else:
+                    self.misses += 1
+
+
+@contextlib.contextmanager
+def persistent_cache(folder: Path | None) -> Iterator[Callable[[], CacheUse]]:
+    """JAX's persistent compilation cache in ``folder`` for the block (module doc); what
+    is yielded returns the ``CacheUse`` so far. ``folder`` ``None``: no cache of the
+    study's (a user's own is still counted)."""
+    import jax
+    import jax.monitoring
+    from jax.experimental.compilation_cache import compilation_cache
+
+    config = jax.config
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    before = {name: getattr(config, name) for name in names}
+    users = before["jax_compilation_cache_dir"]
+    enabled = bool(getattr(config, "jax_enable_compilation_cache", True))
+    ours = enabled and not users and folder is not None
+    if ours:
+        assert folder is not None
+        folder.mkdir(parents=True, exist_ok=True)
+        config.update("jax_compilation_cache_dir", str(folder))
+        config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every compile
+        config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        compilation_cache.reset_cache()  # a cache JAX set up before reads the new folder
+    counts = _Counts()
+    where = str(folder) if ours else (str(users) if enabled and users else "")
+    jax.monitoring.register_event_listener(counts)
+    try:
+        yield lambda: CacheUse(where, counts.hits, counts.misses, own=ours)
+    finally:
+        unregister = getattr(jax.monitoring, "unregister_event_listener", None)
+        if unregister is not None:
+            unregister(counts)
+        counts.closed = True
+        if ours:
+            for name, value in before.items():
+                config.update(name, value)
+            compilation_cache.reset_cache()

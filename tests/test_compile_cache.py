@@ -1,0 +1,73 @@
+"""Compiles paid once (``autoremat._measure.compile_cache``): JAX's persistent compilation
+cache in the folder given for the block, its hits counted, JAX's settings as they were
+after; a cache the user set is used as it is."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+from autoremat._cli.printing import cache_words
+from autoremat._measure.compile_cache import persistent_cache
+from autoremat._search.study import TuneResult
+from autoremat._search.tune import compile_cache_folder
+
+
+def compile_twice() -> None:
+    """Two compiles of one program, each from a new ``jit`` (as each tune's compile is)."""
+    x = jnp.ones((8, 8))
+    for _ in range(2):
+        jax.jit(lambda a: jnp.tanh(a @ a).sum()).lower(x).compile()
+
+
+@pytest.fixture
+def no_users_cache() -> Iterator[None]:
+    """No cache configured (the suite sets one for itself): restored after."""
+    before = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()
+
+
+def test_a_program_compiled_twice_is_read_back_the_second_time(
+        tmp_path: Path, no_users_cache: None) -> None:
+    folder = tmp_path / "xla_cache"
+    with persistent_cache(folder) as use:
+        compile_twice()
+    found = use()
+    assert found.own and found.folder == str(folder)
+    assert found.hits >= 1 and found.misses >= 1 and found.rate is not None
+    assert any(folder.iterdir())  # the executable is on disk: a later tune reads it back
+    assert jax.config.jax_compilation_cache_dir is None  # as it was
+    result = TuneResult("s", "sqlite://", 1, None, None, None, None, 0, 0, compile_cache=found)
+    assert f"{found.hits} of {found.hits + found.misses} compiles read back" in cache_words(result)
+    with persistent_cache(folder) as again:  # a repeated tune: nothing compiled anew
+        compile_twice()
+    assert again().misses == 0 and again().hits >= 2
+
+
+def test_a_cache_the_user_set_is_used_as_it_is(tmp_path: Path) -> None:
+    users = jax.config.jax_compilation_cache_dir
+    if not users:
+        pytest.skip("no cache configured by the suite (tests/conftest.py sets one)")
+    with persistent_cache(tmp_path / "xla_cache") as use:
+        compile_twice()
+    assert not use().own and use().folder == users
+    assert not (tmp_path / "xla_cache").exists()
+    assert jax.config.jax_compilation_cache_dir == users
+
+
+def test_the_cache_sits_beside_the_studys_storage() -> None:
+    assert compile_cache_folder(None) == Path("runs/xla_cache")
+    assert compile_cache_folder("sqlite:///a/b.db") == Path("a/xla_cache")
+    assert compile_cache_folder("sqlite:///:memory:") is None
+    assert compile_cache_folder("postgresql://u@h/db") == Path("runs/xla_cache")

@@ -1,0 +1,76 @@
+"""Step times within the measured noise of each other are a tie, and the tie goes to the
+smaller schedule, the plain scan last (``autoremat._search.study.tie_break``); the spread
+of a trial's own runs decides (``autoremat._measure.timing.spread``). Made-up figures:
+no step runs."""
+
+from __future__ import annotations
+
+import pytest
+
+import autoremat
+from autoremat._cli.printing import tie_lines
+from autoremat._measure.measurement import OK, Measurement
+from autoremat._measure.timing import spread
+from autoremat._schedules.base import Schedule
+from autoremat._search.study import MAX_TIE, MeasuredTrial, TuneResult, tie_break
+
+T = 100
+BUDGET = 10**9
+PLAIN = autoremat.plain(T)
+NESTED = autoremat.nested([10, 10], ["nothing_saveable", "everything_saveable"])
+OTHER = autoremat.nested([4, 25], ["nothing_saveable", "everything_saveable"])
+
+
+def trial(number: int, schedule: Schedule, samples: tuple[float, ...],
+          total: int) -> MeasuredTrial:
+    seconds = sorted(samples)[len(samples) // 2]
+    return MeasuredTrial(number, schedule, Measurement(
+        schedule.key(), OK, "", total_bytes=total, step_seconds=seconds, step_samples=samples,
+        timed_seq_len=T))
+
+
+def test_the_spread_of_a_steps_runs_is_their_range_over_the_median_one_outlier_aside() -> None:
+    assert spread(()) == spread((1.0,)) == 0.0  # no spread known
+    assert spread((1.0, 1.02, 1.01)) == pytest.approx(0.02 / 1.01)
+    assert spread((1.0, 1.0, 1.01, 2.0)) == pytest.approx(0.01)  # the slowest of four left out
+
+
+def test_a_smaller_schedule_within_the_noise_of_the_plain_scan_is_picked() -> None:
+    """The quick start on a busy CPU: plain 2.154 s, a nested schedule 0.1% slower at
+    1/28 of its memory, both timed with runs 2% apart: the nested one is the pick, and the
+    result says what it tied with."""
+    fastest = trial(0, PLAIN, (2.140, 2.154, 2.184), 697_000_000)
+    small = trial(1, NESTED, (2.150, 2.156, 2.190), 24_700_000)
+    pick = tie_break([fastest, small], BUDGET, T)
+    assert pick is not None and pick.pick is small and pick.fastest is fastest
+    assert pick.tied and pick.fastest_is_plain
+    assert pick.memory_ratio == pytest.approx(697 / 24.7)
+    assert pick.noise == pytest.approx(max(spread(t.measurement.step_samples)
+                                           for t in (fastest, small)))
+    result = TuneResult("s", "sqlite://", BUDGET, small.schedule, small, fastest, small, 2, 2,
+                        tie=pick)
+    line = " ".join(tie_lines(result))
+    assert "within noise of the plain scan (trial 0" in line and "28.2x less memory" in line
+
+
+def test_outside_the_noise_the_fastest_wins_and_among_ties_the_plain_scan_comes_last() -> None:
+    steady = (1.000, 1.001, 1.002)  # a TPU's runs: 0.2% apart
+    fastest = trial(0, NESTED, steady, 100)
+    slower = trial(1, OTHER, (1.010, 1.011, 1.012), 10)  # 1% slower: past the noise
+    pick = tie_break([fastest, slower], BUDGET, T)
+    assert pick is not None and pick.pick is fastest and not pick.tied
+    # one run each: no spread known, no tie
+    lone = [trial(0, NESTED, (1.0,), 100), trial(1, OTHER, (1.0001,), 10)]
+    assert tie_break(lone, BUDGET, T).pick.number == 0  # type: ignore[union-attr]
+    # a wide spread ties no more than MAX_TIE
+    wide = (1.0, 1.3, 1.5)
+    far = [trial(0, NESTED, wide, 100), trial(1, OTHER, (1.3 * (1 + MAX_TIE) * 1.01,) * 3, 10)]
+    assert tie_break(far, BUDGET, T).pick.number == 0  # type: ignore[union-attr]
+    # tied with the plain scan, plain loses even where it is not the largest
+    noisy = (1.0, 1.02, 1.04)
+    tied = [trial(0, NESTED, noisy, 200), trial(1, PLAIN.with_fuse(True), noisy, 100)]
+    assert tie_break(tied, BUDGET, T).pick.number == 0  # type: ignore[union-attr]
+    # over the budget: no part in the tie
+    over = [trial(0, NESTED, noisy, 200), trial(1, OTHER, noisy, BUDGET + 1)]
+    assert tie_break(over, BUDGET, T).pick.number == 0  # type: ignore[union-attr]
+    assert tie_break([], BUDGET, T) is None
