@@ -36,6 +36,9 @@ RETRY_REASON: Final = "retry_reason"
 #: Study user attr of a layer stack with ``checkpoint_name`` tags: what each tag costs
 #: (``presets.LayerCosts.table``: bytes per layer and over all, recompute FLOPs per layer).
 NAME_COSTS: Final = "name_costs"
+#: Study user attr beside it: the dots policies that keep exactly some of those tags
+#: (``checkpoint_names.dot_forms``: policy -> the tags), so an export can write them by name.
+DOT_FORMS: Final = "dot_forms"
 
 #: The study attr holding the probe's outcome (``autoremat._search.probes.probe``): choice
 #: label -> one line.

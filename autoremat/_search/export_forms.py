@@ -21,7 +21,7 @@ from autoremat._errors import TuneError
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.frameworks import FrameworkPolicy, framework_policy
-from autoremat._search.attrs import NAME_COSTS
+from autoremat._search.attrs import DOT_FORMS, NAME_COSTS
 from autoremat._search.pareto import export_trial
 from autoremat._search.study import StudyInfo, choose, measured_trials, trial_schedule
 
@@ -101,6 +101,14 @@ def study_tags(study: optuna.Study) -> tuple[str, ...]:
     return tuple(str(r["name"]) for r in rows if isinstance(r, dict) and "name" in r)
 
 
+def study_dots(study: optuna.Study | None) -> dict[str, tuple[str, ...]]:
+    """The dots policies the study recorded as keeping exactly some tags (``DOT_FORMS``)."""
+    found = study.user_attrs.get(DOT_FORMS) if study is not None else None
+    if not isinstance(found, dict):
+        return {}
+    return {str(p): tuple(map(str, t)) for p, t in found.items() if isinstance(t, list)}
+
+
 def framework_export(study: optuna.Study, number: int | None = None,
                      fmt: str = "maxtext") -> FrameworkExport:
     """Trial ``number`` (default: the study's pick) in format ``fmt``; where ``fmt`` cannot
@@ -118,10 +126,10 @@ def framework_export(study: optuna.Study, number: int | None = None,
         number = pick.number
     schedule = export_trial(study, number)  # first: its error names the trial
     info = StudyInfo.of(study)
-    tags = study_tags(study)
+    tags, dots = study_tags(study), study_dots(study)
     m = next(t.measurement for t in measured_trials(study) if t.number == number)
     out = FrameworkExport(fmt, schedule, _figures(number, schedule, m, info.budget_bytes),
-                          framework_policy(schedule, tags), info.budget_bytes)
+                          framework_policy(schedule, tags, dots), info.budget_bytes)
     if out.expressible:
         return out
     return _with_nearest(out, study, tags)
@@ -143,7 +151,8 @@ def schedule_export(schedule: Schedule, fmt: str = "maxtext",
                       else None, step if isinstance(step, (int, float)) else None,
                       isinstance(budget, int) and isinstance(total, int) and total <= budget)
     tags = study_tags(study) if study is not None else ()
-    out = FrameworkExport(fmt, schedule, figures, framework_policy(schedule, tags),
+    out = FrameworkExport(fmt, schedule, figures,
+                          framework_policy(schedule, tags, study_dots(study)),
                           budget if isinstance(budget, int) else None)
     if out.expressible or study is None:
         return out
@@ -156,9 +165,10 @@ def nearest_expressible(study: optuna.Study, fmt: str,
     (ties: less memory, then the lower number); when none fits, the one with the least
     memory (the nearest the budget); ``None`` when ``fmt`` can write none of them."""
     info = StudyInfo.of(study)
+    dots = study_dots(study)
     found = [(t, form) for t in measured_trials(study)
              if t.measurement.fit_bytes is not None
-             and expressible(form := framework_policy(t.schedule, tags), fmt)]
+             and expressible(form := framework_policy(t.schedule, tags, dots), fmt)]
     fits = [(t, f) for t, f in found if t.measurement.fits(info.budget_bytes)]
     if fits:
         t, form = min(fits, key=lambda p: (p[0].measurement.step_seconds or 0.0,
@@ -170,7 +180,7 @@ def nearest_expressible(study: optuna.Study, fmt: str,
     schedule = trial_schedule(study, t, info)
     return FrameworkExport(fmt, schedule,
                            _figures(t.number, schedule, t.measurement, info.budget_bytes),
-                           framework_policy(schedule, tags), info.budget_bytes)
+                           framework_policy(schedule, tags, dots), info.budget_bytes)
 
 
 def _with_nearest(out: FrameworkExport, study: optuna.Study,
