@@ -19,6 +19,8 @@ missing here)::
         revolve         Revolve's tables: where to snapshot, what to redo
         frameworks      a schedule as MaxText's remat_policy: custom keys and Flax's
                         remat policy, or why it has no such form
+        maxtext_names   MaxText's remat keys, tags and presets, pinned from its source
+                        (maxtext_names.json, studies/maxtext_inventory.py)
     _scan/        -> builder: run a scan under a schedule
         scan            autoremat.scan: lax.scan semantics, dispatch to the kind's run()
         as_tuned        does a scan run the program its schedule was tuned with (stacked
