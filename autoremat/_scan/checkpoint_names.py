@@ -27,14 +27,14 @@ from autoremat._scan.jax_internals import (
     CALLS,
     CHECKPOINT_NAME,
     CHECKPOINT_NAME_PARAM,
-    NUM_CARRY,
-    NUM_CONSTS,
+    LENGTH,
     REMAT,
     SAME_BYTES,
     SCAN,
     SCAN_BODY,
     Jaxpr,
     Literal,
+    scan_split,
     sub_jaxprs,
 )
 from autoremat._schedules.base import Schedule
@@ -84,7 +84,7 @@ def scanned_values(jaxpr: Jaxpr, length: int) -> dict[str, TaggedValue]:
     found: dict[str, TaggedValue] = {}
     for inner in _all_jaxprs(jaxpr):
         for eqn in inner.eqns:
-            if eqn.primitive is SCAN and eqn.params.get("length") == length:
+            if eqn.primitive is SCAN and eqn.params.get(LENGTH) == length:
                 found.update(tagged_values(eqn.params[SCAN_BODY].jaxpr))
     return dict(sorted(found.items()))
 
@@ -123,11 +123,11 @@ def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
     has none."""
     for inner in _all_jaxprs(jaxpr):
         for eqn in inner.eqns:
-            if eqn.primitive is SCAN and eqn.params.get("length") == length:
+            if eqn.primitive is SCAN and eqn.params.get(LENGTH) == length:
                 body = eqn.params[SCAN_BODY].jaxpr
                 dots = [e for j in _all_jaxprs(body) for e in j.eqns if e.primitive.name == _DOT]
                 no_batch = [e for e in dots if not e.params["dimension_numbers"][1][0]]
-                consts, carry = eqn.params[NUM_CONSTS], eqn.params[NUM_CARRY]
+                consts, carry = scan_split(eqn.params)
                 return StepCosts(scanned_values(jaxpr, length), sum(_dot_flops(e) for e in dots),
                                  sum(_bytes(e.outvars[0].aval) for e in dots),
                                  sum(_bytes(e.outvars[0].aval) for e in no_batch),
@@ -198,10 +198,10 @@ def checkpointed_steps(jaxpr: Jaxpr, min_length: int) -> list[int]:
     found = []
     for inner in _all_jaxprs(jaxpr):
         for eqn in inner.eqns:
-            if eqn.primitive is SCAN and eqn.params["length"] >= min_length and any(
+            if eqn.primitive is SCAN and eqn.params[LENGTH] >= min_length and any(
                     e.primitive is REMAT for j in _all_jaxprs(eqn.params[SCAN_BODY].jaxpr)
                     for e in j.eqns):
-                found.append(int(eqn.params["length"]))
+                found.append(int(eqn.params[LENGTH]))
     return found
 
 

@@ -111,7 +111,7 @@ def analyse(jaxpr: ji.Jaxpr, index: int, heavy: Callable[[Any], bool],
     """
     eqns = jaxpr.eqns
     scan = eqns[index]
-    n_carry = scan.params[ji.NUM_CARRY]
+    _, n_carry = ji.scan_split(scan.params)
     ys = [v for v in scan.outvars[n_carry:] if not ji.is_drop(v)]
     axis: dict[Any, int] = {y: 0 for y in ys}
     depends: set[Any] = set(scan.outvars)
@@ -309,7 +309,7 @@ def fused_step(plan: Analysis, jaxpr: ji.Jaxpr, body_step: Callable[..., Any],
 
     eqns = jaxpr.eqns
     scan = eqns[plan.scan]
-    ys_vars = scan.outvars[scan.params[ji.NUM_CARRY]:]
+    ys_vars = scan.outvars[ji.scan_split(scan.params)[1]:]
     sums = plan.sums
     aligned_pos: dict[Any, int] = {key: i for i, key in enumerate(plan.aligned)}
     invariant: dict[Any, Any] = {}

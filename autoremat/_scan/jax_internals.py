@@ -41,16 +41,18 @@ Literal = jex_core.Literal
 Var = jex_core.Var
 DropVar = jex_core.DropVar
 
+#: The JAX releases these readers are tested on: the floor in ``pyproject.toml`` to the
+#: newest (``tests/test_jax_internals.py`` checks each reader on the installed one).
+SUPPORTED_JAX = ">= 0.7.1"
+
 SCAN = prims.scan_p
 JIT = prims.jit_p
 COND = prims.cond_p
 REMAT = remat_p
 TRANSPOSE = prims.transpose_p
 
-# scan's parameters
+# scan's parameters (how many operands are consts and carries: ``scan_split``)
 SCAN_BODY = "jaxpr"  # a ClosedJaxpr: (consts, carry, x) -> (carry, y)
-NUM_CONSTS = "num_consts"
-NUM_CARRY = "num_carry"
 LENGTH = "length"
 REVERSE = "reverse"
 UNROLL = "unroll"
@@ -61,6 +63,26 @@ REMAT_POLICY = "policy"
 REMAT_PREVENT_CSE = "prevent_cse"
 COND_BRANCHES = "branches"  # tuple of ClosedJaxpr; operand 0 is the branch index
 PERMUTATION = "permutation"
+
+
+def scan_split(params: dict[str, Any]) -> tuple[int, int]:
+    """``(consts, carries)``: how many of a ``scan`` equation's operands are constants and
+    how many are the carry (the rest are the scanned inputs; its outputs are the carry,
+    then the stacked outputs).
+
+    jax < 0.11 states both counts (``num_consts``, ``num_carry``); from 0.11 the operands
+    are a flat tree of three groups (``ft_in``: consts, carry, xs) and the counts are
+    their lengths.
+    """
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    tree = params.get("ft_in")
+    if tree is None:
+        raise NotImplementedError(
+            "this jax's scan states neither num_consts/num_carry nor ft_in; autoremat supports "
+            f"jax {SUPPORTED_JAX}: install one of those")
+    consts, carry, _ = tree.unpack()
+    return len(consts), len(carry)
 
 
 def trace_context() -> Any:

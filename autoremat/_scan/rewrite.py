@@ -74,8 +74,9 @@ def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
         prim, params = eqn.primitive, eqn.params
         if prim is ji.SCAN:
             length, reverse = int(params[ji.LENGTH]), bool(params[ji.REVERSE])
-            start = params[ji.NUM_CONSTS] + params[ji.NUM_CARRY]
-            carry = eqn.invars[params[ji.NUM_CONSTS]:start]
+            n_consts, n_carry = ji.scan_split(params)
+            start = n_consts + n_carry
+            carry = eqn.invars[n_consts:start]
             action = (TOO_SHORT if length < min_length
                       else f"left: inside {blocked}" if blocked else REWRITTEN)
             backward = length >= min_length and any(
@@ -89,7 +90,7 @@ def survey(jaxpr: ji.Jaxpr, min_length: int, inside: tuple[str, ...] = (),
             found.append(FoundScan(length, nbytes([v.aval for v in carry]),
                                    ji.user_location(eqn), inside, action, backward, fusion))
             if length >= min_length:
-                stacked.update({v: (length, reverse) for v in eqn.outvars[params[ji.NUM_CARRY]:]})
+                stacked.update({v: (length, reverse) for v in eqn.outvars[n_carry:]})
             found += survey(params[ji.SCAN_BODY].jaxpr, min_length, (*inside, "scan"), blocked,
                             fuse)
         else:
@@ -248,7 +249,7 @@ class _ScanEqn:
     @classmethod
     def of(cls, eqn: ji.JaxprEqn, read: Callable[[Any], Any], ctx: Context) -> _ScanEqn:
         params = eqn.params
-        n_consts, n_carry = params[ji.NUM_CONSTS], params[ji.NUM_CARRY]
+        n_consts, n_carry = ji.scan_split(params)
         body: ji.ClosedJaxpr = params[ji.SCAN_BODY]
         consts = [read(v) for v in eqn.invars[:n_consts]]
 
