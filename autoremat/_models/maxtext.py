@@ -126,13 +126,16 @@ def maxtext_model(overrides: Sequence[str] = (), config: str | None = None) -> M
     (``key=value``): its layer count and, from one trace of its step under
     ``remat_policy=full``, the tags its scanned layer has."""
     _require()
-    from autoremat._search.named_policies import step_costs
+    import jax
+
+    from autoremat._scan.checkpoint_names import scanned_costs
 
     model = MaxTextModel(tuple(overrides), config or base_config(), 0)
     settings = model.settings(["remat_policy=full"])
     layers = int(settings.num_decoder_layers)
     step, args = maxtext_step(settings)
-    costs = step_costs(step, args, layers) if settings.scan_layers else None
+    costs = scanned_costs(jax.make_jaxpr(step)(*args).jaxpr, layers) \
+        if settings.scan_layers else None
     return MaxTextModel(model.overrides, model.config, layers, bool(settings.scan_layers),
                         costs.tags if costs is not None else {})
 

@@ -12,5 +12,6 @@ is proved to fit (``proof``). The study: its storage and lock (``storage``), ope
 resumed (``resume``), read (``study``; the last one tuned from a folder:
 ``last_study``), the names written into it (``attrs``), its Pareto front, as data
 (``pareto``; its table and plot are ``autoremat._cli``'s) and its answer in the user's
-framework (``export_forms``).
+framework (``export_forms``). Apart from the study: a MaxText model tuned by its own
+remat knobs, each measured as MaxText's train step (``maxtext_knobs``).
 """
