@@ -341,3 +341,14 @@ def test_the_dots_picks_named_form_compiles_to_the_same_total() -> None:
     totals = [measure(problem, s, run=False).total_bytes
               for s in (autoremat.nested([2], ["dots_with_no_batch_dims_saveable"]), named)]
     assert totals[0] is not None and totals[0] == totals[1]
+
+
+def test_the_maxtext_block_says_what_context_and_unread_names_are() -> None:
+    from autoremat._cli.export_text import maxtext_lines
+    from autoremat._search.export_forms import schedule_export
+
+    found = schedule_export(_saving("context", "my_gate"), "maxtext")
+    text = "\n".join(maxtext_lines(found))
+    assert "context: device" in text and "flash kernels' saved residuals" in text
+    assert "names MaxText's custom policy does not read (MaxText 0.2.5; it recomputes " \
+        "them): my_gate (the schedule: saved)" in text

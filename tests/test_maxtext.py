@@ -120,3 +120,29 @@ def test_a_tiny_maxtext_decoder_tuned_end_to_end(tmp_path: Path) -> None:
     assert again.total_bytes is not None and pick.measurement.total_bytes is not None
     assert abs(again.total_bytes - pick.measurement.total_bytes) <= \
         0.02 * pick.measurement.total_bytes
+
+
+@needs_maxtext
+@pytest.mark.slow  # five compiles of MaxText's train step
+def test_maxtext_honours_the_names_the_export_writes(tmp_path: Path) -> None:
+    """On MaxText's default (gated, dot-product) block, compiled by MaxText: ``context``
+    and ``mlpwi`` name nothing (the same memory as ``full``); ``attention_out`` and
+    ``mlpwi_0`` / ``mlpwi_1``, the names the export writes, are saved."""
+    from autoremat._measure.measure import compile_step
+    from autoremat._models.maxtext import MaxTextModel, base_config
+
+    sizes = ["base_emb_dim=128", "head_dim=32", "base_mlp_dim=256", "max_target_length=512",
+             "per_device_batch_size=2"]  # the layers' residuals decide the peak
+    model = MaxTextModel((*TINY, *sizes, f"base_output_directory={tmp_path}"), base_config(), 4)
+
+    def total(*keys: str) -> int:
+        step, args = model.step(["remat_policy=custom", *keys] if keys else
+                                ["remat_policy=full"])
+        found = compile_step(step, args).measurement.total_bytes
+        assert found is not None
+        return found
+
+    full = total()
+    assert total("context=device") == full and total("mlpwi=device") == full
+    assert total("attention_out=device") > full
+    assert total("mlpwi_0=device", "mlpwi_1=device") > full
