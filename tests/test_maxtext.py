@@ -39,6 +39,8 @@ TINY = ["hardware=cpu", "attention=dot_product", "base_emb_dim=64", "base_num_qu
 def test_a_schedule_is_maxtexts_remat_keys_or_one_clear_error() -> None:
     tags = CHECKPOINT_NAMES
     assert config_overrides(autoremat.nested([4]), tags) == ["remat_policy=full"]
+    assert config_overrides(autoremat.nested([4], [{"save_only_these_names": [
+        "query_proj", "key_proj", "value_proj"]}]), tags) == ["remat_policy=save_qkv_proj"]
     keys = config_overrides(autoremat.nested([4], [{"save_only_these_names": ["mlpwo"]}]),
                             tags)
     assert keys[0] == "remat_policy=custom" and "mlpwo=device" in keys
@@ -87,10 +89,11 @@ def test_maxtext_loads_every_export_and_saves_the_names_it_says(tmp_path: Path) 
                          True, COSTS)
     for knob in knobs(model, "tpu"):
         settings = model.settings(knob.config)
-        if knob.overrides == ("remat_policy=full",):
-            assert settings.remat_policy == "full"
-            continue
         form = autoremat.framework_policy(knob.schedule, CHECKPOINT_NAMES)
+        if form.maxtext_preset:  # written as MaxText's own preset
+            assert knob.overrides == (f"remat_policy={form.maxtext_preset}",)
+            assert settings.remat_policy == form.maxtext_preset
+            continue
         device = {n for n, v in form.maxtext if v == "device"}
         moved = {n for n, v in form.maxtext if v == "offload"}
         assert settings.remat_policy == "custom"

@@ -62,14 +62,15 @@ def base_config() -> str:
 
 def config_overrides(schedule: Schedule, tags: Sequence[str]) -> list[str]:
     """The MaxText ``key=value`` overrides that run ``schedule`` (one policy on every layer)
-    over a model tagging ``tags``; a ``ProblemError`` saying why when MaxText's
-    ``remat_policy`` cannot write it."""
+    over a model tagging ``tags``: MaxText's preset where one does exactly that to the
+    tags (``full``, ``minimal``, ...), else ``custom`` and its keys; a ``ProblemError``
+    saying why when MaxText's ``remat_policy`` cannot write it."""
     form = framework_policy(schedule, tags)
     if not form.maxtext_ok:
         raise ProblemError(f"schedule: MaxText's remat_policy cannot run "
                            f"{schedule.describe()}: {form.why_not or form.maxtext_why_not}")
-    if form.maxtext_preset == "full":
-        return ["remat_policy=full"]
+    if form.maxtext_preset:  # MaxText's own preset does exactly this to the model's tags
+        return [f"remat_policy={form.maxtext_preset}"]
     return ["remat_policy=custom", *(f"{name}={value}" for name, value in form.maxtext)]
 
 
