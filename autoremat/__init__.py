@@ -19,6 +19,8 @@ missing here)::
         revolve         Revolve's tables: where to snapshot, what to redo
         frameworks      a schedule as MaxText's remat_policy: custom keys and Flax's
                         remat policy, or why it has no such form
+        maxtext_names   MaxText's remat keys, tags and presets, pinned from its source
+                        (maxtext_names.json, studies/maxtext_inventory.py)
     _scan/        -> builder: run a scan under a schedule
         scan            autoremat.scan: lax.scan semantics, dispatch to the kind's run()
         as_tuned        does a scan run the program its schedule was tuned with (stacked
@@ -55,6 +57,8 @@ missing here)::
                   registry (MODELS: builder, settings, the fixes for a floor)
         seed_lstm       the seed LSTM (the original report's step); its mesh rule
         layer_stack     the layer stack: a decoder whose layers are one scan
+        maxtext         a MaxText model (config + overrides) as a Problem: MaxText's own
+                        train step under each remat knob setting (autoremat[maxtext])
     _search/      -> search (Optuna) -> Pareto front -> schedule
         space           what the search can choose: parameters -> Schedule; the seeds
         planning/       which schedule to time next: planner (composes the rest); pool:
@@ -89,13 +93,16 @@ missing here)::
         trial_params    each trial's schedule as Optuna params (dashboards, importance)
         pareto          the front as data: non-dominated trials, the plot's groups, export
         export_forms    export in a framework: a trial's form, or the nearest measured one
+        maxtext_knobs   tune a MaxText model by its own remat knobs: each a MaxText config,
+                        compiled and run as MaxText's train step; the fastest that fits
     _cli/         the command's settings and printing; breakdown_text: the breakdown and the
                   floor in words; front_text: the front's table and JSON; plot: the front
                   drawn (autoremat.plot_front); show_text: what show prints of a schedule;
                   problems: the problem a command runs on, a built-in one from the registry;
                   export_command: the export command,
                   export_text: its MaxText and Flax text; show_command: the show command;
-                  pareto_command: the pareto command; exits: the exit codes' table, how an
+                  pareto_command: the pareto command; maxtext_command: the maxtext
+                  command (a MaxText model tuned by its knobs); exits: the exit codes' table, how an
                   error or a crash is reported; distributed: tune --coordinator, joining a
                   multi-controller job (cli.py is the command)
 

@@ -257,6 +257,13 @@ HOST_PLACEMENT_CALL = "annotate_device_placement"
 #: tag a ``save_only_these_names``-style policy refers to); ``autoremat._scan.checkpoint_names``.
 CHECKPOINT_NAME = "name"
 CHECKPOINT_NAME_PARAM = "name"
+#: Call-like primitives (by name): one inner jaxpr computes their outputs from their
+#: inputs, one to one, so a value passes through them unchanged (``jnp.einsum``'s jit,
+#: custom derivatives, a remat inside the step); ``checkpoint_names.dot_forms`` reads it.
+CALLS = frozenset({"pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
+                   "custom_vjp_call", "custom_vjp_call_jaxpr", "checkpoint", "remat"})
+#: Primitives (by name) that rearrange a value without changing its bytes.
+SAME_BYTES = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "copy"})
 
 
 def distributed_client() -> Any:

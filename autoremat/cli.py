@@ -44,6 +44,7 @@ from autoremat._cli.exits import (
 from autoremat._cli.exits import EXIT_NO_FORM as EXIT_NO_FORM  # 4: no such form
 from autoremat._cli.exits import EXIT_STALE as EXIT_STALE  # 1: does not hold here
 from autoremat._cli.export_command import run_export
+from autoremat._cli.maxtext_command import run_maxtext
 from autoremat._cli.pareto_command import run_pareto
 from autoremat._cli.printing import Progress, result_table
 from autoremat._cli.problems import make_problem
@@ -150,6 +151,26 @@ def _parser() -> argparse.ArgumentParser:
                    "the trial, export the nearest measured trial it can")
     _study_options(e)
 
+    mt = sub.add_parser("maxtext", help="tune a MaxText model by its own remat knobs",
+                        description="Build the MaxText model of OVERRIDE... (MaxText's "
+                        "key=value, over its configs/base.yml or --config) and measure "
+                        "MaxText's own train step under each of its remat knob settings -- "
+                        "remat_policy: full, its presets over the tensors the model tags, "
+                        "custom keys (device / offload / remat per tensor), then the pick "
+                        "with scan_layers flipped; print the fastest within --budget as "
+                        "MaxText config lines. Needs MaxText (Python >= 3.12: pip install "
+                        "'autoremat[maxtext]'); every setting is one compile of MaxText's "
+                        "step.", parents=[common])
+    mt.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                    help="MaxText config overrides, key=value (e.g. base_num_decoder_layers=4)")
+    mt.add_argument("--budget", required=True, help="memory budget per device (4GB, ...)")
+    mt.add_argument("--config", help="a MaxText config file (default: MaxText's base.yml)")
+    mt.add_argument("--limit", type=int, help="measure at most this many knob settings "
+                    "(before the scan_layers one)")
+    mt.add_argument("--out", help="write the pick's config lines to this YAML file")
+    mt.add_argument("--json", action="store_true", help="also print every measurement as "
+                    "JSON")
+
     s = sub.add_parser("show", help="summarize a schedule file",
                        description="Print a schedule file's levels, policies, what it was "
                        "tuned for and its measured figures (per device); exit 1 if it was "
@@ -181,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        return {"tune": _tune, "pareto": _pareto, "export": _export, "show": _show}[
-            args.command](args)
+        return {"tune": _tune, "pareto": _pareto, "export": _export, "show": _show,
+                "maxtext": _maxtext}[args.command](args)
     except UsageError as e:
         report_error(e, debug)
         return EXIT_USAGE
@@ -330,6 +351,13 @@ def _export(args: argparse.Namespace) -> int:
         return run_export(args, _open_study)
     except AutorematError as e:
         raise _usage_error(e) from e
+
+
+def _maxtext(args: argparse.Namespace) -> int:
+    try:
+        return run_maxtext(args)
+    except AutorematError as e:
+        raise _usage_error(e) from None
 
 
 def _show(args: argparse.Namespace) -> int:

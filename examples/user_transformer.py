@@ -66,8 +66,8 @@ class Block(nn.Module):
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim)
         causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
         weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
-        context = self.tag(jnp.einsum("bhqk,bkhd->bqhd", weights, v), "context")
-        x = x + self.tag(nn.DenseGeneral(self.d_model, axis=(-2, -1), name="out")(context),
+        attended = self.tag(jnp.einsum("bhqk,bkhd->bqhd", weights, v), "attention_out")
+        x = x + self.tag(nn.DenseGeneral(self.d_model, axis=(-2, -1), name="out")(attended),
                          "out_proj")
         h = nn.gelu(self.tag(nn.Dense(self.mlp, name="wi")(nn.LayerNorm()(x)), "mlpwi"))
         return x + self.tag(nn.Dense(self.d_model, name="wo")(h), "mlpwo"), None

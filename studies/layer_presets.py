@@ -1,10 +1,11 @@
-"""MaxText-style remat presets against autoremat's pick, on the layer stack (issue 37 item 4).
+"""MaxText's remat presets against autoremat's pick, on the layer stack (issue 37 item 4).
 
 The built-in layer stack (``autoremat --problem layer_stack``: a decoder-only
-transformer, bfloat16 activations, its layers one scan; default 24 layers, d_model
-1024, 16 heads, MLP 4096, 2048 tokens, batch 8) under each preset of ``PRESETS`` --
-MaxText's ``remat_policy`` choices expressed as one policy for every layer over the
-model's checkpoint names, the offloaded ones, no remat, and Flax's own
+transformer shaped like MaxText's default block -- gated MLP, MaxText's tag names --
+bfloat16 activations, its layers one scan; default 24 layers, d_model 1024, 16 heads,
+MLP 4096, 2048 tokens, batch 8) under each preset of ``PRESETS`` -- MaxText's
+``remat_policy`` presets as its source defines them (``maxtext_names``, over the
+stack's tags), JAX's dots policies, the offloaded ones, no remat, and Flax's own
 ``nn.scan(nn.remat(block))`` -- and under ``autoremat.tune``'s pick at three budgets.
 Every figure comes from the same ``autoremat.measure_step`` (compiled memory, the
 device's measured runtime peak, the median step time), in one process.
@@ -51,37 +52,46 @@ from typing import Any
 
 import autoremat
 from autoremat._models.layer_stack import CHECKPOINT_NAMES
+from autoremat._schedules import maxtext_names
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 MB = 10**6
-QKV = ["query_proj", "key_proj", "value_proj"]
+#: The stack's block (``layer_stack``'s shape): results of another shape are not resumed.
+BLOCK = "gated MLP, MaxText's tags"
 OFFLOAD = {"offload_src": "device", "offload_dst": "pinned_host"}
-#: name -> (what it is in MaxText, the policy of every layer as schedule data; None:
+
+
+def maxtext_presets() -> dict[str, tuple[str, Any]]:
+    """MaxText's own presets (``autoremat._schedules.maxtext_names``: read from its source)
+    over the stack's tags, each distinct action once (``presets_over``)."""
+    tags = set(CHECKPOINT_NAMES)
+    out: dict[str, tuple[str, Any]] = {}
+    found = maxtext_names.presets_over(tags, maxtext_names.SEARCHED
+                                       + maxtext_names.SEARCHED_OFFLOADED)
+    for label, (saved, moved) in found.items():
+        what = f"remat_policy={label} (MaxText {maxtext_names.VERSION})"
+        out[label] = (what, {"save_only_these_names": list(saved)} if not moved else
+                      {"save_and_offload_only_these_names": {
+                          "names_which_can_be_saved": list(saved),
+                          "names_which_can_be_offloaded": list(moved), **OFFLOAD}})
+    return out
+
+
+#: name -> (what it is, the policy of every layer as schedule data; None:
 #: flax's nn.scan(nn.remat(block)), not autoremat).
 PRESETS: dict[str, tuple[str, Any]] = {
     "none": ("no remat: every layer's residuals stored", "none"),
     "full": ("remat_policy=full (the default): nothing saved", "nothing_saveable"),
-    "minimal": ("remat_policy=minimal: the weight matmuls' outputs saved",
-                "checkpoint_dots_with_no_batch_dims"),
+    "dots_no_batch": ("JAX's dots_with_no_batch_dims_saveable: the weight matmuls' outputs",
+                      "dots_with_no_batch_dims_saveable"),
     "checkpoint_dots": ("JAX's checkpoint_dots: every matmul's output, attention's too",
                         "checkpoint_dots"),
-    "save_qkv_proj": ("remat_policy=save_qkv_proj", {"save_only_these_names": QKV}),
-    "save_dot_except_mlp": ("remat_policy=save_dot_except_mlp",
-                            {"save_only_these_names": [*QKV, "out_proj"]}),
-    "save_dot_with_context_except_mlp": ("remat_policy=save_dot_with_context_except_mlp",
-                                         {"save_only_these_names": [*QKV, "context",
-                                                                    "out_proj"]}),
-    "save_dot_except_mlpwi": ("remat_policy=save_dot_except_mlpwi",
-                              {"save_only_these_names": [*QKV, "out_proj", "mlpwo"]}),
-    "qkv_proj_offloaded": ("remat_policy=qkv_proj_offloaded",
-                           {"save_and_offload_only_these_names": {
-                               "names_which_can_be_saved": [],
-                               "names_which_can_be_offloaded": QKV, **OFFLOAD}}),
-    "minimal_offloaded": ("remat_policy=minimal_offloaded",
-                          {"offload_dot_with_no_batch_dims": OFFLOAD}),
+    **maxtext_presets(),
+    "offload_dots_no_batch": ("the weight matmuls' outputs offloaded, by kind",
+                              {"offload_dot_with_no_batch_dims": OFFLOAD}),
     "save_all_names": ("every checkpoint name saved (save_only_these_names)",
                        {"save_only_these_names": list(CHECKPOINT_NAMES)}),
     "flax_remat": ("flax nn.scan(nn.remat(block)), nothing_saveable", None),
@@ -116,12 +126,12 @@ class Results:
     def __init__(self, out: Path, sizes: dict[str, int]) -> None:
         self.out, self.path = out, out / "layer_presets.json"
         out.mkdir(parents=True, exist_ok=True)
-        self.data: dict[str, Any] = {"sizes": sizes, "presets": {}, "budgets": None,
-                                     "tunes": {}, "check": None}
+        self.data: dict[str, Any] = {"sizes": sizes, "block": BLOCK, "presets": {},
+                                     "budgets": None, "tunes": {}, "check": None}
         if self.path.exists():
             old = json.loads(self.path.read_text())
-            if old.get("sizes") == sizes:
-                self.data = old
+            if old.get("sizes") == sizes and old.get("block") == BLOCK:
+                self.data = old  # a run of the same stack: resumed
 
     def save(self) -> None:
         self.path.write_text(json.dumps(self.data, indent=1))

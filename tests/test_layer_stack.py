@@ -63,7 +63,7 @@ SCHEDULES = [
     autoremat.nested([2, 3], ["nothing_saveable", "everything_saveable"]),
     autoremat.nested([3, 2], ["nothing_saveable", {"save_only_these_names": ["query_proj",
                                                                              "key_proj"]}]),
-    autoremat.nested([LAYERS], [{"save_anything_except_these_names": ["context", "mlpwi"]}]),
+    autoremat.nested([LAYERS], [{"save_anything_except_these_names": ["attention_out", "mlpwi_0"]}]),
     autoremat.nested([2, 3], ["dots_saveable", OFFLOAD_QKV], unroll=2),
     autoremat.nested([4, 2]),  # 6 layers: one chunk of 4 and a remainder
     autoremat.nested([1, 2, 3], ["nothing_saveable", "nothing_saveable", "dots_saveable"]),
@@ -104,8 +104,10 @@ def test_the_step_tags_maxtexts_names_with_sizes_and_costs(tags: dict[str, Any])
     assert set(tags) == set(CHECKPOINT_NAMES)
     d, mlp, tokens = TINY.d_model, TINY.mlp, TINY.batch * TINY.seq_len
     assert tags["query_proj"].bytes == tokens * d * 4
-    assert tags["mlpwi"].bytes == tokens * mlp * 4
-    assert tags["mlpwi"].flops == 2 * tokens * d * mlp  # its own matmul since the tags before
+    for gate in ("mlpwi_0", "mlpwi_1"):  # the gated MLP's two input projections
+        assert tags[gate].bytes == tokens * mlp * 4
+        assert tags[gate].flops == 2 * tokens * d * mlp  # its own matmul since the tags before
+    assert tags["attention_out"].bytes == tokens * d * 4  # before the output projection
     assert tags["decoder_layer_input"].flops == 0  # the layer's input: nothing to recompute
 
 
@@ -124,11 +126,15 @@ def test_the_probes_instance_is_the_same_stack_small(model: Any) -> None:
 def test_name_policies_are_chains_not_the_power_set(tags: dict[str, Any]) -> None:
     offered = name_policies(tags, offload=False)
     save = [p for label, p in offered.items() if label.startswith("save(")]
-    assert [len(p.names) for p in save] == [3, 6, 8]
+    assert [len(p.names) for p in save] == [3, 6, 9]
     assert all(set(a.names) < set(b.names) for a, b in itertools.pairwise(save))
     assert "decoder_layer_input" not in save[0].names  # free to recompute: kept last
     assert not any(p.name.startswith("save_and_offload") for p in offered.values())
-    assert offered["save_qkv_proj"].names == ("query_proj", "key_proj", "value_proj")  # MaxText
+    # MaxText's presets over the tags the stack has (its kv_proj, qkv_proj, mlpwi: none)
+    assert set(offered["save_qkv_proj"].names) == {"query_proj", "key_proj", "value_proj"}
+    assert set(offered["minimal"].names) == set(CHECKPOINT_NAMES) - {"decoder_layer_input",
+                                                                    "attention_out"}
+    assert "minimal_with_context" not in offered  # it acts as minimal: offered once
     assert any(p.name == "save_and_offload_only_these_names"
                for p in name_policies(tags, offload=True).values())
 
@@ -180,7 +186,7 @@ def test_user_stack_through_from_loss_and_remat_scans(model: Any, reference: Any
                                           optax.adam(1e-3), min_length=LAYERS)
     assert problem.seq_len == LAYERS
     schedule = autoremat.nested([3, 2], ["nothing_saveable", {"save_only_these_names":
-                                                              ["mlpwi"]}])
+                                                              ["mlpwi_0"]}])
     loss = autoremat.remat_scans(model.loss_fn(None), schedule, min_length=LAYERS)
     assert_close(jax.jit(jax.value_and_grad(loss))(params, tokens), reference)
 
@@ -209,7 +215,7 @@ def test_cli_tunes_the_layer_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["pareto", "--storage", f"sqlite:///{tmp_path}/s.db"]) == 0
     table = capsys.readouterr().out  # the tags' costs, from the study
     assert "what each checkpoint name costs" in table
-    assert any(line.split()[:1] == ["mlpwi"] for line in table.splitlines())
+    assert any(line.split()[:1] == ["mlpwi_0"] for line in table.splitlines())
     for argv, message in [
         (["--layers", "4"], "--layers: sizes the built-in layer_stack only; add --problem"),
         (["--problem", "layer_stack", "--hidden", "8"], "--hidden: sizes the built-in LSTM (seed_lstm) only"),

@@ -103,6 +103,7 @@ def test_the_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path) -> Non
                              if re.fullmatch(r"autoremat-[^/]+\.dist-info/licenses/LICENSE", n)), "")
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text, names
     assert "autoremat/py.typed" in names and "autoremat/cli.py" in names
+    assert "autoremat/_schedules/maxtext_names.json" in names  # MaxText's pinned names
 
     venv = tmp_path / "venv"
     made = _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)

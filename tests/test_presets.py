@@ -86,8 +86,9 @@ def test_what_each_policy_keeps_comes_from_the_trace(costs: LayerCosts) -> None:
     assert costs.keeps(Policy("nothing_saveable")) == (0.0, True)
     no_batch, exact = costs.keeps(Policy("dots_with_no_batch_dims_saveable"))
     dots, _ = costs.keeps(Policy("dots_saveable"))
-    # q, k, v, out and the two MLP matmuls; dots adds attention's batched scores and context
-    assert exact and no_batch == tokens * (5 * d + mlp) * 4
+    # q, k, v, out and the gated MLP's three matmuls; dots adds attention's batched scores
+    # and output
+    assert exact and no_batch == tokens * (5 * d + 2 * mlp) * 4
     assert dots > no_batch
     everything, exact = costs.keeps(Policy("none"))
     assert not exact and everything >= dots  # a lower bound
@@ -114,10 +115,10 @@ def test_the_knapsack_keeps_the_most_recompute_within_the_room(costs: LayerCosts
     assert knapsack(costs, 0) == ()
     every = sum(t.bytes for t in tags.values()) * LAYERS
     assert set(knapsack(costs, every)) >= {n for n, t in tags.items() if t.flops > 0}
-    room = tags["mlpwi"].bytes * LAYERS
+    room = tags["mlpwi_0"].bytes * LAYERS
     kept = knapsack(costs, room)
     assert sum(tags[n].bytes for n in kept) * LAYERS <= room
-    assert sum(tags[n].flops for n in kept) >= tags["mlpwi"].flops  # no worse than mlpwi alone
+    assert sum(tags[n].flops for n in kept) >= tags["mlpwi_0"].flops  # no worse than it alone
 
 
 def test_split_gives_the_faster_preset_to_as_many_layers_as_fit() -> None:

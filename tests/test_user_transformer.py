@@ -17,7 +17,7 @@ from tests.helpers import assert_close, load_example
 
 SIZES = {"USER_LAYERS": "4", "USER_D_MODEL": "16", "USER_HEADS": "2", "USER_MLP": "32",
          "USER_SEQ_LEN": "8", "USER_BATCH": "2"}
-NAMES = {"query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi", "mlpwo"}
+NAMES = {"query_proj", "key_proj", "value_proj", "attention_out", "out_proj", "mlpwi", "mlpwo"}
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ words), ``front_text`` (the front's table and JSON), ``plot`` (the front drawn, 
 schedule); ``problems`` (the problem a command runs on: a built-in model from
 ``autoremat._models.MODELS``, or the user's); ``exits``: the exit codes' table and how an
 error or a crash is reported;
-``pareto_command``, ``export_command``, ``show_command``: those commands;
+``pareto_command``, ``export_command``, ``show_command``, ``maxtext_command``: those
+commands;
 ``export_text``: what export prints for MaxText and Flax; ``distributed``: ``tune
 --coordinator``, joining a multi-controller job."""

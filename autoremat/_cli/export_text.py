@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from autoremat._schedules import maxtext_names
 from autoremat._schedules.frameworks import DEVICE, OFFLOAD, REMAT
 from autoremat._search.export_forms import Figures, FrameworkExport
 from autoremat._units import format_bytes, format_seconds
@@ -39,10 +40,14 @@ def maxtext_lines(found: FrameworkExport) -> list[str]:
         lines.append(f"# the same as MaxText's remat_policy: {form.maxtext_preset} over "
                      "these names")
     lines += [f"# note: {note}" for note in form.notes]
+    if any(n == maxtext_names.FLASH_RESIDUAL for n, _ in form.maxtext):
+        lines.append(f"# note: {maxtext_names.FLASH_RESIDUAL} tags MaxText's flash kernels' "
+                     "saved residuals (attention: flash); on the dot-product path the "
+                     "attention's output is attention_out")
     if form.unknown:
-        lines.append("# not MaxText names (its custom policy reads only its own, so MaxText "
-                     "recomputes them): " + ", ".join(f"{n} (the schedule: {_MEANS[v]})"
-                                                      for n, v in form.unknown))
+        lines.append(f"# names MaxText's custom policy does not read (MaxText "
+                     f"{maxtext_names.VERSION}; it recomputes them): "
+                     + ", ".join(f"{n} (the schedule: {_MEANS[v]})" for n, v in form.unknown))
     if form.unroll > 1:
         lines.append(f"# the schedule ran the layer scan with unroll={form.unroll}; MaxText's "
                      "scan_layers does not unroll, so its step time may differ")

@@ -1,5 +1,8 @@
 """The built-in models: the seed LSTM (``seed_lstm``) and the layer stack
-(``layer_stack``), each a ``Problem`` the measurement and the search take like a user's.
+(``layer_stack``), each a ``Problem`` the measurement and the search take like a user's;
+and ``maxtext``, a MaxText model (its config and overrides) as a ``Problem`` run by
+MaxText's own train step (optional: ``autoremat[maxtext]``; not in the registry: the
+``autoremat maxtext`` command builds it).
 
 Their registry, ``MODELS`` (looked up by ``model``): per name, its builder, the settings
 the command line may pass it, and the settings that lower its floor (``FloorFixes``: the

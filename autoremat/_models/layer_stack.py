@@ -3,20 +3,28 @@
 On accelerators the scan people rematerialize is the one over layers (MaxText's
 ``scan_layers``, Flax's ``nn.scan`` over blocks), 12-100 steps of heavy work,
 not a recurrence over 10^4 time steps. ``layer_stack`` is that training step:
-token embedding, ``layers`` pre-norm blocks (RMSNorm, causal multi-head
-attention, RMSNorm, GELU MLP) scanned by ``autoremat.linen.scan`` over
-per-layer parameters, a final norm, a vocabulary readout, next-token
-cross-entropy and Adam(1e-3). Activations are ``dtype`` (bfloat16 by default,
-as TPU users train), parameters and the loss float32.
+token embedding, ``layers`` pre-norm blocks shaped like MaxText's default decoder
+layer (RMSNorm, causal multi-head attention, RMSNorm, a gated MLP:
+``wo(silu(wi_0 h) * wi_1 h)``, MaxText's ``mlp_activations: [silu, linear]``) scanned
+by ``autoremat.linen.scan`` over per-layer parameters, a final norm, a vocabulary
+readout, next-token cross-entropy and Adam(1e-3). Activations are ``dtype``
+(bfloat16 by default, as TPU users train), parameters and the loss float32.
 
-Each block tags its values with ``jax.ad_checkpoint.checkpoint_name``, with
-MaxText's names (``CHECKPOINT_NAMES``), so a schedule's level can keep some of
-them (``save_only_these_names``), offload them (``save_and_offload_only_these_names``)
-or keep all else (``save_anything_except_these_names``), exactly as MaxText's
-``remat_policy`` presets do. The attention is written out (scores and
-probabilities ``(batch, heads, seq, seq)``, as XLA's non-flash attention
-stores them), so a layer's residuals grow with ``seq_len ** 2``: which values a
-schedule keeps matters.
+Each block tags its values with ``jax.ad_checkpoint.checkpoint_name``, with the
+names MaxText's layers give the same values (``CHECKPOINT_NAMES``; MaxText 0.2.5's
+``layers/attentions.py`` and ``layers/linears.py``): the block's input, the three
+projections, the attention's output before its projection (``attention_out``), that
+projection (``out_proj``), the MLP's two input projections (``mlpwi_0``, ``mlpwi_1``)
+and its output (``mlpwo``). So a schedule's level can keep some of them
+(``save_only_these_names``), offload them (``save_and_offload_only_these_names``)
+or keep all else (``save_anything_except_these_names``), and MaxText's
+``remat_policy`` presets act on it as on MaxText's own block. The attention is
+MaxText's ``dot_product`` path, written out (scores and probabilities
+``(batch, heads, seq, seq)``, as XLA's non-flash attention stores them), so a
+layer's residuals grow with ``seq_len ** 2``: which values a schedule keeps
+matters. There is no flash kernel here (on a CPU, dense attention is the only kind
+MaxText runs too), so the tag ``context`` -- MaxText's name for a flash kernel's saved
+residuals -- does not occur.
 
 The problem's ``seq_len`` -- the length of the scan a schedule tiles -- is the
 number of layers; the token sequence length is the model's own ``seq_len``.
@@ -36,9 +44,10 @@ from autoremat._schedules.base import Schedule
 
 #: The values each block tags (MaxText's names, ``layers/attentions.py`` and
 #: ``layers/linears.py``): the block's input, the three attention projections,
-#: the attention's output before its projection, that projection, the MLP's two.
+#: the attention's output before its projection, that projection, the gated MLP's
+#: two input projections and its output.
 CHECKPOINT_NAMES: Final = ("decoder_layer_input", "query_proj", "key_proj", "value_proj",
-                           "context", "out_proj", "mlpwi", "mlpwo")
+                           "attention_out", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
 DTYPES: Final = ("bfloat16", "float32")
 
 
@@ -50,7 +59,7 @@ class LayerStack:
       layers: transformer blocks, the length of the scan a schedule tiles.
       d_model: the model width; ``heads`` must divide it.
       heads: attention heads.
-      mlp: the MLP's hidden width.
+      mlp: the gated MLP's hidden width (each of its two input projections').
       seq_len: tokens per sequence.
       batch: sequences per step.
       vocab: the vocabulary (embedding and readout).
@@ -129,14 +138,19 @@ def decoder(sizes: LayerStack, schedule: Schedule | None, *,
             causal = jnp.tril(jnp.ones((x.shape[1], x.shape[1]), bool))
             scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
             probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-            context = checkpoint_name(jnp.einsum("bhqk,bkhd->bqhd", probs, v), "context")
+            attended = checkpoint_name(jnp.einsum("bhqk,bkhd->bqhd", probs, v),
+                                       "attention_out")
             out = nn.DenseGeneral(sizes.d_model, axis=(-2, -1), use_bias=False, dtype=dtype,
-                                  name="out")(context)
+                                  name="out")(attended)
             x = x + checkpoint_name(out, "out_proj")
             h = nn.RMSNorm(dtype=dtype, name="pre_mlp_norm")(x)
-            wi = checkpoint_name(nn.Dense(sizes.mlp, use_bias=False, dtype=dtype,
-                                          name="wi")(h), "mlpwi")
-            wo = nn.Dense(sizes.d_model, use_bias=False, dtype=dtype, name="wo")(nn.gelu(wi))
+
+            def wi(i: int) -> jax.Array:
+                dense = nn.Dense(sizes.mlp, use_bias=False, dtype=dtype, name=f"wi_{i}")
+                return checkpoint_name(dense(h), f"mlpwi_{i}")
+
+            gated = nn.silu(wi(0)) * wi(1)  # MaxText's mlp_activations: [silu, linear]
+            wo = nn.Dense(sizes.d_model, use_bias=False, dtype=dtype, name="wo")(gated)
             return x + checkpoint_name(wo, "mlpwo"), None
 
     options: dict[str, Any] = {"variable_axes": {"params": 0}, "split_rngs": {"params": True},

@@ -17,17 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from autoremat._errors import ScheduleError
 from autoremat._jax import (
+    CALLS,
     CHECKPOINT_NAME,
     CHECKPOINT_NAME_PARAM,
     LENGTH,
     REMAT,
+    SAME_BYTES,
     SCAN,
     SCAN_BODY,
     Jaxpr,
@@ -101,6 +103,9 @@ class StepCosts:
         stacked parameters).
       carry_bytes: bytes of the scan's carry (a layer stack's activations between
         layers: what remat of each layer stores per layer).
+      dot_forms: the dots policies (``dots_with_no_batch_dims_saveable``,
+        ``dots_saveable``) that keep exactly some of the tagged values (``dot_forms``):
+        policy -> those tags.
     """
 
     tags: dict[str, TaggedValue]
@@ -109,6 +114,7 @@ class StepCosts:
     dot_no_batch_bytes: int
     xs_bytes: int = 0
     carry_bytes: int = 0
+    dot_forms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
@@ -126,8 +132,60 @@ def scanned_costs(jaxpr: Jaxpr, length: int) -> StepCosts | None:
                                  sum(_bytes(e.outvars[0].aval) for e in dots),
                                  sum(_bytes(e.outvars[0].aval) for e in no_batch),
                                  sum(_bytes(v.aval) for v in eqn.invars[consts + carry:]),
-                                 sum(_bytes(v.aval) for v in eqn.invars[consts:consts + carry]))
+                                 sum(_bytes(v.aval) for v in eqn.invars[consts:consts + carry]),
+                                 dot_forms(body))
     return None
+
+
+#: The dots policies ``dot_forms`` reads, and whether each keeps batched matmuls too.
+DOTS_POLICIES: Final = {"dots_with_no_batch_dims_saveable": False, "dots_saveable": True}
+
+
+def dot_forms(body: Jaxpr) -> dict[str, tuple[str, ...]]:
+    """The dots policies that keep exactly what a policy over names would in this step:
+    every matmul output the policy keeps is tagged (directly, or after a transpose or
+    reshape, through ``jnp.einsum``'s jit), and those tags name nothing else. Policy ->
+    those tags (sorted); a policy with no such form is absent. The tags then say the
+    same as the policy: ``save_only_these_names`` of them keeps the same bytes."""
+    no_batch: dict[int, bool] = {}  # matmul (its equation's id) -> without batch dims
+    tagged: dict[int, str] = {}  # matmul -> the tag naming its output
+    other: set[str] = set()  # tags naming a value that is no matmul's output
+
+    def walk(jaxpr: Jaxpr, origin: dict[Any, int]) -> None:
+        for eqn in jaxpr.eqns:
+            ins = [None if isinstance(v, Literal) else origin.get(v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name == _DOT:
+                no_batch[id(eqn)] = not eqn.params["dimension_numbers"][1][0]
+                origin[eqn.outvars[0]] = id(eqn)
+            elif name in SAME_BYTES and ins and ins[0] is not None:
+                origin[eqn.outvars[0]] = ins[0]
+            elif name == CHECKPOINT_NAME:
+                tag = str(eqn.params[CHECKPOINT_NAME_PARAM])
+                if ins[0] is None:
+                    other.add(tag)
+                else:
+                    tagged[ins[0]] = tag
+            for inner in sub_jaxprs(eqn.params):
+                call = name in CALLS and len(inner.invars) == len(eqn.invars)
+                pairs = zip(inner.invars, ins, strict=True) if call else iter(())
+                inside = {v: o for v, o in pairs if o is not None}
+                walk(inner, inside)
+                if call and len(inner.outvars) == len(eqn.outvars):
+                    outs = zip(eqn.outvars, inner.outvars, strict=True)
+                    origin.update({out: inside[v] for out, v in outs
+                                   if not isinstance(v, Literal) and v in inside})
+
+    walk(body, {})
+    out: dict[str, tuple[str, ...]] = {}
+    for policy, batched in DOTS_POLICIES.items():
+        kept = [d for d, plain in no_batch.items() if plain or batched]
+        if kept and all(d in tagged for d in kept):
+            names = {tagged[d] for d in kept}
+            if not names & other and not any(tagged[d] in names for d in tagged
+                                             if d not in kept):
+                out[policy] = tuple(sorted(names))
+    return out
 
 
 def checkpointed_steps(jaxpr: Jaxpr, min_length: int) -> list[int]:

@@ -6,7 +6,8 @@ The base ``Schedule`` (``autoremat._schedules.base``) knows no kind; beside it,
 with its builder (``nested``/``nested_scan``, its search space ``nested_space``;
 ``groups``, built on ``nested_scan``; ``binomial``/``binomial_scan``/
 ``binomial_backward`` over ``revolve``'s tables); ``frameworks`` writes a schedule as
-MaxText's and Flax's one remat policy per layer, where it is one. This module
+MaxText's and Flax's one remat policy per layer, where it is one, with MaxText's names
+and presets from ``maxtext_names`` (pinned from its source). This module
 imports every kind module, registers each class in ``KINDS`` (``kind:`` name
 -> class), and dispatches on it: ``from_data`` (a YAML mapping -> the kind's
 object), ``parse_schedule`` / ``read_schedule`` / ``dump_schedule`` /

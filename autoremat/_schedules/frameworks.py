@@ -2,26 +2,30 @@
 
 MaxText, Flax (``nn.remat`` / ``nnx.remat`` inside ``nn.scan`` / ``nnx.scan``) and most
 layer-stack code give every layer of the stack one ``jax.checkpoint`` policy. A schedule
-says the same when it is the nested kind with one level (``24 save(context,mlpwo)``:
+says the same when it is the nested kind with one level (``24 save(attention_out,mlpwo)``:
 each of the 24 steps under that policy) or groups that all share one policy. Anything
 else -- several levels (chunks of layers), groups with different policies, binomial --
 has no such form; ``framework_policy`` says why (``why_not``), and the study side
 (``autoremat._search.export_forms``) finds the nearest schedule that has one.
 
 MaxText (``configs/base.yml``): ``remat_policy: custom`` reads one key per name it knows
-(``MAXTEXT_NAMES``), each ``device`` (saved), ``offload`` (moved to host memory) or
-``remat`` (recomputed), and builds ``save_and_offload_only_these_names(
-names_which_can_be_saved=<device>, names_which_can_be_offloaded=<offload>,
-offload_src="device", offload_dst="pinned_host")``. So it expresses exactly the policies
-over names that keep or offload them to pinned host memory, and ``nothing_saveable``
-(every name ``remat``); a policy by kind of value (the dots policies), one that keeps
-what is not named (``save_anything_except_these_names``) or no remat at all has no
-``custom`` form. A name the problem tags that MaxText does not read is flagged
-(``unknown``): MaxText cannot save it. ``decoder_layer_input`` is never ``remat`` in
-MaxText (base.yml: it is the layers' remat start point); a pick that recomputes it gets
-``device`` with a note: it tags the layer's input, which remat of each layer keeps
-anyway (``jax.checkpoint`` saves its arguments): the built-in stack compiles to the same
-total either way (``tests/test_export.py``).
+(``MAXTEXT_NAMES``: the pinned reading of MaxText's source, ``maxtext_names``), each
+``device`` (saved), ``offload`` (moved to host memory) or ``remat`` (recomputed), and
+builds ``save_and_offload_only_these_names(names_which_can_be_saved=<device>,
+names_which_can_be_offloaded=<offload>, offload_src="device", offload_dst="pinned_host")``.
+So it expresses exactly the policies over names that keep or offload them to pinned host
+memory, and ``nothing_saveable`` (every name ``remat``); one that keeps what is not named
+(``save_anything_except_these_names``) or no remat at all has no ``custom`` form, and a
+policy by kind of value (the dots policies) has one only where the step says which of
+its tags are exactly what that policy keeps (``dots``: every matmul output it keeps is
+one tagged value). A name the problem tags that MaxText's custom policy does not read is
+flagged (``unknown``): MaxText cannot save it. A block that does to the problem's names
+what one of MaxText's presets does (its name list restricted to them: ``minimal`` on a
+model without ``kv_proj``) is named as that preset (``maxtext_preset``).
+``decoder_layer_input`` is never ``remat`` in MaxText (base.yml: it is the layers' remat
+start point); a pick that recomputes it gets ``device`` with a note: it tags the layer's
+input, which remat of each layer keeps anyway (``jax.checkpoint`` saves its arguments):
+the built-in stack compiles to the same total either way (``tests/test_export.py``).
 
 Flax: every one-policy-per-layer pick is a ``policy=`` argument
 (``flax_policy``: the ``jax.checkpoint_policies`` call as Python source), or no remat at
@@ -30,31 +34,30 @@ all (``policy`` ``none``). Pure Python: nothing here imports jax.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from autoremat._schedules import maxtext_names
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.policy import NO_REMAT, Policy, _as_names
 
-#: The names MaxText's ``remat_policy: custom`` reads (its config keys, base.yml's order).
-MAXTEXT_NAMES: Final = ("decoder_layer_input", "context", "mlpwi", "mlpwi_0", "mlpwi_1",
-                        "mlpwo", "query_proj", "key_proj", "value_proj", "qkv_proj", "out_proj")
+#: The names MaxText's ``remat_policy: custom`` reads (its config keys, base.yml's order),
+#: from the pinned inventory of its source (``maxtext_names``).
+MAXTEXT_NAMES: Final = maxtext_names.NAMES
 #: What each key may say: recomputed, saved on the device, moved to host memory.
 REMAT, DEVICE, OFFLOAD = "remat", "device", "offload"
 #: The one name MaxText never recomputes.
 LAYER_INPUT: Final = "decoder_layer_input"
-#: MaxText's name presets (label -> the names saved), for a note when the block equals one.
-MAXTEXT_PRESETS: Final = {
-    "save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
-    "save_out_proj": ("out_proj",),
-    "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
-    "save_dot_with_context_except_mlp": ("query_proj", "key_proj", "value_proj", "context",
-                                         "out_proj"),
-    "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
-}
+#: The dots policies by each of their names (``checkpoint_names.DOTS_POLICIES``'s), the
+#: offloading one by what it keeps on the device otherwise.
+_OFFLOAD_DOTS: Final = "offload_dot_with_no_batch_dims"
+_DOTS: Final = {"dots_saveable": "dots_saveable", "checkpoint_dots": "dots_saveable",
+                "dots_with_no_batch_dims_saveable": "dots_with_no_batch_dims_saveable",
+                "checkpoint_dots_with_no_batch_dims": "dots_with_no_batch_dims_saveable",
+                _OFFLOAD_DOTS: "dots_with_no_batch_dims_saveable"}
 #: Where MaxText's custom policy moves what it offloads (``Policy.kwargs`` form).
 _MAXTEXT_OFFLOAD: Final = {"offload_src": "device", "offload_dst": "pinned_host"}
 
@@ -71,8 +74,8 @@ class FrameworkPolicy:
       maxtext: MaxText's ``custom`` keys, ``(name, remat|device|offload)`` in base.yml's
         order, for the names MaxText reads; empty when it has no form (``maxtext_why_not``).
       maxtext_why_not: why MaxText's ``custom`` policy cannot say it ("" when it can).
-      maxtext_preset: MaxText's own preset that equals the block (``save_qkv_proj``,
-        ``full``), or "".
+      maxtext_preset: MaxText's own preset that does what the block does to these names
+        (``save_qkv_proj``, ``minimal``, ``qkv_proj_offloaded``, ``full``), or "".
       unknown: the problem's names MaxText does not read, with what the schedule does with
         each (``remat`` / ``device`` / ``offload``); MaxText cannot save or offload them.
       notes: where the MaxText block differs from the schedule (``decoder_layer_input``).
@@ -120,11 +123,14 @@ def layer_policy(schedule: Schedule, recurrence: bool = False) -> tuple[Policy |
                   "under one policy")
 
 
-def framework_policy(schedule: Schedule, names: Iterable[str] = (), *,
+def framework_policy(schedule: Schedule, names: Iterable[str] = (),
+                     dots: Mapping[str, tuple[str, ...]] | None = None, *,
                      recurrence: bool = False) -> FrameworkPolicy:
     """``schedule`` as MaxText's ``remat_policy: custom`` keys and Flax's ``policy=``, or why
     it has no such form. ``names``: the step's ``checkpoint_name`` tags (a tune's
-    ``TuneResult.checkpoint_names``); the policy's own names are added to them.
+    ``TuneResult.checkpoint_names``); the policy's own names are added to them. ``dots``:
+    the dots policies that keep exactly some of those tags in this problem's step (a
+    study's ``dot_forms``: policy -> the tags), which then have a ``custom`` form.
     ``recurrence``: the scan runs time steps of a recurrence, not layers: the words say so.
     The form is a translation only: it runs the memory/time trade-off the schedule was
     measured at only where every step of the scan is remat under that one policy."""
@@ -133,7 +139,7 @@ def framework_policy(schedule: Schedule, names: Iterable[str] = (), *,
     if policy is None:
         return FrameworkPolicy(line, None, why_not=why, unroll=schedule.unroll)
     tags = tuple(dict.fromkeys([*names, *policy.names]))
-    per_name, maxtext_why = _per_name(policy, tags)
+    per_name, maxtext_why = _per_name(policy, tags, dots or {})
     known = tuple((n, per_name[n]) for n in MAXTEXT_NAMES if n in per_name)
     notes: list[str] = []
     if not maxtext_why and dict(known).get(LAYER_INPUT, DEVICE) == REMAT:
@@ -151,9 +157,15 @@ def framework_policy(schedule: Schedule, names: Iterable[str] = (), *,
         notes=tuple(notes), flax_policy=flax_source(policy))
 
 
-def _per_name(policy: Policy, tags: tuple[str, ...]) -> tuple[dict[str, str], str]:
+def _per_name(policy: Policy, tags: tuple[str, ...],
+              dots: Mapping[str, tuple[str, ...]]) -> tuple[dict[str, str], str]:
     """What ``policy`` does with each tag, and why MaxText's custom policy cannot say it
     ("" when it can)."""
+    kept = dots.get(_DOTS.get(policy.name, ""))
+    offloads = policy.name == _OFFLOAD_DOTS
+    if kept is not None and (not offloads or dict(policy.kwargs) == _MAXTEXT_OFFLOAD):
+        dest = OFFLOAD if offloads else DEVICE
+        return {n: dest if n in kept else REMAT for n in tags}, ""
     if policy.name == "nothing_saveable":
         return dict.fromkeys(tags, REMAT), ""
     if policy.name == "save_only_these_names":
@@ -182,15 +194,12 @@ def _per_name(policy: Policy, tags: tuple[str, ...]) -> tuple[dict[str, str], st
 
 
 def _preset(per_name: dict[str, str]) -> str:
-    """MaxText's preset equal to the block over these names, or ""."""
+    """MaxText's preset that does to these names what the block does, or "" (its names
+    restricted to the problem's: ``maxtext_names.preset_named``)."""
     body = {n: v for n, v in per_name.items() if n != LAYER_INPUT}
-    if OFFLOAD in body.values():
-        return ""
     saved = {n for n, v in body.items() if v == DEVICE}
-    if not saved:
-        return "full"
-    return next((label for label, kept in MAXTEXT_PRESETS.items()
-                 if saved == set(kept) and set(kept) <= set(body)), "")
+    moved = {n for n, v in body.items() if v == OFFLOAD}
+    return maxtext_names.preset_named(saved, moved, frozenset(body))
 
 
 def flax_source(policy: Policy) -> str:

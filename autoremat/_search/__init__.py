@@ -14,5 +14,6 @@ resumed (``resume``), read (``study``; the last one tuned from a folder:
 params: ``trial_params``), what ``tune`` logs as it goes (``tune_log``), its Pareto front,
 as data
 (``pareto``; its table and plot are ``autoremat._cli``'s) and its answer in the user's
-framework (``export_forms``).
+framework (``export_forms``). Apart from the study: a MaxText model tuned by its own
+remat knobs, each measured as MaxText's train step (``maxtext_knobs``).
 """

@@ -41,6 +41,9 @@ NAME_COSTS: Final = "name_costs"
 #: heavy steps, ``planning.presets.is_layer_stack``), ``False`` for a recurrence over time
 #: steps; a study without it is a layer stack where it holds ``NAME_COSTS``.
 LAYER_STACK: Final = "layer_stack"
+#: Study user attr beside it: the dots policies that keep exactly some of those tags
+#: (``checkpoint_names.dot_forms``: policy -> the tags), so an export can write them by name.
+DOT_FORMS: Final = "dot_forms"
 
 #: The study attr holding the probe's outcome (``autoremat._search.probes.probe``): choice
 #: label -> one line.

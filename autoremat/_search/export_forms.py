@@ -24,6 +24,7 @@ from autoremat._errors import TuneError
 from autoremat._measure.measurement import Measurement
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.frameworks import FrameworkPolicy, framework_policy
+from autoremat._search.attrs import DOT_FORMS
 from autoremat._search.pareto import export_trial
 from autoremat._search.study import (
     StudyInfo,
@@ -111,6 +112,14 @@ def check_format(fmt: str) -> str:
     return fmt
 
 
+def study_dots(study: optuna.Study | None) -> dict[str, tuple[str, ...]]:
+    """The dots policies the study recorded as keeping exactly some tags (``DOT_FORMS``)."""
+    found = study.user_attrs.get(DOT_FORMS) if study is not None else None
+    if not isinstance(found, dict):
+        return {}
+    return {str(p): tuple(map(str, t)) for p, t in found.items() if isinstance(t, list)}
+
+
 def framework_export(study: optuna.Study, number: int | None = None,
                      fmt: str = "maxtext") -> FrameworkExport:
     """Trial ``number`` (default: the study's pick) in format ``fmt``; where ``fmt`` cannot
@@ -129,9 +138,10 @@ def framework_export(study: optuna.Study, number: int | None = None,
     schedule = export_trial(study, number)  # first: its error names the trial
     info = StudyInfo.of(study)
     tags, recurrence = checkpoint_names(study), is_recurrence(study)
+    dots = study_dots(study)
     m = next(t.measurement for t in measured_trials(study) if t.number == number)
     out = FrameworkExport(fmt, schedule, _figures(number, schedule, m, info.budget_bytes),
-                          framework_policy(schedule, tags, recurrence=recurrence),
+                          framework_policy(schedule, tags, dots, recurrence=recurrence),
                           info.budget_bytes, recurrence=recurrence, seq_len=info.seq_len)
     if out.expressible:
         return out
@@ -158,7 +168,8 @@ def schedule_export(schedule: Schedule, fmt: str = "maxtext",
     recurrence = is_recurrence(study) if study is not None else meta.get("layer_stack") is False
     seq_len = meta.get("seq_len")
     out = FrameworkExport(fmt, schedule, figures,
-                          framework_policy(schedule, tags, recurrence=recurrence),
+                          framework_policy(schedule, tags, study_dots(study),
+                                           recurrence=recurrence),
                           budget if isinstance(budget, int) else None, recurrence=recurrence,
                           seq_len=seq_len if isinstance(seq_len, int) else None)
     if out.expressible or study is None:
@@ -173,9 +184,11 @@ def nearest_expressible(study: optuna.Study, fmt: str,
     memory (the nearest the budget); ``None`` when ``fmt`` can write none of them."""
     info = StudyInfo.of(study)
     recurrence = is_recurrence(study)
+    dots = study_dots(study)
     found = [(t, form) for t in measured_trials(study)
              if t.measurement.fit_bytes is not None
-             and expressible(form := framework_policy(t.schedule, tags, recurrence=recurrence),
+             and expressible(form := framework_policy(t.schedule, tags, dots,
+                                                      recurrence=recurrence),
                              fmt, recurrence)]
     fits = [(t, f) for t, f in found if t.measurement.fits(info.budget_bytes)]
     if fits:
@@ -188,7 +201,7 @@ def nearest_expressible(study: optuna.Study, fmt: str,
     schedule = trial_schedule(study, t, info)
     return FrameworkExport(fmt, schedule,
                            _figures(t.number, schedule, t.measurement, info.budget_bytes),
-                           framework_policy(schedule, tags, recurrence=recurrence),
+                           framework_policy(schedule, tags, dots, recurrence=recurrence),
                            info.budget_bytes, recurrence=recurrence, seq_len=info.seq_len)
 
 

@@ -13,9 +13,12 @@ offers, per level, beside the fixed policies (``autoremat._schedules.nested_spac
 * where offload is offered (GPU, TPU; each choice probed before the study offers
   it, ``autoremat._search.probes.probe``), ``save_and_offload_only_these_names``
   moving the same prefixes to host memory;
-* MaxText's ``remat_policy`` presets (``MAXTEXT``) whose tags the step has all of,
-  under MaxText's names (``save_qkv_proj``, ...): what a user of such a model would
-  pick by hand, tried first on a layer stack (``autoremat._search.planning.presets``).
+* MaxText's ``remat_policy`` presets (``maxtext_names.SEARCHED``, and where offload is
+  offered ``SEARCHED_OFFLOADED``) that save or offload one of the step's tags, under
+  MaxText's names (``save_qkv_proj``, ``minimal``, ...), each over the tags the step has
+  (``maxtext_names.presets_over``: what the preset does on this model): what a user of
+  such a model would pick by hand, tried first on a layer stack
+  (``autoremat._search.planning.presets``).
 
 The trade-off: the ranking is an estimate from the trace (bytes and matmul
 FLOPs), which keeps the space small -- a few choices per level -- and the
@@ -30,6 +33,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from autoremat._schedules import maxtext_names
+from autoremat._schedules.maxtext_names import SEARCHED, SEARCHED_OFFLOADED
 from autoremat._schedules.platforms import OFFLOAD_PLATFORMS
 from autoremat._schedules.policy import Policy, offload_names
 
@@ -38,17 +43,6 @@ if TYPE_CHECKING:
 
 #: Fractions of the ranked tags each family offers (rounded up, duplicates dropped).
 SUBSETS: Final = (1 / 3, 2 / 3, 1.0)
-_QKV: Final = ("query_proj", "key_proj", "value_proj")
-#: MaxText's name presets (``remat_policy``; maxtext ``layers/decoders.py``): label ->
-#: the tags kept; ``qkv_proj_offloaded`` moves the same tags to host memory.
-MAXTEXT: Final[dict[str, tuple[str, ...]]] = {
-    "save_qkv_proj": _QKV,
-    "save_out_proj": ("out_proj",),
-    "save_dot_except_mlp": (*_QKV, "out_proj"),
-    "save_dot_with_context_except_mlp": (*_QKV, "context", "out_proj"),
-    "save_dot_except_mlpwi": (*_QKV, "out_proj", "mlpwo"),
-}
-MAXTEXT_OFFLOADED: Final[dict[str, tuple[str, ...]]] = {"qkv_proj_offloaded": _QKV}
 #: Labels longer than this list the first tags and a count.
 _LABEL_NAMES: Final = 4
 
@@ -92,12 +86,12 @@ def name_policies(tags: Mapping[str, Any], offload: bool) -> dict[str, Policy]:
     if offload:
         for k in counts:
             out[_label("offload", names[:k])] = offload_names(names[:k])
-    for label, kept in MAXTEXT.items():
-        if set(kept) <= set(names):
-            out[label] = Policy("save_only_these_names", args=kept)
-    for label, kept in MAXTEXT_OFFLOADED.items():
-        if offload and set(kept) <= set(names):
-            out[label] = offload_names(kept)
+    for label, (kept, _) in maxtext_names.presets_over(set(names), SEARCHED).items():
+        out[label] = Policy("save_only_these_names", args=kept)
+    if offload:
+        for label, (_, moved) in maxtext_names.presets_over(set(names),
+                                                            SEARCHED_OFFLOADED).items():
+            out[label] = offload_names(moved)
     return out
 
 

@@ -84,7 +84,7 @@ from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
-from autoremat._search.attrs import LAYER_STACK, NAME_COSTS
+from autoremat._search.attrs import DOT_FORMS, LAYER_STACK, NAME_COSTS
 from autoremat._search.bound import BOUND_ATTR, Bound, scan_bound
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
@@ -260,6 +260,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
             n_trials = _trials_worth(bound, info)
         if layers is not None and costs is not None and costs.tags:
             study.set_user_attr(NAME_COSTS, layers.table())
+            study.set_user_attr(DOT_FORMS, {p: list(t) for p, t in costs.dot_forms.items()})
         named = named_policies({} if costs is None else costs.tags, info.platform or "")
         guard = _probe_guard(problem, info, study, lock, storage, on_confirm, named)
         search = Worker(problem, info, study, storage_obj, lock, total_trials=total_trials,

@@ -15,9 +15,13 @@ dots policies are what its user would try first too.
 1. The study's only seed is ``full`` (every layer keeps nothing: the smallest preset,
    Flax's ``nn.remat`` and MaxText's default).
 2. Then the presets (``preset_labels``, in that order) come before any other
-   candidate: ``minimal`` (``dots_with_no_batch_dims``), ``checkpoint_dots``, no remat,
-   MaxText's name presets over the step's tags, saving every tag, and the offloaded
-   ones where the study's probe passed. Each is compiled and timed when it fits, never
+   candidate: JAX's ``dots_with_no_batch_dims_saveable`` (the weight matmuls' outputs;
+   on a MaxText-shaped block what MaxText's ``minimal`` saves), ``dots_saveable``, no
+   remat, MaxText's name presets over the step's tags (``minimal``, ``save_qkv_proj``,
+   ...: each restricted to the names the step tags, ``maxtext_names.presets_over``),
+   saving every tag, then the offloaded ones where the study's probe passed: the
+   weight matmuls' outputs offloaded, and MaxText's ``qkv_proj_offloaded`` and
+   ``minimal_offloaded`` over the tags. Each is compiled and timed when it fits, never
    ruled out by the time model's guess, so the pick is never slower than a preset
    measured to fit.
 3. Where a run decides the fit (a TPU or GPU: ``device_memory.VALIDATED``), a preset
@@ -64,10 +68,10 @@ from autoremat._measure import device_memory
 from autoremat._schedules.base import SHORT_SCAN, Schedule
 from autoremat._schedules.binomial import BinomialSchedule
 from autoremat._schedules.groups import GroupsSchedule
+from autoremat._schedules.maxtext_names import SEARCHED, SEARCHED_OFFLOADED
 from autoremat._schedules.nested import NestedSchedule
 from autoremat._schedules.nested_space import policy_choices
 from autoremat._schedules.policy import NO_REMAT, Policy
-from autoremat._search.named_policies import MAXTEXT, MAXTEXT_OFFLOADED
 from autoremat._search.planning.candidates import Candidate
 from autoremat._search.planning.layer_costs import (
     MARGIN,
@@ -86,7 +90,8 @@ if TYPE_CHECKING:
 HEAVY_FLOPS: Final = 1e4
 #: The fixed presets, by their label in the search space (``nested_space.POLICIES``).
 FIXED: Final = ("dots_no_batch", "dots", NO_REMAT)
-#: The platform's own offloaded preset (MaxText's ``minimal_offloaded``).
+#: The weight matmuls' outputs offloaded (by kind; MaxText's ``minimal_offloaded`` is by
+#: name, among the named presets).
 OFFLOADED: Final = ("offload_step",)
 
 
@@ -105,8 +110,8 @@ def preset_labels(platform: str, named: Mapping[str, Policy],
     save_all = max((label for label, p in named.items() if p.name == "save_only_these_names"
                     and label.startswith("save(")), key=lambda lb: len(named[lb].names),
                    default=None)
-    labels = [*FIXED, *(lb for lb in MAXTEXT if lb in named), *([save_all] if save_all else []),
-              *OFFLOADED, *(lb for lb in MAXTEXT_OFFLOADED if lb in named)]
+    labels = [*FIXED, *(lb for lb in SEARCHED if lb in named), *([save_all] if save_all else []),
+              *OFFLOADED, *(lb for lb in SEARCHED_OFFLOADED if lb in named)]
     return [lb for lb in labels if (lb == NO_REMAT or lb in choices) and lb not in refused]
 
 
