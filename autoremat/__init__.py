@@ -78,6 +78,8 @@ missing here)::
                         the planner first proposes it, and the combinations it proposes;
                         cache: the verdicts beside the storage
         named_policies  policies over the problem's own checkpoint_name tags, per level
+        bound           what scheduling can save at most: the step as written and at its
+                        least memory, compiled before the search
         tune            the search: open the study, run a worker, confirm, prove, answer;
                         lockstep: every process of a multi-controller job, process 0 deciding;
                         tune_log: each trial and the answer on the "autoremat" logger, and

@@ -1,6 +1,7 @@
 """The search: a schedule that fits a budget, found by measuring, as an Optuna study.
 
-``tune`` runs it (on every process of a multi-controller job: ``lockstep``): the space
+``tune`` runs it (on every process of a multi-controller job: ``lockstep``), first
+measuring what scheduling can save at most (``bound``): the space
 of schedules (``space``; ``named_policies``: policies over a step's own checkpoint
 names), the cost models and the planner (``planning``: its pool, standings, judge,
 compiles ahead, offload twins and a layer stack's presets; one set of arguments for

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
+from autoremat._measure.measure import compile_schedule
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import nested, plain
 from autoremat._schedules.base import Schedule
@@ -99,8 +100,6 @@ def scan_bound(problem: Problem, built: tuple[Step, tuple[Any, ...]] | None = No
     """Compile ``problem``'s step as written (``built``: its plain build, when the caller has
     it) and under ``least_memory``; ``None`` when either fails to build or compile (the
     search then finds out and says so per trial)."""
-    from autoremat._measure.measure import compile_schedule
-
     start = time.monotonic()
     least = least_memory(problem.seq_len, True if problem.fuse_choice else None)
     totals = []
