@@ -70,7 +70,7 @@ def test_a_negligible_bound_times_the_plain_scan_only(hybrid: autoremat.Problem,
 
 def test_nothing_fits_says_the_least_memory_and_why(hybrid: autoremat.Problem,
                                                      tmp_path: Any) -> None:
-    result = autoremat.tune(hybrid, "1MB", storage=f"sqlite:///{tmp_path}/s.db",
+    result = autoremat.tune(hybrid, "100KB", storage=f"sqlite:///{tmp_path}/s.db",
                             time_limit=None)
     assert result.best is None and result.measured == 0
     message = nothing_fits_message(result)
