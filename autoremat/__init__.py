@@ -88,11 +88,12 @@ missing here)::
                   floor in words; front_text: the front's table and JSON; plot: the front
                   drawn (autoremat.plot_front); show_text: what show prints of a schedule;
                   problems: the problem a command runs on, a built-in one from the registry;
+                  tune_command: the tune command (TuneSettings read, the answer printed);
                   export_command: the export command,
                   export_text: its MaxText and Flax text; show_command: the show command;
                   pareto_command: the pareto command; exits: the exit codes' table, how an
                   error or a crash is reported; distributed: tune --coordinator, joining a
-                  multi-controller job (cli.py is the command)
+                  multi-controller job (cli.py is the parser)
 
     shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations)
     public:  __init__, cli, linen, nnx, bounds (Revolve's optimum; any schedule's cost)

@@ -179,7 +179,9 @@ def test_library_errors_get_their_flag_names(
     assert lines[1].startswith("autoremat: error: --study-name: no study 'nope' in sqlite:///")
     assert lines[2].startswith("autoremat: error: --study-name: none given and no "
                                "runs/last_study.json")
-    assert lines[3].startswith("autoremat: error: --problem: expected 'package.module:name'")
+    assert lines[3].startswith("autoremat: error: --problem: 'no_colon' is neither a built-in "
+                               "problem (seed_lstm, layer_stack) nor your own as "
+                               "'package.module:name'")
     assert "missing.yaml" in lines[4]  # the file is read first; its path is not a flag
     assert lines[5].startswith("autoremat: error: --seq-len: expected a positive integer")
     assert lines[6].startswith("autoremat: error: --hidden: only resizes the built-in")

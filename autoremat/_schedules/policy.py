@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from autoremat._errors import ScheduleError
+from autoremat._errors import ScheduleError, did_you_mean
 
 #: Zero-argument members of ``jax.checkpoint_policies`` (the last two are
 #: aliases that JAX keeps for old code).
@@ -85,7 +85,7 @@ class Policy:
         if self.name not in ALL_POLICY_NAMES:
             raise ScheduleError(
                 f"policy: unknown policy {self.name!r}; valid: "
-                f"{', '.join(ALL_POLICY_NAMES)}"
+                f"{', '.join(ALL_POLICY_NAMES)}{did_you_mean(self.name, ALL_POLICY_NAMES)}"
             )
         if self.name in FACTORY_POLICIES:
             if not self.args and not self.kwargs:
@@ -180,7 +180,7 @@ class Policy:
                 raise ScheduleError(
                     f"{where}: {name!r} is not a policy factory; factories: "
                     f"{', '.join(FACTORY_POLICIES)} (zero-argument policies are "
-                    "plain strings)"
+                    f"plain strings){did_you_mean(str(name), FACTORY_POLICIES)}"
                 )
             if isinstance(value, str):
                 value = [value]
