@@ -36,6 +36,7 @@ from autoremat._cli.exits import EXIT_CRASH as EXIT_CRASH
 from autoremat._cli.exits import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    end_lost,
     exit_table,
     report_crash,
     report_error,
@@ -63,6 +64,7 @@ from autoremat._models import MODELS
 from autoremat._search.export_forms import FORMATS
 from autoremat._search.last_study import LAST_STUDY_FILE as LAST_STUDY_FILE
 from autoremat._search.last_study import last_study_ref
+from autoremat._search.lockstep import LockstepLost
 from autoremat._search.study import load_study
 
 if TYPE_CHECKING:
@@ -214,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         report_error(e, debug)
         return EXIT_USAGE
+    except LockstepLost as e:  # a tune on many processes: exit EXIT_LOST at once
+        end_lost(e)
     except KeyboardInterrupt:
         print("autoremat: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from autoremat._cli.exits import EXIT_LOST
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.peers import combine
-from autoremat._search.lockstep import EXIT_LOST
 from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -74,7 +74,7 @@ from autoremat._errors import BudgetError, ProblemError, TuneError, one_line
 from autoremat._measure.breakdown import argument_parts
 from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.mesh import layout
-from autoremat._measure.peers import active as active_peers
+from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
@@ -174,30 +174,33 @@ def tune(
         named study was made for another problem, argument shapes, device or
         budget.
 
+      ProblemError: the problem's step cannot be built.
+      LockstepLost: in a lockstep tune, another process of the job was lost (its
+        message says which); the same call on every process resumes the study.
+
     With ``jax.process_count() > 1`` every process of the job makes this same call:
     process 0 decides and alone writes the study and ``out``, every process compiles and
     runs each schedule, and all return the same result (``autoremat._search.lockstep``).
-      ProblemError: the problem's step cannot be built.
     """
     import jax
 
     beat = parse_whole_seconds(heartbeat, "heartbeat")
     search = functools.partial(
-        _tune, problem, parse_bytes(budget_bytes, "budget"), n_trials=n_trials,
+        _tune, budget_bytes=parse_bytes(budget_bytes, "budget"), n_trials=n_trials,
         total_trials=total_trials,
         limit=None if time_limit is None else parse_duration(time_limit, "time_limit"),
         explore_front=explore_front, storage=storage, study_name=study_name, seed=seed,
         out=out, time_budget=parse_duration(time_budget, "time_budget"),
         heartbeat=beat, on_trial=on_trial,
         on_confirm=on_confirm)
-    if jax.process_count() > 1 and active_peers() is None:  # every process runs this call
+    if jax.process_count() > 1 and peers_of(problem) is None:  # every process runs this call
         from autoremat._search.lockstep import in_lockstep
 
         return in_lockstep(problem, beat, search)
-    return search()
+    return search(problem)
 
 
-def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
+def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
           total_trials: int | None, limit: float | None, explore_front: bool,
           storage: str | None, study_name: str | None, seed: int, out: str | Path | None,
           time_budget: float, heartbeat: int, on_trial: OnTrial | None,
@@ -225,7 +228,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
                         time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
                         explore_front=explore_front, seed=seed, built=built,
                         # in lockstep, no risky choice: its probe would run on process 0 alone
-                        refused=guard.refused if active_peers() is None else guard.labels,
+                        refused=guard.refused if peers_of(problem) is None else guard.labels,
                         guard=guard, named=named, layer_costs=layers)
         del built
         interrupted = search.run(n_trials, None if limit is None else
