@@ -107,7 +107,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autoremat import bounds as bounds
-from autoremat._cli.plot import plot_study as plot_front
 from autoremat._errors import AutorematError as AutorematError
 from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
@@ -146,10 +145,11 @@ from autoremat._search.study import load_study as load_study
 from autoremat._search.tune import tune as tune
 from autoremat._units import parse_bytes as parse_bytes
 
-if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getattr__
+if TYPE_CHECKING:  # at run time these load lazily (jax; the command line's), see __getattr__
     from autoremat import linen as linen
     from autoremat import nnx as nnx
     from autoremat._scan.remat_scans import remat_scans as remat_scans
+    from autoremat._cli.plot import plot_study as plot_front
     from autoremat._scan.scan import scan as scan
 
 
@@ -213,7 +213,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: these import jax (and flax), which --help must not pay for.
+    # Lazy: these import jax (and flax), which --help must not pay for; plot_front is the
+    # command line's (``autoremat._cli.plot``), loaded when first used.
     if name == "scan":
         from autoremat._scan.scan import scan
 
@@ -230,4 +231,8 @@ def __getattr__(name: str) -> Any:
         import autoremat.nnx as nnx
 
         return nnx
+    if name == "plot_front":  # the command line's drawing: the library does not load _cli
+        from autoremat._cli.plot import plot_study
+
+        return plot_study
     raise AttributeError(f"module 'autoremat' has no attribute {name!r}")

@@ -239,3 +239,21 @@ def test_a_combination_label_keeps_labels_that_hold_a_plus() -> None:
     assert guard.refused_combinations == {guard.labels} and guard.refused == frozenset()
     assert guard.lines() == {label: f"{LEFT_OUT}: compile failed: x (in a trial, not the probe)"}
     assert not guard.allows({"d2_p0": "offload_carries", "d2_p1": "offload(a,b,+3)"})
+
+
+def test_the_cache_reuses_a_compile_failure_for_another_problem_and_nothing_else(
+        tmp_path: Path) -> None:
+    """Read from the verdict's kind (its reason's start, or a trial's compile failure),
+    not from the words appearing anywhere in it."""
+    path = tmp_path / "probes.json"
+    mine = VerdictCache(path, ENV, "tiny|abc")
+    mine.put("a", f"{LEFT_OUT}: compile failed (8x8 at T=64): INTERNAL")
+    mine.put("b", f"{LEFT_OUT}: run failed (8x8 at T=64): RuntimeError: compile failed here")
+    mine.put("c", f"{LEFT_OUT}: at T'=16: compile failed: X (in a trial, not the probe)")
+    mine.put("d", f"{OFFERED}: compiles, loss and gradients match (compile failed nowhere)")
+    other = VerdictCache(path, ENV, "other|def")
+    assert other.get("a") == f"{LEFT_OUT}: compile failed (8x8 at T=64): INTERNAL [found on tiny]"
+    assert other.get("b") is None and other.get("d") is None  # probed again there
+    assert other.get("c") is not None and "[found on tiny]" in other.get("c")
+    assert mine.get("b") == f"{LEFT_OUT}: run failed (8x8 at T=64): RuntimeError: compile " \
+                            "failed here"  # its own problem: whatever it says
