@@ -75,6 +75,8 @@ missing here)::
         tune            the search: open the study, run a worker, confirm, prove, answer;
                         lockstep: every process of a multi-controller job, process 0 deciding
         proof           the proof of fit: the pick runs with only the budget on the device
+        reports         what tune reports as records: its progress (TuneEvent) and the
+                        proof's outcome (ProofOfFit), worded by _cli
         worker          one worker's loop: plan, claim (no schedule twice), measure, count;
                         retime: before it stops, the leader and its challengers run in turn
         resume          open a study or resume one; storage: storages, retries, the lock,
@@ -148,8 +150,8 @@ from autoremat._units import parse_bytes as parse_bytes
 if TYPE_CHECKING:  # at run time these load lazily (jax; the command line's), see __getattr__
     from autoremat import linen as linen
     from autoremat import nnx as nnx
-    from autoremat._scan.remat_scans import remat_scans as remat_scans
     from autoremat._cli.plot import plot_study as plot_front
+    from autoremat._scan.remat_scans import remat_scans as remat_scans
     from autoremat._scan.scan import scan as scan
 
 

@@ -19,6 +19,7 @@ import optuna
 import pytest
 
 import autoremat._search.probes.probe as probe_module
+from autoremat._cli.printing import event_line
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
@@ -30,6 +31,7 @@ from autoremat._search.planning.planner import Planner
 from autoremat._search.probes.cache import CACHE_ENV, VerdictCache, cache_path
 from autoremat._search.probes.guard import ProbeGuard, choices_of, combination
 from autoremat._search.probes.probe import LEFT_OUT, OFFERED, PROBE_LENGTH, Source
+from autoremat._search.reports import ProbeChecked
 from autoremat._search.short_runs import ShortRuns
 from tests.tiny_problem import tiny
 
@@ -73,7 +75,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[Schedule]:
 
 
 def _guard(cache: Path | None, env: str = ENV, problem: str = "tiny|abc",
-           study: optuna.Study | None = None, notes: list[str] | None = None) -> ProbeGuard:
+           study: optuna.Study | None = None, notes: list[ProbeChecked] | None = None) -> ProbeGuard:
     study = study or optuna.create_study(directions=["minimize", "minimize"])
     return ProbeGuard(tiny(PROBE_LENGTH), "tpu", study, _Lock(),  # type: ignore[arg-type]
                       VerdictCache(cache, env, problem),
@@ -81,14 +83,15 @@ def _guard(cache: Path | None, env: str = ENV, problem: str = "tiny|abc",
 
 
 def test_nothing_is_probed_until_a_candidate_uses_a_risky_choice(runs: list[Schedule]) -> None:
-    notes: list[str] = []
+    notes: list[ProbeChecked] = []
     guard = _guard(None, notes=notes)
     assert guard.labels == set(OFFLOAD_POLICIES)
     assert guard.allows(PLAIN) and runs == [] and notes == []  # nothing risky: no compile
     assert guard.allows(DOTS)
     assert labels(guard.probed) == ["offload_dots"]  # that choice only, beside the reference
     assert len(runs) == 2 and guard.lines()["offload_dots"].startswith(f"{OFFERED}: ")
-    assert notes == [f"probe: offload_dots: {guard.lines()['offload_dots']}"]
+    assert [event_line(n) for n in notes] == [
+        f"probe: offload_dots: {guard.lines()['offload_dots']}"]
     assert guard.allows(DOTS) and len(runs) == 2  # known: not probed twice
     assert guard.study.user_attrs[PROBE] == guard.lines()
 
@@ -120,7 +123,7 @@ def test_verdicts_cost_nothing_twice_on_the_same_platform(
     first = _guard(cache)
     assert not first.allows(BOTH)
     n = len(runs)
-    notes: list[str] = []
+    notes: list[ProbeChecked] = []
     again = _guard(cache, notes=notes)  # a new study, the same problem and environment
     assert set(again.lines()) == {"offload_carries", "offload_dots", COMBO}  # read at start
     assert not again.allows(BOTH) and again.allows(DOTS) and len(runs) == n

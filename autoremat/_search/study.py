@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
+    from autoremat._search.reports import ProofOfFit
+
 #: The study attrs a resumed study must match (else it was made for another problem).
 MATCHED_STUDY_ATTRS = ("budget_bytes", "problem", "fingerprint", "device_kind")
 
@@ -231,7 +233,8 @@ class TuneResult:
       confirmed: trials timed on a short run and then at full length
         (``measurement.extrapolated_seconds``: the prediction; ``autoremat._search.confirm``).
       unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
-      proof: what the proof of fit found (``autoremat._search.proof``; "" when none ran).
+      proof: what the proof of fit found (``autoremat._search.proof``; ``None`` when none
+        ran).
     """
 
     study_name: str
@@ -248,7 +251,7 @@ class TuneResult:
     mesh: str = ""
     confirmed: tuple[MeasuredTrial, ...] = ()
     unconfirmed: str = ""
-    proof: str = ""
+    proof: ProofOfFit | None = None
     study_measured: int = 0
     queued: int = 0
     compile_failed: int = 0
@@ -256,7 +259,7 @@ class TuneResult:
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
               measured: int = 0, interrupted: bool = False,
-              unconfirmed: str = "", proof: str = "") -> TuneResult:
+              unconfirmed: str = "", proof: ProofOfFit | None = None) -> TuneResult:
     """The ``TuneResult`` of a study (nothing is measured, nothing written); ``info``: what
     the study was made for, when the caller has it (``tune``), else read from the study."""
     info = info if info is not None else StudyInfo.of(study)

@@ -88,6 +88,7 @@ from autoremat._search.probes.cache import VerdictCache, cache_path, environment
 from autoremat._search.probes.guard import ProbeGuard
 from autoremat._search.probes.probe import RULES
 from autoremat._search.proof import prove_fit
+from autoremat._search.reports import TuneEvent
 from autoremat._search.resume import default_study_name, open_study
 from autoremat._search.storage import (
     DEFAULT_HEARTBEAT,
@@ -120,7 +121,7 @@ def tune(
     time_budget: float | str = DEFAULT_TIME_BUDGET,
     heartbeat: int | str = DEFAULT_HEARTBEAT,
     on_trial: OnTrial | None = None,
-    on_confirm: Callable[[str], None] | None = None,
+    on_confirm: Callable[[TuneEvent], None] | None = None,
 ) -> TuneResult:
     """Find the fastest schedule of ``problem``'s step whose total memory fits.
 
@@ -160,9 +161,12 @@ def tune(
         and retried.
       on_trial: called as ``on_trial(study, frozen_trial)`` after each trial
         (``autoremat._search.study.MeasuredTrial.of(frozen_trial)`` reads it).
-      on_confirm: called with one line before each full-length timing of a
-        schedule timed on short runs (``autoremat._search.confirm``), and with one
-        line per choice the study's probe checked (``autoremat._search.probes.probe``).
+      on_confirm: called with a record of what the search is doing
+        (``autoremat._search.reports.TuneEvent``): ``FullLengthTiming`` before each
+        full-length timing of a schedule timed on short runs (``autoremat._search.confirm``),
+        ``ProbeChecked`` per choice the study's probe checked
+        (``autoremat._search.probes.probe``), ``ProofRetry`` per pick that failed the
+        proof of fit; the command line words them.
 
     Returns:
       A ``TuneResult``; ``best`` is ``None`` when nothing measured fits.
@@ -204,7 +208,7 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
           total_trials: int | None, limit: float | None, explore_front: bool,
           storage: str | None, study_name: str | None, seed: int, out: str | Path | None,
           time_budget: float, heartbeat: int, on_trial: OnTrial | None,
-          on_confirm: Callable[[str], None] | None) -> TuneResult:
+          on_confirm: Callable[[TuneEvent], None] | None) -> TuneResult:
     """``tune`` on its arguments read (a budget in bytes, seconds): from here the budget
     and the problem's facts travel in the study's ``StudyInfo``."""
     import optuna
@@ -238,7 +242,7 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
                                                      time_budget=time_budget, on_confirm=on_confirm)
         kept = search.take_kept()  # the best's executable: the proof runs it
         del search  # its other executables: what they reserve on a device is not the pick's
-        proof = "" if interrupted else prove_fit(study, problem, info, on_confirm, kept)
+        proof = None if interrupted else prove_fit(study, problem, info, on_confirm, kept)
         if kept is not None:
             kept.release()
         result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
@@ -284,7 +288,7 @@ def _refuse_under_arguments(budget_bytes: int, args: tuple[Any, ...],
 
 
 def _probe_guard(problem: Problem, info: StudyInfo, study: Any, lock: StudyLock,
-                 storage: str | None, on_note: Callable[[str], None] | None,
+                 storage: str | None, on_note: Callable[[TuneEvent], None] | None,
                  named: Mapping[str, Policy]) -> ProbeGuard:
     """The study's probe of risky choices, run as the planner first proposes each
     (``autoremat._search.probes.guard``), its verdicts cached beside the storage."""
