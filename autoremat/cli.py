@@ -42,6 +42,8 @@ from autoremat._cli.exits import (
     report_error,
 )
 from autoremat._cli.exits import EXIT_NO_FORM as EXIT_NO_FORM  # 4: no such form
+from autoremat._cli.exits import EXIT_NOTHING_FITS as EXIT_NOTHING_FITS  # 3
+from autoremat._cli.exits import EXIT_OK as EXIT_OK
 from autoremat._cli.exits import EXIT_STALE as EXIT_STALE  # 1: does not hold here
 from autoremat._cli.export_command import run_export
 from autoremat._cli.pareto_command import run_pareto

@@ -222,6 +222,42 @@ class Level:
             object.__setattr__(self, "policy", Policy.from_data(self.policy))
 
 
+def check_levels(field: str, value: Any, most: int) -> tuple[Level, ...]:
+    """``value`` as the ``Level``s a schedule's field holds (1 to ``most``: a nested
+    schedule's levels, a groups schedule's groups).
+
+    Raises:
+      ScheduleError: naming ``field``: not a non-empty list, too many, or an entry that is
+        not a ``Level``.
+    """
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ScheduleError(f"{field}: expected a non-empty list of {{length, policy}} "
+                            f"mappings, got {_show(value)}")
+    if len(value) > most:
+        raise ScheduleError(f"{field}: at most {most} {field}, got {len(value)}")
+    if not all(isinstance(lv, Level) for lv in value):
+        raise ScheduleError(f"{field}: every entry must be an autoremat.Level")
+    return tuple(value)
+
+
+def mapping_of(data: Any, keys: Sequence[str], expected: str,
+               where: str = "") -> Mapping[str, Any]:
+    """``data`` (as YAML gave it) as a mapping holding only ``keys``.
+
+    Raises:
+      ScheduleError: not a mapping (``where: expected <expected>, got ...``; ``where`` is
+        ``schedule`` at the top level), or its first unknown key, by its path, with the
+        valid ones.
+    """
+    if not isinstance(data, Mapping):
+        raise ScheduleError(f"{where or 'schedule'}: expected {expected}, got {_show(data)}")
+    unknown = [k for k in data if k not in keys]
+    if unknown:
+        name = f"{where}.{unknown[0]}" if where else _show(unknown[0])
+        raise ScheduleError(f"{name}: unknown key; valid keys: {', '.join(keys)}")
+    return data
+
+
 def offload_names(names: Sequence[str]) -> Policy:
     """``save_and_offload_only_these_names`` moving the tagged ``names`` to host memory and
     keeping none of them on the device."""
