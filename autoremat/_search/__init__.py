@@ -9,9 +9,10 @@ before it stops runs the leader in turn with its closest challengers: ``retime``
 scans are timed on short runs (``short_runs``) and the pick at full length
 (``confirm``); risky choices are checked when first proposed (``probes``) and the pick
 is proved to fit (``proof``); what ``tune`` reports while it runs, and the proof's
-outcome, are records (``reports``) the command line words. The study: its storage and lock (``storage``), opened or
-resumed (``resume``), read (``study``; the last one tuned from a folder:
-``last_study``), the names written into it (``attrs``), its Pareto front, as data
+outcome, are records (``reports``) the command line words. The study: its storage and
+lock (``storage``), opened or resumed (``resume``), read (``study``; the last one tuned
+from a folder: ``last_study``), the names written into it (``attrs``), its Pareto front,
+as data
 (``pareto``; its table and plot are ``autoremat._cli``'s) and its answer in the user's
 framework (``export_forms``).
 """
