@@ -12,7 +12,6 @@ is proved to fit (``proof``); what ``tune`` reports while it runs, and the proof
 outcome, are records (``reports``) the command line words. The study: its storage and
 lock (``storage``), opened or resumed (``resume``), read (``study``; the last one tuned
 from a folder: ``last_study``), the names written into it (``attrs``), its Pareto front,
-as data
-(``pareto``; its table and plot are ``autoremat._cli``'s) and its answer in the user's
-framework (``export_forms``).
+as data (``pareto``; its table and plot are ``autoremat._cli``'s) and its answer in the
+user's framework (``export_forms``).
 """
