@@ -155,16 +155,16 @@ LAYER_SETTINGS: Final = tuple(s for s in _SIZES if s.name not in MODELS[SEED_LST
 #: seed LSTM's loss, readout and mesh.
 PROBLEM_SETTINGS: Final = (
     *(s for s in _SIZES if s not in LAYER_SETTINGS),
-    Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
+    Setting("seq2seq", f"{SEED_LSTM}: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
-    Setting("fused_readout", "built-in problem: only schedules with the readout and loss "
+    Setting("fused_readout", f"{SEED_LSTM}: only schedules with the readout and loss "
             "inside the scanned step (seq2seq): nothing T-long is stacked, so a schedule removes "
             "almost all temp (default: the search tries fused and unfused)", _boolean,
             default=False, const=True),
-    Setting("unfused_readout", "built-in problem: only schedules with the readout after the "
+    Setting("unfused_readout", f"{SEED_LSTM}: only schedules with the readout after the "
             "scan, as written (its T-long stack of states is a floor under every schedule)",
             _boolean, default=False, const=True),
-    Setting("mesh", "built-in problem on many devices: data=4 splits the batch over 4 devices; "
+    Setting("mesh", f"{SEED_LSTM} on many devices: data=4 splits the batch over 4 devices; "
             "data=2,fsdp=2 also splits parameters and optimizer state over fsdp (FSDP); the "
             "batch defaults to a multiple of the device count. Every figure and --budget are "
             "then per device", _mesh, str, metavar="AXIS=N[,AXIS=N]"),
