@@ -115,3 +115,10 @@ def test_every_built_in_models_sizes_are_options() -> None:
     for model in MODELS.values():
         assert {size.name for size in model.sizes} <= options
         assert set(model.settings) <= options
+
+
+def test_a_conflict_of_the_seeds_settings_names_both_flags(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = _error(["tune", "--last-only", "--fused-readout"], capsys)
+    assert err.startswith("autoremat: error: --fused-readout: the loss on the last state "
+                          "(--last-only) stacks no outputs")

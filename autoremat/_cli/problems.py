@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from autoremat._cli.settings import ProblemSettings, UsageError, flag
+from autoremat._cli.settings import PROBLEM_SETTINGS, ProblemSettings, UsageError, flag
 from autoremat._errors import AutorematError, did_you_mean
 from autoremat._measure.problem import Problem, resolve_problem
 from autoremat._models import MODELS, Model, model
@@ -42,6 +42,9 @@ def make_problem(settings: ProblemSettings) -> Problem:
         name, sep, rest = str(e).partition(": ")
         if sep and name in found.settings:
             shown = settings.flag(name) if name in given else flag(name)
+            for s in PROBLEM_SETTINGS:  # "seq2seq=False" is the flag that stores it
+                if s.const is not None:
+                    rest = rest.replace(f"{s.name}={s.const!r}", s.flag)
             raise UsageError(f"{shown}: {rest}") from e
         raise
 
