@@ -85,6 +85,8 @@ missing here)::
                         tune_log: each trial and the answer on the "autoremat" logger, and
                         the opt-in progress bar
         proof           the proof of fit: the pick runs with only the budget on the device
+        reports         what tune reports as records: its progress (TuneEvent) and the
+                        proof's outcome (ProofOfFit), worded by _cli
         worker          one worker's loop: plan, claim (no schedule twice), measure, count;
                         retime: before it stops, the leader and its challengers run in turn
         resume          open a study or resume one; storage: storages, retries, the lock,
@@ -101,12 +103,13 @@ missing here)::
                   floor in words; front_text: the front's table and JSON; plot: the front
                   drawn (autoremat.plot_front); show_text: what show prints of a schedule;
                   problems: the problem a command runs on, a built-in one from the registry;
+                  tune_command: the tune command (TuneSettings read, the answer printed);
                   export_command: the export command,
                   export_text: its MaxText and Flax text; show_command: the show command;
                   pareto_command: the pareto command; maxtext_command: the maxtext
                   command (a MaxText model tuned by its knobs); exits: the exit codes' table, how an
                   error or a crash is reported; distributed: tune --coordinator, joining a
-                  multi-controller job (cli.py is the command)
+                  multi-controller job (cli.py is the parser)
 
     shared:  _errors (every error kind), _atomic (atomic writes), _units (bytes, durations),
              _jax (every read of JAX's and Flax's internals: jaxpr parameters, tracer
@@ -122,7 +125,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autoremat import bounds as bounds
-from autoremat._cli.plot import plot_study as plot_front
 from autoremat._errors import AutorematError as AutorematError
 from autoremat._errors import BudgetError as BudgetError
 from autoremat._errors import ProblemError as ProblemError
@@ -161,9 +163,10 @@ from autoremat._search.study import load_study as load_study
 from autoremat._search.tune import tune as tune
 from autoremat._units import parse_bytes as parse_bytes
 
-if TYPE_CHECKING:  # at run time both load lazily (they import jax), see __getattr__
+if TYPE_CHECKING:  # at run time these load lazily (jax; the command line's), see __getattr__
     from autoremat import linen as linen
     from autoremat import nnx as nnx
+    from autoremat._cli.plot import plot_study as plot_front
     from autoremat._scan.remat_scans import remat_scans as remat_scans
     from autoremat._scan.scan import scan as scan
 
@@ -228,7 +231,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: these import jax (and flax), which --help must not pay for.
+    # Lazy: these import jax (and flax), which --help must not pay for; plot_front is the
+    # command line's (``autoremat._cli.plot``), loaded when first used.
     if name == "scan":
         from autoremat._scan.scan import scan
 
@@ -245,4 +249,8 @@ def __getattr__(name: str) -> Any:
         import autoremat.nnx as nnx
 
         return nnx
+    if name == "plot_front":  # the command line's drawing: the library does not load _cli
+        from autoremat._cli.plot import plot_study
+
+        return plot_study
     raise AttributeError(f"module 'autoremat' has no attribute {name!r}")

@@ -8,6 +8,9 @@ valid choices; they never name a command-line flag -- the CLI adds those.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class AutorematError(ValueError):
     """Bad input to autoremat; the message names the field and the fix."""
@@ -52,3 +55,10 @@ def one_line(what: str | BaseException, limit: int = 300) -> str:
 class RematScansWarning(UserWarning):
     """``remat_scans`` left a scan as written, or found nothing to rewrite; the message says
     which scan (length, source location) and why."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the choice closest to a mistyped ``word`` (``difflib``),
+    or ``""`` when none is close: the end of a message that lists the valid choices."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -10,6 +10,8 @@ Units (case-insensitive, an optional space before the unit):
 * binary (IEC), powers of 1024: ``KiB`` = 2^10, ``MiB`` = 2^20, ``GiB`` = 2^30,
   ``TiB`` = 2^40 (``Ki``/``Mi``/``Gi``/``Ti`` too).
 * no unit or ``B``: bytes, e.g. ``4000000000``.
+* a capital prefix with a lowercase ``b`` (``4Gb``, ``512Mb``) is the usual spelling of
+  bits: refused, naming the unit, rather than read as bytes.
 
 The result is rounded to whole bytes and must be at least one byte.
 
@@ -33,6 +35,8 @@ _BYTE_UNITS: Final[dict[str, int]] = {
     "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
     "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
 }
+_BIT_WORDS: Final = {"K": "kilo", "M": "mega", "G": "giga", "T": "tera"}
+_POWERS: Final = {"K": 3, "M": 6, "G": 9, "T": 12}
 _PATTERN: Final = re.compile(r"(\d+(?:\.\d+)?|\.\d+) ?([a-zA-Z]*)")
 
 ACCEPTED_FORMS: Final = (
@@ -56,8 +60,17 @@ def parse_bytes(text: str | int, name: str = "budget") -> int:
         return text
     if not isinstance(text, str):
         raise BudgetError(f"{name}: cannot read {text!r}; {ACCEPTED_FORMS}")
+    if text.strip().startswith("-"):
+        raise BudgetError(f"{name}: {text.strip()!r} is negative; give a size of at least "
+                          f"one byte; {ACCEPTED_FORMS}")
     match = _PATTERN.fullmatch(text.strip())
     unit = match.group(2).lower() if match else None
+    if match is not None and re.fullmatch(r"[KMGT]b", match.group(2)):
+        prefix = match.group(2)[0]
+        raise BudgetError(f"{name}: {text.strip()!r} reads as {_BIT_WORDS[prefix]}bits (a "
+                          f"lowercase b is a bit); for bytes write {match.group(1)}{prefix}B "
+                          f"({prefix}B = 10^{_POWERS[prefix]} bytes) or {match.group(1)}"
+                          f"{prefix}iB (2^{_POWERS[prefix] // 3 * 10} bytes)")
     if match is None or unit not in _BYTE_UNITS:
         raise BudgetError(f"{name}: cannot read {text!r}; {ACCEPTED_FORMS}")
     value = float(match.group(1)) * _BYTE_UNITS[unit]

@@ -10,12 +10,14 @@ error naming an argument (``storage: ...``) into one naming its flag
 unless ``--storage`` says otherwise.
 Heavy modules (jax, optuna, matplotlib, tqdm) are imported only inside the
 library functions that use them (no module this one imports loads them), so
-``autoremat --help`` is instant; the tune command's printing is
-``autoremat._cli.printing``; the other commands' handlers are ``_cli.pareto_command``,
-``_cli.export_command`` and ``_cli.show_command``.
+``autoremat --help`` is instant; the commands' handlers are ``_cli.tune_command`` (its
+settings read into a ``TuneSettings``, its printing ``autoremat._cli.printing``),
+``_cli.pareto_command``, ``_cli.export_command`` and ``_cli.show_command``. A mistyped
+option, command, format or built-in problem gets the closest valid one ("did you mean").
 
 Exit codes: one table, ``autoremat._cli.exits.EXIT_CODES`` (0 success, 1 stale, 2 usage
-error, 3 nothing fits, 4 no such form, 70 crash, 130 interrupted), printed by
+error, 3 nothing fits, 4 no such form, 70 crash, 75 lockstep process lost, 130
+interrupted), printed by
 ``autoremat --help``. An error is one line; ``--debug`` adds the traceback of an error
 raised in the user's own code (their ``problem()``).
 """
@@ -24,35 +26,31 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from autoremat import __version__
-from autoremat._cli.breakdown_text import bound_line, nothing_fits_message
-from autoremat._cli.distributed import deciding, join, written_line
 from autoremat._cli.exits import EXIT_CRASH as EXIT_CRASH
 from autoremat._cli.exits import (
     EXIT_INTERRUPTED,
-    EXIT_NOTHING_FITS,
-    EXIT_OK,
     EXIT_USAGE,
+    end_lost,
     exit_table,
     report_crash,
     report_error,
 )
 from autoremat._cli.exits import EXIT_NO_FORM as EXIT_NO_FORM  # 4: no such form
+from autoremat._cli.exits import EXIT_NOTHING_FITS as EXIT_NOTHING_FITS  # 3
+from autoremat._cli.exits import EXIT_OK as EXIT_OK
 from autoremat._cli.exits import EXIT_STALE as EXIT_STALE  # 1: does not hold here
 from autoremat._cli.export_command import run_export
 from autoremat._cli.maxtext_command import run_maxtext
 from autoremat._cli.pareto_command import run_pareto
-from autoremat._cli.printing import Progress, result_table
 from autoremat._cli.problems import make_problem
 from autoremat._cli.settings import (
-    BUILTIN_PROBLEM,
     DEFAULT_STORAGE_HELP,
-    LAYER_SETTINGS,
-    LAYER_STACK,
     PROBLEM_SETTINGS,
     STORAGE_ENV,
     STUDY_FILE_KEYS,
@@ -60,25 +58,17 @@ from autoremat._cli.settings import (
     UsageError,
     add_grouped,
     add_settings,
-    check_settings,
-    flag,
-    given,
-    read_study_file,
-    with_defaults,
     with_flag,
 )
 from autoremat._cli.show_command import run_show
-from autoremat._errors import AutorematError, BudgetError, ScheduleError
-from autoremat._measure.allocator import limit_bytes
-from autoremat._measure.problem import Problem
-from autoremat._models import floor_fixes
+from autoremat._cli.tune_command import run_tune
+from autoremat._errors import AutorematError, ScheduleError, did_you_mean
+from autoremat._models import MODELS
 from autoremat._search.export_forms import FORMATS
 from autoremat._search.last_study import LAST_STUDY_FILE as LAST_STUDY_FILE
-from autoremat._search.last_study import last_study_ref, remember_study
-from autoremat._search.storage import DEFAULT_STORAGE
+from autoremat._search.last_study import last_study_ref
+from autoremat._search.lockstep import LockstepLost
 from autoremat._search.study import load_study
-from autoremat._search.tune import tune
-from autoremat._units import format_bytes, has_unit, parse_bytes
 
 if TYPE_CHECKING:
     import optuna
@@ -87,9 +77,50 @@ _DEBUG_HELP: Final = ("on an error raised in your own code (your problem()), pri
                       "traceback above the one-line message")
 
 
+#: An option's value that starts with a minus (``--budget -1GB``): argparse reads it as an
+#: option, so it is joined to its option (``--budget=-1GB``) and the value's check words it.
+_NEGATIVE: Final = re.compile(r"-[0-9.]")
+#: The options that take a value (a negative one is joined to them, ``_joined``).
+_VALUED: Final = frozenset({*(s.flag for s in TUNE_SETTINGS if s.const is None), "--budget",
+                            "--out", "--storage", "--study-name", "--problem", "--format"})
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        choice = re.fullmatch(r"argument (.*): invalid choice: '(.*)' \(choose from (.*)\)",
+                              message)
+        if choice is not None:  # a mistyped command or --format
+            message += did_you_mean(choice[2], re.findall(r"'([^']*)'", choice[3]))
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _joined(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each option's negative value joined to it (``_NEGATIVE``)."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in _VALUED and _NEGATIVE.match(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _unrecognized(parser: argparse.ArgumentParser, command: str | None,
+                  extra: Sequence[str]) -> UsageError:
+    """The error for arguments no option takes: the first, with the closest option of its
+    command (or of the top level)."""
+    # argparse keeps the options of a parser by their strings (no public reader)
+    options = list(parser._option_string_actions)
+    if command is not None:
+        for action in parser._subparsers._group_actions if parser._subparsers else ():
+            sub = getattr(action, "choices", {}).get(command)
+            if isinstance(sub, argparse.ArgumentParser):
+                options += list(sub._option_string_actions)
+    where = f"autoremat {command}" if command else "autoremat"
+    first = extra[0].split("=", 1)[0]
+    hint = did_you_mean(first, options) if first.startswith("-") else ""
+    return UsageError(f"unrecognized arguments: {' '.join(extra)}{hint} (see '{where} "
+                      "--help')")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -179,8 +210,7 @@ def _parser() -> argparse.ArgumentParser:
                        "schedule (nothing is run) and prints its total memory beside the tuned "
                        "one: exit 1 where they differ by more than 2%.", parents=[common])
     s.add_argument("path", metavar="PATH", help="a schedule YAML file")
-    s.add_argument("--problem", help=f"compare with this problem ({BUILTIN_PROBLEM}, "
-                   f"{LAYER_STACK} or "
+    s.add_argument("--problem", help=f"compare with this problem ({', '.join(MODELS)} or "
                    "module:name / file.py:name)")
     add_settings(s, PROBLEM_SETTINGS)
     return p
@@ -197,8 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     debug = False
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(_joined(sys.argv[1:] if argv is None else argv))
         debug = bool(args.debug)
+        if extra:
+            raise _unrecognized(parser, args.command, extra)
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
@@ -207,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         report_error(e, debug)
         return EXIT_USAGE
+    except LockstepLost as e:  # a tune on many processes: exit EXIT_LOST at once
+        end_lost(e)
     except KeyboardInterrupt:
         print("autoremat: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -220,108 +254,11 @@ def _usage_error(e: AutorematError) -> UsageError:
     return UsageError(str(e) if isinstance(e, ScheduleError) else with_flag(str(e)))
 
 
-def _readout(settings: dict[str, Any]) -> bool | None:
-    """``--fused-readout``: ``True``; ``--unfused-readout``: ``False``; neither: ``None``."""
-    fused, unfused = bool(settings.get("fused_readout")), bool(settings.get("unfused_readout"))
-    if fused and unfused:
-        raise UsageError("--fused-readout, --unfused-readout: each forces one readout; give one, "
-                         "or neither to let the search choose")
-    return True if fused else False if unfused else None
-
-
-def _problem_of(settings: dict[str, Any]) -> Problem:
-    return make_problem(settings.get("problem"), settings.get("seq_len"), settings.get("batch"),
-                        settings.get("hidden"), bool(settings["seq2seq"]), _readout(settings),
-                        settings.get("mesh"),
-                        {s.name: settings.get(s.name) for s in LAYER_SETTINGS})
-
-
 def _tune(args: argparse.Namespace) -> int:
-    settings: dict[str, Any] = {}
-    if args.study_file is not None:
-        settings.update(read_study_file(args.study_file))
-    settings.update(given(args, TUNE_SETTINGS))
-    if settings.get("total_trials") is not None and settings.get("trials") is None:
-        settings["trials"] = settings["total_trials"]
-    settings = with_defaults(settings, TUNE_SETTINGS)
-    if settings["storage"] is None:
-        settings["storage"] = os.environ.get(STORAGE_ENV) or None
-    check_settings(settings)
-
     try:
-        given_budget = settings.get("budget")
-        budget, budget_note = (parse_bytes(given_budget), "") if given_budget is not None \
-            else (0, "")
-        if given_budget is not None and not has_unit(given_budget):
-            print(f"autoremat: warning: --budget {given_budget} has no unit: read as "
-                  f"{budget} bytes; write {given_budget}GB or {given_budget}GiB (or "
-                  f"{given_budget}B for bytes)", file=sys.stderr)
-        # The first line within a second: building the problem starts jax and the device
-        # and makes the arguments (tens of seconds on a fresh accelerator machine).
-        print(f"building the problem ({settings.get('problem') or BUILTIN_PROBLEM}) ...",
-              flush=True)
-        if given_budget is None:
-            budget, budget_note = _default_budget()
-        joined = join(settings.get("coordinator"))  # before jax starts: the job's devices
-        if joined:
-            print(joined, flush=True)
-        return _run_tune(_problem_of(settings), budget, budget_note, settings, args.no_progress)
+        return run_tune(args)
     except AutorematError as e:
         raise _usage_error(e) from e
-
-
-def _default_budget() -> tuple[int, str]:
-    limit = limit_bytes()
-    if limit is not None:
-        return limit, " (device memory; set --budget)"
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), " (host RAM; set --budget)"
-
-
-def _run_tune(problem: Problem, budget: int, budget_note: str, settings: dict[str, Any],
-              no_progress: bool) -> int:
-    notes = "".join(f"\n  note: {n}" for n in problem.notes)  # e.g. a remat inside the step
-    print(f"problem: {problem.name}{notes}\nbudget: {format_bytes(budget)} ({budget} bytes) per "
-          f"device{budget_note}", flush=True)
-    storage = settings["storage"] or DEFAULT_STORAGE
-    remembered: list[str] = []
-
-    def remember(study_name: str) -> None:
-        """The last-study pointer: written once the study is open (its first trial)."""
-        if study_name not in remembered:
-            remember_study(storage, study_name)
-            remembered.append(study_name)
-
-    progress = Progress(settings["trials"], budget, no_progress, remember)
-    try:
-        result = tune(
-            problem, budget, n_trials=settings["trials"],
-            total_trials=settings["total_trials"], time_limit=settings["time_limit"],
-            explore_front=bool(settings["explore_front"]),
-            storage=storage, study_name=settings["study_name"], seed=settings["seed"],
-            out=settings["out"], time_budget=settings["time_budget"],
-            heartbeat=settings["heartbeat"], on_trial=progress.on_trial,
-            on_confirm=progress.note,
-            on_bound=lambda b: progress.note(bound_line(b, settings["trials"] is None)),
-        )
-    except BudgetError as e:  # under the step's arguments: refused before compiling
-        print(f"autoremat: {with_flag(str(e))}", file=sys.stderr)
-        return EXIT_NOTHING_FITS
-    finally:
-        progress.close()
-    if deciding():  # process 0's study: the other processes of a job have none
-        remember(result.study_name)
-    print(result_table(result))
-    if result.best is None:
-        fixes = floor_fixes(settings.get("problem"))
-        print(f"autoremat: {nothing_fits_message(result, flag, fixes)}",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED if result.interrupted else EXIT_NOTHING_FITS
-    print(written_line(settings["out"]))
-    if result.interrupted:
-        print("autoremat: interrupted; finished trials are kept (run again to resume)",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return EXIT_OK
 
 
 def _open_study(args: argparse.Namespace) -> optuna.Study:
@@ -362,7 +299,7 @@ def _maxtext(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     try:
-        return run_show(args, _problem_of)
+        return run_show(args, make_problem)
     except AutorematError as e:
         raise _usage_error(e) from e
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import autoremat
+from autoremat._cli.printing import event_line
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import Measurement
 from autoremat._measure.problem import Problem
@@ -253,7 +254,7 @@ def run_case(case: str, time_budget: float, tune_limit: str | None, rounds: int,
         storage = f"sqlite:///{tmp}/bench.db"
         t0 = time.perf_counter()
         result = tune(problem, budget, storage=storage, study_name=case, time_budget=time_budget,
-                      on_confirm=lambda line: print(f"  {line}", flush=True),
+                      on_confirm=lambda event: print(f"  {event_line(event)}", flush=True),
                       time_limit=tune_limit if tune_limit else DEFAULT_TIME_LIMIT)
         tune_wall = time.perf_counter() - t0
         trials = measured_trials(load_study(case, storage))

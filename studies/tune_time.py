@@ -170,6 +170,7 @@ def child(argv: list[str]) -> int:
     import autoremat._search.tune as tune_module
     import autoremat._search.worker as worker_module
     from autoremat import cli
+    from autoremat._cli import tune_command
 
     real_compile = measure_module.compile_step
 
@@ -234,9 +235,9 @@ def child(argv: list[str]) -> int:
                 _emit(name, start=start, seconds=time.time() - start)
         return wrapper
 
-    real_problem_of = cli._problem_of
+    real_problem_of = tune_command.problem_of
 
-    def problem_of(settings: dict[str, Any]) -> Any:  # after the first line, as the CLI
+    def problem_of(settings: Any) -> Any:  # after the first line, as the CLI
         _emit("building")
         import jax
         import jax.monitoring
@@ -248,7 +249,7 @@ def child(argv: list[str]) -> int:
                 _emit("xla_compile", seconds=duration_secs)
 
         jax.monitoring.register_event_duration_secs_listener(listen)
-        if settings.get("problem") is None:  # the seed's build starts the device itself,
+        if settings.problem is None:  # the seed's build starts the device itself,
             real_devices = jax.devices  # its arrays made meanwhile
 
             def devices(*args: Any, **kwargs: Any) -> Any:
@@ -264,7 +265,7 @@ def child(argv: list[str]) -> int:
             _emit("backend")
         return real_problem_of(settings)
 
-    cli._problem_of = problem_of
+    tune_command.problem_of = problem_of
     measure_module.compile_step = compile_step
     timing_module._Timing.run = timing  # type: ignore[method-assign]
     pool_module.CompilePool.close = close  # type: ignore[method-assign]

@@ -283,3 +283,32 @@ def load_example(name: str, env: Mapping[str, str] | None = None) -> ModuleType:
         sys.modules[spec.name] = module  # flax modules are dataclasses: their module is looked up
         spec.loader.exec_module(module)
     return module
+
+
+def add_measured_trial(study: Any, schedule: Schedule, total: int, step: float | None,
+                       status: str | None = None) -> None:
+    """A finished trial holding a measurement as ``tune`` records it: ``total_bytes``, and
+    ``step_seconds`` where it was timed (``status`` ``ok``; else ``over_budget``, not timed)."""
+    import optuna
+
+    status = status or ("ok" if step is not None else "over_budget")
+    attrs = {"measured": True, "status": status, "feasible": status == "ok",
+             "total_bytes": total, "step_seconds": step, "schedule": schedule.to_data(),
+             "schedule_key": schedule.key(), "reason": ""}
+    study.add_trial(optuna.trial.create_trial(
+        values=[float(total), step if step is not None else float("inf")], user_attrs=attrs))
+
+
+#: Two schedules of a 4-layer stack over its own tags (the stack examples' tests).
+STACK_SCHEDULES = [
+    autoremat.nested([2, 2], ["nothing_saveable", {"save_only_these_names": ["ffn_up"]}]),
+    autoremat.groups([(1, {"save_only_these_names": ["attn_qkv", "ffn_down"]}),
+                      (3, "nothing_saveable")]),
+]
+
+
+def stack_sizes(prefix: str) -> dict[str, str]:
+    """A stack example's tiny sizes, as the environment variables it reads
+    (``<prefix>_LAYERS``, ...): 4 layers, width 16, 2 heads, MLP 32, 8 tokens, batch 2."""
+    sizes = {"LAYERS": 4, "D_MODEL": 16, "HEADS": 2, "MLP": 32, "SEQ_LEN": 8, "BATCH": 2}
+    return {f"{prefix}_{k}": str(v) for k, v in sizes.items()}

@@ -52,6 +52,8 @@ def main() -> None:
     import optuna
 
     import autoremat
+    from autoremat._cli.exits import end_lost
+    from autoremat._search.lockstep import LockstepLost
 
     def on_trial(study: object, trial: optuna.trial.FrozenTrial) -> None:
         if a.print_trials:
@@ -68,10 +70,13 @@ def main() -> None:
 
         problem = dataclasses.replace(problem, build=failing)
     start = time.perf_counter()
-    result = autoremat.tune(problem, autoremat.parse_bytes(a.budget), n_trials=a.trials,
-                            time_budget=a.time_budget, storage=a.storage,
-                            study_name=a.study_name, out=a.out, heartbeat=a.heartbeat,
-                            on_trial=on_trial)
+    try:
+        result = autoremat.tune(problem, autoremat.parse_bytes(a.budget), n_trials=a.trials,
+                                time_budget=a.time_budget, storage=a.storage,
+                                study_name=a.study_name, out=a.out, heartbeat=a.heartbeat,
+                                on_trial=on_trial)
+    except LockstepLost as e:  # as the command does: one line, EXIT_LOST
+        end_lost(e)
     wall = time.perf_counter() - start
     best = result.best_trial
     report: dict[str, object] = {

@@ -55,7 +55,20 @@ def test_autoremat_help_does_not_import_jax() -> None:
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
+def test_tune_from_study_file_then_pareto_export_show(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The tunes run as the command (a process of their own: its exit code and output);
+    pareto, export and show, which read what they wrote, run in this process."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
+
+    def here(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+
     study = tmp_path / "tiny.yaml"
     study.write_text(yaml.safe_dump({
         "problem": TINY, "budget": "2.4KB", "trials": 99, "time_budget": 0.02,
@@ -71,7 +84,7 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["meta"]["study_name"] == "cli" and best["meta"]["total_bytes"] <= 2400
 
-    r = run("pareto", "--json", cwd=tmp_path)  # defaults: the last study run here
+    r = here("pareto", "--json")  # defaults: the last study run here
     assert r.returncode == 0, r.stderr
     front = json.loads(r.stdout)["front"]
     assert front and sum(p["chosen"] for p in front) == 1
@@ -79,12 +92,12 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
     chosen = next(p for p in front if p["chosen"])
     assert chosen["number"] == best["meta"]["trial"]
 
-    r = run("export", str(chosen["number"]), "--out", "exported.yaml", cwd=tmp_path)
+    r = here("export", str(chosen["number"]), "--out", "exported.yaml")
     assert r.returncode == 0, r.stderr
     exported = yaml.safe_load((tmp_path / "exported.yaml").read_text())
     assert exported["levels"] == best["levels"] and exported["unroll"] == best["unroll"]
 
-    r = run("show", "exported.yaml", "--problem", TINY, cwd=tmp_path)
+    r = here("show", "exported.yaml", "--problem", TINY)
     assert r.returncode == 0, r.stderr
     assert "tuned for: tiny(T=32,H=4)" in r.stdout and "matches tiny(T=32,H=4)" in r.stdout
 
@@ -98,11 +111,11 @@ def test_tune_from_study_file_then_pareto_export_show(tmp_path: Path) -> None:
     assert "trial " in last and "warning" not in r.stderr
 
     # the study's front read at a larger budget: the same timed trials, a chosen among them
-    r = run("pareto", "--json", "--budget", "1MB", "--study-name", "cli", cwd=tmp_path)
+    r = here("pareto", "--json", "--budget", "1MB", "--study-name", "cli")
     assert r.returncode == 0, r.stderr
     wider = json.loads(r.stdout)
     assert wider["budget_bytes"] == 10**6 and sum(p["chosen"] for p in wider["front"]) == 1
-    r = run("pareto", "--budget", "1MB", "--study-name", "cli", cwd=tmp_path)
+    r = here("pareto", "--budget", "1MB", "--study-name", "cli")
     assert r.returncode == 0 and "read at --budget 1 MB, not the study's 2.4 KB" in r.stdout
 
 
@@ -179,7 +192,9 @@ def test_library_errors_get_their_flag_names(
     assert lines[1].startswith("autoremat: error: --study-name: no study 'nope' in sqlite:///")
     assert lines[2].startswith("autoremat: error: --study-name: none given and no "
                                "runs/last_study.json")
-    assert lines[3].startswith("autoremat: error: --problem: expected 'package.module:name'")
+    assert lines[3].startswith("autoremat: error: --problem: 'no_colon' is neither a built-in "
+                               "problem (seed_lstm, layer_stack) nor your own as "
+                               "'package.module:name'")
     assert "missing.yaml" in lines[4]  # the file is read first; its path is not a flag
     assert lines[5].startswith("autoremat: error: --seq-len: expected a positive integer")
     assert lines[6].startswith("autoremat: error: --hidden: only resizes the built-in")

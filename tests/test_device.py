@@ -18,8 +18,10 @@ import pytest
 
 import autoremat
 from autoremat import Schedule, scan, seed_lstm
+from autoremat._cli.printing import proof_line
 from autoremat._measure import device_memory, within
 from autoremat._measure.measure import compile_schedule, measure
+from autoremat._search.reports import ProofOfFit, ProofOutcome
 from autoremat._search.tune import tune
 
 pytestmark = pytest.mark.device
@@ -88,7 +90,9 @@ def test_tune_writes_a_pick_that_passed_its_proof(platform: str, tmp_path: Path,
     result = tune(seed_lstm(seq_len=T), budget, n_trials=4, time_budget=0.2, out="s.yaml")
     assert result.best is not None and result.best_trial is not None
     assert result.best.meta["fit_proof_bytes"] == budget
-    assert result.proof.startswith(f"proof of fit: trial {result.best_trial.number} ran once")
+    assert result.proof == ProofOfFit(ProofOutcome.PASSED, result.best_trial.number, budget)
+    assert proof_line(result.proof).startswith(
+        f"proof of fit: trial {result.best_trial.number} ran once")
     assert f"fit_proof_bytes: {budget}" in (tmp_path / "s.yaml").read_text()
 
 

@@ -26,7 +26,7 @@ import pytest
 import autoremat
 from autoremat._cli.breakdown_text import breakdown_lines
 from autoremat._cli.front_text import front_table
-from autoremat._cli.printing import result_table
+from autoremat._cli.printing import proof_line, result_table
 from autoremat._cli.show_text import describe_schedule
 from autoremat._measure import device_memory
 from autoremat._measure.allocator import Stats
@@ -38,6 +38,7 @@ from autoremat._measure.problem import Problem
 from autoremat._measure.within import bisect_need, runs_within
 from autoremat._schedules.base import Schedule
 from autoremat._search.pareto import pareto_front, plot_groups
+from autoremat._search.reports import ProofOfFit, ProofOutcome
 from autoremat._search.study import choose, load_study, summarize
 from autoremat._search.tune import tune
 from tests.tiny_problem import tiny
@@ -565,7 +566,7 @@ def test_tune_proves_its_pick_and_writes_the_next_when_one_fails(
     assert result.best_trial.schedule.key() != failed_proof[0]
     assert result.best_trial.measurement.fit_proof_bytes == 10 * MB
     assert result.best.meta["fit_proof_bytes"] == 10 * MB
-    assert result.proof.startswith(f"proof of fit: trial {result.best_trial.number} ran once")
+    assert result.proof == ProofOfFit(ProofOutcome.PASSED, result.best_trial.number, 10 * MB)
     failed = [t for t in _measured(load_study("s")) if t.measurement.fit_proof_failed]
     assert [t.schedule.key() for t in failed] == failed_proof
     assert "RESOURCE_EXHAUSTED" in failed[0].measurement.fit_proof_failed
@@ -579,7 +580,8 @@ def test_on_a_cpu_the_proof_is_skipped_and_said(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = tune(tiny(), 10 * MB, n_trials=2, time_budget=0.02, study_name="cpu")
-    assert result.proof == "proof of fit: skipped (a CPU has no device memory to fill)"
+    assert result.proof == ProofOfFit(ProofOutcome.SKIPPED)
+    assert proof_line(result.proof) == "proof of fit: skipped (a CPU has no device memory to fill)"
     assert result.best is not None and "fit_proof_bytes" not in result.best.meta
     assert "proof of fit: skipped" in result_table(result)
 

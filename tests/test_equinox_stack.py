@@ -17,18 +17,13 @@ from jax import lax
 
 import autoremat
 from autoremat._search.named_policies import step_costs
-from tests.helpers import assert_close, load_example
+from tests.helpers import STACK_SCHEDULES, assert_close, load_example, stack_sizes
 
 # The test extra installs equinox; a device machine running `-m device` may lack it.
 eqx = pytest.importorskip("equinox")
 
-SIZES = {"EQX_STACK_LAYERS": "4", "EQX_STACK_D_MODEL": "16", "EQX_STACK_HEADS": "2",
-         "EQX_STACK_MLP": "32", "EQX_STACK_SEQ_LEN": "8", "EQX_STACK_BATCH": "2"}
-SCHEDULES = [
-    autoremat.nested([2, 2], ["nothing_saveable", {"save_only_these_names": ["ffn_up"]}]),
-    autoremat.groups([(1, {"save_only_these_names": ["attn_qkv", "ffn_down"]}),
-                      (3, "nothing_saveable")]),
-]
+SIZES = stack_sizes("EQX_STACK")
+SCHEDULES = STACK_SCHEDULES
 
 
 @pytest.fixture(scope="module")

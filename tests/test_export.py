@@ -22,6 +22,7 @@ from autoremat._schedules.base import Schedule
 from autoremat._schedules.policy import offload_names
 from autoremat._search.export_forms import framework_export, nearest_expressible
 from autoremat.cli import EXIT_NO_FORM, EXIT_OK, EXIT_USAGE, main
+from tests.helpers import add_measured_trial
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -51,13 +52,7 @@ def _study(trials: Sequence[tuple[Schedule, int, float | None]], budget: int = 1
     study.set_user_attr("name_costs", [{"name": n, "bytes_per_layer": 8, "bytes": 32,
                                         "flops_per_layer": 1e6} for n in TAGS])
     for schedule, total, step in trials:
-        status = "ok" if step is not None else "over_budget"
-        attrs = {"measured": True, "status": status, "feasible": status == "ok",
-                 "total_bytes": total, "step_seconds": step, "schedule": schedule.to_data(),
-                 "schedule_key": schedule.key(), "reason": ""}
-        study.add_trial(optuna.trial.create_trial(
-            values=[float(total), step if step is not None else float("inf")],
-            user_attrs=attrs))
+        add_measured_trial(study, schedule, total, step)
     return study
 
 

@@ -186,7 +186,7 @@ def test_fused_readout_with_last_only_is_a_usage_error(capsys: pytest.CaptureFix
     assert main(["tune", "--fused-readout", "--unfused-readout", "--seq-len", "10"]) == 2
     assert "give one, or neither" in capsys.readouterr().err
     assert main(["tune", "--problem", "layer_stack", "--unfused-readout"]) == 2
-    assert "--unfused-readout: sizes the built-in LSTM (seed_lstm) only" in capsys.readouterr().err
+    assert "--unfused-readout: sizes the built-in seed_lstm only" in capsys.readouterr().err
 
 
 

@@ -52,6 +52,20 @@ junk = st.recursive(scalars, lambda c: st.lists(c, max_size=3)
                     | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=8)
 
 
+def _refuses(parse: Any, error: type[Exception]) -> Any:
+    """``v -> True`` when ``parse(v)`` raises ``error``."""
+    def refused(v: Any) -> bool:
+        try:
+            parse(v)
+        except error:
+            return True
+        return False
+    return refused
+
+
+_not_utf8 = _refuses(bytes.decode, UnicodeDecodeError)
+
+
 def _not_one(v: Any) -> bool:
     return not (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 1)
 
@@ -147,7 +161,7 @@ documents = st.one_of(
     # not UTF-8 (anywhere in the file)
     st.tuples(st.binary(max_size=40), st.binary(min_size=1, max_size=8)).map(
         lambda p: b"version: 1\n" + p[0] + b"\xff\xfe" + p[1]),
-    st.binary(min_size=1, max_size=200).filter(lambda b: not _utf8(b)),
+    st.binary(min_size=1, max_size=200).filter(_not_utf8),
     # huge numbers, huge files
     st.integers(11, 6000).map(lambda n: f"version: 1\nlevels: [{{length: {'9' * n}}}]\n".encode()),
     st.integers(1, 64).map(lambda n: b"#" * (_MAX_FILE_BYTES + n)),
@@ -167,21 +181,12 @@ documents = st.one_of(
 )
 
 
-def _utf8(b: bytes) -> bool:
-    try:
-        b.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+_not_schedule = _refuses(parse_schedule, ScheduleError)
 
 
 def _is_valid(raw: bytes) -> bool:
     """The rare random text or bytes that happen to be a schedule are not hostile."""
-    try:
-        parse_schedule(raw)
-    except ScheduleError:
-        return False
-    return True
+    return not _not_schedule(raw)
 
 
 # -- schedule files -----------------------------------------------------------------
@@ -246,37 +251,14 @@ def test_yaml_is_only_read_with_the_safe_loader() -> None:
 
 # -- command lines ------------------------------------------------------------------
 
-def _not_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return True
-    return False
-
-
-def _bad_budget(text: str) -> bool:
-    try:
-        parse_bytes(text)
-    except BudgetError:
-        return True
-    return False
+_not_int = _refuses(int, ValueError)
+_bad_budget = _refuses(parse_bytes, BudgetError)
 
 
 ints_below = lambda low: st.integers(max_value=low - 1).map(str)  # noqa: E731
 option_text = st.text(max_size=30).filter(lambda s: "\x00" not in s)
 bad_seconds = (st.sampled_from(["nan", "inf", "-inf", "0", "-0.0", "1e999", "x", ""])
                | st.floats(max_value=0).map(repr) | option_text.filter(lambda s: _not_float(s)))
-
-
-def _refuses(parse: Any, error: type[Exception]) -> Any:
-    """``v -> True`` when ``parse(v)`` raises ``error``."""
-    def refused(v: Any) -> bool:
-        try:
-            parse(v)
-        except error:
-            return True
-        return False
-    return refused
 
 
 _bad_duration = _refuses(parse_duration, TuneError)
@@ -314,7 +296,7 @@ STUDY_VALUES: dict[str, Any] = {
 }
 bad_study_values = {
     "budget": junk.filter(lambda v: v is not None and (
-        not isinstance(v, (str, int)) or isinstance(v, bool) or _bad_budget_any(v))),
+        not isinstance(v, (str, int)) or isinstance(v, bool) or _bad_budget(v))),
     "problem": junk.filter(lambda v: v is not None and not isinstance(v, str)),
     "seq2seq": junk.filter(lambda v: v is not None and not isinstance(v, bool)),
     "trials": junk.filter(lambda v: v is not None and not (
@@ -329,9 +311,6 @@ bad_study_values = {
     "study_name": junk.filter(lambda v: v is not None and not isinstance(v, str)) | st.just(" "),
     "out": junk.filter(lambda v: v is not None and not isinstance(v, str)) | st.just("."),
 }
-
-
-_bad_budget_any = _refuses(parse_bytes, BudgetError)
 
 
 @st.composite

@@ -101,6 +101,7 @@ def test_no_function_level_import_of_a_module_import_autoremat_loads() -> None:
     loaded = set(out.stdout.split())
     assert {"autoremat", "autoremat._schedules", "autoremat._search.tune"} <= loaded
     assert "autoremat._scan.scan" not in loaded  # it imports jax
+    assert not any(m.startswith("autoremat._cli") for m in loaded)  # the library face only
     found = function_level_imports()
     assert any(t == "autoremat._scan.scan" for _, _, t in found)  # the finder finds lazy ones
     hoistable = [f"{m}:{line} imports {t}" for m, line, t in found if t in loaded]

@@ -218,7 +218,7 @@ def test_cli_tunes_the_layer_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     assert any(line.split()[:1] == ["mlpwi_0"] for line in table.splitlines())
     for argv, message in [
         (["--layers", "4"], "--layers: sizes the built-in layer_stack only; add --problem"),
-        (["--problem", "layer_stack", "--hidden", "8"], "--hidden: sizes the built-in LSTM (seed_lstm) only"),
+        (["--problem", "layer_stack", "--hidden", "8"], "--hidden: sizes the built-in seed_lstm only"),
         (["--problem", "layer_stack", "--heads", "5"], "--heads: must divide d_model=1024"),
     ]:
         assert main(["tune", *argv, "--budget", "1GB"]) == 2

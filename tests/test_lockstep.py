@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from autoremat._cli.exits import EXIT_LOST
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement
 from autoremat._measure.peers import combine
-from autoremat._search.lockstep import EXIT_LOST
 from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +157,36 @@ def test_coordinator_reads_auto_or_address_processes_index() -> None:
         assert check_coordinator(bad) is not None, bad
     with pytest.raises(UsageError, match=r"--coordinator: expected 'auto' or HOST:PORT"):
         check_settings({"coordinator": "h:1,2,5"})
+
+
+def test_a_lost_process_interrupts_the_main_thread_and_is_kept_to_raise() -> None:
+    """The watcher thread keeps the error and interrupts the main thread (a wait on the
+    store returns within a second); ``in_lockstep`` raises the kept error there."""
+    import threading
+
+    from autoremat._search.lockstep import LockstepLost, _Watchdog
+
+    watchdog = _Watchdog.__new__(_Watchdog)  # its store is the job's: not needed here
+    watchdog.lost = None
+    lost = LockstepLost(1, 2, 0, "no heartbeat for 3.1 s (heartbeat 2 s)")
+    timer = threading.Timer(0.1, watchdog.end, (lost,))
+    with pytest.raises(KeyboardInterrupt):
+        timer.start()
+        for _ in range(300):  # the main thread's waits on the store, a second each at most
+            time.sleep(0.1)
+    assert watchdog.lost is lost and not isinstance(lost, Exception)  # no trial's failure
+    assert str(lost).startswith("lockstep tune: lost process 1 of 2: no heartbeat")
+    assert "run the same command on every process to resume it" in str(lost)
+
+
+def test_the_command_ends_a_lost_tune_with_one_line_and_exit_lost() -> None:
+    code = ("from autoremat._cli.exits import end_lost\n"
+            "from autoremat._search.lockstep import LockstepLost\n"
+            "end_lost(LockstepLost(1, 2, 0, 'no heartbeat'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": module_path()},
+                         check=False)
+    assert out.returncode == EXIT_LOST == 75
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+        "autoremat: lockstep tune: lost process 1 of 2: no heartbeat")
+    assert out.stderr.rstrip().endswith(f"(exit {EXIT_LOST})")

@@ -18,15 +18,10 @@ from flax import nnx
 import autoremat
 import autoremat.nnx
 from autoremat._search.named_policies import step_costs
-from tests.helpers import assert_close, load_example
+from tests.helpers import STACK_SCHEDULES, assert_close, load_example, stack_sizes
 
-SIZES = {"NNX_STACK_LAYERS": "4", "NNX_STACK_D_MODEL": "16", "NNX_STACK_HEADS": "2",
-         "NNX_STACK_MLP": "32", "NNX_STACK_SEQ_LEN": "8", "NNX_STACK_BATCH": "2"}
-SCHEDULES = [
-    autoremat.nested([2, 2], ["nothing_saveable", {"save_only_these_names": ["ffn_up"]}]),
-    autoremat.groups([(1, {"save_only_these_names": ["attn_qkv", "ffn_down"]}),
-                      (3, "nothing_saveable")]),
-]
+SIZES = stack_sizes("NNX_STACK")
+SCHEDULES = STACK_SCHEDULES
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from autoremat._schedules import save_schedule
 from autoremat._search.pareto import dominates, export_trial, pareto_front
 from autoremat._search.study import choose, load_study
 from autoremat._search.tune import tune
+from tests.helpers import add_measured_trial
 from tests.tiny_problem import tiny
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -37,12 +38,7 @@ def _synthetic(n: int, budget: int, seed: int) -> Any:
         status = rng.choice(["ok", "ok", "ok", "over_budget"]) if total <= budget else "over_budget"
         step = rng.choice([1.0, 2.0, 3.0, rng.uniform(0.5, 5)]) if status == "ok" else None
         schedule = autoremat.nested([64 // 2 ** (i % 3 + 1), 2 ** (i % 3 + 1)], unroll=i % 4 + 1)
-        attrs = {"measured": True, "status": status, "feasible": status == "ok",
-                 "total_bytes": total, "step_seconds": step, "schedule": schedule.to_data(),
-                 "schedule_key": schedule.key(), "reason": ""}
-        study.add_trial(optuna.trial.create_trial(
-            values=[float(total), step if step is not None else float("inf")],
-            user_attrs=attrs))
+        add_measured_trial(study, schedule, total, step, status)
     return study
 
 

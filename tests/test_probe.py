@@ -16,6 +16,7 @@ import jax
 import pytest
 
 import autoremat
+from autoremat._cli.printing import event_line
 from autoremat._measure.failure import FailedAt
 from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.problem import Problem
@@ -36,6 +37,7 @@ from autoremat._search.probes.probe import (
     refused,
     small,
 )
+from autoremat._search.reports import TuneEvent
 from autoremat._search.space import neighbours, parameters, propose, seeds
 from autoremat._search.study import load_study
 from autoremat._search.tune import tune
@@ -277,7 +279,7 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
     risky = autoremat.nested([8, 8], "everything_saveable")
     monkeypatch.setattr("autoremat._search.probes.probe.checks",
                         lambda n, platform, named=None: {"everything": Check(risky)})
-    notes: list[str] = []
+    notes: list[TuneEvent] = []
     result = tune(_odd_one(risky, "compile"), 10**6, n_trials=8, time_budget=0.02,
                   study_name="probed", on_confirm=notes.append)
     assert result.measured == 8
@@ -285,7 +287,7 @@ def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
     why = study.user_attrs[PROBE]["everything"]
     assert why.startswith(
         f"{LEFT_OUT}: compile failed (8x8 everything/everything unroll=1 at T=64): ")
-    assert notes == [f"probe: everything: {why}"]
+    assert [event_line(n) for n in notes] == [f"probe: everything: {why}"]
     n_seeds = len(seeds(PROBE_LENGTH, "cpu"))
     chosen = [t for t in study.trials if "schedule" in t.user_attrs and t.number >= n_seeds]
     used = set().union(*(_policies(from_data(t.user_attrs["schedule"])) for t in chosen))

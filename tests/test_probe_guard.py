@@ -19,6 +19,7 @@ import optuna
 import pytest
 
 import autoremat._search.probes.probe as probe_module
+from autoremat._cli.printing import event_line
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
@@ -30,6 +31,7 @@ from autoremat._search.planning.planner import Planner
 from autoremat._search.probes.cache import CACHE_ENV, VerdictCache, cache_path
 from autoremat._search.probes.guard import ProbeGuard, choices_of, combination
 from autoremat._search.probes.probe import LEFT_OUT, OFFERED, PROBE_LENGTH, Source
+from autoremat._search.reports import ProbeChecked
 from autoremat._search.short_runs import ShortRuns
 from tests.tiny_problem import tiny
 
@@ -73,7 +75,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[Schedule]:
 
 
 def _guard(cache: Path | None, env: str = ENV, problem: str = "tiny|abc",
-           study: optuna.Study | None = None, notes: list[str] | None = None) -> ProbeGuard:
+           study: optuna.Study | None = None, notes: list[ProbeChecked] | None = None) -> ProbeGuard:
     study = study or optuna.create_study(directions=["minimize", "minimize"])
     return ProbeGuard(tiny(PROBE_LENGTH), "tpu", study, _Lock(),  # type: ignore[arg-type]
                       VerdictCache(cache, env, problem),
@@ -81,14 +83,15 @@ def _guard(cache: Path | None, env: str = ENV, problem: str = "tiny|abc",
 
 
 def test_nothing_is_probed_until_a_candidate_uses_a_risky_choice(runs: list[Schedule]) -> None:
-    notes: list[str] = []
+    notes: list[ProbeChecked] = []
     guard = _guard(None, notes=notes)
     assert guard.labels == set(OFFLOAD_POLICIES)
     assert guard.allows(PLAIN) and runs == [] and notes == []  # nothing risky: no compile
     assert guard.allows(DOTS)
     assert labels(guard.probed) == ["offload_dots"]  # that choice only, beside the reference
     assert len(runs) == 2 and guard.lines()["offload_dots"].startswith(f"{OFFERED}: ")
-    assert notes == [f"probe: offload_dots: {guard.lines()['offload_dots']}"]
+    assert [event_line(n) for n in notes] == [
+        f"probe: offload_dots: {guard.lines()['offload_dots']}"]
     assert guard.allows(DOTS) and len(runs) == 2  # known: not probed twice
     assert guard.study.user_attrs[PROBE] == guard.lines()
 
@@ -120,7 +123,7 @@ def test_verdicts_cost_nothing_twice_on_the_same_platform(
     first = _guard(cache)
     assert not first.allows(BOTH)
     n = len(runs)
-    notes: list[str] = []
+    notes: list[ProbeChecked] = []
     again = _guard(cache, notes=notes)  # a new study, the same problem and environment
     assert set(again.lines()) == {"offload_carries", "offload_dots", COMBO}  # read at start
     assert not again.allows(BOTH) and again.allows(DOTS) and len(runs) == n
@@ -239,3 +242,21 @@ def test_a_combination_label_keeps_labels_that_hold_a_plus() -> None:
     assert guard.refused_combinations == {guard.labels} and guard.refused == frozenset()
     assert guard.lines() == {label: f"{LEFT_OUT}: compile failed: x (in a trial, not the probe)"}
     assert not guard.allows({"d2_p0": "offload_carries", "d2_p1": "offload(a,b,+3)"})
+
+
+def test_the_cache_reuses_a_compile_failure_for_another_problem_and_nothing_else(
+        tmp_path: Path) -> None:
+    """Read from the verdict's kind (its reason's start, or a trial's compile failure),
+    not from the words appearing anywhere in it."""
+    path = tmp_path / "probes.json"
+    mine = VerdictCache(path, ENV, "tiny|abc")
+    mine.put("a", f"{LEFT_OUT}: compile failed (8x8 at T=64): INTERNAL")
+    mine.put("b", f"{LEFT_OUT}: run failed (8x8 at T=64): RuntimeError: compile failed here")
+    mine.put("c", f"{LEFT_OUT}: at T'=16: compile failed: X (in a trial, not the probe)")
+    mine.put("d", f"{OFFERED}: compiles, loss and gradients match (compile failed nowhere)")
+    other = VerdictCache(path, ENV, "other|def")
+    assert other.get("a") == f"{LEFT_OUT}: compile failed (8x8 at T=64): INTERNAL [found on tiny]"
+    assert other.get("b") is None and other.get("d") is None  # probed again there
+    assert other.get("c") is not None and "[found on tiny]" in other.get("c")
+    assert mine.get("b") == f"{LEFT_OUT}: run failed (8x8 at T=64): RuntimeError: compile " \
+                            "failed here"  # its own problem: whatever it says

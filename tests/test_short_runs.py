@@ -13,12 +13,13 @@ import autoremat
 import autoremat._search.short_runs as short_runs
 from autoremat._cli.front_text import front_table
 from autoremat._cli.plot import plot_study
-from autoremat._cli.printing import result_table
+from autoremat._cli.printing import event_line, result_table
 from autoremat._cli.show_text import describe_schedule
 from autoremat._measure.measure import compile_schedule
 from autoremat._models.seed_lstm import seed_lstm
 from autoremat._schedules import read_schedule
 from autoremat._search.pareto import pareto_front
+from autoremat._search.reports import TuneEvent
 from autoremat._search.study import StudyInfo, load_study, measured_trials
 from autoremat._search.tune import tune
 
@@ -90,7 +91,7 @@ def test_full_length_problems_record_their_length(short: int) -> None:
 def test_tune_times_short_then_confirms_the_pick_at_full_length(
         short: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    lines: list[str] = []
+    lines: list[TuneEvent] = []
     result = tune(small(), BUDGET, n_trials=3, time_budget=0.05, out="s.yaml",
                   on_confirm=lines.append)  # the seeds: all timed on short runs
     study = load_study(result.study_name)
@@ -102,7 +103,7 @@ def test_tune_times_short_then_confirms_the_pick_at_full_length(
     m = best.measurement
     assert m.timed_seq_len == T and not m.predicted(T)  # the answer is measured at T
     assert m.extrapolated_seconds is not None and m.short_seq_len is not None
-    assert best in result.confirmed and lines and "predicted" in lines[0]
+    assert best in result.confirmed and lines and "predicted" in event_line(lines[0])
     # the trial's own attrs keep the prediction; the study attr holds the confirmation
     own = study.trials[best.number].user_attrs
     assert own["step_seconds"] == m.extrapolated_seconds != m.step_seconds

@@ -4,31 +4,36 @@
 ``docs/tuning.md`` shows it (``tests/test_cli.py`` checks the two agree). An error is one
 line on stderr; where it came from the user's own code (their ``problem()`` raising),
 the line names the file and line it was raised at, and ``--debug`` prints that
-traceback above it. An exception that is not autoremat's own (a bug, here or in a library)
+traceback above it. A lockstep tune that lost a process (``LockstepLost``) is one line,
+exit ``EXIT_LOST``. An exception that is not autoremat's own (a bug, here or in a library)
 prints its traceback, then one line: exit ``EXIT_CRASH``, never mistaken for a stale
 schedule (1).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import sysconfig
 import textwrap
 import traceback
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 from autoremat._cli.export_command import EXIT_NO_FORM
 from autoremat._cli.settings import UsageError
 from autoremat._cli.show_command import EXIT_STALE
 from autoremat._errors import AutorematError, one_line
-from autoremat._search.lockstep import EXIT_LOST
+from autoremat._search.lockstep import LockstepLost
 
 EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
 EXIT_NOTHING_FITS: Final = 3
 #: An unexpected exception: the traceback is printed (sysexits' EX_SOFTWARE).
 EXIT_CRASH: Final = 70
+#: A tune on many processes ended because another process was lost (sysexits'
+#: EX_TEMPFAIL: run the same command again to resume the study).
+EXIT_LOST: Final = 75
 EXIT_INTERRUPTED: Final = 130
 
 #: ``(code, meaning)``: every exit code of ``autoremat``.
@@ -99,6 +104,15 @@ def report_error(error: UsageError, debug: bool) -> None:
         if where is not None:
             line += f" (raised at {where}{'' if debug else '; --debug prints its traceback'})"
     print(f"autoremat: error: {line}", file=sys.stderr)
+
+
+def end_lost(error: LockstepLost) -> NoReturn:
+    """One line (which process was lost, how to resume), then exit ``EXIT_LOST`` at once:
+    the job's runtime would otherwise wait at exit for the lost process
+    (``jax.distributed``'s shutdown barrier)."""
+    print(f"autoremat: {error} (exit {EXIT_LOST})", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(EXIT_LOST)
 
 
 def report_crash(error: BaseException) -> None:

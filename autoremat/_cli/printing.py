@@ -14,6 +14,13 @@ from autoremat._cli.breakdown_text import breakdown_lines
 from autoremat._measure.measurement import ERROR, Measurement
 from autoremat._measure.mesh import device_note
 from autoremat._search.attrs import COMPILE_FAILED
+from autoremat._search.reports import (
+    FullLengthTiming,
+    ProbeChecked,
+    ProofOfFit,
+    ProofOutcome,
+    TuneEvent,
+)
 from autoremat._search.storage import redact
 from autoremat._search.study import MeasuredTrial, TuneResult
 from autoremat._units import format_bytes, format_seconds
@@ -72,8 +79,13 @@ class Progress:
         else:
             self.bar.set_postfix_str(f"{shown} | last #{trial.number} {describe} {state}")
 
-    def note(self, line: str) -> None:
-        """A line on stderr, above the bar (``tune``'s ``on_confirm``)."""
+    def note(self, event: TuneEvent) -> None:
+        """What the search is doing, one line on stderr above the bar (``tune``'s
+        ``on_confirm``)."""
+        self.tqdm.write(f"tune: {event_line(event)}", file=sys.stderr)
+
+    def say(self, line: str) -> None:
+        """One line of the tune's on stderr, above the bar."""
         self.tqdm.write(f"tune: {line}", file=sys.stderr)
 
     def close(self) -> None:
@@ -166,7 +178,7 @@ def result_table(result: TuneResult) -> str:
           if confirmed else []),
         *([f"  note: {result.unconfirmed}"] if result.unconfirmed else []),
         *too_late_lines(result),
-        *([f"  {result.proof}"] if result.proof else []),
+        *([f"  {proof_line(result.proof)}"] if result.proof is not None else []),
         *([f"{'best' if best else 'smallest'} (trial {shown.number}):",
            *breakdown_lines(shown.measurement)] if shown else []),
         *([f"  time limit {format_seconds(result.overrun.limit_seconds)} ran out inside "
@@ -208,6 +220,31 @@ def tie_lines(result: TuneResult) -> list[str]:
     return [f"  {'':<18} within noise of {who} (trial {tie.fastest.number}: "
             f"{format_seconds(fastest)}; {slower}, runs spread {tie.noise * 100:.1f}%)"
             f"{smaller}"]
+def event_line(event: TuneEvent) -> str:
+    """What the search is doing, in words (``tune``'s ``on_confirm``)."""
+    if isinstance(event, FullLengthTiming):
+        return (f"timing trial {event.trial} ({event.schedule.describe()}) at "
+                f"T={event.seq_len}: predicted {event.predicted_seconds:.3g} s from "
+                f"T'={event.short_seq_len}")
+    if isinstance(event, ProbeChecked):
+        return f"probe: {event.label}: {event.verdict.text()}"
+    return (f"proof of fit: trial {event.trial} ({event.schedule.describe()}) ran out of "
+            f"memory with only {format_bytes(event.budget_bytes)} on the device; proving "
+            "the next fastest")
+
+
+def proof_line(proof: ProofOfFit) -> str:
+    """The proof of fit's outcome, in words."""
+    if proof.outcome is ProofOutcome.PASSED:
+        return (f"proof of fit: trial {proof.trial} ran once with only "
+                f"{format_bytes(proof.budget_bytes)} on the device (its arguments live, the "
+                "rest free)")
+    if proof.outcome is ProofOutcome.NOT_RUN:
+        return f"proof of fit: not run ({proof.why})"
+    if proof.outcome is ProofOutcome.ALL_FAILED:
+        return f"proof of fit: the {proof.tries} fastest picks failed it; nothing is written"
+    return {ProofOutcome.SKIPPED: "proof of fit: skipped (a CPU has no device memory to fill)",
+            ProofOutcome.NONE_FITS: "proof of fit: no pick left that fits"}[proof.outcome]
 
 
 def name_cost_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -11,7 +11,6 @@ below, and yaml): ``autoremat --help`` must stay instant.
 from __future__ import annotations
 
 import argparse
-import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +20,15 @@ from autoremat._cli.distributed import COORDINATOR_HELP, check_coordinator
 from autoremat._errors import ScheduleError, TuneError
 from autoremat._measure.mesh import parse_mesh
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
-from autoremat._models import LAYER_STACK, SEED_LSTM
-from autoremat._models.layer_stack import DEFAULT as STACK
-from autoremat._models.seed_lstm import SEED_AXES, seed_batch, seed_lstm
+from autoremat._models import MODELS, SEED_LSTM, Size
+from autoremat._models.seed_lstm import SEED_AXES
 from autoremat._schedules.safe_yaml import read_yaml_file
 from autoremat._search.storage import DEFAULT_HEARTBEAT, DEFAULT_STORAGE
 from autoremat._search.tune import DEFAULT_TIME_LIMIT
 from autoremat._units import DURATION_FORMS, parse_duration, parse_whole_seconds
 
-#: The default problem, the seed LSTM; ``LAYER_STACK``: the transformer whose layers are the
-#: scan. Both are names in the built-in models' registry (``autoremat._models.MODELS``).
+#: The default problem, the seed LSTM, a name in the built-in models' registry
+#: (``autoremat._models.MODELS``).
 BUILTIN_PROBLEM: Final = SEED_LSTM
 STORAGE_ENV: Final = "AUTOREMAT_STORAGE"
 #: Where studies go by default, as the help says it: relative to the folder the command runs in.
@@ -133,37 +131,40 @@ class Setting:
 
 _SIZE = _integer(1, _MAX_SIZE, f"a positive integer up to {_MAX_SIZE}")
 
-#: ``seed_lstm``'s defaults: the one home of the built-in problem's sizes.
-_SEED: Final = {k: v.default for k, v in inspect.signature(seed_lstm).parameters.items()}
 
-#: The layer stack's own sizes (``--problem layer_stack``; it shares --seq-len and --batch);
-#: their defaults are ``LayerStack``'s.
-LAYER_SETTINGS: Final = (
-    Setting("layers", f"{LAYER_STACK}: transformer blocks, the scan's length ({STACK.layers})",
-            _SIZE, int),
-    Setting("d_model", f"{LAYER_STACK}: model width ({STACK.d_model})", _SIZE, int),
-    Setting("heads", f"{LAYER_STACK}: attention heads, dividing --d-model ({STACK.heads})",
-            _SIZE, int),
-    Setting("mlp", f"{LAYER_STACK}: MLP width ({STACK.mlp})", _SIZE, int),
-)
+def _size_settings() -> tuple[Setting, ...]:
+    """One option per size of the built-in models (``MODELS``), in their order; a size two
+    models share (``--seq-len``) is one option naming each model's meaning and default."""
+    names: dict[str, list[tuple[str, Size]]] = {}
+    for m in MODELS.values():
+        for size in m.sizes:
+            names.setdefault(size.name, []).append((m.name, size))
+    out = []
+    for name, sizes in names.items():
+        words = "; ".join(f"{model}: {size.help} ({size.default})" for model, size in sizes)
+        out.append(Setting(name, f"built-in problems: {words}" if len(sizes) > 1 else words,
+                           _SIZE, int))
+    return tuple(out)
 
-#: The built-in problems' sizes (``tune`` and ``show``).
+
+_SIZES: Final = _size_settings()
+#: The sizes that only the layer stack takes (``--layers``, ...).
+LAYER_SETTINGS: Final = tuple(s for s in _SIZES if s.name not in MODELS[SEED_LSTM].settings)
+
+#: The built-in problems' settings (``tune`` and ``show``): each model's sizes, then the
+#: seed LSTM's loss, readout and mesh.
 PROBLEM_SETTINGS: Final = (
-    Setting("seq_len", f"built-in problems: sequence length ({_SEED['seq_len']}; "
-            f"{LAYER_STACK}: tokens, {STACK.seq_len})", _SIZE, int),
-    Setting("batch", f"built-in problems: batch size ({seed_batch(None, None)}; "
-            f"{LAYER_STACK}: {STACK.batch})", _SIZE, int),
-    Setting("hidden", f"built-in problem: LSTM width ({_SEED['hidden']})", _SIZE, int),
-    Setting("seq2seq", "built-in problem: loss on the last hidden state only", _boolean,
+    *(s for s in _SIZES if s not in LAYER_SETTINGS),
+    Setting("seq2seq", f"{SEED_LSTM}: loss on the last hidden state only", _boolean,
             default=True, const=False, flag_name="--last-only"),
-    Setting("fused_readout", "built-in problem: only schedules with the readout and loss "
+    Setting("fused_readout", f"{SEED_LSTM}: only schedules with the readout and loss "
             "inside the scanned step (seq2seq): nothing T-long is stacked, so a schedule removes "
             "almost all temp (default: the search tries fused and unfused)", _boolean,
             default=False, const=True),
-    Setting("unfused_readout", "built-in problem: only schedules with the readout after the "
+    Setting("unfused_readout", f"{SEED_LSTM}: only schedules with the readout after the "
             "scan, as written (its T-long stack of states is a floor under every schedule)",
             _boolean, default=False, const=True),
-    Setting("mesh", "built-in problem on many devices: data=4 splits the batch over 4 devices; "
+    Setting("mesh", f"{SEED_LSTM} on many devices: data=4 splits the batch over 4 devices; "
             "data=2,fsdp=2 also splits parameters and optimizer state over fsdp (FSDP); the "
             "batch defaults to a multiple of the device count. Every figure and --budget are "
             "then per device", _mesh, str, metavar="AXIS=N[,AXIS=N]"),
@@ -171,12 +172,8 @@ PROBLEM_SETTINGS: Final = (
 )
 
 PROBLEM_HELP: Final = ("package.module:name or path/file.py:name (a Problem or a zero-argument "
-                       f"callable returning one); default: {BUILTIN_PROBLEM}, the seed LSTM "
-                       f"(hidden {_SEED['hidden']}, batch {seed_batch(None, None)}, "
-                       f"T={_SEED['seq_len']:,}, seq2seq, Adam; its readout fused into the scanned step "
-                       f"or not, as the search chooses); {LAYER_STACK}: a "
-                       "decoder-only transformer whose scan is over its layers (bfloat16, "
-                       "MaxText's checkpoint names)")
+                       f"callable returning one); default: {BUILTIN_PROBLEM}; built in: "
+                       + "; ".join(f"{m.name}, {m.summary}" for m in MODELS.values()))
 
 #: Every ``tune`` setting, in ``--help`` order; the study-file keys.
 TUNE_SETTINGS: Final = (
@@ -293,6 +290,82 @@ def check_settings(settings: Mapping[str, Any]) -> None:
     out = settings.get("out")
     if isinstance(out, str) and Path(out).is_dir():
         raise UsageError(f"--out: {out!r} is a directory; give a file name such as schedule.yaml")
+
+
+@dataclass(frozen=True)
+class ProblemSettings:
+    """The problem a command runs on, as ``PROBLEM_SETTINGS`` give it.
+
+    Attributes:
+      problem: ``--problem`` (``None``: the default built-in problem).
+      given: the built-in problems' settings given, ``(name, value)`` in
+        ``PROBLEM_SETTINGS`` order; one at its default (``seq2seq: true``) or not given is
+        absent. The readout's two flags are one entry, ``fused_readout``: ``True``
+        (``--fused-readout``) or ``False`` (``--unfused-readout``).
+    """
+
+    problem: str | None = None
+    given: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> ProblemSettings:
+        """From checked settings by name (``check_settings``).
+
+        Raises:
+          UsageError: both readout flags given.
+        """
+        given = {s.name: values[s.name] for s in PROBLEM_SETTINGS
+                 if values.get(s.name) is not None and values[s.name] != s.default}
+        if given.get("unfused_readout"):
+            if given.get("fused_readout"):
+                raise UsageError("--fused-readout, --unfused-readout: each forces one readout; "
+                                 "give one, or neither to let the search choose")
+            given = {("fused_readout" if k == "unfused_readout" else k): (False if k ==
+                     "unfused_readout" else v) for k, v in given.items()}
+        problem = values.get("problem")
+        return cls(problem if isinstance(problem, str) else None, tuple(given.items()))
+
+    def flag(self, name: str) -> str:
+        """The option that gave setting ``name`` (the readout's: the one given)."""
+        if name == "fused_readout" and dict(self.given).get(name) is False:
+            return _BY_NAME["unfused_readout"].flag
+        return _BY_NAME[name].flag
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneSettings:
+    """``tune``'s settings, checked, each unset one at its default (``TUNE_SETTINGS``: the
+    study-file keys and options; the problem's are ``problem``)."""
+
+    budget: str | int | None
+    problem: ProblemSettings
+    trials: int | None
+    total_trials: int | None
+    time_limit: str | float | None
+    explore_front: bool
+    storage: str | None
+    study_name: str | None
+    out: str
+    seed: int
+    time_budget: str | float
+    heartbeat: str | int
+    coordinator: str | None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> TuneSettings:
+        """From settings by name (a study file's, then the command line's over them);
+        ``trials`` defaults to ``total_trials``.
+
+        Raises:
+          UsageError: a setting of the wrong type or range, naming its option.
+        """
+        check_settings(values)
+        full = with_defaults(values, TUNE_SETTINGS)
+        if full["trials"] is None:
+            full["trials"] = full["total_trials"]
+        return cls(problem=ProblemSettings.of(full),
+                   **{s.name: full[s.name] for s in TUNE_SETTINGS
+                      if s not in PROBLEM_SETTINGS and s.name != "problem"})
 
 
 def read_study_file(path: str) -> dict[str, Any]:

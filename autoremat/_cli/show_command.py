@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
-from autoremat._cli.settings import PROBLEM_SETTINGS, check_settings, given, with_defaults
+from autoremat._cli.settings import (
+    PROBLEM_SETTINGS,
+    ProblemSettings,
+    check_settings,
+    given,
+    with_defaults,
+)
 from autoremat._cli.show_text import describe_schedule
 from autoremat._measure.parity import check_parity
 from autoremat._measure.problem import Problem
@@ -21,7 +27,7 @@ from autoremat._units import format_bytes
 EXIT_STALE: Final = 1
 
 
-def run_show(args: argparse.Namespace, problem_of: Callable[[dict[str, Any]], Problem]) -> int:
+def run_show(args: argparse.Namespace, problem_of: Callable[[ProblemSettings], Problem]) -> int:
     """Show PATH (``args``: the show subparser's); ``problem_of``: the command's problem from
     its settings. Returns the exit code; library errors propagate (the command words them)."""
     schedule = read_schedule(args.path)
@@ -34,7 +40,7 @@ def run_show(args: argparse.Namespace, problem_of: Callable[[dict[str, Any]], Pr
         return 0
     settings = with_defaults(given(args, PROBLEM_SETTINGS), PROBLEM_SETTINGS)
     check_settings(settings)
-    problem = problem_of({**settings, "problem": args.problem})
+    problem = problem_of(ProblemSettings.of({**settings, "problem": args.problem}))
     mismatches = schedule_mismatches(schedule, problem)
     if mismatches:
         print(f"stale for {problem.name}: " + "; ".join(mismatches))

@@ -80,7 +80,7 @@ from autoremat._measure.measurement import (
     Measurement,
 )
 from autoremat._measure.mesh import layout
-from autoremat._measure.peers import active
+from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET, Compiled, time_compiled
 from autoremat._scan.records import record_scans
@@ -225,9 +225,9 @@ def compile_schedule(problem: Problem, schedule: Schedule, *, budget_bytes: int 
                      built: tuple[Step, tuple[Any, ...]] | None = None) -> Compiled:
     """``problem.build(schedule)`` (or ``built``: what it returned, when the caller already
     built it) then ``compile_step`` with the schedule's ``compiler_options``; a build failure
-    is recorded. In a lockstep tune every process compiles it too, and the result is theirs
-    as well (``autoremat._measure.peers``)."""
-    peers = active()
+    is recorded. For a problem of a lockstep tune every process compiles it too, and the
+    result is theirs as well (``autoremat._measure.peers``)."""
+    peers = peers_of(problem)
     if peers is None:
         return _compile_schedule(problem, schedule, budget_bytes, built)
     ticket = peers.announce(problem, schedule, budget_bytes)

@@ -3,26 +3,28 @@
 In a lockstep tune (``autoremat._search.lockstep``) one process decides what to measure
 and every process compiles and runs the same program: JAX's SPMD partitioner gives each
 process the program of its own devices, and a step whose arguments span every process's
-devices runs only when all of them run it. ``measure.compile_schedule`` tells the
-``Peers`` registered here (``active``) what it compiles (``announce``) and hands them
-the result (``joined``); they compile the same schedule and return the executable
-wrapped so that every run of it is a run on every process, and the measurement combined
-over processes (``combine``): every byte figure the largest on any device of any process,
-a failure anywhere the trial's failure, naming the process. With no peers registered
-(one process, or a job that does not tune in lockstep) nothing changes.
+devices runs only when all of them run it. The problem of such a tune carries its
+``Peers`` (``on_every_process``: the problem, and the same at each length): each compile
+of its step (``measure.compile_schedule``) tells them what it compiles (``announce``) and
+hands them the result (``joined``); they compile the same schedule and return the
+executable wrapped so that every run of it is a run on every process, and the
+measurement combined over processes (``combine``): every byte figure the largest on any
+device of any process, a failure anywhere the trial's failure, naming the process. A
+problem without peers (one process, or a job that does not tune in lockstep) compiles
+here alone.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from autoremat._measure import device_memory
 from autoremat._measure.measurement import ERROR, OK, OVER_BUDGET, Measurement, Status
+from autoremat._measure.problem import Problem
 
 if TYPE_CHECKING:
-    from autoremat._measure.problem import Problem
     from autoremat._measure.timing import Compiled
     from autoremat._schedules.base import Schedule
 
@@ -45,22 +47,30 @@ class Peers(Protocol):
         ...
 
 
-_ACTIVE: list[Peers] = []
+@dataclass(frozen=True)
+class _OnEveryProcess(Problem):
+    """A problem whose every compile is announced to ``peers`` and joined with theirs."""
+
+    peers: Peers | None = field(default=None, repr=False, compare=False)
 
 
-def active() -> Peers | None:
-    """The peers of the lockstep tune under way in this process, if any."""
-    return _ACTIVE[-1] if _ACTIVE else None
+def on_every_process(problem: Problem, peers: Peers) -> Problem:
+    """``problem`` compiled on every process (``peers``), and so is ``at_length(n)`` of it
+    (short runs); ``small()`` (a probe's instance) stays this process's alone."""
+    at_length = problem.at_length
+
+    def at(n: int) -> Problem:
+        assert at_length is not None
+        return on_every_process(at_length(n), peers)
+
+    kept = {f.name: getattr(problem, f.name) for f in fields(Problem)}
+    return _OnEveryProcess(**{**kept, "at_length": None if at_length is None else at},
+                           peers=peers)
 
 
-@contextlib.contextmanager
-def registered(peers: Peers) -> Iterator[None]:
-    """``peers`` are ``active()`` inside the block."""
-    _ACTIVE.append(peers)
-    try:
-        yield
-    finally:
-        _ACTIVE.remove(peers)
+def peers_of(problem: Problem) -> Peers | None:
+    """The other processes that compile and run ``problem``'s step with this one, if any."""
+    return problem.peers if isinstance(problem, _OnEveryProcess) else None
 
 
 def combine(mine: Measurement, theirs: Sequence[tuple[int, Measurement]],

@@ -44,7 +44,7 @@ from autoremat._schedules.binomial import BinomialSchedule
 from autoremat._schedules.groups import GroupsSchedule
 from autoremat._schedules.lengths import root_lengths
 from autoremat._schedules.nested import NestedSchedule
-from autoremat._schedules.policy import NO_REMAT, Policy, _show
+from autoremat._schedules.policy import NO_REMAT, Policy, _show, mapping_of
 from autoremat._schedules.safe_yaml import load_yaml_text, read_bytes
 
 #: A mapping without ``kind:`` is of this kind (files written before kinds existed).
@@ -141,13 +141,7 @@ def from_data(data: Any) -> Schedule:
     validated by the kind's constructor (``parse_fields`` adds the path).
     """
     keys = top_keys()
-    if not isinstance(data, Mapping):
-        raise ScheduleError(f"schedule: expected a mapping with keys {', '.join(keys)}, "
-                            f"got {_show(data)}")
-    unknown = [k for k in data if k not in keys]
-    if unknown:
-        raise ScheduleError(
-            f"{_show(unknown[0])}: unknown key; valid keys: {', '.join(keys)}")
+    data = mapping_of(data, keys, f"a mapping with keys {', '.join(keys)}")
     if "version" not in data:
         raise ScheduleError(f"version: missing; add 'version: {SCHEDULE_VERSION}'")
     version = data["version"]

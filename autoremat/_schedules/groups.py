@@ -28,7 +28,7 @@ from autoremat._schedules.nested import (
     policy_label,
 )
 from autoremat._schedules.nested_space import policy_choices
-from autoremat._schedules.policy import NO_REMAT, Level, Policy, _show
+from autoremat._schedules.policy import NO_REMAT, Level, Policy, _show, check_levels
 from autoremat.bounds import Cost
 
 #: At most this many groups (a schedule of more is a list of layers, not of groups).
@@ -65,14 +65,7 @@ class GroupsSchedule(Schedule):
     groups: tuple[Level, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.groups, (list, tuple)) or not self.groups:
-            raise ScheduleError(f"groups: expected a non-empty list of {{length, policy}} "
-                                f"mappings, got {_show(self.groups)}")
-        if len(self.groups) > MAX_GROUPS:
-            raise ScheduleError(f"groups: at most {MAX_GROUPS} groups, got {len(self.groups)}")
-        if not all(isinstance(g, Level) for g in self.groups):
-            raise ScheduleError("groups: every entry must be an autoremat.Level")
-        object.__setattr__(self, "groups", tuple(self.groups))
+        object.__setattr__(self, "groups", check_levels("groups", self.groups, MAX_GROUPS))
         super().__post_init__()
 
     @classmethod

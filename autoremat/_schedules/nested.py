@@ -20,7 +20,15 @@ import autoremat._schedules.nested_space as nested_space
 from autoremat._errors import ScheduleError
 from autoremat._schedules.base import NO_NAMES, Check, Features, Param, Schedule, at
 from autoremat._schedules.nested_space import Named
-from autoremat._schedules.policy import FACTORY_POLICIES, NO_REMAT, Level, Policy, _as_names, _show
+from autoremat._schedules.policy import (
+    FACTORY_POLICIES,
+    NO_REMAT,
+    Level,
+    Policy,
+    _as_names,
+    check_levels,
+    mapping_of,
+)
 from autoremat.bounds import Cost
 
 #: More than 64 levels of length >= 2 tile more than 2^64 steps.
@@ -72,14 +80,7 @@ class NestedSchedule(Schedule):
     levels: tuple[Level, ...]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.levels, (list, tuple)) or not self.levels:
-            raise ScheduleError(f"levels: expected a non-empty list of {{length, policy}} "
-                                f"mappings, got {_show(self.levels)}")
-        if len(self.levels) > MAX_LEVELS:
-            raise ScheduleError(f"levels: at most {MAX_LEVELS} levels, got {len(self.levels)}")
-        if not all(isinstance(lv, Level) for lv in self.levels):
-            raise ScheduleError("levels: every entry must be an autoremat.Level")
-        object.__setattr__(self, "levels", tuple(self.levels))
+        object.__setattr__(self, "levels", check_levels("levels", self.levels, MAX_LEVELS))
         super().__post_init__()
 
     @classmethod
@@ -266,15 +267,10 @@ def parse_levels(raw: Any, field: str) -> Any:
     if not isinstance(raw, list):
         return raw
     levels = []
-    for i, item in enumerate(raw):
+    for i, raw_item in enumerate(raw):
         where = f"{field}[{i}]"
-        if not isinstance(item, Mapping):
-            raise ScheduleError(f"{where}: expected a mapping like {{length: 100, policy: "
-                                f"nothing_saveable}}, got {_show(item)}")
-        bad = [k for k in item if k not in LEVEL_KEYS]
-        if bad:
-            raise ScheduleError(
-                f"{where}.{bad[0]}: unknown key; valid keys: {', '.join(LEVEL_KEYS)}")
+        item = mapping_of(raw_item, LEVEL_KEYS,
+                          "a mapping like {length: 100, policy: nothing_saveable}", where)
         if "length" not in item:
             raise ScheduleError(f"{where}.length: missing; give a positive integer")
         with at(where):

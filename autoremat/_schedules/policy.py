@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from autoremat._errors import ScheduleError
+from autoremat._errors import ScheduleError, did_you_mean
 
 #: Zero-argument members of ``jax.checkpoint_policies`` (the last two are
 #: aliases that JAX keeps for old code).
@@ -85,7 +85,7 @@ class Policy:
         if self.name not in ALL_POLICY_NAMES:
             raise ScheduleError(
                 f"policy: unknown policy {self.name!r}; valid: "
-                f"{', '.join(ALL_POLICY_NAMES)}"
+                f"{', '.join(ALL_POLICY_NAMES)}{did_you_mean(self.name, ALL_POLICY_NAMES)}"
             )
         if self.name in FACTORY_POLICIES:
             if not self.args and not self.kwargs:
@@ -180,7 +180,7 @@ class Policy:
                 raise ScheduleError(
                     f"{where}: {name!r} is not a policy factory; factories: "
                     f"{', '.join(FACTORY_POLICIES)} (zero-argument policies are "
-                    "plain strings)"
+                    f"plain strings){did_you_mean(str(name), FACTORY_POLICIES)}"
                 )
             if isinstance(value, str):
                 value = [value]
@@ -220,6 +220,42 @@ class Level:
         check_int("length", self.length)
         if not isinstance(self.policy, Policy):
             object.__setattr__(self, "policy", Policy.from_data(self.policy))
+
+
+def check_levels(field: str, value: Any, most: int) -> tuple[Level, ...]:
+    """``value`` as the ``Level``s a schedule's field holds (1 to ``most``: a nested
+    schedule's levels, a groups schedule's groups).
+
+    Raises:
+      ScheduleError: naming ``field``: not a non-empty list, too many, or an entry that is
+        not a ``Level``.
+    """
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ScheduleError(f"{field}: expected a non-empty list of {{length, policy}} "
+                            f"mappings, got {_show(value)}")
+    if len(value) > most:
+        raise ScheduleError(f"{field}: at most {most} {field}, got {len(value)}")
+    if not all(isinstance(lv, Level) for lv in value):
+        raise ScheduleError(f"{field}: every entry must be an autoremat.Level")
+    return tuple(value)
+
+
+def mapping_of(data: Any, keys: Sequence[str], expected: str,
+               where: str = "") -> Mapping[str, Any]:
+    """``data`` (as YAML gave it) as a mapping holding only ``keys``.
+
+    Raises:
+      ScheduleError: not a mapping (``where: expected <expected>, got ...``; ``where`` is
+        ``schedule`` at the top level), or its first unknown key, by its path, with the
+        valid ones.
+    """
+    if not isinstance(data, Mapping):
+        raise ScheduleError(f"{where or 'schedule'}: expected {expected}, got {_show(data)}")
+    unknown = [k for k in data if k not in keys]
+    if unknown:
+        name = f"{where}.{unknown[0]}" if where else _show(unknown[0])
+        raise ScheduleError(f"{name}: unknown key; valid keys: {', '.join(keys)}")
+    return data
 
 
 def offload_names(names: Sequence[str]) -> Policy:

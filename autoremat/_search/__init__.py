@@ -9,12 +9,13 @@ steps alike: ``arguments``) choose what to measure next; a ``worker`` measures i
 before it stops runs the leader in turn with its closest challengers: ``retime``); long
 scans are timed on short runs (``short_runs``) and the pick at full length
 (``confirm``); risky choices are checked when first proposed (``probes``) and the pick
-is proved to fit (``proof``). The study: its storage and lock (``storage``), opened or
-resumed (``resume``), read (``study``; the last one tuned from a folder:
-``last_study``), the names written into it (``attrs``; each trial's schedule as Optuna
-params: ``trial_params``), what ``tune`` logs as it goes (``tune_log``), its Pareto front,
-as data
-(``pareto``; its table and plot are ``autoremat._cli``'s) and its answer in the user's
-framework (``export_forms``). Apart from the study: a MaxText model tuned by its own
-remat knobs, each measured as MaxText's train step (``maxtext_knobs``).
+is proved to fit (``proof``); what ``tune`` reports while it runs, and the proof's
+outcome, are records (``reports``) the command line words. The study: its storage and
+lock (``storage``), opened or resumed (``resume``), read (``study``; the last one tuned
+from a folder: ``last_study``), the names written into it (``attrs``; each trial's
+schedule as Optuna params: ``trial_params``), what ``tune`` logs as it goes
+(``tune_log``), its Pareto front, as data (``pareto``; its table and plot are
+``autoremat._cli``'s) and its answer in the user's framework (``export_forms``). Apart
+from the study: a MaxText model tuned by its own remat knobs, each measured as MaxText's
+train step (``maxtext_knobs``).
 """

@@ -28,6 +28,7 @@ from autoremat._measure.measurement import figure_names
 from autoremat._measure.problem import Problem
 from autoremat._measure.timing import time_compiled
 from autoremat._search.attrs import confirmed_key
+from autoremat._search.reports import FullLengthTiming, TuneEvent
 from autoremat._search.study import MeasuredTrial, StudyInfo, measured_trials
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def _next(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> Measu
 
 def confirm(study: optuna.Study, problem: Problem, info: StudyInfo, *,
             time_limit: float | None, time_budget: float,
-            on_confirm: Callable[[str], None] | None = None) -> str:
+            on_confirm: Callable[[TuneEvent], None] | None = None) -> str:
     """Time the pick (and a close runner-up) at full length (module doc), under the
     study's budget (``info``: what the study was made for); the confirmed trials then
     carry ``extrapolated_seconds``. Returns why the pick stays predicted ("": it does not)."""
@@ -83,9 +84,8 @@ def confirm(study: optuna.Study, problem: Problem, info: StudyInfo, *,
                     f"time limit of {time_limit:.0f} s (a limit of {predicted * 1.2:.0f} s "
                     "would time it)")
         if on_confirm is not None:
-            on_confirm(f"timing trial {trial.number} ({trial.schedule.describe()}) at "
-                       f"T={problem.seq_len}: predicted {predicted:.3g} s from "
-                       f"T'={trial.measurement.short_seq_len}")
+            on_confirm(FullLengthTiming(trial.number, trial.schedule, problem.seq_len,
+                                        predicted, trial.measurement.short_seq_len))
         compiled = compile_schedule(problem, trial.schedule, budget_bytes=budget_bytes)
         timed = time_compiled(compiled, budget_bytes=budget_bytes, time_budget=time_budget)
         full = replace(timed, timing=replace(timed.timing, timed_seq_len=problem.seq_len))

@@ -15,32 +15,32 @@ process returns the same one.
 
 Faults: every process beats every ``heartbeat / 4`` s and watches the others'; one that
 has not beaten for ``LOST_AFTER * heartbeat`` s is lost (killed, hung, or its host gone),
-and each other process prints a line naming it and exits ``EXIT_LOST`` at once -- a
-process waiting in a collective for a lost one would wait forever. What process 0
-recorded stays in the study; the trial under way goes stale (``storage``'s heartbeats)
-and the same command resumes the study.
+and each other process ends its tune at once: its watcher thread interrupts the main
+thread (a wait on the store returns within ``_WAIT_MS``), and ``tune`` raises
+``LockstepLost`` naming the lost process (the command line prints it and exits with its
+own code). A main thread blocked inside a device collective with the lost process is
+ended by ``jax.distributed``'s own heartbeat check. What process 0 recorded stays in the
+study; the trial under way goes stale (``storage``'s heartbeats) and the same command
+resumes the study.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
+import _thread
 import pickle
-import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError, one_line
 from autoremat._measure.failure import BUILD, words
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import ERROR, OK, Measurement
-from autoremat._measure.peers import combine, registered
+from autoremat._measure.peers import combine, on_every_process
 from autoremat._measure.timing import Compiled
-from autoremat._search.planning.compile_pool import WORKERS_ENV
 
 if TYPE_CHECKING:
     from autoremat._measure.problem import Problem
@@ -50,14 +50,30 @@ if TYPE_CHECKING:
 #: A process silent for this many heartbeats is lost (beats come every quarter of one,
 #: and are checked as often: the others end within ``(LOST_AFTER + 0.25) * heartbeat``).
 LOST_AFTER: Final = 1.5
-#: A process that ends because another was lost exits with this code (sysexits'
-#: EX_TEMPFAIL: run the same command again to resume the study).
-EXIT_LOST: Final = 75
 #: Executables a following process keeps compiled (older ones are compiled again when run).
 KEPT: Final = 4
 _PREFIX: Final = "autoremat/lockstep"
 _WAIT_MS: Final = 1000  # one blocking read of the store; repeated while the sender lives
 _sessions = [0]  # lockstep tunes started in this process: the same count on every process
+
+
+class LockstepLost(BaseException):
+    """Another process of a lockstep tune was lost: this one's tune ends, keeping what the
+    study recorded; the same call on every process resumes it.
+
+    Like ``KeyboardInterrupt`` it is no ``Exception``: it ends the tune, it does not fail
+    the trial under way (whose handlers record an ``Exception`` as the trial's failure).
+
+    Attributes:
+      lost: the lost process's index; ``processes``: the job's count; ``process``: this
+        one's index; ``why``: how it was found lost.
+    """
+
+    def __init__(self, lost: int, processes: int, process: int, why: str) -> None:
+        self.lost, self.processes, self.process, self.why = lost, processes, process, why
+        super().__init__(f"lockstep tune: lost process {lost} of {processes}: {why}; "
+                         f"process {process} ends its tune; the study keeps what was "
+                         "recorded: run the same command on every process to resume it")
 
 
 class _Store:
@@ -89,10 +105,14 @@ class _Store:
                 raw = self.client.blocking_key_value_get_bytes(f"{self.prefix}/{key}", _WAIT_MS)
             except Exception as e:  # not there yet: wait on
                 if "DEADLINE_EXCEEDED" not in str(e):
-                    lost(self, 0, "the job's key-value store (on process 0) stopped answering: "
-                                  f"{one_line(e)}")
+                    raise self.lost(0, "the job's key-value store (on process 0) stopped "
+                                       f"answering: {one_line(e)}") from None
                 continue
             return pickle.loads(raw)
+
+    def lost(self, process: int, why: str) -> LockstepLost:
+        """The error for ``process`` lost (``why``), seen from this one."""
+        return LockstepLost(process, self.count, self.process, why)
 
     def send(self, message: dict[str, Any]) -> int:
         """Process 0's next message to the others; its number."""
@@ -110,6 +130,7 @@ class _Watchdog:
 
     def __init__(self, store: _Store) -> None:
         self.store = store
+        self.lost: LockstepLost | None = None  # set once, then the main thread is interrupted
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.watch, name="autoremat-lockstep",
                                        daemon=True)
@@ -133,12 +154,17 @@ class _Watchdog:
                     if value != seen[p][0]:
                         seen[p] = (value, now)
             except Exception as e:  # the store itself is gone: process 0 hosts it
-                lost(self.store, 0, "the job's key-value store (on process 0) stopped "
-                                    f"answering: {one_line(e)}")
+                return self.end(self.store.lost(0, "the job's key-value store (on process "
+                                                   f"0) stopped answering: {one_line(e)}"))
             for p, (_, at) in seen.items():
                 if now - at > LOST_AFTER * self.store.heartbeat:
-                    lost(self.store, p, f"no heartbeat for {now - at:.1f} s (heartbeat "
-                                        f"{self.store.heartbeat:g} s)")
+                    return self.end(self.store.lost(p, f"no heartbeat for {now - at:.1f} s "
+                                                       f"(heartbeat {self.store.heartbeat:g} s)"))
+
+    def end(self, lost: LockstepLost) -> None:
+        """Keep ``lost`` and interrupt the main thread: ``in_lockstep`` raises it there."""
+        self.lost = lost
+        _thread.interrupt_main()
 
     def __enter__(self) -> _Watchdog:
         self.thread.start()
@@ -147,15 +173,6 @@ class _Watchdog:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-
-
-def lost(store: _Store, process: int, why: str) -> NoReturn:
-    """End this process at once, with one line naming the lost one (the module doc)."""
-    resume = ("the study keeps what was recorded; run the same command on every process to "
-              "resume it")
-    print(f"autoremat: lockstep tune: lost process {process} of {store.count}: {why}; ending "
-          f"process {store.process} (exit {EXIT_LOST}); {resume}", file=sys.stderr, flush=True)
-    os._exit(EXIT_LOST)
 
 
 class _Everywhere:
@@ -217,9 +234,9 @@ class _Leader:
     budgets: dict[int, int | None] = field(default_factory=dict)
 
     def announce(self, problem: Problem, schedule: Schedule, budget_bytes: int | None) -> int:
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():  # no compile threads
             raise TuneError("lockstep tune: a compile off the main thread would reach the "
-                            f"other processes out of order; set {WORKERS_ENV}=1")
+                            "other processes out of order")
         self.tickets += 1
         self.budgets[self.tickets] = budget_bytes
         self.store.send({"op": "compile", "id": self.tickets, "length": problem.seq_len,
@@ -305,47 +322,51 @@ class _Follower:
         raise AssertionError("unreachable")
 
 
-@contextlib.contextmanager
-def _one_compile_thread() -> Iterator[None]:
-    """No compile threads while process 0 tunes: its compiles reach the others in order."""
-    before = os.environ.get(WORKERS_ENV)
-    os.environ[WORKERS_ENV] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(WORKERS_ENV, None)
-        else:
-            os.environ[WORKERS_ENV] = before
-
-
 def in_lockstep(problem: Problem, heartbeat: float,
-                tune_here: Callable[[], TuneResult]) -> TuneResult:
+                tune_here: Callable[[Problem], TuneResult]) -> TuneResult:
     """``tune`` on every process of the job (module doc), their heartbeats ``heartbeat``
-    seconds apart: process 0 runs ``tune_here`` with the others following; every process
-    returns its ``TuneResult``.
+    seconds apart: process 0 runs ``tune_here`` on ``problem`` compiled on every process
+    (``autoremat._measure.peers.on_every_process``; no compile threads, so its compiles
+    reach the others in one order) with the others following; every process returns its
+    ``TuneResult``.
 
     Raises:
       TuneError: jax.distributed is not initialized, the processes built different
         problems, or process 0's tune failed (its error, on the others).
+      LockstepLost: another process was lost (the module doc).
     """
     store = _Store(float(heartbeat))
-    with _Watchdog(store):
-        if store.process != 0:
-            return _Follower(problem, store).follow()
-        try:
-            store.send({"op": "hello"})
-            mine = (problem.name, problem.seq_len)
-            for p, theirs in store.replies("hello"):
-                if tuple(theirs) != mine:
-                    raise TuneError(f"lockstep tune: process {p} built {theirs[0]} (T={theirs[1]}), "
-                                    f"process 0 built {mine[0]} (T={mine[1]}): run the same "
-                                    "command with the same arguments on every process")
-            leader = _Leader(store)
-            with registered(leader), _one_compile_thread():
-                result = tune_here()
-        except BaseException as e:
-            store.send({"op": "error", "message": one_line(e)})
-            raise
-        store.send({"op": "done", "result": result})
-        return result
+    watchdog = _Watchdog(store)
+    try:
+        with watchdog:
+            result = _follow(problem, store) if store.process != 0 else _lead(
+                problem, store, tune_here)
+    except KeyboardInterrupt:  # the watchdog's, or Ctrl-C
+        if watchdog.lost is not None:
+            raise watchdog.lost from None
+        raise
+    if watchdog.lost is not None:  # its interrupt ended the search early (as Ctrl-C does)
+        raise watchdog.lost
+    return result
+
+
+def _follow(problem: Problem, store: _Store) -> TuneResult:
+    return _Follower(problem, store).follow()
+
+
+def _lead(problem: Problem, store: _Store,
+          tune_here: Callable[[Problem], TuneResult]) -> TuneResult:
+    try:
+        store.send({"op": "hello"})
+        mine = (problem.name, problem.seq_len)
+        for p, theirs in store.replies("hello"):
+            if tuple(theirs) != mine:
+                raise TuneError(f"lockstep tune: process {p} built {theirs[0]} (T={theirs[1]}), "
+                                f"process 0 built {mine[0]} (T={mine[1]}): run the same "
+                                "command with the same arguments on every process")
+        result = tune_here(on_every_process(problem, _Leader(store)))
+    except BaseException as e:
+        store.send({"op": "error", "message": one_line(e)})
+        raise
+    store.send({"op": "done", "result": result})
+    return result

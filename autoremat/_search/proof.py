@@ -12,7 +12,8 @@ is proved in turn, up to ``MAX_TRIES`` picks. One that passes records
 ``fit_proof_bytes`` (the budget), which the written schedule's ``meta``, ``autoremat
 show`` and ``autoremat pareto`` report.
 
-On a CPU there is no device memory to fill: the proof is skipped, and said.
+On a CPU there is no device memory to fill: the proof is skipped, and said. The outcome
+is a record (``reports.ProofOfFit``), worded by the command line.
 """
 
 from __future__ import annotations
@@ -27,51 +28,46 @@ from autoremat._measure.measurement import proof_attrs
 from autoremat._measure.problem import Problem
 from autoremat._measure.timing import Compiled
 from autoremat._search.attrs import proof_key
-from autoremat._search.study import MeasuredTrial, StudyInfo, choose
-from autoremat._units import format_bytes
+from autoremat._search.reports import ProofOfFit, ProofOutcome, ProofRetry, TuneEvent
+from autoremat._search.study import StudyInfo, choose
 
 if TYPE_CHECKING:
     import optuna
+
+    from autoremat._search.study import MeasuredTrial
 
 #: At most this many picks are proved (each a compile and one run).
 MAX_TRIES: Final = 3
 
 
 def prove_fit(study: optuna.Study, problem: Problem, info: StudyInfo,
-              on_line: Callable[[str], None] | None = None,
-              compiled: Compiled | None = None) -> str:
+              on_event: Callable[[TuneEvent], None] | None = None,
+              compiled: Compiled | None = None) -> ProofOfFit:
     """Prove the study's pick fits its budget (``info``: what the study was made for) on
-    the device (module doc). Returns one
-    line saying what was proved ("" when nothing fits). ``compiled``: a schedule's
-    executable at full length, run instead of compiling again when it is the pick's (the
-    search keeps its best's: ``Worker.take_kept``)."""
+    the device (module doc); ``on_event`` hears of each pick that failed it
+    (``ProofRetry``). ``compiled``: a schedule's executable at full length, run instead
+    of compiling again when it is the pick's (the search keeps its best's:
+    ``Worker.take_kept``)."""
     if not device_memory.meters():
-        return "proof of fit: skipped (a CPU has no device memory to fill)"
+        return ProofOfFit(ProofOutcome.SKIPPED)
     budget_bytes = info.budget_bytes
     for _ in range(MAX_TRIES):
         best = choose(study, info)
         if best is None:
-            return "proof of fit: no pick left that fits"
+            return ProofOfFit(ProofOutcome.NONE_FITS)
         if best.measurement.fit_proof_bytes is not None:
-            return _passed(best, budget_bytes)
+            return ProofOfFit(ProofOutcome.PASSED, best.number, budget_bytes)
         mine = compiled is not None and compiled.measurement.schedule_key == best.schedule.key()
         ok, why = _run(problem, best, budget_bytes, compiled if mine else None)
         if ok is None:
-            return f"proof of fit: not run ({why})"
+            return ProofOfFit(ProofOutcome.NOT_RUN, best.number, why=why)
         study.set_user_attr(proof_key(best.number), proof_attrs(budget_bytes if ok else None,
                                                                 "" if ok else why))
         if ok:
-            return _passed(best, budget_bytes)
-        if on_line is not None:
-            on_line(f"proof of fit: trial {best.number} ({best.schedule.describe()}) ran out of "
-                    f"memory with only {format_bytes(budget_bytes)} on the device; proving "
-                    "the next fastest")
-    return f"proof of fit: the {MAX_TRIES} fastest picks failed it; nothing is written"
-
-
-def _passed(trial: MeasuredTrial, budget_bytes: int) -> str:
-    return (f"proof of fit: trial {trial.number} ran once with only "
-            f"{format_bytes(budget_bytes)} on the device (its arguments live, the rest free)")
+            return ProofOfFit(ProofOutcome.PASSED, best.number, budget_bytes)
+        if on_event is not None:
+            on_event(ProofRetry(best.number, best.schedule, budget_bytes))
+    return ProofOfFit(ProofOutcome.ALL_FAILED, tries=MAX_TRIES)
 
 
 def _run(problem: Problem, trial: MeasuredTrial, budget_bytes: int,

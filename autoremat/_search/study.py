@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
+    from autoremat._search.reports import ProofOfFit
+
 #: The study attrs a resumed study must match (else it was made for another problem).
 MATCHED_STUDY_ATTRS = ("budget_bytes", "problem", "fingerprint", "device_kind")
 
@@ -342,8 +344,7 @@ class TuneResult:
       confirmed: trials timed on a short run and then at full length
         (``measurement.extrapolated_seconds``: the prediction).
       unconfirmed: why ``best``'s step time is a prediction, not measured ("" when not).
-      proof: what the proof of fit found: the pick run with only the budget free on the
-        device ("" when none ran).
+      proof: what the proof of fit found (``None`` when none ran).
       checkpoint_names: the step's ``checkpoint_name`` tags the study recorded (a layer
         stack's), the ``names`` of ``autoremat.framework_policy``.
       bound: what scheduling can save at most, measured before the search (``None``
@@ -372,7 +373,7 @@ class TuneResult:
     mesh: str = ""
     confirmed: tuple[MeasuredTrial, ...] = ()
     unconfirmed: str = ""
-    proof: str = ""
+    proof: ProofOfFit | None = None
     bound: Bound | None = None
     overrun: Overrun | None = None
     study_measured: int = 0
@@ -386,7 +387,7 @@ class TuneResult:
 
 def summarize(study: optuna.Study, storage: str, *, info: StudyInfo | None = None,
               measured: int = 0, interrupted: bool = False,
-              unconfirmed: str = "", proof: str = "",
+              unconfirmed: str = "", proof: ProofOfFit | None = None,
               compile_cache: CacheUse | None = None,
               too_late: tuple[TooLate, ...] = ()) -> TuneResult:
     """The ``TuneResult`` of a study (nothing is measured, nothing written); ``info``: what

@@ -79,7 +79,7 @@ from autoremat._measure.breakdown import argument_parts
 from autoremat._measure.compile_cache import persistent_cache
 from autoremat._measure.device import arguments_fingerprint, environment
 from autoremat._measure.mesh import layout
-from autoremat._measure.peers import active as active_peers
+from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
 from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
@@ -94,6 +94,7 @@ from autoremat._search.probes.cache import VerdictCache, cache_path, environment
 from autoremat._search.probes.guard import ProbeGuard
 from autoremat._search.probes.probe import RULES
 from autoremat._search.proof import prove_fit
+from autoremat._search.reports import TuneEvent
 from autoremat._search.resume import default_study_name, open_study
 from autoremat._search.storage import (
     DEFAULT_HEARTBEAT,
@@ -129,7 +130,7 @@ def tune(
     time_budget: float | str = DEFAULT_TIME_BUDGET,
     heartbeat: int | str = DEFAULT_HEARTBEAT,
     on_trial: OnTrial | None = None,
-    on_confirm: Callable[[str], None] | None = None,
+    on_confirm: Callable[[TuneEvent], None] | None = None,
     on_bound: Callable[[Bound], None] | None = None,
     progress: bool = False,
 ) -> TuneResult:
@@ -176,9 +177,11 @@ def tune(
         and retried.
       on_trial: called as ``on_trial(study, frozen_trial)`` after each trial
         (``autoremat.MeasuredTrial.of(frozen_trial)`` reads it).
-      on_confirm: called with one line before each full-length timing of a
-        schedule timed on short runs, and with one line per risky choice (offload)
-        the study checked on the problem before offering it.
+      on_confirm: called with a record of what the search is doing (``TuneEvent``):
+        ``FullLengthTiming`` before each full-length timing of a schedule timed on short
+        runs, ``ProbeChecked`` per risky choice (offload) the study checked on the problem
+        before offering it, ``ProofRetry`` per pick that failed the proof of fit; the
+        command line words them.
       on_bound: called with what scheduling can save at most, measured by two compiles
         before the search (the step as written and every long scan at its least memory).
         Where that is a negligible share of the step and neither ``n_trials`` nor
@@ -197,6 +200,8 @@ def tune(
         named study was made for another problem, argument shapes, device or
         budget.
       ProblemError: the problem's step cannot be built.
+      LockstepLost: in a lockstep tune, another process of the job was lost (its
+        message says which); the same call on every process resumes the study.
 
     With ``jax.process_count() > 1`` every process of the job makes this same call:
     process 0 decides and alone writes the study and ``out``, every process compiles and
@@ -210,7 +215,7 @@ def tune(
                   on_confirm)
     LOGGER.info("tuning %s under %s per device", problem.name, format_bytes(budget))
     search = functools.partial(
-        _tune, problem, budget, n_trials=n_trials,
+        _tune, budget_bytes=budget, n_trials=n_trials,
         total_trials=total_trials,
         limit=None if time_limit is None else parse_duration(time_limit, "time_limit"),
         explore_front=explore_front, storage=storage, study_name=study_name, seed=seed,
@@ -218,23 +223,23 @@ def tune(
         heartbeat=beat, on_trial=log.on_trial, on_confirm=log.on_confirm,
         on_bound=functools.partial(_log_bound, on_bound))
     try:
-        if jax.process_count() > 1 and active_peers() is None:  # every process runs this
+        if jax.process_count() > 1 and peers_of(problem) is None:  # every process runs this
             from autoremat._search.lockstep import in_lockstep
 
             result = in_lockstep(problem, beat, search)
         else:
-            result = search()
+            result = search(problem)
     finally:
         log.close()
     log_result(result)
     return result
 
 
-def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
+def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
           total_trials: int | None, limit: float | None, explore_front: bool,
           storage: str | None, study_name: str | None, seed: int, out: str | Path | None,
           time_budget: float, heartbeat: int, on_trial: OnTrial | None,
-          on_confirm: Callable[[str], None] | None,
+          on_confirm: Callable[[TuneEvent], None] | None,
           on_bound: Callable[[Bound], None] | None) -> TuneResult:
     """``tune`` on its arguments read (a budget in bytes, seconds): from here the budget
     and the problem's facts travel in the study's ``StudyInfo``."""
@@ -267,7 +272,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
                         time_budget=time_budget, heartbeat=heartbeat, on_trial=on_trial,
                         explore_front=explore_front, seed=seed, built=built,
                         # in lockstep, no risky choice: its probe would run on process 0 alone
-                        refused=guard.refused if active_peers() is None else guard.labels,
+                        refused=guard.refused if peers_of(problem) is None else guard.labels,
                         guard=guard, named=named, layer_costs=layers)
         del built
         interrupted = search.run(n_trials, None if limit is None else
@@ -277,7 +282,7 @@ def _tune(problem: Problem, budget_bytes: int, *, n_trials: int | None,
                                                      time_budget=time_budget, on_confirm=on_confirm)
         kept = search.take_kept()  # the best's executable: the proof runs it
         del search  # its other executables: what they reserve on a device is not the pick's
-        proof = "" if interrupted else prove_fit(study, problem, info, on_confirm, kept)
+        proof = None if interrupted else prove_fit(study, problem, info, on_confirm, kept)
         if kept is not None:
             kept.release()
         result = summarize(study, storage or DEFAULT_STORAGE, info=info, measured=search_measured,
@@ -390,7 +395,7 @@ def _refuse_under_arguments(budget_bytes: int, args: tuple[Any, ...],
 
 
 def _probe_guard(problem: Problem, info: StudyInfo, study: Any, lock: StudyLock,
-                 storage: str | None, on_note: Callable[[str], None] | None,
+                 storage: str | None, on_note: Callable[[TuneEvent], None] | None,
                  named: Mapping[str, Policy]) -> ProbeGuard:
     """The study's probe of risky choices, run as the planner first proposes each
     (``autoremat._search.probes.guard``), its verdicts cached beside the storage."""

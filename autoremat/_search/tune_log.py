@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._search.attrs import COMPILE_FAILED
+from autoremat._search.reports import TuneEvent
 from autoremat._search.study import MeasuredTrial, TuneResult
 from autoremat._units import format_bytes, format_seconds
 
@@ -29,7 +30,7 @@ class TuneLog:
     ``progress``), then handed to the caller's own."""
 
     def __init__(self, total: int | None, progress: bool, on_trial: OnTrial | None,
-                 on_confirm: Callable[[str], None] | None) -> None:
+                 on_confirm: Callable[[TuneEvent], None] | None) -> None:
         self.bar: Any = None
         if progress:
             from tqdm.auto import tqdm
@@ -51,10 +52,10 @@ class TuneLog:
         if self.caller_trial is not None:
             self.caller_trial(study, trial)
 
-    def on_confirm(self, line: str) -> None:
-        LOGGER.info("%s", line)
+    def on_confirm(self, event: TuneEvent) -> None:
+        LOGGER.info("%s", event)
         if self.caller_confirm is not None:
-            self.caller_confirm(line)
+            self.caller_confirm(event)
 
     def close(self) -> None:
         if self.bar is not None:

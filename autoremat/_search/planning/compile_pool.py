@@ -14,7 +14,9 @@ threads of its own, and the timing's host thread needs a core), at most
 ``MAX_WORKERS``; and 1 on a CPU platform, whose timed step runs on those same
 cores (a compile beside it would slow the figure). So 1 on a 2-core machine, 3 on
 a 13-core host. The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS)
-overrides the rule. With 1 there is no thread: every compile runs on the main thread when the planner
+overrides the rule; a problem compiled on every process of a lockstep tune
+(``autoremat._measure.peers``) gets 1, so its compiles reach the others in one order.
+With 1 there is no thread: every compile runs on the main thread when the planner
 needs it -- the sequential search, unchanged.
 
 **Device memory**: a compile taken ahead and not yet consumed holds its executable,
@@ -46,6 +48,7 @@ from typing import Final
 from autoremat._errors import TuneError
 from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
+from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
@@ -64,8 +67,11 @@ class ContextDiffers(RuntimeError):
     """A compile thread's JAX trace context is not the main thread's: not compiled there."""
 
 
-def compile_workers(platform: str, cores: int | None = None) -> int:
-    """Compiles under way at once, the main thread's included (the module doc's rule)."""
+def compile_workers(platform: str, cores: int | None = None, *, in_order: bool = False) -> int:
+    """Compiles under way at once, the main thread's included (the module doc's rule);
+    ``in_order``: every compile must come in the planner's order (a lockstep tune), so 1."""
+    if in_order:
+        return 1
     override = os.environ.get(WORKERS_ENV, "").strip()
     if override:
         if not override.isdigit() or int(override) < 1:
@@ -121,9 +127,10 @@ class CompilePool:
 
     @classmethod
     def for_problem(cls, problem: Problem, budget_bytes: int, platform: str) -> CompilePool:
-        """A pool of ``compile_workers(platform)`` compiling ``problem``'s schedules."""
+        """A pool of ``compile_workers(platform)`` compiling ``problem``'s schedules (1, no
+        thread, for a problem compiled on every process)."""
         return cls(lambda s: compile_quietly(problem, s, budget_bytes, platform),
-                   compile_workers(platform))
+                   compile_workers(platform, in_order=peers_of(problem) is not None))
 
     def __contains__(self, key: str) -> bool:
         return key in self._ahead

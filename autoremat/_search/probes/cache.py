@@ -10,9 +10,10 @@ and the problem (its name and argument
 fingerprint). A later study on the same environment reads it:
 
 * a verdict found on the same problem is reused, whatever it says;
-* a compile failure found on any problem is reused for every problem (this XLA
-  refuses that placement; the line says on which problem it was found); an offered
-  choice, or one whose results differed, is probed again on another problem.
+* a compile failure found on any problem (a verdict whose reason starts so,
+  ``ProbeVerdict.compile_failed``) is reused for every problem (this XLA refuses that
+  placement; the line says on which problem it was found); an offered choice, or one
+  whose results differed or whose run failed, is probed again on another problem.
 
 Where: ``probes.json`` in the folder of the SQLite file of the study storage
 (``runs/probes.json`` for the default ``sqlite:///runs/autoremat.db``); for other
@@ -32,13 +33,12 @@ from pathlib import Path
 from typing import Final
 
 from autoremat._atomic import atomic_write_text
+from autoremat._search.probes.probe import ProbeVerdict
 
 #: The file's name beside the SQLite file of the storage.
 FILE_NAME: Final = "probes.json"
 #: Environment variable: the cache file's path, or ``off``.
 CACHE_ENV: Final = "AUTOREMAT_PROBE_CACHE"
-#: A verdict holding this was a compile failure: reused for every problem.
-COMPILE_FAILED: Final = "compile failed"
 
 
 def cache_path(storage: str | None) -> Path | None:
@@ -95,7 +95,7 @@ class VerdictCache:
         if isinstance(mine, str):
             return mine
         for problem, verdict in found.items():
-            if isinstance(verdict, str) and COMPILE_FAILED in verdict:
+            if isinstance(verdict, str) and ProbeVerdict.parse(verdict).compile_failed:
                 return f"{verdict} [found on {problem.split('|')[0]}]"
         return None
 

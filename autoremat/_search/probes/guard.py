@@ -55,6 +55,7 @@ from autoremat._search.attrs import PROBE
 from autoremat._search.probes import probe as probe_module
 from autoremat._search.probes.cache import VerdictCache
 from autoremat._search.probes.probe import ProbeVerdict, Source
+from autoremat._search.reports import ProbeChecked
 
 if TYPE_CHECKING:
     import optuna
@@ -86,7 +87,7 @@ class ProbeGuard:
 
     def __init__(self, problem: Problem, platform: str, study: optuna.Study, lock: StudyLock,
                  cache: VerdictCache | None = None,
-                 on_note: Callable[[str], None] | None = None,
+                 on_note: Callable[[ProbeChecked], None] | None = None,
                  named: Mapping[str, Policy] = NO_NAMES) -> None:
         self.problem, self.platform, self.study, self.lock = problem, platform, study, lock
         self.cache, self.on_note, self.named = cache, on_note, named
@@ -199,7 +200,7 @@ class ProbeGuard:
         if put and self.cache is not None:
             self.cache.put(label, self.verdicts[choices].stored().text())
         if self.on_note is not None:
-            self.on_note(f"probe: {label}: {self.verdicts[choices].text()}")
+            self.on_note(ProbeChecked(label, self.verdicts[choices]))
 
     def _read_study(self) -> None:
         recorded = self.study.user_attrs.get(PROBE)

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from autoremat._errors import one_line
+from autoremat._measure.failure import COMPILE, words
 from autoremat._measure.problem import Problem
 from autoremat._schedules import KINDS, nested, plain
 from autoremat._schedules.base import NO_NAMES, Check, Schedule
@@ -76,6 +77,9 @@ ATOL_FRACTION: Final = 1e-3
 RULES: Final = f"rtol {RTOL}, atol {ATOL_FRACTION} of the largest value"
 OFFERED: Final = "offered"
 LEFT_OUT: Final = "left out"
+#: How the reason of a verdict starts when the step failed to compile (the probe's, or a
+#: trial's: ``measure``'s reason): this XLA refuses the choice, on any problem.
+COMPILE_FAILURE: Final = words(COMPILE)
 
 
 class Source(enum.Enum):
@@ -83,7 +87,7 @@ class Source(enum.Enum):
 
     PROBE = "probe"  # a probe ran it
     CACHE = "cache"  # the cache beside the storage (``cache``)
-    TRIAL = "trial"  # a trial failed to compile it (``guard``)
+    TRIAL = "trial"  # a trial failed to compile it (``guard``; no other failure of a trial)
 
 
 #: What a verdict's stored line ends with, by where it came from.
@@ -100,6 +104,14 @@ class ProbeVerdict:
     offered: bool
     why: str
     source: Source = Source.PROBE
+
+    @property
+    def compile_failed(self) -> bool:
+        """Left out because its step failed to compile: the probe's (its reason starts with
+        ``COMPILE_FAILURE``) or a trial's (``Source.TRIAL``: only a compile failure in a
+        trial leaves a choice out). A verdict that holds for every problem (``cache``)."""
+        return not self.offered and (self.source is Source.TRIAL
+                                     or self.why.startswith(COMPILE_FAILURE))
 
     def text(self) -> str:
         """The stored line."""
@@ -196,7 +208,7 @@ def verdict(problem: Problem, check: Check, reference: list[Any]) -> ProbeVerdic
     try:
         placed, got = _run(problem, check.schedule, check.offloads)
     except _CompileFailed as e:
-        return ProbeVerdict(False, f"compile failed ({where}): {e}")
+        return ProbeVerdict(False, f"{COMPILE_FAILURE} ({where}): {e}")
     except Exception as e:
         return ProbeVerdict(False, f"run failed ({where}): {one_line(e)}")
     if check.offloads and not placed:
