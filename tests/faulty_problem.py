@@ -6,8 +6,8 @@ scan raises while running, per-step remat fails to build, sqrt(T) fails to
 compile, cube-root gives a NaN loss. Every other schedule is fine.
 
 ``hang_once``: the tiny problem, but the ``AUTOREMAT_TEST_HANG_AT``-th call of
-``build`` in a process (default 3: the plain scan, built once for the study's fingerprint
-and trial 0, then trials 1, 2)
+``build`` in a process (default 4: the plain scan, built once for the study's fingerprint
+and trial 0, the bound's least-memory schedule, then trials 1, 2)
 writes the file ``AUTOREMAT_TEST_HANG_MARKER`` (its pid) and sleeps, so a test
 can SIGKILL the worker in the middle of a trial. Once the marker exists it no
 longer hangs (the restarted worker runs normally).
@@ -69,7 +69,9 @@ def faulty(seq_len: int = 32) -> Problem:
 def hang_once(seq_len: int = 32) -> Problem:
     base = tiny(seq_len)
     calls = [0]
-    hang_at = int(os.environ.get("AUTOREMAT_TEST_HANG_AT", "3"))
+    # builds: the plain scan's (its trial reuses it), the bound's least-memory schedule,
+    # then one per trial: the 4th is the third trial's
+    hang_at = int(os.environ.get("AUTOREMAT_TEST_HANG_AT", "4"))
     marker = os.environ.get("AUTOREMAT_TEST_HANG_MARKER")
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:

@@ -258,7 +258,8 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
             costs is not None and is_layer_stack(problem.seq_len, costs)) else None
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
         study.set_user_attr(LAYER_STACK, layers is not None)  # exports word layers, time steps
-        bound = _bound(study, problem, built[1:])
+        # in lockstep the followers compile only what a trial announces: no bound there
+        bound = _bound(study, problem, built[1:]) if peers_of(problem) is None else None
         if bound is not None and on_bound is not None:
             on_bound(bound)
         if n_trials is None and total_trials is None:
