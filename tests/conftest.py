@@ -123,14 +123,17 @@ def leaves_the_users_runs_alone() -> Iterator[None]:
                     "tmp_path (monkeypatch.chdir) or give it a storage there", pytrace=False)
 
 
-@pytest.fixture(autouse=True)
-def no_bound_outside_its_tests(request: pytest.FixtureRequest,
-                               monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="module")
+def no_bound_outside_its_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     """``tune`` compiles what scheduling can save at most before it searches
     (``autoremat._search.bound``), and on a problem whose scans hold almost none of its
     memory -- the tiny RNN most tests search -- times the plain scan alone. That is
     checked in ``tests/test_bound.py`` (and by the commands tests run in a process of
-    their own); the other in-process tests search as they test, with the same compiles
-    and trial sequences, so the bound is not measured there."""
-    if request.module.__name__.rsplit(".", 1)[-1] != "test_bound":
-        monkeypatch.setattr("autoremat._search.tune.scan_bound", lambda *_a, **_k: None)
+    their own); the other in-process tests (module-scoped searches too) search as they
+    test, with the same compiles and trial sequences, so the bound is not measured there."""
+    if request.module.__name__.rsplit(".", 1)[-1] == "test_bound":
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("autoremat._search.tune.scan_bound", lambda *_a, **_k: None)
+        yield
