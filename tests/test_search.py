@@ -31,6 +31,8 @@ from tests.tiny_problem import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 2400  # the tiny plain scan needs ~2.6 KB: over
+#: under the tiny plain scan on every JAX line (2.1 KB on jax 0.12, 2.6 KB on 0.10)
+UNDER_PLAIN = 2000
 
 
 @pytest.fixture()
@@ -66,20 +68,21 @@ def test_screening_never_times_an_over_budget_or_dominated_schedule(
                         spy_time(short_runs_module.time_compiled))
     # no n_trials: the planner decides what to time (n_trials asks for exactly that
     # many, and past the planner's stop it then times dominated schedules too)
-    result = tune(tiny(), BUDGET, time_budget=0.02, study_name="s", time_limit=None)
+    # under the tiny plain scan on every JAX line (2.1 KB on jax 0.12, 2.6 KB on 0.10)
+    result = tune(tiny(), UNDER_PLAIN, time_budget=0.02, study_name="s", time_limit=None)
     assert result.best is not None
     # the spies saw the search (a spy patched where nobody looks would see nothing)
     assert calls["compile"] >= 1 and calls["time"] >= 1 and timed, calls
     # many sized, few timed; each schedule compiled once, timed at most once
     assert len(compiled) == len(set(compiled)) > len(timed)
     assert len({k for k, _ in timed}) == len(timed)
-    assert all(b is not None and b <= BUDGET for _, b in timed)  # never over the budget
+    assert all(b is not None and b <= UNDER_PLAIN for _, b in timed)  # never over the budget
     assert autoremat.plain(32).key() not in {k for k, _ in timed}
     trials = sorted(measured_trials(load_study("s")), key=lambda t: t.number)
     seeds = {s.key() for s, _ in space.seeds(32)}
     for i, t in enumerate(trials):
         m = t.measurement
-        if m.total_bytes is not None and m.total_bytes > BUDGET:
+        if m.total_bytes is not None and m.total_bytes > UNDER_PLAIN:
             assert m.step_seconds is None and m.cut_seconds is None
         predicted = load_study("s").trials[t.number].user_attrs.get("predicted_seconds")
         if t.schedule.key() in seeds or predicted is None or m.total_bytes is None:

@@ -25,6 +25,8 @@ from autoremat._search.tune import tune
 from tests.tiny_problem import tiny
 
 BUDGET = 2400  # the tiny plain scan needs ~2.6 KB, nested schedules ~1.9 KB
+#: under the tiny plain scan on every JAX line (2.1 KB on jax 0.12, 2.6 KB on 0.10)
+UNDER_PLAIN = 2000
 
 TRIAL_ATTRS = (
     "schedule", "schedule_key", "total_bytes", "temp_bytes", "argument_bytes", "output_bytes",
@@ -41,19 +43,19 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_tune_writes_a_schedule_that_fits_when_remeasured(in_tmp: Path) -> None:
     problem = tiny()
-    result = tune(problem, BUDGET, n_trials=6, time_budget=0.02, out="s.yaml")
+    result = tune(problem, UNDER_PLAIN, n_trials=6, time_budget=0.02, out="s.yaml")
     assert result.best is not None and result.measured == 6
     assert (in_tmp / "runs" / "autoremat.db").is_file()
     assert not (in_tmp / "runs" / "last_study.json").exists()  # the CLI's business
     loaded = load_schedule("s.yaml", problem=problem)
     assert loaded.key() == result.best.key()
-    again = measure(problem, loaded, budget_bytes=BUDGET, time_budget=0.02)
-    assert again.feasible and again.total_bytes <= BUDGET
+    again = measure(problem, loaded, budget_bytes=UNDER_PLAIN, time_budget=0.02)
+    assert again.feasible and again.total_bytes <= UNDER_PLAIN
     assert again.total_bytes == loaded.meta["total_bytes"]  # compile-time figure is stable
     for key in ("problem", "fingerprint", "device_kind", "jax_version", "flax_version",
                 "budget_bytes", "total_bytes", "step_seconds", "study_name", "storage", "date"):
         assert loaded.meta[key] is not None, key
-    assert loaded.meta["budget_bytes"] == BUDGET and loaded.meta["problem"] == problem.name
+    assert loaded.meta["budget_bytes"] == UNDER_PLAIN and loaded.meta["problem"] == problem.name
 
     study = load_study(result.study_name)
     assert study.study_name == result.study_name
@@ -70,10 +72,10 @@ def test_tune_writes_a_schedule_that_fits_when_remeasured(in_tmp: Path) -> None:
     plain = next(t for t in trials if t.number == 0)
     assert plain.schedule.key() == plain.measurement.schedule_key == autoremat.plain(32).key()
     assert plain.measurement.step_seconds is None and not plain.measurement.feasible
-    assert not plain.measurement.fits(BUDGET) and result.plain_trial == plain
+    assert not plain.measurement.fits(UNDER_PLAIN) and result.plain_trial == plain
     assert study.trials[0].system_attrs["constraints:memory"] > 0
     # The chosen trial is the fastest of those that fit.
-    fits = [t for t in trials if t.measurement.fits(BUDGET)]
+    fits = [t for t in trials if t.measurement.fits(UNDER_PLAIN)]
     fastest = min(t.measurement.step_seconds for t in fits)
     assert result.best_trial is not None and result.best_trial == choose(study)
     assert result.best_trial.measurement.step_seconds == fastest
