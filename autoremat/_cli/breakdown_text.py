@@ -162,8 +162,7 @@ def nothing_fits_message(result: TuneResult,
     total = None if s is None else s.measurement.total_bytes
     if s is None or total is None:
         if bound is not None:
-            return (f"{budget}: the least-memory schedule ({bound.least}) compiles to "
-                    f"{format_bytes(bound.least_bytes)} ({bound.least_bytes} bytes){outside}")
+            return f"{budget}: {bound_text(bound)}"
         return (f"nothing fits in {format_bytes(result.budget_bytes)}: no schedule could be "
                 "measured (see the trials' 'reason')")
     floor = floor_message(s.measurement, result.budget_bytes, setting, fixes)
