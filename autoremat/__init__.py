@@ -91,6 +91,8 @@ missing here)::
                         retime: before it stops, the leader and its challengers run in turn
         resume          open a study or resume one; storage: storages, retries, the lock,
                         Optuna's log level; the one user of Optuna's internals
+        trials          a measured trial, and the answer among them: the fastest that
+                        fits, ties within noise to the least memory; why fused or unfused
         study           reading a study: measured trials, the answer, TuneResult;
                         last_study: the last study tuned from a folder (runs/)
         attrs           the names written into a study: trial attrs, study attrs

@@ -43,7 +43,7 @@ ROW = re.compile(r"^\s+(best|plain) \(trial (\d+)\)\s+(\S+ \S+)\s+(\S+ \S+)\s+(\
                  r"(?:([\d.]+)x)?\s+(.*)$")
 MEASURED = re.compile(r"\((\d+) schedules measured in the study")
 #: ``  within noise of the plain scan (trial 0: 2.15 s; +0.1%, runs spread 2.3%), 28.2x less
-#: memory``: the pick won a tie on memory (``autoremat._search.study.tie_break``).
+#: memory``: the pick won a tie on memory (``autoremat._search.trials.tie_break``).
 TIE = re.compile(r"^\s+within noise of (.*)$")
 #: ``compile cache: 3 of 40 compiles read back (8%)``
 CACHE = re.compile(r"compile cache(?: \(yours\))?: (\d+) of (\d+) compiles read back")

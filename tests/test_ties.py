@@ -1,5 +1,5 @@
 """Step times within the measured noise of each other are a tie, and the tie goes to the
-smaller schedule, the plain scan last (``autoremat._search.study.tie_break``); the spread
+smaller schedule, the plain scan last (``autoremat._search.trials.tie_break``); the spread
 of a trial's own runs decides (``autoremat._measure.timing.spread``). Made-up figures:
 no step runs."""
 
@@ -12,7 +12,8 @@ from autoremat._cli.printing import tie_lines
 from autoremat._measure.measurement import OK, Measurement
 from autoremat._measure.timing import spread
 from autoremat._schedules.base import Schedule
-from autoremat._search.study import MAX_TIE, MeasuredTrial, TuneResult, tie_break
+from autoremat._search.study import MeasuredTrial, TuneResult
+from autoremat._search.trials import MAX_TIE, tie_break
 
 T = 100
 BUDGET = 10**9

@@ -11,8 +11,9 @@ scans are timed on short runs (``short_runs``) and the pick at full length
 (``confirm``); risky choices are checked when first proposed (``probes``) and the pick
 is proved to fit (``proof``); what ``tune`` reports while it runs, and the proof's
 outcome, are records (``reports``) the command line words. The study: its storage and
-lock (``storage``), opened or resumed (``resume``), read (``study``; the last one tuned
-from a folder: ``last_study``), the names written into it (``attrs``; each trial's
+lock (``storage``), opened or resumed (``resume``), read (``study``; its measured
+trials and the answer among them: ``trials``; the last one tuned from a folder:
+``last_study``), the names written into it (``attrs``; each trial's
 schedule as Optuna params: ``trial_params``), what ``tune`` logs as it goes
 (``tune_log``), its Pareto front, as data (``pareto``; its table and plot are
 ``autoremat._cli``'s) and its answer in the user's framework (``export_forms``). Apart

@@ -111,3 +111,26 @@ def scan_bound(problem: Problem, built: tuple[Step, tuple[Any, ...]] | None = No
             return None
         totals.append(int(total))
     return Bound(totals[0], totals[1], least.describe(), time.monotonic() - start)
+
+
+def recorded_bound(study: Any, problem: Problem,
+                   built: tuple[Step, tuple[Any, ...]] | None = None) -> Bound | None:
+    """The bound ``study`` recorded (a resumed study), else ``scan_bound``'s, recorded."""
+    bound = Bound.of(study.user_attrs)
+    if bound is None:
+        bound = scan_bound(problem, built)
+        if bound is not None:
+            study.set_user_attr(BOUND_ATTR, bound.to_attrs())
+    return bound
+
+
+def trials_worth(bound: Bound | None, budget_bytes: int, platform: str) -> int | None:
+    """How many schedules are worth measuring when no count was asked for: where scheduling
+    can save only a negligible share of the step, the plain scan alone (the first
+    candidate) -- none on a CPU where even the least is over the budget (no offload goes
+    under it there); ``None``: as many as the search wants."""
+    if bound is None or not bound.negligible:
+        return None
+    if bound.step_bytes <= budget_bytes:
+        return 1
+    return 0 if platform == "cpu" and bound.least_bytes > budget_bytes else None

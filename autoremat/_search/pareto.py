@@ -32,11 +32,11 @@ from autoremat._search.attrs import DUPLICATE_OF
 from autoremat._search.study import (
     MeasuredTrial,
     StudyInfo,
-    _choose,
     choose,
     measured_trials,
     trial_schedule,
 )
+from autoremat._search.trials import fastest_fitting
 from autoremat._units import parse_bytes
 from autoremat.bounds import cost, distance_to_optimum
 
@@ -103,7 +103,7 @@ def pareto_front(study: optuna.Study, budget_bytes: int | str | None = None
     if not front:
         return []
     fastest = min(point[t.number][1] for t in front)
-    chosen = choose(study) if budget_bytes is None else _choose(trials, budget, info.seq_len)
+    chosen = choose(study) if budget_bytes is None else fastest_fitting(trials, budget, info.seq_len)
     front.sort(key=lambda t: (*point[t.number], t.number))
     return [
         FrontPoint(

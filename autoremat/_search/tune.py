@@ -85,7 +85,7 @@ from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import DOT_FORMS, LAYER_STACK, NAME_COSTS
-from autoremat._search.bound import BOUND_ATTR, Bound, scan_bound
+from autoremat._search.bound import Bound, recorded_bound, trials_worth
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.planning.layer_costs import LayerCosts
@@ -259,11 +259,12 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
         study.set_user_attr(LAYER_STACK, layers is not None)  # exports word layers, time steps
         # in lockstep the followers compile only what a trial announces: no bound there
-        bound = _bound(study, problem, built[1:]) if peers_of(problem) is None else None
+        bound = (recorded_bound(study, problem, built[1:]) if peers_of(problem) is None
+                 else None)
         if bound is not None and on_bound is not None:
             on_bound(bound)
         if n_trials is None and total_trials is None:
-            n_trials = _trials_worth(bound, info)
+            n_trials = trials_worth(bound, info.budget_bytes, info.platform or "")
         if layers is not None and costs is not None and costs.tags:
             study.set_user_attr(NAME_COSTS, layers.table())
             study.set_user_attr(DOT_FORMS, {p: list(t) for p, t in costs.dot_forms.items()})
@@ -355,28 +356,6 @@ def _log_bound(then: Callable[[Bound], None] | None, bound: Bound) -> None:
                 format_bytes(bound.step_bytes), bound.least, format_bytes(bound.least_bytes))
     if then is not None:
         then(bound)
-
-
-def _bound(study: Any, problem: Problem, built: tuple[Step, tuple[Any, ...]]) -> Bound | None:
-    """What scheduling can save at most: the study's record, else two compiles (recorded)."""
-    bound = Bound.of(study.user_attrs)
-    if bound is None:
-        bound = scan_bound(problem, built)
-        if bound is not None:
-            study.set_user_attr(BOUND_ATTR, bound.to_attrs())
-    return bound
-
-
-def _trials_worth(bound: Bound | None, info: StudyInfo) -> int | None:
-    """How many schedules are worth measuring when no count was asked for: where scheduling
-    can save only a negligible share of the step, the plain scan alone (the first seed) --
-    none on a CPU where even the least is over the budget (no offload goes under it
-    there); ``None``: as many as the search wants."""
-    if bound is None or not bound.negligible:
-        return None
-    if bound.step_bytes <= info.budget_bytes:
-        return 1
-    return 0 if info.platform == "cpu" and bound.least_bytes > info.budget_bytes else None
 
 
 def _refuse_under_arguments(budget_bytes: int, args: tuple[Any, ...],
