@@ -141,16 +141,17 @@ def test_a_pick_too_slow_for_the_limit_is_written_as_predicted(
 
 def test_the_answer_is_timed_at_full_length_when_any_was() -> None:
     from autoremat._measure.measurement import Measurement
-    from autoremat._search.study import MeasuredTrial, _choose
+    from autoremat._search.study import MeasuredTrial
+    from autoremat._search.trials import fastest_fitting
 
     def trial(number: int, seconds: float, timed: int) -> MeasuredTrial:
         return MeasuredTrial(number, autoremat.nested([40, 10]), Measurement(
             "k", "ok", total_bytes=10, step_seconds=seconds, timed_seq_len=timed))
 
     predicted, confirmed = trial(0, 1.0, 100), trial(1, 2.0, T)
-    assert _choose([predicted, confirmed], BUDGET, T) is confirmed  # not the faster guess
-    assert _choose([predicted], BUDGET, T) is predicted  # nothing timed at T yet
-    assert _choose([predicted, confirmed], BUDGET, 100) is predicted  # all full length
+    assert fastest_fitting([predicted, confirmed], BUDGET, T) is confirmed  # not the faster guess
+    assert fastest_fitting([predicted], BUDGET, T) is predicted  # nothing timed at T yet
+    assert fastest_fitting([predicted, confirmed], BUDGET, 100) is predicted  # all full length
 
 
 def test_a_loss_problem_is_timed_on_the_first_steps_of_its_batch(short: int) -> None:
