@@ -135,5 +135,5 @@ def no_bound_outside_its_tests(request: pytest.FixtureRequest) -> Iterator[None]
         yield
         return
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("autoremat._search.bound.scan_bound", lambda *_a, **_k: None)
+        mp.setattr("autoremat._search.tune.start_bound", lambda *_a, **_k: None)
         yield

@@ -18,7 +18,7 @@ from jax import lax
 
 import autoremat
 from autoremat._cli.breakdown_text import nothing_fits_message
-from autoremat._search.bound import NEGLIGIBLE, least_memory, scan_bound
+from autoremat._search.bound import NEGLIGIBLE, PendingBound, least_memory, scan_bound
 from tests import outside_memory as om
 
 PARAMS = om.init(jax.random.PRNGKey(0))
@@ -36,6 +36,19 @@ def test_the_bound_of_memory_outside_the_scans_is_negligible(hybrid: autoremat.P
     assert bound.step_bytes > 10 * om.B * om.T * om.T  # the attention's (B, T, T) and more
     assert bound.negligible and bound.share < NEGLIGIBLE
     assert bound.least == least_memory(om.T, True if hybrid.fuse_choice else None).describe()
+
+
+def test_the_bound_on_threads_is_the_bound_in_turn(hybrid: autoremat.Problem) -> None:
+    # where the search compiles on threads the bound's two compiles run beside each other
+    # (and beside the caller): the same two compiled totals as one after the other
+    in_turn = scan_bound(hybrid)
+    beside = PendingBound(hybrid, None, parallel=True).result()
+    assert in_turn is not None and beside is not None
+    assert (beside.step_bytes, beside.least_bytes, beside.least) == (
+        in_turn.step_bytes, in_turn.least_bytes, in_turn.least)
+    with jax.default_matmul_precision("float32"):  # a thread traces otherwise: done here
+        here = PendingBound(hybrid, None, parallel=True).result()
+    assert here is not None and here.least_bytes == in_turn.least_bytes
 
 
 def test_the_bound_of_a_scan_heavy_step_is_not() -> None:

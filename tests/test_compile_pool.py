@@ -43,9 +43,9 @@ def test_the_pool_size_follows_the_host_cores_and_is_one_on_a_cpu(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(WORKERS_ENV, raising=False)
     assert compile_workers("tpu", cores=2) == 1  # a 2-core machine: sequential
-    assert compile_workers("tpu", cores=13) == 3  # the TPU v5e host
-    assert compile_workers("gpu", cores=8) == 2
-    assert compile_workers("tpu", cores=64) == 3  # at most MAX_WORKERS
+    assert compile_workers("tpu", cores=13) == 6  # the TPU v5e host
+    assert compile_workers("gpu", cores=8) == 4
+    assert compile_workers("tpu", cores=64) == 6  # at most MAX_WORKERS
     assert compile_workers("cpu", cores=64) == 1  # the timed step runs on those cores
     monkeypatch.setenv(WORKERS_ENV, "2")
     assert compile_workers("cpu") == 2

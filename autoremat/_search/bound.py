@@ -14,17 +14,25 @@ says that this is why nothing fits.
 
 Offload policies (a GPU or TPU moving residuals to host memory) can go under the
 least figure; there the bound informs but does not stop the search.
+
+Where the search compiles on threads (an accelerator: ``compile_workers`` > 1) the two
+compiles run on two threads of their own (``start_bound``), beside each other and
+beside the search's first compiles ahead, so the bound costs about one compile's time
+before the first timing; on a CPU, whose compiles share the cores a timing uses, they run
+one after the other on the calling thread.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
-from autoremat._measure.measure import compile_schedule
+from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import nested, plain
 from autoremat._schedules.base import Schedule
@@ -95,33 +103,97 @@ def least_memory(seq_len: int, fuse: bool | None) -> Schedule:
     return replace(nested(lengths, "nothing_saveable"), fuse=fuse)
 
 
+def _jobs(problem: Problem, built: tuple[Step, tuple[Any, ...]] | None,
+          ) -> tuple[Schedule, list[Callable[[], Compiled]]]:
+    """The least-memory schedule, and the two compiles: the step as written, then under it."""
+    least = least_memory(problem.seq_len, True if problem.fuse_choice else None)
+    return least, [lambda: compile_schedule(problem, plain(problem.seq_len), built=built),
+                   lambda: compile_schedule(problem, least)]
+
+
+def _bound(least: Schedule, compiled: list[Compiled], seconds: float) -> Bound | None:
+    totals = [c.measurement.total_bytes for c in compiled]
+    for c in compiled:
+        c.release()
+    if totals[0] is None or totals[1] is None:
+        return None
+    return Bound(int(totals[0]), int(totals[1]), least.describe(), seconds)
+
+
 def scan_bound(problem: Problem, built: tuple[Step, tuple[Any, ...]] | None = None,
                ) -> Bound | None:
     """Compile ``problem``'s step as written (``built``: its plain build, when the caller has
-    it) and under ``least_memory``; ``None`` when either fails to build or compile (the
-    search then finds out and says so per trial)."""
+    it) and under ``least_memory``, one after the other; ``None`` when either fails to build
+    or compile (the search then finds out and says so per trial)."""
     start = time.monotonic()
-    least = least_memory(problem.seq_len, True if problem.fuse_choice else None)
-    totals = []
-    for schedule, made in ((plain(problem.seq_len), built), (least, None)):
-        compiled = compile_schedule(problem, schedule, built=made)
-        total = compiled.measurement.total_bytes
-        compiled.release()
-        if total is None:
-            return None
-        totals.append(int(total))
-    return Bound(totals[0], totals[1], least.describe(), time.monotonic() - start)
+    least, jobs = _jobs(problem, built)
+    return _bound(least, [job() for job in jobs], time.monotonic() - start)
 
 
-def recorded_bound(study: Any, problem: Problem,
-                   built: tuple[Step, tuple[Any, ...]] | None = None) -> Bound | None:
-    """The bound ``study`` recorded (a resumed study), else ``scan_bound``'s, recorded."""
-    bound = Bound.of(study.user_attrs)
-    if bound is None:
-        bound = scan_bound(problem, built)
-        if bound is not None:
-            study.set_user_attr(BOUND_ATTR, bound.to_attrs())
-    return bound
+class PendingBound:
+    """``scan_bound`` under way on two threads (``parallel``) while the caller goes on, or
+    done at once; ``result()`` waits for it."""
+
+    def __init__(self, problem: Problem, built: tuple[Step, tuple[Any, ...]] | None,
+                 parallel: bool) -> None:
+        self._start = time.monotonic()
+        self._futures: list[Future[tuple[Compiled | None, float]]] = []
+        self._done: Bound | None = None
+        if not parallel:
+            self._done = scan_bound(problem, built)
+            return
+        from autoremat._jax import trace_context  # imports jax
+
+        self._least, self._compiles = _jobs(problem, built)
+        expected = trace_context()  # the caller's: a thread compiles only where it matches
+        threads = ThreadPoolExecutor(2, thread_name_prefix="autoremat-bound")
+        self._futures = [threads.submit(contextvars.copy_context().run, _on_thread, job,
+                                        expected) for job in self._compiles]
+        threads.shutdown(wait=False)
+
+    def result(self) -> Bound | None:
+        """The bound, ``None`` where a compile failed."""
+        if self._futures:
+            compiled: list[Compiled] = []
+            ends: list[float] = []
+            for job, future in zip(self._compiles, self._futures, strict=True):
+                made, end = future.result()
+                if made is None:  # the thread did not trace as the caller does: done here
+                    made, end = job(), time.monotonic()
+                compiled.append(made)
+                ends.append(end)
+            self._futures = []
+            self._done = _bound(self._least, compiled, max(ends) - self._start)
+        return self._done
+
+
+def _on_thread(job: Callable[[], Compiled], expected: object,
+               ) -> tuple[Compiled | None, float]:
+    """``job`` on a thread where JAX traces as on the caller's (``None``: it does not) and
+    when it ended."""
+    from autoremat._jax import trace_context
+
+    compiled = job() if trace_context() == expected else None
+    return compiled, time.monotonic()
+
+
+def start_bound(study: Any, problem: Problem,
+                built: tuple[Step, tuple[Any, ...]] | None = None, *,
+                parallel: bool = False) -> PendingBound | Bound:
+    """The bound ``study`` recorded (a resumed study: no compile), else ``scan_bound``'s,
+    started (``parallel``: on threads beside the caller; ``recorded_bound`` waits for it)."""
+    return Bound.of(study.user_attrs) or PendingBound(problem, built, parallel)
+
+
+def recorded_bound(study: Any, bound: PendingBound | Bound) -> Bound | None:
+    """``start_bound``'s bound, waited for and recorded in ``study`` (on the caller's thread:
+    the storage is written from one thread)."""
+    if isinstance(bound, Bound):
+        return bound
+    done = bound.result()
+    if done is not None:
+        study.set_user_attr(BOUND_ATTR, done.to_attrs())
+    return done
 
 
 def trials_worth(bound: Bound | None, budget_bytes: int, platform: str) -> int | None:

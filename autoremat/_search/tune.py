@@ -85,9 +85,10 @@ from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import DOT_FORMS, LAYER_STACK, NAME_COSTS
-from autoremat._search.bound import Bound, recorded_bound, trials_worth
+from autoremat._search.bound import Bound, recorded_bound, start_bound, trials_worth
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
+from autoremat._search.planning.compile_pool import compile_workers
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.presets import is_layer_stack
 from autoremat._search.probes.cache import VerdictCache, cache_path, environment_key
@@ -258,13 +259,11 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
             costs is not None and is_layer_stack(problem.seq_len, costs)) else None
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
         study.set_user_attr(LAYER_STACK, layers is not None)  # exports word layers, time steps
-        # in lockstep the followers compile only what a trial announces: no bound there
-        bound = (recorded_bound(study, problem, built[1:]) if peers_of(problem) is None
-                 else None)
-        if bound is not None and on_bound is not None:
-            on_bound(bound)
-        if n_trials is None and total_trials is None:
-            n_trials = trials_worth(bound, info.budget_bytes, info.platform or "")
+        # in lockstep the followers compile only what a trial announces: no bound there;
+        # where the search compiles on threads, the bound's two compile beside its first ones
+        threaded = compile_workers(info.platform or "") > 1
+        pending = (start_bound(study, problem, built[1:], parallel=threaded)
+                   if peers_of(problem) is None else None)
         if layers is not None and costs is not None and costs.tags:
             study.set_user_attr(NAME_COSTS, layers.table())
             study.set_user_attr(DOT_FORMS, {p: list(t) for p, t in costs.dot_forms.items()})
@@ -277,6 +276,12 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
                         refused=guard.refused if peers_of(problem) is None else guard.labels,
                         guard=guard, named=named, layer_costs=layers)
         del built
+        search.prefetch()  # the first compiles ahead, beside the bound's
+        bound = None if pending is None else recorded_bound(study, pending)
+        if bound is not None and on_bound is not None:
+            on_bound(bound)
+        if n_trials is None and total_trials is None:
+            n_trials = trials_worth(bound, info.budget_bytes, info.platform or "")
         interrupted = search.run(n_trials, None if limit is None else
                                  limit - (time.monotonic() - start))
         search_measured, too_late = search.measured, search.too_late()

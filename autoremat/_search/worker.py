@@ -154,6 +154,11 @@ class Worker:
         self.retiming = False  # the search re-times before it stops (``run``)
         self.limit: float | None = None  # ``run``'s time limit
 
+    def prefetch(self) -> None:
+        """Hand the compile threads the first schedules to measure before the search runs
+        (a no-op without threads): they compile while the caller still prepares."""
+        self.planner.prefetch(first=self.waiting())
+
     def fresh_trials(self) -> list[FrozenTrial]:
         """Every trial, read from the storage itself (not a cache)."""
         if self.storage is not None:

@@ -12,8 +12,10 @@ device times another schedule meanwhile instead of waiting for it.
 thread's included: one per ``CORES_PER_COMPILE`` host cores (a compile uses
 threads of its own, and the timing's host thread needs a core), at most
 ``MAX_WORKERS``; and 1 on a CPU platform, whose timed step runs on those same
-cores (a compile beside it would slow the figure). So 1 on a 2-core machine, 3 on
-a 13-core host. The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS)
+cores (a compile beside it would slow the figure). So 1 on a 2-core machine, 6 on
+a 13-core host: most of an accelerator tune's time is compiles, and a TPU host's
+cores run six at once about as fast as three (the search's time against the pool's
+size: ``studies/results/tune_time_v5e_workers.md``). The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS)
 overrides the rule; a problem compiled on every process of a lockstep tune
 (``autoremat._measure.peers``) gets 1, so its compiles reach the others in one order.
 With 1 there is no thread: every compile runs on the main thread when the planner
@@ -54,9 +56,9 @@ from autoremat._schedules.base import Schedule
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
 #: Host cores per compile under way (``compile_workers``).
-CORES_PER_COMPILE: Final = 4
+CORES_PER_COMPILE: Final = 2
 #: The most compiles under way at once, the main thread's included.
-MAX_WORKERS: Final = 3
+MAX_WORKERS: Final = 6
 #: Overrides ``compile_workers``'s rule: a whole number >= 1 (1: no compile threads).
 WORKERS_ENV: Final = "AUTOREMAT_COMPILE_WORKERS"
 
