@@ -37,6 +37,21 @@ def test_an_unrolled_compile_costs_more_by_its_unroll_learned_from_those_measure
     assert clock.compile_cost_of(8) == pytest.approx(2.0 * 8)
 
 
+def test_compiles_beside_each_other_cost_their_seconds_over_how_many_ran_at_once() -> None:
+    clock = Clock()
+    for end in (10.0, 20.0, 30.0):  # one after another: each costs its seconds
+        clock.add_compile(6.0, ended=end)
+    assert clock.overlap() == 1.0 and clock.compile_cost() == 6.0
+    beside = Clock()
+    for _ in range(3):  # three at once, 0-6 s: each 6 s, three done in 6 s of the search
+        beside.add_compile(6.0, ended=6.0)
+    beside.add_compile(6.0, unroll=4, ended=12.0)  # then one alone
+    assert beside.overlap() == pytest.approx(24.0 / 12.0)
+    assert beside.compile_cost() == pytest.approx(6.0 / 2.0)
+    assert beside.compile_cost_of(4) == pytest.approx(6.0 / 2.0)  # its own seconds, shared too
+    assert Clock(compile_seconds=[4.0], unrolls=[1]).overlap() == 1.0  # no span known
+
+
 def test_the_pool_offers_a_schedule_at_each_other_unroll() -> None:
     pool = Pool(T, "cpu", seed=0)
     seed = next(c for c in pool.values() if any(k.endswith("_unroll") for k in c.params)

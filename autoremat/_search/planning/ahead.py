@@ -58,6 +58,10 @@ class CompilesAhead:
             self.prefetch(exclude=key)
         return ahead
 
+    def ended(self, key: str) -> float | None:
+        """When the compile of ``key`` a thread finished ahead ended (``None``: none did)."""
+        return None if self.threads is None else self.threads.ended(key)
+
     def prefetch(self, exclude: str | None = None,
                  first: Sequence[Schedule] | None = None) -> None:
         """Hand the compile threads the candidates the planner would compile next

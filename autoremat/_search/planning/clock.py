@@ -6,6 +6,13 @@ compile at unroll 8 took 6.5x its compile at unroll 1 (about 50 s against 8). So
 compile's cost is estimated by its unroll (``compile_cost_of``): the compiles measured at
 that unroll, else those at unroll 1 scaled by ``1 + slope x (unroll - 1)``, the slope
 fitted on the unrolled compiles measured (``UNROLL_SLOPE`` before any: the TPU's).
+
+Compiles that run at once (``compile_pool``'s threads) each take longer than one alone:
+six layer-stack compiles on a 13-core host took about 28 s each, where three took about
+15 s, and they finish about as many per minute. So the cost of a compile is its seconds
+over how many ran at once (``overlap``: their seconds over the wall time any of them
+ran) -- what one more compile costs the search -- not its own wall time, which would
+stop a search with time left (``studies/results/tune_time_v5e_workers.md``).
 """
 
 from __future__ import annotations
@@ -39,15 +46,31 @@ class Clock:
     compile_seconds: list[float] = field(default_factory=list)
     reserve: float = 0.0
     unrolls: list[int] = field(default_factory=list)  # each compile's unroll, as timed
+    spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end), where known
 
     def until(self, deadline: float | None) -> None:
         """Finish by ``deadline`` (``time.monotonic()``; ``None``: no limit)."""
         self.deadline = deadline
 
-    def add_compile(self, seconds: float, unroll: int = 1) -> None:
-        """One compile's seconds, of a schedule at ``unroll``."""
+    def add_compile(self, seconds: float, unroll: int = 1, ended: float | None = None) -> None:
+        """One compile's seconds, of a schedule at ``unroll``; ``ended``: when it ended
+        (``time.monotonic()``), for ``overlap``."""
         self.compile_seconds.append(seconds)
         self.unrolls.append(unroll)
+        if ended is not None:
+            self.spans.append((ended - seconds, ended))
+
+    def overlap(self) -> float:
+        """How many compiles ran at once, on average: the seconds of those whose span is
+        known over the wall time any of them ran (1: one at a time, or unknown)."""
+        if len(self.spans) < 2:
+            return 1.0
+        busy, reach = 0.0, float("-inf")
+        for start, end in sorted(self.spans):
+            busy += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        total = sum(end - start for start, end in self.spans)
+        return max(1.0, total / busy) if busy > 0 else 1.0
 
     def compile_cost_of(self, unroll: int) -> float:
         """About how long a compile at ``unroll`` takes (module doc); at unroll 1, or
@@ -55,6 +78,11 @@ class Clock:
         mean = self.compile_cost()
         if unroll <= 1 or not self.compile_seconds:
             return mean
+        return self._own_cost_of(unroll) / self.overlap()
+
+    def _own_cost_of(self, unroll: int) -> float:
+        """``compile_cost_of`` from the compiles' own seconds (no ``overlap``)."""
+        mean = sum(self.compile_seconds) / len(self.compile_seconds)
         pairs = list(zip(self.unrolls, self.compile_seconds, strict=False))
         same = [s for u, s in pairs if u == unroll]
         if same:
@@ -66,9 +94,9 @@ class Clock:
         return base * (1.0 + slope * (unroll - 1))
 
     def compile_cost(self) -> float:
-        """Mean seconds of one compile so far (0 before any)."""
+        """Mean seconds of one compile so far over their ``overlap`` (0 before any)."""
         seconds = self.compile_seconds
-        return sum(seconds) / len(seconds) if seconds else 0.0
+        return sum(seconds) / len(seconds) / self.overlap() if seconds else 0.0
 
     def time_left(self) -> float | None:
         """Seconds left (``None``: no deadline), less the compile and the ``reserve``

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Final
@@ -125,6 +126,7 @@ class CompilePool:
         self._ahead: dict[str, Future[Compiled]] = {}
         self._urgent: set[str] = set()  # kept by ``keep_only`` until taken
         self._dropped: list[Future[Compiled]] = []  # not wanted, still compiling
+        self._ended: dict[str, float] = {}  # when each compile ahead ended (``ended``)
         self.submitted = self.taken = self.released = self.cancelled = 0
 
     @classmethod
@@ -155,7 +157,7 @@ class CompilePool:
 
         assert self._executor is not None
         context = contextvars.copy_context()  # the study's settings (offered names, ...)
-        self._ahead[key] = self._executor.submit(context.run, self._compile, schedule,
+        self._ahead[key] = self._executor.submit(context.run, self._compile, key, schedule,
                                                  trace_context())
         self.submitted += 1
 
@@ -203,13 +205,20 @@ class CompilePool:
         self.taken += 1
         return compiled
 
-    def _compile(self, schedule: Schedule, expected: object) -> Compiled:
+    def _compile(self, key: str, schedule: Schedule, expected: object) -> Compiled:
         """On a thread: ``compile(schedule)`` when JAX traces there as on the main thread."""
         from autoremat._jax import trace_context
 
         if trace_context() != expected:
             raise ContextDiffers("JAX's trace context differs from the main thread's")
-        return self.compile(schedule)
+        compiled = self.compile(schedule)
+        self._ended[key] = time.monotonic()
+        return compiled
+
+    def ended(self, key: str) -> float | None:
+        """When the compile of ``key`` taken ahead ended (``time.monotonic()``; ``None``:
+        none was), read once."""
+        return self._ended.pop(key, None)
 
     def keep_only(self, keys: Iterable[str]) -> None:
         """Drop every compile ahead but those of ``keys`` (released once compiled)."""

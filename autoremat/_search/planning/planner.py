@@ -43,6 +43,7 @@ Each rule lives in the part that holds its figures; one function orders them
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
@@ -264,9 +265,11 @@ class Planner:
         ahead = None if built is not None else self.ahead.take(key)
         cand.compiled = ahead if ahead is not None else compile_schedule(
             self.problem, cand.schedule, budget_bytes=self.budget_bytes, built=built)
+        # when it ended: compiles beside each other cost the search less than their seconds
+        ended = self.ahead.ended(key) if ahead is not None else time.monotonic()
         m = cand.compiled.measurement
         if m.compile_seconds is not None:
-            self.clock.add_compile(m.compile_seconds, cand.schedule.unroll)
+            self.clock.add_compile(m.compile_seconds, cand.schedule.unroll, ended)
         if m.size_bytes is not None:  # or the size the compiler stated, out of memory
             self.judge.memory_model.add(cand.structure, m.size_bytes, m.status == OVER_BUDGET,
                                         refused=m.total_bytes is None)
