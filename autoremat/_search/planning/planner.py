@@ -38,7 +38,7 @@ Each rule lives in the part that holds its figures; one function orders them
 (``screening.next_action``), which the planner asks of each candidate in ranked order
 (``choose``), as its compiles ahead do (``ahead``). The worker calls the planner's face only (``observe``,
 ``next``, ``candidate``, ``take_compiled``, ``prefetch``, ``predict``, ``rival``, ``record``,
-``best_key``, ``reserve``, ``close``), never its parts.
+``reserve``, ``close``), never its parts.
 """
 
 from __future__ import annotations
@@ -159,11 +159,6 @@ class Planner:
     def rival(self) -> float | None:
         """The best step that fits, which a timing competes with (``Judge.rival``)."""
         return self.judge.rival()
-
-    def best_key(self) -> str | None:
-        """The key of the fastest timed schedule that fits (``None``: none yet)."""
-        best = self.standings.best
-        return None if best is None else best[0]
 
     def compile_cost(self) -> float:
         """Mean seconds of one compile so far (``Clock.compile_cost``)."""
