@@ -121,7 +121,7 @@ class Planner:
                            explore_front, self.presets)
         self.twins = None if explore_front else OffloadTwins(
             problem.seq_len, budget_bytes, memory_model,
-            (self.standings.timed, self.standings.cut), self.pool.proposed)
+            (self.standings.timed, self.standings.cut), self.pool.proposed, self.pool.mark)
         self.clock = Clock(reserve_compile=platform in device_memory.VALIDATED)
         self.ahead = CompilesAhead(compiles, self.pool, self.judge, self.clock, short,
                                    time_budget, twins=self.twins, guard=guard,
@@ -185,7 +185,7 @@ class Planner:
         key = schedule.key()
         cand = self.pool.candidate(schedule)
         if cand.verdict is Verdict.UNDECIDED:
-            cand.verdict = Verdict.MEASURED
+            self.pool.mark(cand, Verdict.MEASURED)
         if cand.compiled is not None:
             cand.compiled.release()
         self.standings.record(key, m)
@@ -234,7 +234,7 @@ class Planner:
         now where not); else it is refused, and the choices left out leave the proposals."""
         if self.guard is None or self.guard.allows(cand.params):
             return True
-        cand.verdict = Verdict.REFUSED
+        self.pool.mark(cand, Verdict.REFUSED)
         self.pool.refuse(self.guard.refused)
         return False
 
@@ -310,7 +310,7 @@ class Planner:
             decision = next_action(facts)
             target = facts.target
             if decision.verdict is not None:
-                target.verdict = decision.verdict
+                self.pool.mark(target, decision.verdict)
                 if decision.verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
                     judge.memory_model.mark_over(target.structure)
                 if decision.verdict is Verdict.TOO_LATE:  # the tune says so
