@@ -40,13 +40,7 @@ from autoremat._search.planning.candidates import Candidate, TooLate
 from autoremat._search.planning.compile_pool import CompilePool
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
-from autoremat._search.retime import (
-    RESERVE_SHARE,
-    contenders,
-    retime_cost,
-    retime_group,
-    to_reserve,
-)
+from autoremat._search.retime import RESERVE_SHARE, contenders, retime_cost, retime_group, to_reserve
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import (
     StudyLock,
@@ -225,21 +219,18 @@ class Worker:
             seconds if seconds is not None else math.inf)
 
     def _keep_if_pick(self, compiled: list[Compiled]) -> None:
-        """Keep the executable of the study's answer as it stands (``trials.tie_break``: the
-        fastest that fits, or a smaller one tied with it within the noise) -- the proof of
-        fit runs it: one compile less, seconds on an accelerator; release any other of
-        ``compiled`` and the one kept before. One executable is held at a time: each is a
-        program (and, on a device, what it reserves) beside the schedules timed next."""
+        """Keep the executable of the study's answer as it stands (``trials.tie_break``, as
+        the proof of fit picks: one compile less there, seconds on an accelerator); release
+        the rest of ``compiled`` and the one kept before. One is held at a time: each is a
+        program (on a device, what it reserves) beside the schedules timed next."""
         pick = fastest_fitting(self.measured_trials(self.fresh_trials()),
                                self.info.budget_bytes, self.info.seq_len)
-        key = None if pick is None else pick.schedule.key()
         held = ([self.kept] if self.kept is not None else []) + compiled
-        mine = next((c for c in held if c.executable is not None
-                     and c.measurement.schedule_key == key), None)
+        self.kept = next((c for c in held if c.executable is not None and pick is not None
+                          and c.measurement.schedule_key == pick.schedule.key()), None)
         for c in held:
-            if c is not mine:
+            if c is not self.kept:
                 c.release()
-        self.kept = mine
 
     def too_late(self) -> tuple[TooLate, ...]:
         """The candidates not compiled as their compile would end past the time limit."""
