@@ -26,7 +26,7 @@ import autoremat._search.planning.planner as plan_module
 import autoremat._search.retime as retime_module
 from autoremat._errors import TuneError
 from autoremat._measure.measure import Compiled
-from autoremat._measure.measurement import OK, Measurement
+from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._measure.timing import CUT_RATIO
 from autoremat._schedules.base import Schedule
@@ -417,6 +417,11 @@ def test_no_schedule_is_compiled_twice_and_the_seeds_go_ahead_first(searches: An
     assert whats.index("submit") < whats.index("compile end")  # ... while the first compiles
 
 
+def timed(fit: int, seconds: float) -> Measurement:
+    """A schedule timed in full at ``seconds``, fitting in ``fit`` bytes."""
+    return Measurement("timed", OK, "", total_bytes=fit, step_seconds=seconds)
+
+
 def test_one_predicted_to_be_cut_is_compiled_ahead_after_the_others(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner compiles a candidate predicted to be cut when it comes up (the model
@@ -428,7 +433,7 @@ def test_one_predicted_to_be_cut_is_compiled_ahead_after_the_others(
     planner = plan_module.Planner(problem, BUDGET, "tpu", ShortRuns(problem), compiles=pool)
     try:
         a, b, c = [cand for cand in planner.pool.values() if cand.params][:3]
-        planner.standings.timed.update({"timed": (1, 1.0)})  # the best: 1 s, fits
+        planner.standings.record("timed", timed(1, 1.0))  # the best: 1 s, fits
         planner.judge.time_model.points = 2
         cut = CUT_RATIO * 1.05
         monkeypatch.setattr(planner.judge, "rank", lambda candidates, compiled_first=False: [
@@ -452,9 +457,8 @@ def test_one_likely_over_at_run_time_is_compiled_ahead_after_the_others(
     planner = plan_module.Planner(problem, BUDGET, "tpu", ShortRuns(problem), compiles=pool)
     try:
         a, b, c = [cand for cand in planner.pool.values() if cand.params][:3]
-        guesses = {a.schedule.key(): 1.0, b.schedule.key(): BUDGET + 10.0,
+        guesses = {a.schedule.key(): BUDGET + 1.0, b.schedule.key(): BUDGET + 10.0,
                    c.schedule.key(): BUDGET + 3.0}
-        planner.standings.overstated = 5
         monkeypatch.setattr(planner.judge, "rank", lambda candidates, compiled_first=False: [
             (1.0, a), (1.05, b), (1.1, c)])
         monkeypatch.setattr(planner.judge.memory_model, "predict",
@@ -462,11 +466,14 @@ def test_one_likely_over_at_run_time_is_compiled_ahead_after_the_others(
                                                    if planner.pool[k].structure is structure))
         monkeypatch.setattr(planner.judge, "surely_over", lambda cand: False)
         monkeypatch.setattr(planner.judge, "dominated", lambda cand, predicted: False)
-        assert planner.ahead.upcoming(3) == [a, c, b]  # b: 10 over, less 5; c: 3 over, less 5, fits
-        planner.standings.overstated = None  # no run measured yet: its guess alone, both over
-        guesses[a.schedule.key()] = BUDGET + 1.0
+        # no run measured yet: its guess alone, all over
         assert planner.ahead.upcoming(3) == [a, b, c]  # all over: in their order
         assert planner.ahead.upcoming(1) == [a]
+        # a run's peak 5 bytes under its size: what a guess overstates
+        planner.standings.record("run", Measurement("run", OVER_BUDGET, "", total_bytes=BUDGET + 5,
+                                                    runtime_peak_bytes=BUDGET))
+        guesses[a.schedule.key()] = 1.0
+        assert planner.ahead.upcoming(3) == [a, c, b]  # b: 10 over, less 5; c: 3 over, less 5, fits
     finally:
         planner.close()
 
@@ -475,7 +482,7 @@ def _ranked_first_then(planner: plan_module.Planner, first: Any, second: Any,
                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner ranks ``first``, then ``second``, both predicted at the best's 1 s (a
     timed schedule that fits) and neither dominated (the timed one stores more)."""
-    planner.standings.timed.update({"timed": (BUDGET - 1, 1.0)})
+    planner.standings.record("timed", timed(BUDGET - 1, 1.0))
     planner.judge.time_model.points = 2
     monkeypatch.setattr(planner.judge, "rank", lambda candidates, compiled_first=False: [
         (0.9, first), (1.0, second)])

@@ -528,9 +528,6 @@ def test_tune_proves_its_pick_and_writes_the_next_when_one_fails(
     monkeypatch.chdir(tmp_path)
     tpu = StandInTPU(in_use=MB, limit=16_000 * MB)
     monkeypatch.setattr(device_memory, "meters", lambda: [tpu])
-    # the pick is the fastest: no tie on memory within noise (tests/test_ties.py), so the
-    # first pick is the schedule whose executable the search kept, however noisy the runs
-    monkeypatch.setattr("autoremat._search.trials.MAX_TIE", 0.0)
     base = tiny()
     failed_proof: list[str] = []
     builds: dict[str, int] = {}

@@ -62,7 +62,8 @@ def test_presets_rank_first_in_their_order_then_the_fastest_predicted() -> None:
     j.predict = lambda c: predicted[id(c)]  # type: ignore[method-assign]
     ranked = [c for _, c in j.rank(cands)]
     assert ranked == [cands[3], cands[4], cands[1], cands[2], cands[0]]
-    j.presets = None
+    j = judge(1.0)  # no presets
+    j.predict = lambda c: predicted[id(c)]  # type: ignore[method-assign]
     assert [c for _, c in j.rank(cands)] == [cands[4], cands[1], cands[2], cands[0], cands[3]]
     cands[0].compiled = SimpleNamespace()  # type: ignore[assignment]
     assert j.rank(cands, compiled_first=True)[0][1] is cands[0]

@@ -39,8 +39,8 @@ def test_open_leaves_out_what_is_taken_or_decided_and_dominated_ones_come_back()
     pool = Pool(1000, "cpu")
     first, second, third = list(pool.values())[:3]
     pool.take({first.schedule.key()})
-    second.verdict = Verdict.DOMINATED
-    third.verdict = Verdict.MEASURED
+    pool.mark(second, Verdict.DOMINATED)
+    pool.mark(third, Verdict.MEASURED)
     opened = pool.open()
     assert first not in opened and second not in opened and third not in opened
     assert len(opened) == len(pool) - 3

@@ -540,7 +540,7 @@ def test_the_search_stops_after_patience_fitting_compiles_without_a_better_best(
         assert planner.choose(None) in ("again", None)
         cand = next(c for c in planner.pool.values() if c.compiled is not None
                     and c.verdict.name == "UNDECIDED" and c.sized.status == OK)
-        cand.verdict = Verdict.DOMINATED  # sized, not timed
+        planner.pool.mark(cand, Verdict.DOMINATED)  # sized, not timed
         assert planner.standings.since_best == n
     compiled = len(screens)
     assert planner.next(None) is None and len(screens) == compiled  # spent: done, no compile

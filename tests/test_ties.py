@@ -1,19 +1,31 @@
 """Step times within the measured noise of each other are a tie, and the tie goes to the
 smaller schedule, the plain scan last (``autoremat._search.trials.tie_break``); the spread
 of a trial's own runs decides (``autoremat._measure.timing.spread``). Made-up figures:
-no step runs."""
+no step runs, but for the proof of fit of a search timed by a fake timer."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import autoremat
 from autoremat._cli.printing import tie_lines
+from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import OK, Measurement
 from autoremat._measure.timing import spread
 from autoremat._schedules.base import Schedule
+from autoremat._search import proof
+from autoremat._search.reports import ProofOfFit, ProofOutcome
+from autoremat._search.short_runs import ShortRuns
 from autoremat._search.study import MeasuredTrial, TuneResult
 from autoremat._search.trials import MAX_TIE, tie_break
+from autoremat._search.tune import tune
+from tests.tiny_problem import tiny
 
 T = 100
 BUDGET = 10**9
@@ -75,3 +87,48 @@ def test_outside_the_noise_the_fastest_wins_and_among_ties_the_plain_scan_comes_
     over = [trial(0, NESTED, noisy, 200), trial(1, OTHER, noisy, BUDGET + 1)]
     assert tie_break(over, BUDGET, T).pick.number == 0  # type: ignore[union-attr]
     assert tie_break([], BUDGET, T) is None
+
+
+def test_a_pick_won_on_memory_is_proved_with_the_executable_the_search_timed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake timer makes every schedule a tie, the larger ones slightly faster (runs 4%
+    apart, steps under 2% apart): the pick is the smallest, not the fastest. The search
+    keeps the pick's executable, so the proof of fit (on a stand-in device) runs it and
+    compiles nothing."""
+    monkeypatch.chdir(tmp_path)
+    t = 16
+
+    def fake_time(runs: ShortRuns, schedule: Schedule, sized: Compiled, *,
+                  budget_bytes: int | None, time_budget: float, best: float | None
+                  ) -> Measurement:
+        total = sized.measurement.total_bytes
+        if sized.executable is None or total is None:
+            return sized.measurement
+        seconds = 1e-3 * (1.0 + 20.0 / total)  # more memory, a little faster
+        return replace(sized.measurement, timed_seq_len=t, step_seconds=seconds,
+                       step_samples=(0.98 * seconds, seconds, 1.02 * seconds))
+
+    compiled_for_proof: list[str] = []
+    ran: list[int] = []
+    compile_again = proof.compile_schedule
+
+    def compile_schedule(problem: Any, schedule: Schedule) -> Compiled:
+        compiled_for_proof.append(schedule.key())
+        return compile_again(problem, schedule)
+
+    def runs_within(once: Callable[[], None], free_bytes: int) -> tuple[bool, str]:
+        once()
+        ran.append(free_bytes)
+        return True, ""
+
+    monkeypatch.setattr(ShortRuns, "time", fake_time)
+    monkeypatch.setattr(proof, "device_memory", SimpleNamespace(meters=lambda: [object()]))
+    monkeypatch.setattr(proof, "within", SimpleNamespace(runs_within=runs_within,
+                                                         free_outputs=lambda out: None))
+    monkeypatch.setattr(proof, "compile_schedule", compile_schedule)
+    result = tune(tiny(t), 10**9, n_trials=4, time_budget=0.02, study_name="ties",
+                  explore_front=True)
+    assert result.tie is not None and result.tie.tied  # won on memory, not the fastest
+    assert result.best_trial is not None and result.best_trial.number == result.tie.pick.number
+    assert result.proof == ProofOfFit(ProofOutcome.PASSED, result.tie.pick.number, 10**9)
+    assert len(ran) == 1 and compiled_for_proof == []  # the search's executable ran

@@ -46,8 +46,8 @@ def prove_fit(study: optuna.Study, problem: Problem, info: StudyInfo,
     """Prove the study's pick fits its budget (``info``: what the study was made for) on
     the device (module doc); ``on_event`` hears of each pick that failed it
     (``ProofRetry``). ``compiled``: a schedule's executable at full length, run instead
-    of compiling again when it is the pick's (the search keeps its best's:
-    ``Worker.take_kept``)."""
+    of compiling again when it is the pick's (the search keeps its answer's, ties
+    broken as here: ``Worker.take_kept``)."""
     if not device_memory.meters():
         return ProofOfFit(ProofOutcome.SKIPPED)
     budget_bytes = info.budget_bytes

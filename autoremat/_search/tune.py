@@ -287,7 +287,7 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
         search_measured, too_late = search.measured, search.too_late()
         unconfirmed = "" if interrupted else confirm(study, problem, info, time_limit=limit,
                                                      time_budget=time_budget, on_confirm=on_confirm)
-        kept = search.take_kept()  # the best's executable: the proof runs it
+        kept = search.take_kept()  # the answer's executable: the proof runs it
         del search  # its other executables: what they reserve on a device is not the pick's
         proof = None if interrupted else prove_fit(study, problem, info, on_confirm, kept)
         if kept is not None:

@@ -40,13 +40,7 @@ from autoremat._search.planning.candidates import Candidate, TooLate
 from autoremat._search.planning.compile_pool import CompilePool
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
-from autoremat._search.retime import (
-    RESERVE_SHARE,
-    contenders,
-    retime_cost,
-    retime_group,
-    to_reserve,
-)
+from autoremat._search.retime import RESERVE_SHARE, contenders, retime_cost, retime_group, to_reserve
 from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import (
     StudyLock,
@@ -57,6 +51,7 @@ from autoremat._search.storage import (
 )
 from autoremat._search.study import MeasuredTrial, StudyInfo
 from autoremat._search.trial_params import schedule_params
+from autoremat._search.trials import fastest_fitting
 
 if TYPE_CHECKING:
     import optuna
@@ -149,7 +144,7 @@ class Worker:
         self.measured = 0
         self.duplicates_in_a_row = 0
         self.attempts = 0
-        self.kept: Compiled | None = None  # the best's executable (``_keep_if_best``)
+        self.kept: Compiled | None = None  # the answer's executable (``_keep_if_pick``)
         self.retimed: list[frozenset[str]] = []  # the keys of each group re-timed (``retime``)
         self.retiming = False  # the search re-times before it stops (``run``)
         self.limit: float | None = None  # ``run``'s time limit
@@ -214,10 +209,10 @@ class Worker:
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
                             best=self.planner.rival())
         self.planner.record(schedule, m)
-        self._keep_if_best(key, compiled)
         failed = {COMPILE_FAILED: True} if compile_failed(m) else {}  # not one of n_trials
         set_user_attrs(trial, {PREDICTED_SECONDS: predicted, **m.to_attrs(), **failed,
                                MEASURED: True})
+        self._keep_if_pick([compiled])  # once the study holds this trial's figures
         size = m.size_bytes  # the runtime peak, else the estimate, or the compiler's (OOM)
         if size is not None:  # refused by the compiler: over, whatever the budget says
             over = float(size - budget)
@@ -228,22 +223,26 @@ class Worker:
         return float(m.total_bytes if m.total_bytes is not None else size), (
             seconds if seconds is not None else math.inf)
 
-    def _keep_if_best(self, key: str, compiled: Compiled) -> None:
-        """Keep the executable of the fastest schedule that fits (the proof of fit runs it:
-        one compile less, seconds on an accelerator), release any other."""
-        if self.planner.best_key() != key or compiled.executable is None:
-            compiled.release()
-            return
-        if self.kept is not None:
-            self.kept.release()
-        self.kept = compiled
+    def _keep_if_pick(self, compiled: list[Compiled]) -> None:
+        """Keep the executable of the study's answer as it stands (``trials.tie_break``, as
+        the proof of fit picks: one compile less there, seconds on an accelerator); release
+        the rest of ``compiled`` and the one kept before. One is held at a time: each is a
+        program (on a device, what it reserves) beside the schedules timed next."""
+        pick = fastest_fitting(self.measured_trials(self.fresh_trials()),
+                               self.info.budget_bytes, self.info.seq_len)
+        held = ([self.kept] if self.kept is not None else []) + compiled
+        self.kept = next((c for c in held if c.executable is not None and pick is not None
+                          and c.measurement.schedule_key == pick.schedule.key()), None)
+        for c in held:
+            if c is not self.kept:
+                c.release()
 
     def too_late(self) -> tuple[TooLate, ...]:
         """The candidates not compiled as their compile would end past the time limit."""
         return tuple(self.planner.too_late)
 
     def take_kept(self) -> Compiled | None:
-        """The kept executable (``_keep_if_best``), now the caller's to release."""
+        """The kept executable (``_keep_if_pick``), now the caller's to release."""
         kept, self.kept = self.kept, None
         return kept
 
@@ -352,8 +351,7 @@ class Worker:
             self.study.set_user_attr(retimed_key(number), figure.to_attrs())
         self.planner.observe([(t.schedule, t.measurement) for t in self.measured_trials(
             self.fresh_trials())])
-        for c in compiled.values():
-            self._keep_if_best(c.measurement.schedule_key, c)
+        self._keep_if_pick(list(compiled.values()))
         return True
 
     def run(self, n_trials: int | None, time_limit: float | None) -> bool:

@@ -8,7 +8,7 @@ ahead (``ahead``) and the worker.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from autoremat._measure.measure import Compiled
@@ -50,13 +50,19 @@ AGAIN: Final = "again"
 
 @dataclass
 class Candidate:
-    """One schedule in the pool: its params (``space``), structure, and what screening found."""
+    """One schedule in the pool: its params (``space``), structure, and what screening found.
+    Its verdict is written by its pool alone (``Pool.mark``)."""
 
     schedule: Schedule
     params: dict[str, Any]
     structure: Structure
     compiled: Compiled | None = None
-    verdict: Verdict = Verdict.UNDECIDED
+    _verdict: Verdict = field(default=Verdict.UNDECIDED)
+
+    @property
+    def verdict(self) -> Verdict:
+        """Why this planner will not time it (``UNDECIDED``: it still may be)."""
+        return self._verdict
 
     @property
     def sized(self) -> Measurement | None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from autoremat._measure.measurement import ERROR
@@ -79,8 +80,7 @@ class CandidateFacts:
 
     @functools.cached_property
     def preset_over(self) -> bool:
-        presets = self._judge.presets
-        return presets is not None and presets.over(self._cand.schedule)
+        return self._judge.preset_over(self._cand)
 
     @property
     def compiled(self) -> bool:
@@ -155,45 +155,62 @@ class CandidateFacts:
         return left is None or cost is None or left >= cost(self._cand, self._predicted)
 
 
-@dataclass
 class Judge:
     """The models and the standings of one planner, asked of one candidate at a time.
+    Its owner (the planner) feeds the models and the standings; the judge reads them."""
 
-    Attributes:
-      platform: where the study runs (``untimed.Reach``).
-      explore_front: every fitting schedule not dominated is timed (no timing competes
-        with the best: ``rival``).
-      presets: a layer stack's presets, ranked first (``None``: not a layer stack).
-      early: key -> rank of the unrolls of the leader and its closest rivals, ranked
-        after the presets and before the rest, by predicted time
-        (``Planner.propose_unrolls``): where unrolling pays, it is found early.
-    """
+    def __init__(self, platform: str, standings: Standings, time_model: TimeModel,
+                 memory_model: MemoryModel, explore_front: bool = False,
+                 presets: Presets | None = None) -> None:
+        """``platform``: where the study runs (``untimed.Reach``); ``explore_front``: every
+        fitting schedule not dominated is timed (no timing competes with the best:
+        ``rival``); ``presets``: a layer stack's presets, ranked first (``None``: not a
+        layer stack)."""
+        self._platform, self._standings = platform, standings
+        self._time_model, self._memory_model = time_model, memory_model
+        self._explore_front, self._presets = explore_front, presets
+        self._early: dict[str, int] = {}
 
-    platform: str
-    standings: Standings
-    time_model: TimeModel
-    memory_model: MemoryModel
-    explore_front: bool = False
-    presets: Presets | None = None
-    early: dict[str, int] = field(default_factory=dict)
+    @property
+    def explore_front(self) -> bool:
+        """Every fitting schedule not dominated is timed (no stop on predictions)."""
+        return self._explore_front
+
+    @property
+    def time_model(self) -> TimeModel:
+        """The step time model the judge predicts with (its owner fits it)."""
+        return self._time_model
+
+    @property
+    def memory_model(self) -> MemoryModel:
+        """The memory model the judge guesses sizes with (its owner feeds it)."""
+        return self._memory_model
+
+    @property
+    def early(self) -> Mapping[str, int]:
+        """key -> rank of the unrolls of the leader and its closest rivals, ranked after
+        the presets and before the rest, by predicted time (``prefer``): where unrolling
+        pays, it is found early."""
+        return MappingProxyType(self._early)
 
     @property
     def budget_bytes(self) -> int:
-        return self.standings.budget_bytes
+        """The memory budget a schedule must fit (the standings')."""
+        return self._standings.budget_bytes
 
     def total(self, cand: Candidate) -> float | None:
         """Total bytes: sized, else the memory model's guess (``None``: no guess yet)."""
         sized = cand.sized
-        return sized.total_bytes if sized is not None else self.memory_model.predict(
+        return sized.total_bytes if sized is not None else self._memory_model.predict(
             cand.structure)
 
     def predict(self, cand: Candidate) -> float | None:
         """Predicted step seconds (``None`` before any schedule was timed)."""
-        return self.time_model.predict(cand.structure, float(self.total(cand) or 0))
+        return self._time_model.predict(cand.structure, float(self.total(cand) or 0))
 
     def calibrated(self) -> bool:
         """The stop rule applies: two timings fitted, one of them fits the budget."""
-        return self.time_model.points >= 2 and self.standings.best is not None
+        return self._time_model.points >= 2 and self._standings.best is not None
 
     def stop_ratio(self, cand: Candidate | None = None) -> float:
         """``STOP_RATIO`` widened by twice the time model's median error, at most
@@ -202,8 +219,8 @@ class Judge:
         well, so it must be predicted within ``STOP_RATIO`` to be timed."""
         d = 1.0
         if cand is not None:
-            d = self.time_model.nearest(cand.structure, float(self.total(cand) or 0))[0]
-        return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self.time_model.error * d))
+            d = self._time_model.nearest(cand.structure, float(self.total(cand) or 0))[0]
+        return min(MAX_STOP, max(STOP_RATIO, 1.0 + 2.0 * self._time_model.error * d))
 
     def past_stop(self, predicted: float, cand: Candidate | None = None, *,
                   explore: bool = False) -> bool:
@@ -211,46 +228,49 @@ class Judge:
         ``cand``, nor anything ranked after it; with ``cand``, by its own ratio (near a
         timed schedule, narrower). Never while ``explore`` (no stop on the predicted
         ratio), nor before the model is ``calibrated``."""
-        best = self.standings.best
+        best = self._standings.best
         return (not explore and self.calibrated() and best is not None
                 and predicted > self.stop_ratio(cand) * best[2])
 
     def stop_seconds(self) -> float | None:
         """The slowest step still worth timing (``None``: no best yet)."""
-        best = self.standings.best
+        best = self._standings.best
         return None if best is None else self.stop_ratio() * best[2]
 
     def rival(self) -> float | None:
         """The best step that fits, which a timing competes with (``timing.CUT_RATIO``,
         ``BEATEN``); ``None``: time in full (none yet, or the whole front wanted)."""
-        best = self.standings.best
-        return None if self.explore_front or best is None else best[2]
+        best = self._standings.best
+        return None if self._explore_front or best is None else best[2]
 
     def untimed(self, cand: Candidate, dominated: bool = False) -> Verdict | None:
         """Why ``cand``, compiled, is not timed (``untimed.untimed``; ``None``: it may be)."""
         assert cand.compiled is not None
         return untimed.untimed(cand.compiled, self.predict(cand),
-                               self.standings.reach(self.platform), dominated)
+                               self._standings.reach(self._platform), dominated)
 
     def dominated(self, cand: Candidate, predicted: float | None) -> bool:
         """A timed schedule needs no more memory and no more time (``untimed.dominated``)."""
-        return untimed.dominated(self.total(cand), predicted, self.standings.timed.values())
+        return untimed.dominated(self.total(cand), predicted, self._standings.timed.values())
 
     def over_at_runtime(self, cand: Candidate) -> bool:
+        """Sized over the budget by more than a size overstated a run: its run would be
+        over too (``untimed.over_at_runtime``)."""
         return untimed.over_at_runtime(None if cand.sized is None else self.total(cand),
-                                       self.standings.reach(self.platform))
+                                       self._standings.reach(self._platform))
 
     def guessed_over(self, cand: Candidate) -> bool:
-        return untimed.guessed_over(self.memory_model.predict(cand.structure),
-                                    self.standings.reach(self.platform))
+        """Over the budget by the memory model's guess, less the most a size overstated a
+        run (``untimed.guessed_over``): likely not timed."""
+        return untimed.guessed_over(self._memory_model.predict(cand.structure),
+                                    self._standings.reach(self._platform))
 
     def surely_over(self, cand: Candidate) -> bool:
         """Not worth a compile: over the budget by the memory model's rule or far over it by
         its guess (``MemoryModel.far_over``) or, in a layer stack, by what the schedule
         keeps (``Presets.over``)."""
-        return self.memory_model.surely_over(cand.structure) or self.memory_model.far_over(
-            cand.structure, self.budget_bytes) or (
-            self.presets is not None and self.presets.over(cand.schedule))
+        return self._memory_model.surely_over(cand.structure) or self._memory_model.far_over(
+            cand.structure, self.budget_bytes) or self.preset_over(cand)
 
     def facts(self, cand: Candidate, predicted: float, rnd: Round) -> CandidateFacts:
         """``cand``'s facts in a round (``next_action`` decides on them); ``predicted``: its
@@ -260,16 +280,21 @@ class Judge:
     def prefer(self, keys: list[str]) -> None:
         """Rank these candidates, in this order, after the presets and before the rest
         (``early``)."""
-        self.early = {k: i for i, k in enumerate(keys)}
+        self._early = {k: i for i, k in enumerate(keys)}
 
     def patience_left(self) -> int:
         """Compiles of the planner's own left before the best must improve
         (``Standings.patience_left``)."""
-        return self.standings.patience_left()
+        return self._standings.patience_left()
+
+    def preset_over(self, cand: Candidate) -> bool:
+        """Over the budget by what the schedule keeps, in a layer stack (``Presets.over``;
+        ``False``: not a layer stack)."""
+        return self._presets is not None and self._presets.over(cand.schedule)
 
     def first(self, cand: Candidate) -> int | None:
         """The rank of a candidate tried before all others (a layer stack's preset)."""
-        return None if self.presets is None else self.presets.priority(cand)
+        return None if self._presets is None else self._presets.priority(cand)
 
     def rank(self, candidates: Iterable[Candidate],
              compiled_first: bool = False) -> list[tuple[float, Candidate]]:
@@ -281,7 +306,7 @@ class Judge:
         def order(pc: tuple[float, Candidate]) -> tuple[float, float, bool, float]:
             first = self.first(pc[1])
             return (math.inf if first is None else first,
-                    self.early.get(pc[1].schedule.key(), math.inf),
+                    self._early.get(pc[1].schedule.key(), math.inf),
                     compiled_first and pc[1].compiled is None, pc[0])
 
         return sorted(((p if p is not None else c.structure.evaluations, c) for p, c in ranked),

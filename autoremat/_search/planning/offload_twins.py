@@ -63,16 +63,18 @@ class OffloadTwins:
     It reads the planner's measured figures (``measured``: its timed and cut schedules,
     key -> ``(bytes, seconds)``, timed first) and its memory model, and adds a twin to the
     pool through ``add`` (a parameter set proposed in the planner's space, added to its
-    pool: the pool's candidate). ``taken`` (the study's measured or claimed keys) and
+    pool: the pool's candidate), and sets a candidate its twin dominates aside through
+    ``mark`` (``Pool.mark``). ``taken`` (the study's measured or claimed keys) and
     ``limit`` (``stop_ratio`` times the best step that fits; ``None``: none yet) come with
     each question.
     """
 
     def __init__(self, seq_len: int, budget_bytes: int, memory_model: MemoryModel,
                  measured: Sequence[Mapping[str, tuple[int, float]]],
-                 add: Callable[[Mapping[str, Any]], Candidate]) -> None:
+                 add: Callable[[Mapping[str, Any]], Candidate],
+                 mark: Callable[[Candidate, Verdict], None]) -> None:
         self.seq_len, self.budget_bytes, self.memory_model = seq_len, budget_bytes, memory_model
-        self.measured, self.add = measured, add
+        self.measured, self.add, self.mark = measured, add, mark
         self.twins: dict[str, Candidate | None] = {}  # candidate key -> its twin (or none)
 
     def twin(self, cand: Candidate) -> Candidate | None:
@@ -114,7 +116,7 @@ class OffloadTwins:
         if fits is None:
             return twin
         if fits or self.copies_too_slow(cand, twin, limit):
-            cand.verdict = Verdict.DOMINATED
+            self.mark(cand, Verdict.DOMINATED)
             return None
         return cand
 

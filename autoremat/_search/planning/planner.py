@@ -38,7 +38,7 @@ Each rule lives in the part that holds its figures; one function orders them
 (``screening.next_action``), which the planner asks of each candidate in ranked order
 (``choose``), as its compiles ahead do (``ahead``). The worker calls the planner's face only (``observe``,
 ``next``, ``candidate``, ``take_compiled``, ``prefetch``, ``predict``, ``rival``, ``record``,
-``best_key``, ``reserve``, ``close``), never its parts.
+``reserve``, ``close``), never its parts.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Planner:
                            explore_front, self.presets)
         self.twins = None if explore_front else OffloadTwins(
             problem.seq_len, budget_bytes, memory_model,
-            (self.standings.timed, self.standings.cut), self.pool.proposed)
+            (self.standings.timed, self.standings.cut), self.pool.proposed, self.pool.mark)
         self.clock = Clock(reserve_compile=platform in device_memory.VALIDATED)
         self.ahead = CompilesAhead(compiles, self.pool, self.judge, self.clock, short,
                                    time_budget, twins=self.twins, guard=guard,
@@ -161,11 +161,6 @@ class Planner:
         """The best step that fits, which a timing competes with (``Judge.rival``)."""
         return self.judge.rival()
 
-    def best_key(self) -> str | None:
-        """The key of the fastest timed schedule that fits (``None``: none yet)."""
-        best = self.standings.best
-        return None if best is None else best[0]
-
     def compile_cost(self) -> float:
         """Mean seconds of one compile so far (``Clock.compile_cost``)."""
         return self.clock.compile_cost()
@@ -191,7 +186,7 @@ class Planner:
         key = schedule.key()
         cand = self.pool.candidate(schedule)
         if cand.verdict is Verdict.UNDECIDED:
-            cand.verdict = Verdict.MEASURED
+            self.pool.mark(cand, Verdict.MEASURED)
         if cand.compiled is not None:
             cand.compiled.release()
         self.standings.record(key, m)
@@ -240,7 +235,7 @@ class Planner:
         now where not); else it is refused, and the choices left out leave the proposals."""
         if self.guard is None or self.guard.allows(cand.params):
             return True
-        cand.verdict = Verdict.REFUSED
+        self.pool.mark(cand, Verdict.REFUSED)
         self.pool.refuse(self.guard.refused)
         return False
 
@@ -318,7 +313,7 @@ class Planner:
             decision = next_action(facts)
             target = facts.target
             if decision.verdict is not None:
-                target.verdict = decision.verdict
+                self.pool.mark(target, decision.verdict)
                 if decision.verdict is Verdict.OVER_AT_RUNTIME:  # and what stores more
                     judge.memory_model.mark_over(target.structure)
                 if decision.verdict is Verdict.TOO_LATE:  # the tune says so

@@ -29,7 +29,8 @@ class Pool(Mapping[str, Candidate]):
 
     Its ``refused`` choices (the study's probe left them out: no longer proposed) and
     ``taken`` keys (in the study: measured, or claimed by a worker; not open) are read
-    here and set by ``refuse`` and ``take``.
+    here and set by ``refuse`` and ``take``; a candidate's verdict is set by ``mark``
+    alone.
     """
 
     def __init__(self, seq_len: int, platform: str, *, seed: int = 0,
@@ -66,6 +67,11 @@ class Pool(Mapping[str, Candidate]):
     def take(self, keys: set[str] | frozenset[str]) -> None:
         """The keys the study holds now (every worker's)."""
         self._taken = frozenset(keys)
+
+    def mark(self, cand: Candidate, verdict: Verdict) -> None:
+        """``cand``'s verdict: why this planner will not time it (``Verdict.UNDECIDED``:
+        open again)."""
+        cand._verdict = verdict
 
     def __getitem__(self, key: str) -> Candidate:
         return self._candidates[key]
@@ -148,4 +154,4 @@ class Pool(Mapping[str, Candidate]):
         must measure a given number)."""
         for key, cand in self._candidates.items():
             if cand.verdict is Verdict.DOMINATED and key not in self.taken:
-                cand.verdict = Verdict.UNDECIDED
+                self.mark(cand, Verdict.UNDECIDED)

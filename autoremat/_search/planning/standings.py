@@ -7,7 +7,8 @@ compiles after the pick changed nothing: ``studies/results/tune_time.md``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 from autoremat._measure.measurement import Measurement
@@ -19,30 +20,52 @@ PATIENCE: Final = 5
 IMPROVES: Final = 0.01
 
 
-@dataclass
 class Standings:
-    """The measured figures of one planner's study.
+    """The measured figures of one planner's study, written by ``record`` and
+    ``compiled_within`` alone; the rest is read-only."""
 
-    Attributes:
-      budget_bytes: the memory budget a schedule must fit.
-      timed: key -> ``(fit bytes, step seconds)`` of each schedule timed in full.
-      cut: key -> ``(fit bytes, seconds of one run)`` of each timing cut short.
-      overstated: the most a sized total exceeded its run's peak (``untimed.Reach``).
-      since_best: the planner's compiles within the budget since the best last improved.
-    """
+    def __init__(self, budget_bytes: int) -> None:
+        """``budget_bytes``: the memory budget a schedule must fit."""
+        self._budget_bytes = budget_bytes
+        self._timed: dict[str, tuple[int, float]] = {}
+        self._cut: dict[str, tuple[int, float]] = {}
+        self._overstated: int | None = None
+        self._since_best = 0
+        self._improved: float | None = None  # the best's seconds when it last improved
+        self._best_key: str | None = None
 
-    budget_bytes: int
-    timed: dict[str, tuple[int, float]] = field(default_factory=dict)
-    cut: dict[str, tuple[int, float]] = field(default_factory=dict)
-    overstated: int | None = None
-    since_best: int = 0
-    _improved: float | None = None  # the best's seconds when it last improved
-    _best_key: str | None = None
+    @property
+    def budget_bytes(self) -> int:
+        """The memory budget a schedule must fit."""
+        return self._budget_bytes
+
+    @property
+    def timed(self) -> Mapping[str, tuple[int, float]]:
+        """key -> ``(fit bytes, step seconds)`` of each schedule timed in full (a live,
+        read-only view)."""
+        return MappingProxyType(self._timed)
+
+    @property
+    def cut(self) -> Mapping[str, tuple[int, float]]:
+        """key -> ``(fit bytes, seconds of one run)`` of each timing cut short (a live,
+        read-only view)."""
+        return MappingProxyType(self._cut)
+
+    @property
+    def overstated(self) -> int | None:
+        """The most a sized total exceeded its run's peak (``untimed.Reach``; ``None``: no
+        run's peak yet)."""
+        return self._overstated
+
+    @property
+    def since_best(self) -> int:
+        """The planner's compiles within the budget since the best last improved."""
+        return self._since_best
 
     @property
     def best(self) -> tuple[str, int, float] | None:
         """``(key, fit_bytes, step_seconds)`` of the fastest timed schedule that fits."""
-        fits = [(s, b, k) for k, (b, s) in self.timed.items() if b <= self.budget_bytes]
+        fits = [(s, b, k) for k, (b, s) in self._timed.items() if b <= self._budget_bytes]
         if not fits:
             return None
         s, b, k = min(fits)
@@ -52,14 +75,14 @@ class Standings:
         """One measured trial's figures (its fit: the runtime peak where there is one)."""
         fit = m.fit_bytes
         if m.step_seconds is not None and fit is not None:
-            self.timed[key] = (fit, m.step_seconds)
+            self._timed[key] = (fit, m.step_seconds)
         elif m.cut_seconds is not None and fit is not None:
-            self.cut[key] = (fit, m.cut_seconds)
-        self.overstated = untimed.overstated_after(self.overstated, m)
+            self._cut[key] = (fit, m.cut_seconds)
+        self._overstated = untimed.overstated_after(self._overstated, m)
 
     def measured(self) -> dict[str, tuple[int, float]]:
         """Every timing, cut or not: key -> ``(bytes, seconds)`` (what the model fits)."""
-        return {**self.cut, **self.timed}
+        return {**self._cut, **self._timed}
 
     def new_best(self) -> str | None:
         """The best's key where it changed since the last call (``None``: it did not); an
@@ -68,7 +91,7 @@ class Standings:
         if best is None:
             return None
         if self._improved is None or best[2] < (1 - IMPROVES) * self._improved:
-            self._improved, self.since_best = best[2], 0
+            self._improved, self._since_best = best[2], 0
         if best[0] == self._best_key:
             return None
         self._best_key = best[0]
@@ -76,14 +99,14 @@ class Standings:
 
     def compiled_within(self, fits: bool) -> None:
         """The planner compiled one of its own candidates; ``fits``: within the budget."""
-        self.since_best += fits
+        self._since_best += fits
 
     def patience_left(self) -> int:
         """How many more of the planner's compiles that fit may come before the best
         improves (``PATIENCE``): after that, no compile more."""
-        return max(0, PATIENCE - self.since_best)
+        return max(0, PATIENCE - self._since_best)
 
     def reach(self, platform: str) -> untimed.Reach:
         """The figures ``untimed``'s rules read."""
-        return untimed.Reach(self.budget_bytes, platform, self.overstated,
-                             tuple(self.timed.values()))
+        return untimed.Reach(self._budget_bytes, platform, self._overstated,
+                             tuple(self._timed.values()))
