@@ -42,13 +42,7 @@ from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
 from autoremat._search.retime import RESERVE_SHARE, contenders, retime_cost, retime_group, to_reserve
 from autoremat._search.short_runs import ShortRuns
-from autoremat._search.storage import (
-    StudyLock,
-    optuna_verbosity,
-    set_params,
-    set_user_attrs,
-    trials_of,
-)
+from autoremat._search.storage import StudyLock, optuna_verbosity, set_params, set_user_attrs, trials_of
 from autoremat._search.study import MeasuredTrial, StudyInfo
 from autoremat._search.trial_params import schedule_params
 from autoremat._search.trials import fastest_fitting
@@ -150,8 +144,7 @@ class Worker:
         self.limit: float | None = None  # ``run``'s time limit
 
     def prefetch(self) -> None:
-        """Hand the compile threads the first schedules to measure before the search runs
-        (a no-op without threads): they compile while the caller still prepares."""
+        """The first schedules handed to the compile threads (if any) before ``run``."""
         self.planner.prefetch(first=self.waiting())
 
     def fresh_trials(self) -> list[FrozenTrial]:
