@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError, one_line
+from autoremat._measure.compile_cache import no_persistent_cache
 from autoremat._measure.failure import BUILD, words
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import ERROR, OK, Measurement
@@ -350,7 +351,6 @@ def in_lockstep(problem: Problem, heartbeat: float,
       LockstepLost: another process was lost (the module doc).
     """
     from autoremat._jax import same_locations_anywhere
-    from autoremat._measure.compile_cache import no_persistent_cache
 
     store = _Store(float(heartbeat))
     watchdog = _Watchdog(store)
