@@ -7,8 +7,9 @@ between releases (jax 0.11 dropped ``scan``'s ``num_consts``/``num_carry`` for a
 flat tree of its operands, ``ft_in``: ``scan_split`` reads either). Public
 ``jax.extend`` API is used where it exists; the rest (``remat_p``, source
 locations, re-binding an equation with its own source information, the tracer
-classes the binomial builder tells apart, the multi-controller client) is
-imported here and nowhere else (``tests/test_imports.py``), and
+classes the binomial builder tells apart, the multi-controller client, the form of
+a lowered step's source locations) is imported here and nowhere else
+(``tests/test_imports.py``), and
 ``tests/test_jax.py`` checks each reader against the installed JAX: CI runs it on
 the floor in ``pyproject.toml`` and on the newest release pip resolves.
 
@@ -269,11 +270,25 @@ SAME_BYTES = frozenset({"transpose", "reshape", "squeeze", "expand_dims", "copy"
 def distributed_client() -> Any:
     """The multi-controller runtime's client, whose key-value store the processes of a job
     share (``jax.distributed.initialize`` makes it; ``None`` before): ``key_value_set_bytes``,
-    ``blocking_key_value_get_bytes``, ``key_value_increment``, ``key_value_try_get``.
+    ``blocking_key_value_get_bytes``, ``key_value_set``, ``key_value_try_get``.
     ``autoremat._search.lockstep`` talks through it."""
     from jax._src import distributed
 
     return distributed.global_state.client
+
+
+def same_locations_anywhere() -> contextlib.AbstractContextManager[Any]:
+    """Steps lowered inside give each operation its innermost user frame as its source
+    location instead of the whole Python stack the trace ran under: a program traced
+    under different callers then compiles to the same executable fingerprint. JAX
+    derives a multi-process run's launch id from that fingerprint, and from jax 0.11 the
+    processes' CPU collectives meet only on equal launch ids (a lockstep tune's processes
+    trace the same step under different callers: ``autoremat._search.lockstep``). Only
+    debug information changes (a profile's or a dump's stack per operation); the program,
+    its memory and its time do not. Per thread, as JAX's config contexts are."""
+    from jax._src import config
+
+    return config.include_full_tracebacks_in_locations(False)
 
 
 def traced_by(name: str, *trees: Any) -> bool:

@@ -13,7 +13,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
 from autoremat._cli.printing import cache_words
-from autoremat._measure.compile_cache import persistent_cache
+from autoremat._measure.compile_cache import no_persistent_cache, persistent_cache
 from autoremat._search.study import TuneResult
 from autoremat._search.tune import compile_cache_folder
 
@@ -64,6 +64,23 @@ def test_a_cache_the_user_set_is_used_as_it_is(tmp_path: Path) -> None:
     assert not use().own and use().folder == users
     assert not (tmp_path / "xla_cache").exists()
     assert jax.config.jax_compilation_cache_dir == users
+
+
+def test_no_persistent_cache_compiles_everything_and_restores_the_cache(
+        tmp_path: Path, no_users_cache: None) -> None:
+    """A lockstep tune's compiles: none read back, not even from a cache set up around it
+    (a tune's own, which then reports no folder); JAX's setting as it was after."""
+    folder = tmp_path / "xla_cache"
+    with persistent_cache(folder):
+        compile_twice()  # the program is on disk
+    before = jax.config.jax_enable_compilation_cache
+    with no_persistent_cache(), persistent_cache(folder) as use:
+        compile_twice()
+    assert (use().folder, use().hits, use().misses) == ("", 0, 0)
+    assert jax.config.jax_enable_compilation_cache == before
+    with persistent_cache(folder) as again:  # on again after it
+        compile_twice()
+    assert again().hits >= 2
 
 
 def test_the_cache_sits_beside_the_studys_storage() -> None:

@@ -115,6 +115,27 @@ def test_source_locations_name_this_file() -> None:
     assert ji.has_user_frame(eqn)
 
 
+def _lowered_text() -> str:
+    def step(x: jax.Array) -> jax.Array:  # a new function: traced anew, as each compile is
+        return jnp.sin(x) * 2
+
+    return str(jax.jit(step).lower(jnp.ones(3)).as_text(debug_info=True))
+
+
+def _under_another_caller() -> str:
+    return _lowered_text()
+
+
+def test_same_locations_anywhere_lowers_one_program_under_any_caller() -> None:
+    """JAX's default puts the whole stack of the trace in each location; inside, a step
+    traced under two callers lowers to the same text (a lockstep tune's processes)."""
+    assert _lowered_text() != _under_another_caller()
+    with ji.same_locations_anywhere():
+        assert _lowered_text() == _under_another_caller()
+        assert "test_jax.py" in _lowered_text()  # the operation's own frame stays
+    assert _lowered_text() != _under_another_caller()  # JAX's default again outside
+
+
 def test_a_scan_with_neither_form_is_refused_by_name() -> None:
     with pytest.raises(NotImplementedError, match=r"num_consts/num_carry nor ft_in.*jax >= "):
         ji.scan_split({"length": 3})

@@ -15,6 +15,13 @@ the time to write each one (small against the compile). A cache the user configu
 it is, and counted; one turned off (``jax_enable_compilation_cache`` false) stays off. On
 leaving, JAX's settings are as they were.
 
+A lockstep tune (``autoremat._search.lockstep``) compiles with the cache off on every
+process (``no_persistent_cache``): an executable read back from it has another
+fingerprint than the same program compiled (jax 0.12 on a CPU), and a multi-process run's
+launch id, on which the processes' collectives meet, comes from that fingerprint -- one
+process reading back what another compiles would wait forever in the step's first
+collective. Its cost: every compile of such a tune is paid, a resumed one's too.
+
 The counts are JAX's monitoring events (``jax.monitoring``): a compile that looked in the
 cache found its executable (a hit) or did not (a miss). A program JAX does not cache (one
 with host callbacks) is neither.
@@ -111,3 +118,21 @@ def persistent_cache(folder: Path | None) -> Iterator[Callable[[], CacheUse]]:
             for name, value in before.items():
                 config.update(name, value)
             compilation_cache.reset_cache()
+
+
+@contextlib.contextmanager
+def no_persistent_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache off for the block, as it was after: every
+    compile inside is compiled, none read back (the module doc says why a lockstep tune
+    needs that)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = bool(getattr(jax.config, "jax_enable_compilation_cache", True))
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once whether it reads the cache
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()

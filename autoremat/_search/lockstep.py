@@ -13,6 +13,17 @@ has run it too, so a timed run lasts until the slowest process is done and a fai
 anywhere fails the trial. When process 0 is done it sends its ``TuneResult``: every
 process returns the same one.
 
+The processes of one run meet in its collectives by the run's launch id, which JAX
+derives from the executable's fingerprint, and the fingerprint covers each operation's
+source location. Process 0 traces a step under the search, the others under their loop
+here: with the whole Python stack in each location (JAX's default) their programs
+differ in it alone, and from jax 0.11 their first collective waits forever. So every
+process lowers its steps with the innermost user frame as each location
+(``autoremat._jax.same_locations_anywhere``): the same program, the same fingerprint.
+And every process compiles each step itself, with JAX's persistent compilation cache
+off (``autoremat._measure.compile_cache.no_persistent_cache``): an executable read back
+from it has another fingerprint than the same program compiled.
+
 Faults: every process beats every ``heartbeat / 4`` s and watches the others'; one that
 has not beaten for ``LOST_AFTER * heartbeat`` s is lost (killed, hung, or its host gone),
 and each other process ends its tune at once: its watcher thread interrupts the main
@@ -36,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError, one_line
+from autoremat._measure.compile_cache import no_persistent_cache
 from autoremat._measure.failure import BUILD, words
 from autoremat._measure.measure import compile_schedule
 from autoremat._measure.measurement import ERROR, OK, Measurement
@@ -142,10 +154,13 @@ class _Watchdog:
         client, every = self.store.client, self.store.heartbeat / 4
         others = [p for p in range(self.store.count) if p != self.store.process]
         seen: dict[int, tuple[str, float]] = {p: ("", time.monotonic()) for p in others}
+        beats = 0
         while not self.stop.wait(every):
             now = time.monotonic()
-            try:
-                client.key_value_increment(self.beat_key(self.store.process), 1)
+            beats += 1
+            try:  # its own key alone: a count overwritten (jax 0.7 has no increment)
+                client.key_value_set(self.beat_key(self.store.process), str(beats),
+                                     allow_overwrite=True)
                 for p in others:
                     try:
                         value = client.key_value_try_get(self.beat_key(p))
@@ -335,10 +350,12 @@ def in_lockstep(problem: Problem, heartbeat: float,
         problems, or process 0's tune failed (its error, on the others).
       LockstepLost: another process was lost (the module doc).
     """
+    from autoremat._jax import same_locations_anywhere
+
     store = _Store(float(heartbeat))
     watchdog = _Watchdog(store)
-    try:
-        with watchdog:
+    try:  # one executable of each step on every process (module doc)
+        with watchdog, same_locations_anywhere(), no_persistent_cache():
             result = _follow(problem, store) if store.process != 0 else _lead(
                 problem, store, tune_here)
     except KeyboardInterrupt:  # the watchdog's, or Ctrl-C
