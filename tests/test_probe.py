@@ -274,9 +274,9 @@ def test_a_refused_choice_is_never_offered_proposed_or_a_neighbour() -> None:
 
 def _favouring(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake timer (no run): a step's seconds from its work (``bounds.cost``'s
-    evaluations), a quarter of that where a level saves under ``policy``, a tie broken by the key;
-    runs in turn (``retime``) get the same figures. The planner then ranks by these
-    figures alone, not by this machine's load."""
+    evaluations), a quarter of that where a level saves under ``policy``, a tie broken by
+    the key; runs in turn (``retime``) get the same figures. The planner then ranks by
+    these figures alone, not by this machine's load."""
     seconds: dict[str, float] = {}
 
     def fake_time(runs: ShortRuns, schedule: Schedule, sized: Compiled, *,
