@@ -3,17 +3,15 @@ the reason, and the study goes on (``tests/faulty_problem.py:faulty``)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autoremat._schedules import read_schedule
 from autoremat._search.space import seeds
-from tests.env import module_path
+from autoremat.cli import main
 from tests.faulty_problem import FAIL_BUILD, FAIL_COMPILE, FAIL_NAN, FAIL_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,15 +26,18 @@ REASONS = {
 }
 
 
-def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": module_path()}
-    env.pop("AUTOREMAT_STORAGE", None)
-    r = subprocess.run(
-        [sys.executable, "-m", "autoremat.cli", "tune", "--problem", FAULTY, "--budget", "1MB",
-         "--trials", "6", "--time-budget", "0.02", "--study-name", "faulty", "--no-progress"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "wrote schedule.yaml" in r.stdout and "(10 trials" not in r.stdout
+def test_failing_schedules_are_failed_trials_and_the_study_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The command line's tune, in this process (its exit code and output are the
+    command's; the command in a process of its own: ``tests/test_cli.py``)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
+    code = main(["tune", "--problem", FAULTY, "--budget", "1MB", "--trials", "6",
+                 "--time-budget", "0.02", "--study-name", "faulty", "--no-progress"])
+    r = capsys.readouterr()
+    assert code == 0, r.out + r.err
+    assert "wrote schedule.yaml" in r.out and "(10 trials" not in r.out
 
     study = optuna.load_study(study_name="faulty",
                               storage=f"sqlite:///{tmp_path / 'runs' / 'autoremat.db'}")
@@ -50,7 +51,7 @@ def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Pat
         assert t.user_attrs["reason"].startswith(reason), t.user_attrs["reason"]
         assert "Traceback" not in t.user_attrs["reason"] and "\n" not in t.user_attrs["reason"]
         # one line per failure on stderr, and the search went on
-        assert f"autoremat: trial {i} failed (" in r.stderr and reason in r.stderr
+        assert f"autoremat: trial {i} failed (" in r.err and reason in r.err
     # a schedule that failed to build or compile measured nothing: it is not one of the
     # 6 trials asked for, so 4 more were timed (2 seeds and 2 planned)
     assert [i for i, t in enumerate(trials) if t.user_attrs.get("compile_failed")] == [
@@ -59,4 +60,4 @@ def test_failing_schedules_are_failed_trials_and_the_study_goes_on(tmp_path: Pat
     assert len(ok) == 4 and all(t.user_attrs["feasible"] for t in ok)
     best = read_schedule(tmp_path / "schedule.yaml")
     assert best.meta["trial"] in {t.number for t in ok}
-    assert "6 measured now" in r.stdout
+    assert "6 measured now" in r.out

@@ -205,6 +205,7 @@ def test_short_scans_list_every_tiling() -> None:
 def test_cli_tunes_the_layer_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    # the sizes of docs/layer_stacks.md's tiny tune: the suite's compile cache serves both
     sizes = ["--problem", "layer_stack", "--layers", "4", "--d-model", "16", "--heads", "2",
              "--mlp", "32", "--seq-len", "4", "--batch", "2"]
     assert main(["tune", *sizes, "--trials", "2", "--no-progress", "--budget", "1GB",

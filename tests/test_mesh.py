@@ -116,15 +116,15 @@ def test_the_seed_problem_on_a_mesh(records: dict[Any, dict[str, Any]], check: s
 
 
 def test_tune_on_a_mesh_writes_per_device_figures_and_show_elsewhere_is_stale(
-        tmp_path: Path) -> None:
-    def cli(*args: str, devices: int) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "autoremat.cli", *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=400, env=_env(devices),
-                              check=False)
-
-    tuned = cli("tune", "--mesh", "data=4", "--budget", "50MB", "--seq-len", "24", "--hidden",
-                "8", "--trials", "1", "--time-budget", "0.05", "--no-progress",
-                "--storage", "sqlite:///m.db", devices=4)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The tune runs on 4 forced CPU devices (a process of its own); what reads its
+    record -- pareto, show -- runs in this process, which has 1 device."""
+    tuned = subprocess.run(
+        [sys.executable, "-m", "autoremat.cli", "tune", "--mesh", "data=4", "--budget", "50MB",
+         "--seq-len", "24", "--hidden", "8", "--trials", "1", "--time-budget", "0.05",
+         "--no-progress", "--storage", "sqlite:///m.db"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=400, env=_env(4), check=False)
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     assert "per device, 4 devices, mesh data=4" in tuned.stdout
     budget_line = next(ln for ln in tuned.stdout.splitlines() if ln.startswith("budget: "))
@@ -135,17 +135,20 @@ def test_tune_on_a_mesh_writes_per_device_figures_and_show_elsewhere_is_stale(
                                          "x": "sharded", "y": "sharded"}
     assert sum(meta["argument_parts"].values()) == meta["argument_bytes"]
 
-    pareto = cli("pareto", "--storage", "sqlite:///m.db", devices=4)
-    assert pareto.returncode == 0 and "per device, 4 devices, mesh data=4" in pareto.stdout
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AUTOREMAT_STORAGE", raising=False)
+    assert jax.device_count() == 1
+    assert main(["pareto", "--storage", "sqlite:///m.db"]) == 0  # the study's record
+    assert "per device, 4 devices, mesh data=4" in capsys.readouterr().out
 
-    shown = cli("show", "schedule.yaml", devices=1)
-    assert shown.returncode == 1, shown.stdout + shown.stderr
-    assert "figures per device, 4 devices, mesh data=4" in shown.stdout
+    assert main(["show", "schedule.yaml"]) == 1
+    shown = capsys.readouterr().out
+    assert "figures per device, 4 devices, mesh data=4" in shown
     assert "stale here: tuned per device on 4 devices, mesh data=4, this run has 1 device" \
-        in shown.stdout
-    against = cli("show", "schedule.yaml", "--problem", "seed_lstm", "--seq-len", "24",
-                  "--hidden", "8", "--batch", "12", devices=1)
-    assert against.returncode == 1 and "mesh data=4" in against.stdout
+        in shown
+    assert main(["show", "schedule.yaml", "--problem", "seed_lstm", "--seq-len", "24",
+                 "--hidden", "8", "--batch", "12"]) == 1
+    assert "mesh data=4" in capsys.readouterr().out
 
 
 def test_bad_mesh_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

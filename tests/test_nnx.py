@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import doctest
 import functools
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,8 +24,7 @@ from flax import nnx
 import autoremat
 import autoremat.nnx
 from autoremat import Schedule
-from tests.env import module_path
-from tests.helpers import assert_close
+from tests.helpers import assert_close, load_example
 
 B, T, FEAT, HID, OUT = 2, 23, 3, 8, 2
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,10 +315,9 @@ def test_problem_tunes_end_to_end_with_the_cli(
     assert best["meta"]["problem"].startswith("seed_lstm_nnx(T=24")
     assert 0 < best["meta"]["total_bytes"] <= 10**9
 
-    # the example script itself, as a user runs it, with the tuned schedule
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "seed_lstm_nnx.py"), "--schedule",
-                        "best.yaml", "--steps", "2", "--seq-len", "24", "--hidden", "8"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
-                       env={**os.environ, "PYTHONPATH": module_path()})
-    assert r.returncode == 0, r.stderr
-    assert "step 1: loss" in r.stdout
+    # the example script's own loop (its main(), in this process) with the tuned schedule
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the script sets it
+    example = load_example("seed_lstm_nnx")
+    assert example.main(["--schedule", "best.yaml", "--steps", "2", "--seq-len", "24",
+                         "--hidden", "8"]) == 0
+    assert "step 1: loss" in capsys.readouterr().out

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +19,10 @@ import jax
 import pytest
 
 import autoremat
+import autoremat._search.retime as retime_module
 from autoremat._cli.printing import event_line
 from autoremat._measure.failure import FailedAt
+from autoremat._measure.measure import Compiled
 from autoremat._measure.measurement import ERROR, OK, Measurement
 from autoremat._measure.problem import Problem
 from autoremat._schedules import from_data
@@ -38,6 +43,7 @@ from autoremat._search.probes.probe import (
     small,
 )
 from autoremat._search.reports import TuneEvent
+from autoremat._search.short_runs import ShortRuns
 from autoremat._search.space import neighbours, parameters, propose, seeds
 from autoremat._search.study import load_study
 from autoremat._search.tune import tune
@@ -266,16 +272,44 @@ def test_a_refused_choice_is_never_offered_proposed_or_a_neighbour() -> None:
     assert all(not no & set(map(str, p.values())) for _, p in seeds(1000, "gpu", no))
 
 
+def _favouring(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake timer (no run): a step's seconds from its work (``bounds.cost``'s
+    evaluations), a quarter of that where a level saves under ``policy``, a tie broken by
+    the key; runs in turn (``retime``) get the same figures. The planner then ranks by
+    these figures alone, not by this machine's load."""
+    seconds: dict[str, float] = {}
+
+    def fake_time(runs: ShortRuns, schedule: Schedule, sized: Compiled, *,
+                  budget_bytes: int | None, time_budget: float, best: float | None
+                  ) -> Measurement:
+        if sized.executable is None:
+            return sized.measurement  # not compiled: as measured
+        key, seq_len = schedule.key(), runs.problem.seq_len
+        favoured = 0.25 if policy in _policies(schedule) else 1.0
+        seconds[key] = (schedule.cost(seq_len).evaluations * favoured
+                        + (zlib.crc32(key.encode()) % 97) / 97) * 1e-5
+        return replace(sized.measurement, timed_seq_len=seq_len, step_seconds=seconds[key],
+                       step_samples=(seconds[key],))
+
+    def fake_interleaved(runs: Sequence[Compiled], rounds: int) -> list[list[float]]:
+        return [[seconds[c.measurement.schedule_key]] * rounds for c in runs]
+
+    monkeypatch.setattr(ShortRuns, "time", fake_time)
+    monkeypatch.setattr(retime_module, "interleaved", fake_interleaved)
+
+
 def test_tune_leaves_a_refused_choice_out_and_the_cli_shows_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """STAND-IN for offload on an H200: the ``everything`` policy label is declared risky
-    (``checks`` patched) and its probe schedule fails to compile on this problem. The
-    planner favours it on this tiny problem, so it proposes it first after the seeds: it is
+    (``checks`` patched) and its probe schedule fails to compile on this problem. A fake
+    timer (``_favouring``) makes the schedules saving everything the fastest, so after the
+    seeds the planner proposes that choice first, whatever this machine's load: it is
     probed then (not before the search), the study records why, says so once, and no trial
     the planner chose uses ``everything_saveable`` (the seeds, enqueued before any probe,
     use no risky choice on a real platform; here two of them hold it)."""
     monkeypatch.chdir(tmp_path)
+    _favouring("everything_saveable", monkeypatch)
     risky = autoremat.nested([8, 8], "everything_saveable")
     monkeypatch.setattr("autoremat._search.probes.probe.checks",
                         lambda n, platform, named=None: {"everything": Check(risky)})

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,6 @@ from helpers import assert_close, scan_loss
 import autoremat
 import autoremat.linen
 import autoremat.nnx
-from tests.env import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
 NESTED = autoremat.nested([10, 20])
@@ -140,16 +136,19 @@ def test_problem_from_loss_errors() -> None:
         autoremat.Problem.from_loss("rnn", jax.grad(scan_loss), W, (X,), optax.sgd(0.1))
 
 
-def test_tune_the_unmodified_seed_script(tmp_path: Path) -> None:
-    env = {**os.environ, "SEED_SEQ_LEN": "120", "PYTHONPATH": module_path()}
-    out = subprocess.run(
-        [sys.executable, "-m", "autoremat.cli", "tune", "--problem",
-         f"{ROOT / 'examples' / 'seed_unmodified.py'}:problem", "--budget", "1GB",
-         "--trials", "3", "--time-budget", "0.05", "--no-progress",
-         "--storage", f"sqlite:///{tmp_path / 'runs.db'}", "--out", "best.yaml"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert out.returncode == 0, out.stderr
-    assert "seed_unmodified(T=120)" in out.stdout
+def test_tune_the_unmodified_seed_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The command line's tune of the script as written, in this process (the command
+    in a process of its own: ``tests/test_cli.py``)."""
+    from autoremat.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SEED_SEQ_LEN", "120")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the script sets it
+    assert main(["tune", "--problem", f"{ROOT / 'examples' / 'seed_unmodified.py'}:problem",
+                 "--budget", "1GB", "--trials", "3", "--time-budget", "0.05", "--no-progress",
+                 "--storage", f"sqlite:///{tmp_path / 'runs.db'}", "--out", "best.yaml"]) == 0
+    assert "seed_unmodified(T=120)" in capsys.readouterr().out
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best["meta"]["total_bytes"] > 0
 

@@ -69,7 +69,9 @@ def test_gradients_match_plain_scan(
     assert_close(got, want)
 
 
-@pytest.mark.parametrize("steps", [29, 32])
+#: T=29 (its last chunk short) checks in the default suite what T=32 (whole chunks) checks
+#: under ``-m slow``: every seed off a CPU against the plain scan.
+@pytest.mark.parametrize("steps", [29, pytest.param(32, marks=pytest.mark.slow)])
 def test_an_accelerators_seeds_match_plain_scan(steps: int) -> None:
     """The seeds off a CPU, the unrolled short chunks among them (``T/4 x 4``, its last
     chunk short at T=29), against a plain lax.scan."""

@@ -394,28 +394,13 @@ def test_memory_model_rules_out_what_it_predicts_far_over_once_it_fits_its_point
     assert not bent.far_over(ne(2), budget)
 
 
-def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_resemble(
-) -> None:
-    """Fit on the TPU's seeds (unfused among them), the memory model predicts within 25%
-    (at least 60% where two ``everything`` levels lead) the compiled totals of schedules
-    like those that ran out of memory on a TPU v5e (issue 47): an outer ``everything``
-    level stores every step below it whole (as plain does, whatever the inner levels
-    save), an outer ``dots`` level the dots of every step below it; an unfused schedule
-    adds the readout's stack."""
+@pytest.fixture(scope="module")
+def lstm_total() -> Any:
+    """The compiled total of a schedule of the unfused seed LSTM (T=100, batch 8, hidden
+    64), each schedule compiled once for the memory model's tests."""
     from autoremat._models.seed_lstm import seed_lstm
-    from autoremat._search.planning.memory_model import MemoryModel
-    from autoremat._search.planning.predict import Structure
 
-    seq_len = 100
-    problem = seed_lstm(seq_len=seq_len, batch=8, hidden=64, fused_readout=None)
-    n, e, d = "nothing_saveable", "everything_saveable", "dots_saveable"
-    fused = lambda *a: autoremat.nested(*a).with_fuse(True)  # noqa: E731
-    seeds = [autoremat.plain(seq_len).with_fuse(True), fused([seq_len], n),
-             fused([10, 10], [n, e]), fused([2, 10, 5], [n, d, e]),
-             autoremat.nested([10, 10], [n, e]).with_fuse(False)]
-    unlike = [fused([10, 10], [e, n]), fused([2, 10, 5], [e, e, n]), fused([50, 2], [d, e]),
-              fused([2, 25, 2], [n, e, n])]
-
+    problem = seed_lstm(seq_len=100, batch=8, hidden=64, fused_readout=None)
     sizes: dict[str, int] = {}
 
     def size(schedule: Schedule) -> int:
@@ -424,6 +409,29 @@ def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_
             assert total is not None
             sizes[schedule.key()] = total
         return sizes[schedule.key()]
+
+    return size
+
+
+def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_resemble(
+        lstm_total: Any) -> None:
+    """Fit on the TPU's seeds (unfused among them), the memory model predicts within 25%
+    (at least 60% where two ``everything`` levels lead) the compiled totals of schedules
+    like those that ran out of memory on a TPU v5e (issue 47): an outer ``everything``
+    level stores every step below it whole (as plain does, whatever the inner levels
+    save), an outer ``dots`` level the dots of every step below it; an unfused schedule
+    adds the readout's stack."""
+    from autoremat._search.planning.memory_model import MemoryModel
+    from autoremat._search.planning.predict import Structure
+
+    seq_len, size = 100, lstm_total
+    n, e, d = "nothing_saveable", "everything_saveable", "dots_saveable"
+    fused = lambda *a: autoremat.nested(*a).with_fuse(True)  # noqa: E731
+    seeds = [autoremat.plain(seq_len).with_fuse(True), fused([seq_len], n),
+             fused([10, 10], [n, e]), fused([2, 10, 5], [n, d, e]),
+             autoremat.nested([10, 10], [n, e]).with_fuse(False)]
+    unlike = [fused([10, 10], [e, n]), fused([2, 10, 5], [e, e, n]), fused([50, 2], [d, e]),
+              fused([2, 25, 2], [n, e, n])]
 
     memory = MemoryModel()
     for s in seeds:
@@ -441,20 +449,18 @@ def test_memory_model_predicts_the_compiled_bytes_of_schedules_the_seeds_do_not_
             assert guess == pytest.approx(total, rel=0.25), s.describe()
 
 
-def test_until_dots_are_sized_the_memory_model_guesses_them_at_a_whole_steps_bytes() -> None:
+def test_until_dots_are_sized_the_memory_model_guesses_them_at_a_whole_steps_bytes(
+        lstm_total: Any) -> None:
     """Seeds that keep no steps' dots (a TPU's) say nothing of a step's dots: the memory
     model guesses them at a whole step's bytes (they are part of it), so an outer ``dots``
     level that keeps every step's dots is guessed at least at its compiled total, not at a
     ``nothing`` level's (on a TPU v5e two such were compiled, out of memory)."""
-    from autoremat._models.seed_lstm import seed_lstm
     from autoremat._search.planning.memory_model import MemoryModel
     from autoremat._search.planning.predict import Structure
 
-    seq_len = 100
-    problem = seed_lstm(seq_len=seq_len, batch=8, hidden=64, fused_readout=None)
+    seq_len, size = 100, lstm_total
     n, e, d = "nothing_saveable", "everything_saveable", "dots_saveable"
     fused = lambda *a, **k: autoremat.nested(*a, **k).with_fuse(True)  # noqa: E731
-    size = lambda s: compile_schedule(problem, s).measurement.total_bytes  # noqa: E731
     memory = MemoryModel()
     for s in (autoremat.plain(seq_len).with_fuse(True), fused([seq_len], n),
               fused([25, 4], [n, e], unroll=4), fused([10, 10], [n, e]),

@@ -25,14 +25,21 @@ def example() -> Any:
     return load_example("user_transformer", SIZES)
 
 
+@pytest.fixture(scope="module")
+def problem(example: Any) -> autoremat.Problem:
+    """The example's ``problem`` (its loss traced once), for every test that reads it."""
+    return example.problem()
+
+
 def _costs(problem: autoremat.Problem) -> Any:
     step, args = problem.build(autoremat.plain(problem.seq_len))
     return step_costs(step, args, problem.seq_len)
 
 
-def test_the_tags_in_the_traced_step_are_found_and_its_presets_offered(example: Any) -> None:
-    tagged, untagged = _costs(example.problem()), _costs(example.untagged())
-    assert example.problem().seq_len == 4
+def test_the_tags_in_the_traced_step_are_found_and_its_presets_offered(
+        example: Any, problem: autoremat.Problem) -> None:
+    tagged, untagged = _costs(problem), _costs(example.untagged())
+    assert problem.seq_len == 4
     assert set(tagged.tags) == NAMES and untagged.tags == {}
     assert is_layer_stack(4, tagged) and is_layer_stack(4, untagged)
     named = named_policies(tagged.tags, "cpu")
@@ -69,9 +76,8 @@ def unscheduled(example: Any) -> tuple[Any, Any, Any, Any]:
     return loss, params, tokens, jax.jit(jax.value_and_grad(loss))(params, tokens)
 
 
-def test_tuning_it_writes_a_pick_of_its_presets(example: Any,
-                                                             tmp_path: Path) -> None:
-    problem = example.problem()
+def test_tuning_it_writes_a_pick_of_its_presets(problem: autoremat.Problem,
+                                                tmp_path: Path) -> None:
     result = autoremat.tune(problem, 10**9, n_trials=3, time_limit=None,
                             storage=f"sqlite:///{tmp_path}/s.db", out=tmp_path / "s.yaml")
     assert result.best is not None
