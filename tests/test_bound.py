@@ -42,12 +42,12 @@ def test_the_bound_on_threads_is_the_bound_in_turn(hybrid: autoremat.Problem) ->
     # where the search compiles on threads the bound's two compiles run beside each other
     # (and beside the caller): the same two compiled totals as one after the other
     in_turn = scan_bound(hybrid)
-    beside = PendingBound(hybrid, None, parallel=True).result()
+    beside = PendingBound(hybrid, None, "cpu", parallel=True).result()
     assert in_turn is not None and beside is not None
     assert (beside.step_bytes, beside.least_bytes, beside.least) == (
         in_turn.step_bytes, in_turn.least_bytes, in_turn.least)
     with jax.default_matmul_precision("float32"):  # a thread traces otherwise: done here
-        here = PendingBound(hybrid, None, parallel=True).result()
+        here = PendingBound(hybrid, None, "cpu", parallel=True).result()
     assert here is not None and here.least_bytes == in_turn.least_bytes
 
 

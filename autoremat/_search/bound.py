@@ -16,10 +16,11 @@ Offload policies (a GPU or TPU moving residuals to host memory) can go under the
 least figure; there the bound informs but does not stop the search.
 
 Where the search compiles on threads (an accelerator: ``compile_workers`` > 1) the two
-compiles run on two threads of their own (``start_bound``), beside each other and
-beside the search's first compiles ahead, so the bound costs about one compile's time
-before the first timing; on a CPU, whose compiles share the cores a timing uses, they run
-one after the other on the calling thread.
+compiles run on two threads of their own (``start_bound``), as a compile thread runs
+one (``compile_pool.compile_quietly``), beside each other and beside the search's first
+compiles ahead, so the bound costs about one compile's time before the first timing; on
+a CPU, whose compiles share the cores a timing uses, they run one after the other on the
+calling thread.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import contextvars
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
@@ -36,6 +37,7 @@ from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import nested, plain
 from autoremat._schedules.base import Schedule
+from autoremat._search.planning.compile_pool import compile_quietly, compile_workers, traces_as
 
 #: A saving under this share of the step is not worth a search: the plain scan is timed
 #: and is the answer where it fits.
@@ -104,11 +106,11 @@ def least_memory(seq_len: int, fuse: bool | None) -> Schedule:
 
 
 def _jobs(problem: Problem, built: tuple[Step, tuple[Any, ...]] | None,
-          ) -> tuple[Schedule, list[Callable[[], Compiled]]]:
-    """The least-memory schedule, and the two compiles: the step as written, then under it."""
+          ) -> tuple[Schedule, list[tuple[Schedule, tuple[Step, tuple[Any, ...]] | None]]]:
+    """The least-memory schedule, and the two compiles (a schedule, its build where the
+    caller has it): the step as written, then under it."""
     least = least_memory(problem.seq_len, True if problem.fuse_choice else None)
-    return least, [lambda: compile_schedule(problem, plain(problem.seq_len), built=built),
-                   lambda: compile_schedule(problem, least)]
+    return least, [(plain(problem.seq_len), built), (least, None)]
 
 
 def _bound(least: Schedule, compiled: list[Compiled], seconds: float) -> Bound | None:
@@ -127,7 +129,8 @@ def scan_bound(problem: Problem, built: tuple[Step, tuple[Any, ...]] | None = No
     or compile (the search then finds out and says so per trial)."""
     start = time.monotonic()
     least, jobs = _jobs(problem, built)
-    return _bound(least, [job() for job in jobs], time.monotonic() - start)
+    compiled = [compile_schedule(problem, schedule, built=made) for schedule, made in jobs]
+    return _bound(least, compiled, time.monotonic() - start)
 
 
 class PendingBound:
@@ -135,7 +138,7 @@ class PendingBound:
     done at once; ``result()`` waits for it."""
 
     def __init__(self, problem: Problem, built: tuple[Step, tuple[Any, ...]] | None,
-                 parallel: bool) -> None:
+                 platform: str, parallel: bool) -> None:
         self._start = time.monotonic()
         self._futures: list[Future[tuple[Compiled | None, float]]] = []
         self._done: Bound | None = None
@@ -144,11 +147,13 @@ class PendingBound:
             return
         from autoremat._jax import trace_context  # imports jax
 
+        self._problem = problem
         self._least, self._compiles = _jobs(problem, built)
         expected = trace_context()  # the caller's: a thread compiles only where it matches
         threads = ThreadPoolExecutor(2, thread_name_prefix="autoremat-bound")
-        self._futures = [threads.submit(contextvars.copy_context().run, _on_thread, job,
-                                        expected) for job in self._compiles]
+        self._futures = [threads.submit(contextvars.copy_context().run, _on_thread, problem,
+                                        schedule, made, platform, expected)
+                         for schedule, made in self._compiles]
         threads.shutdown(wait=False)
 
     def result(self) -> Bound | None:
@@ -156,33 +161,35 @@ class PendingBound:
         if self._futures:
             compiled: list[Compiled] = []
             ends: list[float] = []
-            for job, future in zip(self._compiles, self._futures, strict=True):
-                made, end = future.result()
-                if made is None:  # the thread did not trace as the caller does: done here
-                    made, end = job(), time.monotonic()
-                compiled.append(made)
+            for (schedule, made), future in zip(self._compiles, self._futures, strict=True):
+                done, end = future.result()
+                if done is None:  # the thread did not trace as the caller does: done here
+                    done = compile_schedule(self._problem, schedule, built=made)
+                    end = time.monotonic()
+                compiled.append(done)
                 ends.append(end)
             self._futures = []
             self._done = _bound(self._least, compiled, max(ends) - self._start)
         return self._done
 
 
-def _on_thread(job: Callable[[], Compiled], expected: object,
+def _on_thread(problem: Problem, schedule: Schedule,
+               built: tuple[Step, tuple[Any, ...]] | None, platform: str, expected: object,
                ) -> tuple[Compiled | None, float]:
-    """``job`` on a thread where JAX traces as on the caller's (``None``: it does not) and
-    when it ended."""
-    from autoremat._jax import trace_context
+    """``schedule`` compiled on a thread where JAX traces as on the caller's (``None``: it
+    does not), and when it ended."""
+    if not traces_as(expected):
+        return None, time.monotonic()
+    return compile_quietly(problem, schedule, None, platform, built), time.monotonic()
 
-    compiled = job() if trace_context() == expected else None
-    return compiled, time.monotonic()
 
-
-def start_bound(study: Any, problem: Problem,
-                built: tuple[Step, tuple[Any, ...]] | None = None, *,
-                parallel: bool = False) -> PendingBound | Bound:
+def start_bound(study: Any, problem: Problem, built: tuple[Step, tuple[Any, ...]] | None,
+                platform: str) -> PendingBound | Bound:
     """The bound ``study`` recorded (a resumed study: no compile), else ``scan_bound``'s,
-    started (``parallel``: on threads beside the caller; ``recorded_bound`` waits for it)."""
-    return Bound.of(study.user_attrs) or PendingBound(problem, built, parallel)
+    started: on threads beside the caller where the search compiles on threads
+    (``compile_workers`` > 1), else now (``recorded_bound`` waits for it)."""
+    return Bound.of(study.user_attrs) or PendingBound(
+        problem, built, platform, parallel=compile_workers(platform) > 1)
 
 
 def recorded_bound(study: Any, bound: PendingBound | Bound) -> Bound | None:

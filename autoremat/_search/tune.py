@@ -88,7 +88,6 @@ from autoremat._search.attrs import DOT_FORMS, LAYER_STACK, NAME_COSTS
 from autoremat._search.bound import Bound, recorded_bound, start_bound, trials_worth
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
-from autoremat._search.planning.compile_pool import compile_workers
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.presets import is_layer_stack
 from autoremat._search.probes.cache import VerdictCache, cache_path, environment_key
@@ -259,10 +258,8 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
             costs is not None and is_layer_stack(problem.seq_len, costs)) else None
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
         study.set_user_attr(LAYER_STACK, layers is not None)  # exports word layers, time steps
-        # in lockstep the followers compile only what a trial announces: no bound there;
-        # where the search compiles on threads, the bound's two compile beside its first ones
-        threaded = compile_workers(info.platform or "") > 1
-        pending = (start_bound(study, problem, built[1:], parallel=threaded)
+        # in lockstep the followers compile only what a trial announces: no bound there
+        pending = (start_bound(study, problem, built[1:], info.platform or "")
                    if peers_of(problem) is None else None)
         if layers is not None and costs is not None and costs.tags:
             study.set_user_attr(NAME_COSTS, layers.table())

@@ -7,12 +7,12 @@ compile's cost is estimated by its unroll (``compile_cost_of``): the compiles me
 that unroll, else those at unroll 1 scaled by ``1 + slope x (unroll - 1)``, the slope
 fitted on the unrolled compiles measured (``UNROLL_SLOPE`` before any: the TPU's).
 
-Compiles that run at once (``compile_pool``'s threads) each take longer than one alone:
-six layer-stack compiles on a 13-core host took about 28 s each, where three took about
-15 s, and they finish about as many per minute. So the cost of a compile is its seconds
-over how many ran at once (``overlap``: their seconds over the wall time any of them
-ran) -- what one more compile costs the search -- not its own wall time, which would
-stop a search with time left (``studies/results/tune_time_v5e_workers.md``).
+Compiles that run at once (``compile_pool``'s threads) share the host's cores, so each
+takes longer than one alone while about as many end per minute. So the cost of a
+compile is its seconds over how many ran at once (``overlap``: their seconds over the
+wall time any of them ran) -- what one more compile costs the search -- not its own wall
+time, which would stop a search with time left
+(``studies/results/tune_time_v5e_workers.md``).
 """
 
 from __future__ import annotations

@@ -13,13 +13,12 @@ thread's included: one per ``CORES_PER_COMPILE`` host cores (a compile uses
 threads of its own, and the timing's host thread needs a core), at most
 ``MAX_WORKERS``; and 1 on a CPU platform, whose timed step runs on those same
 cores (a compile beside it would slow the figure). So 1 on a 2-core machine, 6 on
-a 13-core host: most of an accelerator tune's time is compiles, and a TPU host's
-cores run six at once about as fast as three (the search's time against the pool's
-size: ``studies/results/tune_time_v5e_workers.md``). The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS)
-overrides the rule; a problem compiled on every process of a lockstep tune
-(``autoremat._measure.peers``) gets 1, so its compiles reach the others in one order.
-With 1 there is no thread: every compile runs on the main thread when the planner
-needs it -- the sequential search, unchanged.
+a 13-core host: most of an accelerator tune's time is compiles, so more at once end
+the search sooner where cores are free (``studies/results/tune_time_v5e_workers.md``).
+The variable ``WORKERS_ENV`` (AUTOREMAT_COMPILE_WORKERS) overrides the rule; a problem
+compiled on every process of a lockstep tune (``autoremat._measure.peers``) gets 1, so
+its compiles reach the others in one order. With 1 there is no thread: every compile
+runs on the main thread when the planner needs it -- the sequential search, unchanged.
 
 **Device memory**: a compile taken ahead and not yet consumed holds its executable,
 so at most one per thread is held (``CompilePool.capacity``); one the planner no
@@ -46,13 +45,13 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Final
+from typing import Any, Final
 
 from autoremat._errors import TuneError
 from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.peers import peers_of
-from autoremat._measure.problem import Problem
+from autoremat._measure.problem import Problem, Step
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
@@ -87,21 +86,32 @@ def compile_workers(platform: str, cores: int | None = None, *, in_order: bool =
     return max(1, min(MAX_WORKERS, (cores or 1) // CORES_PER_COMPILE))
 
 
-def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int,
-                    platform: str) -> Compiled:
-    """``compile_schedule`` from a compile thread: its build (and its lowering,
-    ``compile_step``) under ``device_memory.MEASURE_LOCK``, and its XLA compile too where
-    compiling takes device memory (not a TPU)."""
+def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int | None,
+                    platform: str, built: tuple[Step, tuple[Any, ...]] | None = None,
+                    ) -> Compiled:
+    """``compile_schedule`` from a compile thread: its build (``built``: done already) and
+    its lowering (``compile_step``) under ``device_memory.MEASURE_LOCK``, and its XLA
+    compile too where compiling takes device memory (not a TPU)."""
     if platform not in RESERVING_PLATFORMS:
         with device_memory.MEASURE_LOCK:
-            return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
-    try:
-        with device_memory.MEASURE_LOCK:
-            built = problem.build(schedule)
-    except Exception:  # compile_schedule builds it again and records the failure
-        with device_memory.MEASURE_LOCK:
-            return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
+            return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
+    if built is None:
+        try:
+            with device_memory.MEASURE_LOCK:
+                built = problem.build(schedule)
+        except Exception:  # compile_schedule builds it again and records the failure
+            with device_memory.MEASURE_LOCK:
+                return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
+
+
+def traces_as(expected: object) -> bool:
+    """Whether JAX traces on this thread as on the thread whose ``trace_context()`` is
+    ``expected`` (its context managers, ``jax.default_matmul_precision`` and the like, set
+    the flags per thread): a thread compiles for another only where it does."""
+    from autoremat._jax import trace_context
+
+    return bool(trace_context() == expected)
 
 
 class CompilePool:
@@ -207,9 +217,7 @@ class CompilePool:
 
     def _compile(self, key: str, schedule: Schedule, expected: object) -> Compiled:
         """On a thread: ``compile(schedule)`` when JAX traces there as on the main thread."""
-        from autoremat._jax import trace_context
-
-        if trace_context() != expected:
+        if not traces_as(expected):
             raise ContextDiffers("JAX's trace context differs from the main thread's")
         compiled = self.compile(schedule)
         self._ended[key] = time.monotonic()
