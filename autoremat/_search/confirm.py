@@ -1,7 +1,8 @@
 """Confirming the answer at full length before it is written.
 
 When the search timed schedules on short runs (``autoremat._search.short_runs``), the
-fastest that fits is known only as a prediction. ``confirm`` times it at the
+answer (the fastest that fits, or a smaller one tied with it within noise:
+``trials.tie_break``) is known only as a prediction. ``confirm`` times it at the
 problem's full ``T`` (compiled again; one run when a step is longer than the
 time budget) and records the figure beside the prediction, in the study
 attr ``confirmed_key(number)``; ``measured_trials`` reads the trial with it
@@ -30,6 +31,7 @@ from autoremat._measure.timing import time_compiled
 from autoremat._search.attrs import confirmed_key
 from autoremat._search.reports import FullLengthTiming, TuneEvent
 from autoremat._search.study import MeasuredTrial, StudyInfo, measured_trials
+from autoremat._search.trials import fastest_fitting
 
 if TYPE_CHECKING:
     import optuna
@@ -51,18 +53,18 @@ _CONFIRMED: Final = figure_names("status", "reason", "failed_at", "out_of_memory
 
 
 def _next(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> MeasuredTrial | None:
-    """The trial to time at full length next: the fastest that fits, if predicted; else
-    the fastest predicted one within ``BAND`` of it."""
-    fits = sorted((t for t in trials if t.measurement.fits(budget_bytes)),
-                  key=lambda t: (t.measurement.step_seconds, t.number))
-    if not fits:
-        return None
-    best = fits[0]
-    if best.measurement.predicted(seq_len):
+    """The trial to time at full length next: the answer (``fastest_fitting``: the tie
+    break's pick, which ``tune`` returns), if predicted; else the fastest predicted one
+    within ``BAND`` of it."""
+    best = fastest_fitting(trials, budget_bytes, seq_len)
+    if best is None or best.measurement.predicted(seq_len):
         return best
     limit = (1.0 + BAND) * (best.measurement.step_seconds or 0.0)
-    return next((t for t in fits[1:] if t.measurement.predicted(seq_len)
-                 and (t.measurement.step_seconds or 0.0) <= limit), None)
+    rivals = sorted((t for t in trials if t.measurement.fits(budget_bytes)
+                     and t.measurement.predicted(seq_len)
+                     and (t.measurement.step_seconds or 0.0) <= limit),
+                    key=lambda t: (t.measurement.step_seconds, t.number))
+    return rivals[0] if rivals else None
 
 
 def confirm(study: optuna.Study, problem: Problem, info: StudyInfo, *,
