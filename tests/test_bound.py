@@ -23,6 +23,12 @@ from tests import outside_memory as om
 
 PARAMS = om.init(jax.random.PRNGKey(0))
 BATCH = om.batch()
+#: The sizes below are a CPU's compiled figures. A TPU lays out and fuses a step this small
+#: otherwise (the hybrid's total is under its attention's (B, T, T); the 512-step RNN's plain
+#: scan compiles to the least-memory schedule's total), and searches under the least memory
+#: anyway (offload): these run where CI runs them.
+CPU_FIGURES = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                 reason="sizes chosen for a CPU's compiled totals")
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +36,7 @@ def hybrid() -> autoremat.Problem:
     return om.hybrid_problem()
 
 
+@CPU_FIGURES
 def test_the_bound_of_memory_outside_the_scans_is_negligible(hybrid: autoremat.Problem) -> None:
     bound = scan_bound(hybrid)
     assert bound is not None
@@ -51,6 +58,7 @@ def test_the_bound_on_threads_is_the_bound_in_turn(hybrid: autoremat.Problem) ->
     assert here is not None and here.least_bytes == in_turn.least_bytes
 
 
+@CPU_FIGURES
 def test_the_bound_of_a_scan_heavy_step_is_not() -> None:
     def loss(w: jax.Array, x: jax.Array) -> jax.Array:
         def step(h: jax.Array, xt: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -81,6 +89,7 @@ def test_a_negligible_bound_times_the_plain_scan_only(hybrid: autoremat.Problem,
     assert again.measured == 2 and again.bound == result.bound  # recorded, not recompiled
 
 
+@CPU_FIGURES
 def test_nothing_fits_says_the_least_memory_and_why(hybrid: autoremat.Problem,
                                                      tmp_path: Any) -> None:
     result = autoremat.tune(hybrid, "100KB", storage=f"sqlite:///{tmp_path}/s.db",

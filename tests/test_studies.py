@@ -39,6 +39,19 @@ def test_without_an_accelerator_it_says_so_and_exits_0(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+def test_unroll_gain_without_an_accelerator_says_so_and_exits_0(tmp_path: Path) -> None:
+    """``studies/unroll_gain.py`` measures only on a device; its plumbing at ``--small`` was
+    run on a CPU by hand, and its table on a TPU is ``studies/results/unroll_gain_v5e.md``."""
+    out = tmp_path / "unroll_gain.md"
+    proc = subprocess.run([sys.executable, str(SCRIPT.parent / "unroll_gain.py"), "--out",
+                           str(out)], capture_output=True, text=True, timeout=120, check=False,
+                          env={"PYTHONPATH": module_path(), "JAX_PLATFORMS": "cpu",
+                               "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert "no accelerator here" in proc.stdout and "nothing written" in proc.stdout
+    assert not out.exists()
+
+
 def test_the_report_table(tmp_path: Path) -> None:
     dc = _load()
     report = dc.Report(tmp_path / "tpu.md", ["Run on a made-up device (these rows are not measured)."])
