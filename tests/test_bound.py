@@ -17,7 +17,7 @@ from helpers import assert_close
 from jax import lax
 
 import autoremat
-from autoremat._cli.breakdown_text import nothing_fits_message
+from autoremat._cli.breakdown_text import bound_line, nothing_fits_message
 from autoremat._search.bound import NEGLIGIBLE, PendingBound, least_memory, scan_bound
 from tests import outside_memory as om
 
@@ -87,6 +87,36 @@ def test_a_negligible_bound_times_the_plain_scan_only(hybrid: autoremat.Problem,
     again = autoremat.tune(hybrid, "100MB", storage=f"sqlite:///{tmp_path}/s.db",
                            n_trials=2, time_limit=None)  # a count given: the search runs
     assert again.measured == 2 and again.bound == result.bound  # recorded, not recompiled
+
+
+class _Late(PendingBound):
+    """A bound on threads whose compiles end only once two trials were measured."""
+
+    asked = 0
+
+    def done(self) -> bool:
+        self.asked += 1
+        return self.asked > 2 and super().done()
+
+
+def test_the_search_does_not_wait_for_a_bound_on_threads(hybrid: autoremat.Problem,
+                                                         tmp_path: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # on an accelerator the first timings run while the bound compiles; a negligible bound
+    # read after two trials stops the search there, and the command line says so
+    late: list[_Late] = []
+    monkeypatch.setattr("autoremat._search.tune.start_bound", lambda _s, problem, built, _p:
+                        late.append(_Late(problem, built, "cpu", parallel=True)) or late[-1])
+    seen: list[tuple[int, Any]] = []
+    trials: list[int] = []
+    result = autoremat.tune(hybrid, "100MB", storage=f"sqlite:///{tmp_path}/s.db",
+                            time_limit=None, on_trial=lambda _s, t: trials.append(t.number),
+                            on_bound=lambda b: seen.append((len(trials), b)))
+    assert seen == [(2, result.bound)] and result.bound.negligible
+    assert result.measured == 2 and late[0].asked == 3
+    line = bound_line(result.bound, True, 2)
+    assert "the search stops at the 2 schedules timed while it compiled" in line
+    assert "only the plain scan is timed" in bound_line(result.bound, True, 1)
 
 
 @CPU_FIGURES

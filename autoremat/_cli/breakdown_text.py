@@ -190,10 +190,13 @@ def bound_text(bound: Bound) -> str:
     return text
 
 
-def bound_line(bound: Bound, searching: bool) -> str:
+def bound_line(bound: Bound, searching: bool, timed: int = 0) -> str:
     """The tune's line on the bound; ``searching``: no trial count was given, so a
-    negligible bound times the plain scan alone (``tune``'s ``on_bound``)."""
+    negligible bound stops the search (``tune``'s ``on_bound``) at the plain scan, or at
+    the ``timed`` schedules measured while the bound compiled beside them."""
     line = f"bound: {bound_text(bound)} (two compiles, {bound.seconds:.1f} s)"
     if bound.negligible and searching:
-        line += "; only the plain scan is timed (--trials N searches anyway)"
+        line += ("; only the plain scan is timed" if timed <= 1 else
+                 f"; the search stops at the {timed} schedules timed while it compiled")
+        line += " (--trials N searches anyway)"
     return line

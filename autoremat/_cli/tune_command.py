@@ -100,7 +100,8 @@ def _run(problem: Problem, budget: int, budget_note: str, settings: TuneSettings
             storage=storage, study_name=settings.study_name, seed=settings.seed,
             out=settings.out, time_budget=settings.time_budget, heartbeat=settings.heartbeat,
             on_trial=progress.on_trial, on_confirm=progress.note,
-            on_bound=lambda b: progress.say(bound_line(b, settings.trials is None)),
+            on_bound=lambda b: progress.say(bound_line(b, settings.trials is None,
+                                                       progress.done)),
         )
     except BudgetError as e:  # under the step's arguments: refused before compiling
         print(f"autoremat: {with_flag(str(e))}", file=sys.stderr)

@@ -18,9 +18,11 @@ least figure; there the bound informs but does not stop the search.
 Where the search compiles on threads (an accelerator: ``compile_workers`` > 1) the two
 compiles run on two threads of their own (``start_bound``), as a compile thread runs
 one (``compile_pool.compile_quietly``), beside each other and beside the search's first
-compiles ahead, so the bound costs about one compile's time before the first timing; on
-a CPU, whose compiles share the cores a timing uses, they run one after the other on the
-calling thread.
+compiles ahead, and the search does not wait for them: its first timings run while the
+least-memory schedule compiles, and the bound is read between trials (``BoundWatch``),
+where a negligible one stops the search at what was timed by then. On a CPU, whose
+compiles share the cores a timing uses, they run one after the other on the calling
+thread, before the first trial.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import contextvars
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
@@ -156,6 +158,10 @@ class PendingBound:
                          for schedule, made in self._compiles]
         threads.shutdown(wait=False)
 
+    def done(self) -> bool:
+        """Whether both compiles have ended (``result`` then waits for neither)."""
+        return all(future.done() for future in self._futures)
+
     def result(self) -> Bound | None:
         """The bound, ``None`` where a compile failed."""
         if self._futures:
@@ -213,3 +219,40 @@ def trials_worth(bound: Bound | None, budget_bytes: int, platform: str) -> int |
     if bound.step_bytes <= budget_bytes:
         return 1
     return 0 if platform == "cpu" and bound.least_bytes > budget_bytes else None
+
+
+class BoundWatch:
+    """The bound as the search reads it between trials (``Worker.run``'s ``most``): not
+    waited for while its compiles run on threads, so the first timings do not wait for the
+    least-memory compile; once it is there, recorded, passed to ``on_bound`` and, where the
+    search is the tune's to size (``searching``: no trial count given), the cap of
+    ``trials_worth`` -- no more than were measured by then."""
+
+    def __init__(self, study: Any, pending: PendingBound | Bound | None, budget_bytes: int,
+                 platform: str, searching: bool,
+                 on_bound: Callable[[Bound], None] | None) -> None:
+        self._study, self._pending = study, pending
+        self._budget, self._platform, self._searching = budget_bytes, platform, searching
+        self._on_bound = on_bound
+        self._bound: Bound | None = None
+        self._read = pending is None
+
+    def cap(self, measured: int) -> int | None:
+        """Before a trial, with ``measured`` trials measured: the most worth measuring;
+        ``None``: no cap (or the bound still compiling)."""
+        if isinstance(self._pending, PendingBound) and not self._read \
+                and not self._pending.done():
+            return None
+        bound = self.bound()
+        worth = trials_worth(bound, self._budget, self._platform) if self._searching else None
+        return None if worth is None else max(worth, measured)
+
+    def bound(self) -> Bound | None:
+        """The bound, waited for where it is still compiling; recorded and passed to
+        ``on_bound`` once."""
+        if not self._read and self._pending is not None:
+            self._read = True
+            self._bound = recorded_bound(self._study, self._pending)
+            if self._bound is not None and self._on_bound is not None:
+                self._on_bound(self._bound)
+        return self._bound

@@ -85,7 +85,7 @@ from autoremat._measure.timing import DEFAULT_TIME_BUDGET
 from autoremat._schedules import plain, save_schedule
 from autoremat._schedules.policy import Policy
 from autoremat._search.attrs import DOT_FORMS, LAYER_STACK, NAME_COSTS
-from autoremat._search.bound import Bound, recorded_bound, start_bound, trials_worth
+from autoremat._search.bound import Bound, BoundWatch, start_bound
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
 from autoremat._search.planning.layer_costs import LayerCosts
@@ -186,8 +186,8 @@ def tune(
         before the search (the step as written and every long scan at its least memory).
         Where that is a negligible share of the step and neither ``n_trials`` nor
         ``total_trials`` asks for more, only the plain scan is timed (the answer where it
-        fits); on a CPU, where even the least-memory schedule is over the budget then,
-        nothing is timed.
+        fits; on an accelerator, what was timed while the bound compiled too); on a CPU,
+        where even the least-memory schedule is over the budget then, nothing is timed.
       progress: draw a progress bar over the trials (tqdm; a widget in a notebook).
 
     Returns:
@@ -274,13 +274,11 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
                         guard=guard, named=named, layer_costs=layers)
         del built
         search.prefetch()  # the first compiles ahead, beside the bound's
-        bound = None if pending is None else recorded_bound(study, pending)
-        if bound is not None and on_bound is not None:
-            on_bound(bound)
-        if n_trials is None and total_trials is None:
-            n_trials = trials_worth(bound, info.budget_bytes, info.platform or "")
+        watch = BoundWatch(study, pending, info.budget_bytes, info.platform or "",
+                           n_trials is None and total_trials is None, on_bound)
         interrupted = search.run(n_trials, None if limit is None else
-                                 limit - (time.monotonic() - start))
+                                 limit - (time.monotonic() - start), most=watch.cap)
+        bound = watch.bound()  # waited for where the search ended before it
         search_measured, too_late = search.measured, search.too_late()
         unconfirmed = "" if interrupted else confirm(study, problem, info, time_limit=limit,
                                                      time_budget=time_budget, on_confirm=on_confirm)

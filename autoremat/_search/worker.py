@@ -347,10 +347,12 @@ class Worker:
         self._keep_if_pick(list(compiled.values()))
         return True
 
-    def run(self, n_trials: int | None, time_limit: float | None) -> bool:
+    def run(self, n_trials: int | None, time_limit: float | None,
+            most: Callable[[int], int | None] | None = None) -> bool:
         """Measure schedules until the planner is done, ``n_trials`` are measured (then
-        exactly that many: past the planner's stop, dominated ones too) or the time
-        limit; ``True`` when Ctrl-C stopped it."""
+        exactly that many: past the planner's stop, dominated ones too), ``most`` (asked
+        before each trial with the number measured: the most to measure, if known) or
+        the time limit; ``True`` when Ctrl-C stopped it."""
         import optuna
 
         deadline = None if time_limit is None else time.monotonic() + time_limit
@@ -364,7 +366,9 @@ class Worker:
                 while (self.measured < cap and self.attempts < max_attempts
                        and self.duplicates_in_a_row < _MAX_DUPLICATES_IN_A_ROW):
                     left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
+                    at_most = None if most is None else most(self.measured)
+                    if (left is not None and left <= 0) or (at_most is not None
+                                                            and self.measured >= at_most):
                         break
                     step = self.next_step()
                     if step == "stop":
