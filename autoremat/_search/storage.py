@@ -15,12 +15,6 @@
   moves one. Elsewhere the package uses Optuna's public API only.
 * Optuna's log level is a process-wide setting: ``optuna_verbosity`` sets it for a
   block and restores the caller's.
-* The search's reads and writes of a trial (``trials_of``, ``set_user_attrs``,
-  ``set_params``) hold ``device_memory.MEASURE_LOCK``, as a timing does: a compile
-  thread's trace, under that lock, holds the GIL, and each SQLite call gives the GIL up
-  and waits to get it back (about 15x slower beside one busy Python thread on this
-  repository's 2-core machine), so where compile threads trace (an accelerator) the
-  main thread's bookkeeping took longer than the trial's timing.
 """
 
 from __future__ import annotations
@@ -33,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from autoremat._errors import TuneError, one_line
-from autoremat._measure.device_memory import MEASURE_LOCK
 from autoremat._search.attrs import MEASURING, RETRY_OF, RETRY_REASON
 
 if TYPE_CHECKING:
@@ -83,9 +76,8 @@ def optuna_verbosity(level: int) -> Iterator[None]:
 
 def trials_of(storage: BaseStorage, study: optuna.Study) -> list[FrozenTrial]:
     """Every trial of ``study``, read from ``storage`` itself (not a worker's cache)."""
-    with MEASURE_LOCK:  # no trace beside it (module doc)
-        study_id = storage.get_study_id_from_name(study.study_name)
-        return storage.get_all_trials(study_id, deepcopy=False)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return storage.get_all_trials(study_id, deepcopy=False)
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -255,12 +247,11 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     Optuna lacks one of ``OPTUNA_INTERNALS``, one by one. What the trial's ``user_attrs``
     read back is the same either way."""
     write = _rdb_writer(trial)
-    with MEASURE_LOCK:  # no trace beside it (module doc)
-        if write is None:
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
-            return
-        write(dict(attrs))
+    if write is None:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return
+    write(dict(attrs))
 
 
 def set_params(trial: optuna.Trial, params: Mapping[str, tuple[Any, BaseDistribution]]) -> None:
@@ -276,15 +267,14 @@ def set_params(trial: optuna.Trial, params: Mapping[str, tuple[Any, BaseDistribu
     storage = getattr(trial, "storage", None)
     if not isinstance(trial_id, int) or cached is None or storage is None:
         return
-    with MEASURE_LOCK:  # no trace beside it (module doc)
-        for name, (value, distribution) in params.items():
-            try:
-                storage.set_trial_param(trial_id, name, distribution.to_internal_repr(value),
-                                        distribution)
-            except ValueError:
-                continue
-            cached.distributions[name] = distribution
-            cached.params[name] = value
+    for name, (value, distribution) in params.items():
+        try:
+            storage.set_trial_param(trial_id, name, distribution.to_internal_repr(value),
+                                    distribution)
+        except ValueError:
+            continue
+        cached.distributions[name] = distribution
+        cached.params[name] = value
 
 
 def missing_internals(trial: optuna.Trial) -> list[str]:
