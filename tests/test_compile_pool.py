@@ -161,41 +161,6 @@ def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
                           if platform == "tpu" else ["compile, window held: True"])
 
 
-def test_the_main_thread_lets_the_measure_lock_go_only_while_it_waits_for_a_compile() -> None:
-    """A tune's main thread holds ``MEASURE_LOCK`` through its search, so no compile thread
-    traces beside its own work; ``released`` lets it go (held twice: both) while it waits
-    for a thread that needs it, and takes it back as often."""
-    lock = pool_module.device_memory.MEASURE_LOCK
-    traced = threading.Event()
-
-    def lower() -> None:
-        with lock:
-            traced.set()
-
-    def free_elsewhere() -> bool:
-        out: list[bool] = []
-
-        def probe() -> None:
-            out.append(lock.acquire(blocking=False))
-            if out[0]:
-                lock.release()
-
-        other = threading.Thread(target=probe)
-        other.start()
-        other.join()
-        return out[0]
-
-    with lock, lock:
-        thread = threading.Thread(target=lower)
-        thread.start()
-        assert not traced.wait(0.2)  # the main thread's work: no trace beside it
-        with pool_module.device_memory.released():
-            assert traced.wait(60)
-            thread.join()
-        assert not free_elsewhere()
-    assert free_elsewhere()
-
-
 def test_a_trace_and_a_timing_hold_the_measure_lock_an_xla_compile_does_not() -> None:
     """A trace holds the GIL that a timed run waits for: lowering (any thread's) and
     timing hold ``device_memory.MEASURE_LOCK``, so a compile thread's trace never runs

@@ -51,7 +51,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from autoremat._measure.allocator import Stats, read
@@ -67,26 +67,6 @@ T = TypeVar("T")
 #: holds the GIL a timed run waits for -- so a figure is the work's alone; only XLA's
 #: compile, outside the GIL, runs beside a timing.
 MEASURE_LOCK: Final = threading.RLock()
-
-
-@contextlib.contextmanager
-def released() -> Iterator[None]:
-    """``MEASURE_LOCK`` let go by the calling thread (as often as it holds it) for a block
-    in which it waits for a thread that needs it -- a tuner's main thread, which holds it
-    through its search so that no compile thread traces beside its own work, waiting for a
-    compile -- and taken back after."""
-    held = 0
-    while True:
-        try:
-            MEASURE_LOCK.release()
-        except RuntimeError:  # not (or no longer) held by this thread
-            break
-        held += 1
-    try:
-        yield
-    finally:
-        for _ in range(held):
-            MEASURE_LOCK.acquire()
 
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
 #: under the old mark. Chunks are powers of two from here up.

@@ -35,7 +35,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
-from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.problem import Problem, Step
 from autoremat._schedules import nested, plain
@@ -169,8 +168,7 @@ class PendingBound:
             compiled: list[Compiled] = []
             ends: list[float] = []
             for (schedule, made), future in zip(self._compiles, self._futures, strict=True):
-                with device_memory.released():  # its thread lowers under it
-                    done, end = future.result()
+                done, end = future.result()
                 if done is None:  # the thread did not trace as the caller does: done here
                     done = compile_schedule(self._problem, schedule, built=made)
                     end = time.monotonic()

@@ -78,7 +78,6 @@ from autoremat._errors import BudgetError, ProblemError, TuneError, one_line
 from autoremat._measure.breakdown import argument_parts
 from autoremat._measure.compile_cache import persistent_cache
 from autoremat._measure.device import arguments_fingerprint, environment
-from autoremat._measure.device_memory import MEASURE_LOCK
 from autoremat._measure.mesh import layout
 from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
@@ -277,9 +276,8 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
         search.prefetch()  # the first compiles ahead, beside the bound's
         watch = BoundWatch(study, pending, info.budget_bytes, info.platform or "",
                            n_trials is None and total_trials is None, on_bound)
-        with MEASURE_LOCK:  # the main thread first: compile threads lower while it waits
-            interrupted = search.run(n_trials, None if limit is None else
-                                     limit - (time.monotonic() - start), most=watch.cap)
+        interrupted = search.run(n_trials, None if limit is None else
+                                 limit - (time.monotonic() - start), most=watch.cap)
         bound = watch.bound()  # waited for where the search ended before it
         search_measured, too_late = search.measured, search.too_late()
         unconfirmed = "" if interrupted else confirm(study, problem, info, time_limit=limit,

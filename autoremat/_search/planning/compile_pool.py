@@ -26,16 +26,15 @@ longer wants (``keep_only``) is released, and ``close`` releases the rest.
 
 **What runs beside a timing**: XLA's compile alone. A thread builds, lowers and sizes
 its step under ``device_memory.MEASURE_LOCK``, which a timing holds (a build may put
-arrays on the device, inside a measured warm-up; Python holds the GIL that a timed run
-waits for: an accelerator's step runs slower beside a trace, even with a 0.1-ms switch
-interval, and no slower beside XLA compiles, ``studies/results/tune_time.md``); on a
-platform whose compiles take device memory and run on it (XLA:GPU's autotuning; not a
-TPU) it compiles under it too. A tune's main thread holds the lock through its search
-and lets it go while it waits for a compile (``device_memory.released``), so no trace
-runs beside its own work either: beside one, each of its SQLite calls waited for the
-GIL. A thread traces only under the main thread's JAX trace context
-(``jax.default_matmul_precision`` and the like are set per thread): where they differ it
-hands the compile back, and the main thread compiles it when it comes up.
+arrays on the device, inside a measured warm-up; Python holds the GIL that a timed
+run waits for: an accelerator's step runs slower beside a trace, even with a 0.1-ms
+switch interval, and no slower beside XLA compiles, ``studies/results/tune_time.md``);
+on a platform whose
+compiles take device memory and run on it (XLA:GPU's autotuning; not a TPU) it
+compiles under it too. A thread traces only
+under the main thread's JAX trace context (``jax.default_matmul_precision`` and the
+like are set per thread): where they differ it hands the compile back, and the main
+thread compiles it when it comes up.
 """
 
 from __future__ import annotations
@@ -193,8 +192,7 @@ class CompilePool:
         others = [f for k, f in self._ahead.items() if k != key and not f.done()]
         if future is None or future.done() or not others:
             return False
-        with device_memory.released():  # the threads lower under it
-            done, _ = wait([future, *others], return_when=FIRST_COMPLETED)
+        done, _ = wait([future, *others], return_when=FIRST_COMPLETED)
         return future not in done
 
     def ready(self, key: str) -> bool:
@@ -210,8 +208,7 @@ class CompilePool:
         if future is None:
             return None
         try:
-            with device_memory.released():  # its thread lowers under it
-                compiled = future.result()
+            compiled = future.result()
         except Exception:
             self.cancelled += 1
             return None
@@ -247,8 +244,7 @@ class CompilePool:
         for future in self._dropped:
             future.add_done_callback(_release)
         if self._executor is not None:
-            with device_memory.released():
-                self._executor.shutdown(wait=wait, cancel_futures=True)
+            self._executor.shutdown(wait=wait, cancel_futures=True)
             self._executor = None
         self._reap()
 
@@ -261,7 +257,7 @@ class CompilePool:
     def wait(self) -> None:
         """Wait for every compile under way to end; release those dropped."""
         for future in [*self._ahead.values(), *self._dropped]:
-            with contextlib.suppress(Exception), device_memory.released():
+            with contextlib.suppress(Exception):
                 future.exception()  # waits, raising nothing
         self._reap()
 
