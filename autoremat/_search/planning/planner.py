@@ -214,8 +214,8 @@ class Planner:
         """The unrolls of the leader's innermost scan and of its closest rivals' (timed
         within ``UNROLL_BAND`` of it, up to ``UNROLL_RIVALS``), ranked after the presets
         and before the rest (``Judge.early``), the fastest predicted first, up to
-        ``EARLY``: where an unroll pays (a layer stack on a TPU: 9% at unroll 8), it is
-        found before the limit, whichever candidate the random draws put near the top.
+        ``EARLY``: where an unroll pays (on some steps; on others every unroll is slower),
+        it is found before the limit, whichever candidate the random draws put near the top.
         Still screened as any other (``screening.next_action``); an unrolled compile's cost
         is its own (``Clock.compile_cost_of``)."""
         budget = self.budget_bytes
