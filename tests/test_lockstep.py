@@ -178,10 +178,16 @@ def test_a_lost_process_interrupts_the_main_thread_and_is_kept_to_raise() -> Non
     watchdog.lost = None
     lost = LockstepLost(1, 2, 0, "no heartbeat for 3.1 s (heartbeat 2 s)")
     timer = threading.Timer(0.1, watchdog.end, (lost,))
-    with pytest.raises(KeyboardInterrupt):
-        timer.start()
-        for _ in range(300):  # the main thread's waits on the store, a second each at most
-            time.sleep(0.1)
+    # Python's own SIGINT handling, as a command's process has it: interrupt_main does
+    # nothing where an earlier test in this worker left the signal ignored or default
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            timer.start()
+            for _ in range(300):  # the main thread's waits on the store, a second each at most
+                time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert watchdog.lost is lost and not isinstance(lost, Exception)  # no trial's failure
     assert str(lost).startswith("lockstep tune: lost process 1 of 2: no heartbeat")
     assert "run the same command on every process to resume it" in str(lost)
