@@ -235,13 +235,11 @@ class BoundWatch:
         self._budget, self._platform, self._searching = budget_bytes, platform, searching
         self._on_bound = on_bound
         self._bound: Bound | None = None
-        self._read = pending is None
 
     def cap(self, measured: int) -> int | None:
         """Before a trial, with ``measured`` trials measured: the most worth measuring;
         ``None``: no cap (or the bound still compiling)."""
-        if isinstance(self._pending, PendingBound) and not self._read \
-                and not self._pending.done():
+        if isinstance(self._pending, PendingBound) and not self._pending.done():
             return None
         bound = self.bound()
         worth = trials_worth(bound, self._budget, self._platform) if self._searching else None
@@ -250,9 +248,9 @@ class BoundWatch:
     def bound(self) -> Bound | None:
         """The bound, waited for where it is still compiling; recorded and passed to
         ``on_bound`` once."""
-        if not self._read and self._pending is not None:
-            self._read = True
-            self._bound = recorded_bound(self._study, self._pending)
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._bound = recorded_bound(self._study, pending)
             if self._bound is not None and self._on_bound is not None:
                 self._on_bound(self._bound)
         return self._bound
