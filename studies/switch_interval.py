@@ -9,7 +9,9 @@ that traces (``jax.jit(...).lower``) in a loop, at each interval, and how many l
 that thread ran a second meanwhile and with the main thread idle.
 
 Run it anywhere (no device needed): ``python studies/switch_interval.py``.
-Results: ``studies/results/tune_time.md``.
+Results, and what a finer interval did to whole tunes on a TPU (they took longer: the
+compile threads' Python slowed more than the main thread's gained):
+``studies/results/tune_time_v5e_workers.md``.
 """
 
 from __future__ import annotations

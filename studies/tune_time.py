@@ -35,8 +35,8 @@ On the TPU machine (after ``source studies/device_setup.sh``)::
 ``--fresh`` gives each run its own scratch folder (a fresh study, probe cache and
 compile cache: three fresh runs of ``d`` are ``--cases d,d,d --fresh``; without it a case
 run again resumes the study, and its compile cache's hits are in its ``study:`` line);
-``TUNE_TIME_SWITCH_INTERVAL`` (seconds) in the environment sets the tune's switch interval
-(``compile_pool.SWITCH_INTERVAL``; 0.005 is Python's default) for an A/B of it;
+``TUNE_TIME_SWITCH_INTERVAL`` (seconds) in the environment sets Python's switch interval in
+each case (the default is 0.005) for an A/B of it;
 ``--sample`` samples each case's main thread every 10 ms
 and adds where its time went (seconds on the stack per function, and in time). Off a TPU
 it says so and exits 0 unless ``--allow-cpu``;
@@ -71,7 +71,7 @@ TARGET_S = {"a": 60.0, "b": 45.0, "c": None, "d": 150.0}
 MLP_STACK: Final = ["--problem", "layer_stack", "--layers", "12", "--d-model", "1536",
                     "--heads", "12", "--mlp", "6144", "--seq-len", "512", "--batch", "16"]
 CHIP_BUDGET: Final = "16909MB"
-#: Set in the environment: the tune's switch interval in seconds (``compile_pool.SWITCH_INTERVAL``).
+#: Set in the environment: Python's switch interval in the case, in seconds.
 SWITCH_ENV: Final = "TUNE_TIME_SWITCH_INTERVAL"
 #: Set (by ``--sample``) in a case's environment: its main thread is sampled (``_sample_main``).
 SAMPLE_ENV: Final = "TUNE_TIME_SAMPLE"
@@ -176,8 +176,8 @@ def child(argv: list[str]) -> int:
     from autoremat import cli
     from autoremat._cli import tune_command
 
-    if os.environ.get(SWITCH_ENV):  # the tune's switch interval, for an A/B of it
-        pool_module.SWITCH_INTERVAL = float(os.environ[SWITCH_ENV])  # type: ignore[misc]
+    if os.environ.get(SWITCH_ENV):  # Python's switch interval, for an A/B of it
+        sys.setswitchinterval(float(os.environ[SWITCH_ENV]))
     real_compile = measure_module.compile_step
 
     def compile_step(*args: Any, **kwargs: Any) -> Any:

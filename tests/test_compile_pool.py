@@ -10,7 +10,6 @@ overlapped.
 
 from __future__ import annotations
 
-import sys
 import threading
 import zlib
 from collections.abc import Sequence
@@ -203,7 +202,6 @@ class Recorder:
         self.pools: list[CompilePool] = []
         self.planners: list[plan_module.Planner] = []
         self.seconds: dict[str, float] = {}  # the fake timer's figure of each key
-        self.intervals: list[float] = []  # Python's switch interval at each timing
         real_compile = plan_module.compile_schedule
         real_quietly = pool_module.compile_quietly
         real_for_problem = CompilePool.for_problem.__func__  # type: ignore[attr-defined]
@@ -286,7 +284,6 @@ class Recorder:
         ends once every compile handed to a thread has started, as a device's timing
         would while the threads compile."""
         key = schedule.key()
-        self.intervals.append(sys.getswitchinterval())
         self.note("time start", key)
         self.flag("timing", True)
 
@@ -354,15 +351,6 @@ def test_compiles_run_on_a_thread_while_a_schedule_is_timed(searches: Any) -> No
     assert overlapped, events
     pool = recorder.pools[0]
     assert pool.threads == 1 and pool.taken >= 1  # and the planner used what it compiled
-
-
-def test_a_tune_switches_threads_finely_and_restores_the_interval_after(searches: Any) -> None:
-    """Beside a tracing thread the main thread's storage work waits up to the switch
-    interval each time it takes the GIL back: a tune runs at the fine one."""
-    recorder, _, _ = searches[2]
-    assert recorder.intervals
-    assert max(recorder.intervals) <= pool_module.SWITCH_INTERVAL
-    assert sys.getswitchinterval() > pool_module.SWITCH_INTERVAL  # Python's 5 ms again
 
 
 def test_the_parallel_search_decides_as_the_sequential_one(searches: Any) -> None:

@@ -88,7 +88,6 @@ from autoremat._search.attrs import DOT_FORMS, LAYER_STACK, NAME_COSTS
 from autoremat._search.bound import Bound, BoundWatch, start_bound
 from autoremat._search.confirm import confirm
 from autoremat._search.named_policies import named_policies, step_costs
-from autoremat._search.planning.compile_pool import fine_switching
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.presets import is_layer_stack
 from autoremat._search.probes.cache import VerdictCache, cache_path, environment_key
@@ -247,8 +246,8 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
     import optuna
 
     start = time.monotonic()
-    with optuna_verbosity(optuna.logging.WARNING), fine_switching(), persistent_cache(
-            compile_cache_folder(storage)) as cache_use:  # each restored after
+    with optuna_verbosity(optuna.logging.WARNING), persistent_cache(  # restored after
+            compile_cache_folder(storage)) as cache_use:
         info, built = _study_info(problem, budget_bytes, storage)
         _refuse_under_arguments(info.budget_bytes, built[2], problem.arg_names)
         storage_obj = open_storage(storage, heartbeat=heartbeat)

@@ -35,13 +35,6 @@ compiles under it too. A thread traces only
 under the main thread's JAX trace context (``jax.default_matmul_precision`` and the
 like are set per thread): where they differ it hands the compile back, and the main
 thread compiles it when it comes up.
-
-**The main thread beside a trace** (``fine_switching``): where a thread traces, the
-main thread's Optuna storage work (SQLite, which lets the GIL go on every call) waits up
-to Python's switch interval each time it takes the GIL back. At the default 5 ms, 30
-trials' storage work took 10-14 s beside a tracing thread against 0.9 s alone; at
-0.25 ms about 3 s, and the thread traced as fast (``studies/results/tune_time.md``).
-So a tune runs at ``SWITCH_INTERVAL`` and restores the caller's interval after.
 """
 
 from __future__ import annotations
@@ -49,9 +42,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Final
 
@@ -69,8 +61,6 @@ CORES_PER_COMPILE: Final = 2
 MAX_WORKERS: Final = 6
 #: Overrides ``compile_workers``'s rule: a whole number >= 1 (1: no compile threads).
 WORKERS_ENV: Final = "AUTOREMAT_COMPILE_WORKERS"
-#: Python's switch interval during a tune, in seconds (``fine_switching``).
-SWITCH_INTERVAL: Final = 0.00025
 
 CompileFn = Callable[[Schedule], Compiled]
 
@@ -94,18 +84,6 @@ def compile_workers(platform: str, cores: int | None = None, *, in_order: bool =
         return 1
     cores = os.cpu_count() if cores is None else cores
     return max(1, min(MAX_WORKERS, (cores or 1) // CORES_PER_COMPILE))
-
-
-@contextlib.contextmanager
-def fine_switching() -> Iterator[None]:
-    """Python's switch interval at most ``SWITCH_INTERVAL`` for the block, the caller's
-    after (module doc: the main thread's storage work beside a tracing thread)."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, SWITCH_INTERVAL))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int | None,
