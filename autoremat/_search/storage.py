@@ -343,10 +343,12 @@ def _upsert(dialect: str, model: Any, trial_id: int, attrs: Mapping[str, Any]) -
 
     if not attrs:
         return None
+    from sqlalchemy.dialects import postgresql, sqlite
+
     if dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0):
-        from sqlalchemy.dialects.sqlite import insert
+        insert: Any = sqlite.insert
     elif dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
+        insert = postgresql.insert
     else:
         return None
     statement = insert(model).values([{"trial_id": trial_id, "key": key,

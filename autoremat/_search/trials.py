@@ -1,7 +1,8 @@
 """A study's measured trials and the answer among them: ``MeasuredTrial`` (a finished
 trial's schedule and figures), the fastest that fits, ties within the measured noise going
 to the least memory (the plain scan last), and why a pick is fused or unfused.
-``autoremat._search.study`` reads a study into these."""
+``autoremat._search.study`` reads a study into these. Also how a worker reads a study's
+trials to claim and count (``is_measured``, ``is_claimed``, ``find_measured``, ``progress``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from autoremat._measure.measurement import Measurement
 from autoremat._measure.timing import spread
 from autoremat._schedules import from_data, plain
 from autoremat._schedules.base import Schedule
-from autoremat._search.attrs import MEASURED, SCHEDULE, confirmed_key, proof_key, retimed_key
+from autoremat._search.attrs import (
+    COMPILE_FAILED,
+    MEASURED,
+    MEASURING,
+    SCHEDULE,
+    SCHEDULE_KEY,
+    confirmed_key,
+    proof_key,
+    retimed_key,
+)
 from autoremat._units import format_bytes
 
 if TYPE_CHECKING:
@@ -150,3 +160,39 @@ def fuse_why(trials: list[MeasuredTrial], best: MeasuredTrial, budget_bytes: int
         return (f"{name}: no {other} schedule measured fits the budget "
                 f"({format_bytes(budget_bytes)}; {len(others)} measured)")
     return f"{name}: no {other} schedule was measured"
+
+
+# -- a study's trials as a worker reads them (``autoremat._search.worker``) --
+
+
+def is_measured(t: FrozenTrial) -> bool:
+    """A finished trial (complete or failed) that holds a measurement."""
+    from optuna.trial import TrialState
+
+    return t.state in (TrialState.COMPLETE, TrialState.FAIL) and bool(t.user_attrs.get(MEASURED))
+
+
+def is_claimed(t: FrozenTrial) -> bool:
+    """A running trial that has claimed its schedule (``Worker.claim``)."""
+    from optuna.trial import TrialState
+
+    return t.state == TrialState.RUNNING and bool(t.user_attrs.get(MEASURING))
+
+
+def find_measured(trials: list[FrozenTrial], key: str, exclude: int) -> int | None:
+    """The number of a trial that measured (or is measuring) ``key``, if any."""
+    for t in trials:
+        if t.number == exclude or t.user_attrs.get(SCHEDULE_KEY) != key:
+            continue
+        if is_measured(t) or is_claimed(t):
+            return t.number
+    return None
+
+
+def progress(trials: list[FrozenTrial], exclude: int | None = None) -> tuple[int, int]:
+    """``(measured, being measured)``: finished trials holding a measurement (not a
+    failed compile), and running trials that have claimed a schedule (not counting
+    ``exclude``)."""
+    done = sum(1 for t in trials if is_measured(t) and not t.user_attrs.get(COMPILE_FAILED))
+    running = sum(1 for t in trials if t.number != exclude and is_claimed(t))
+    return done, running

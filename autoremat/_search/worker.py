@@ -45,7 +45,13 @@ from autoremat._search.short_runs import ShortRuns
 from autoremat._search.storage import StudyLock, optuna_verbosity, set_params, set_user_attrs, trials_of
 from autoremat._search.study import MeasuredTrial, StudyInfo
 from autoremat._search.trial_params import schedule_params
-from autoremat._search.trials import fastest_fitting
+from autoremat._search.trials import (
+    fastest_fitting,
+    find_measured,
+    is_claimed,
+    is_measured,
+    progress,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -71,37 +77,6 @@ def compile_failed(m: Measurement) -> bool:
     """The schedule failed to build or compile, at full length or for its short run
     (``Measurement.failed_at``): nothing ran, nothing was measured."""
     return m.status == ERROR and m.failed_at in (BUILD, COMPILE)
-
-
-def _is_measured(t: FrozenTrial) -> bool:
-    from optuna.trial import TrialState
-
-    return t.state in (TrialState.COMPLETE, TrialState.FAIL) and bool(t.user_attrs.get(MEASURED))
-
-
-def _is_claimed(t: FrozenTrial) -> bool:
-    from optuna.trial import TrialState
-
-    return t.state == TrialState.RUNNING and bool(t.user_attrs.get(MEASURING))
-
-
-def _find_measured(trials: list[FrozenTrial], key: str, exclude: int) -> int | None:
-    """The number of a trial that measured (or is measuring) ``key``, if any."""
-    for t in trials:
-        if t.number == exclude or t.user_attrs.get(SCHEDULE_KEY) != key:
-            continue
-        if _is_measured(t) or _is_claimed(t):
-            return t.number
-    return None
-
-
-def _progress(trials: list[FrozenTrial], exclude: int | None = None) -> tuple[int, int]:
-    """``(measured, being measured)``: finished trials holding a measurement (not a
-    failed compile), and running trials that have claimed a schedule (not counting
-    ``exclude``)."""
-    done = sum(1 for t in trials if _is_measured(t) and not t.user_attrs.get(COMPILE_FAILED))
-    running = sum(1 for t in trials if t.number != exclude and _is_claimed(t))
-    return done, running
 
 
 class Worker:
@@ -153,23 +128,26 @@ class Worker:
             return trials_of(self.storage, self.study)
         return self.study.get_trials(deepcopy=False)
 
-    def claim(self, trial: optuna.Trial, key: str, attrs: Mapping[str, Any]) -> None:
+    def claim(self, trial: optuna.Trial, key: str, attrs: Mapping[str, Any],
+              ) -> list[FrozenTrial]:
         """Claim ``key`` for this trial, or prune it (duplicate, or the total is reached);
-        either way the trial gets ``attrs`` (its schedule) with the outcome, in one write."""
+        either way the trial gets ``attrs`` (its schedule) with the outcome, in one write.
+        Returns the study's trials as read for the claim."""
         import optuna
 
         with self.lock:
             trials = self.fresh_trials()
-            dup = _find_measured(trials, key, trial.number)
+            dup = find_measured(trials, key, trial.number)
             if dup is not None:
                 set_user_attrs(trial, {**attrs, DUPLICATE_OF: dup})
                 raise optuna.TrialPruned(f"schedule already measured in trial {dup}")
             if self.total_trials is not None:
-                done, running = _progress(trials, exclude=trial.number)
+                done, running = progress(trials, exclude=trial.number)
                 if done + running >= self.total_trials:
                     set_user_attrs(trial, {**attrs, TOTAL_REACHED: self.total_trials})
                     raise optuna.TrialPruned(f"the study has its {self.total_trials} trials")
             set_user_attrs(trial, {**attrs, MEASURING: True})
+        return trials
 
     def objective(self, trial: optuna.Trial, planned: Candidate | None) -> tuple[float, float]:
         """Measure ``planned`` -- or, when Optuna handed this worker a trial enqueued
@@ -188,14 +166,14 @@ class Worker:
             trial.set_user_attr(WAITING_TAKEN, True)
             raise optuna.TrialPruned("no schedule to measure")
         schedule, key = cand.schedule, cand.schedule.key()
-        self.claim(trial, key, {SCHEDULE_KEY: key, SCHEDULE: schedule.to_data(),
-                                DESCRIBE: schedule.describe()})
+        trials = self.claim(trial, key, {SCHEDULE_KEY: key, SCHEDULE: schedule.to_data(),
+                                         DESCRIBE: schedule.describe()})
         set_params(trial, {name: (spec.value, spec.distribution()) for name, spec in
                            schedule_params(schedule, self.info.seq_len).items()})
         # the next candidates (the enqueued seeds first) compile while this one compiles
         # (the first seeds beside the plain scan, not the largest candidates: on a TPU
         # they ran out of memory beside it) and while it is timed
-        self.planner.prefetch(exclude=key, first=self.waiting())
+        self.planner.prefetch(exclude=key, first=self.waiting(trials))
         compiled = self.planner.take_compiled(cand)
         self.planner.prefetch()
         predicted = self.planner.predict(cand)
@@ -239,14 +217,16 @@ class Worker:
         kept, self.kept = self.kept, None
         return kept
 
-    def waiting(self) -> list[Schedule]:
+    def waiting(self, trials: list[FrozenTrial] | None = None) -> list[Schedule]:
         """The schedules of the trials enqueued and not started (seeds, retries): measured
-        before any the planner picks. Read only when the planner has compile threads."""
+        before any the planner picks. Read (unless ``trials``: the study's, just read) only
+        when the planner has compile threads."""
         from optuna.trial import TrialState
 
         if not self.planner.compiles_ahead:
             return []
-        return [from_data(t.user_attrs[SCHEDULE]) for t in self.fresh_trials()
+        return [from_data(t.user_attrs[SCHEDULE]) for t in
+                (self.fresh_trials() if trials is None else trials)
                 if t.state == TrialState.WAITING and SCHEDULE in t.user_attrs]
 
     def callback(self, study: optuna.Study, trial: FrozenTrial) -> None:
@@ -275,7 +255,7 @@ class Worker:
             return "measure"
         if self.heartbeats:
             self.fail_stale()
-        done, running = _progress(self.fresh_trials())
+        done, running = progress(self.fresh_trials())
         if done >= self.total_trials:
             return "stop"
         if done + running >= self.total_trials:
@@ -295,7 +275,7 @@ class Worker:
         measured = self.measured_trials(trials)
         self.planner.observe([(m.schedule, m.measurement) for m in measured],
                              {str(t.user_attrs.get(SCHEDULE_KEY)) for t in trials
-                              if _is_measured(t) or _is_claimed(t)})
+                              if is_measured(t) or is_claimed(t)})
         if self.retiming:  # the re-timing the noise asks for is paid before the limit
             self.planner.reserve(self.retime_reserve(measured))
         return self.planner.next(deadline, explore=explore, dominated=dominated)
