@@ -35,34 +35,6 @@ def test_a_trials_attrs_are_one_commit_on_an_rdb_storage(tmp_path: Path) -> None
     assert optuna.load_study(study_name="s", storage=storage).trials[0].user_attrs == ATTRS
 
 
-def _written_in_few_statements(url: str) -> None:
-    """``set_user_attrs`` on ``url``: three statements for six attrs (Optuna's writer for
-    the first, one upsert for the rest), an attr written again updated, all read back."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(url)
-    study = optuna.create_study(storage=storage, study_name="s")
-    trial = study.ask()
-    statements: list[str] = []
-    sqlalchemy.event.listen(storage.engine, "before_cursor_execute",
-                            lambda *a: statements.append(a[2]))
-    set_user_attrs(trial, ATTRS)
-    assert len(statements) <= 3, statements  # one by one: two each
-    again = {"status": "over_budget", "step_seconds": None, "retries": 1}
-    set_user_attrs(trial, again)
-    study.tell(trial, 1.0)
-    read = optuna.load_study(study_name="s", storage=url).trials[0].user_attrs
-    assert read == {**ATTRS, **again}
-
-
-def test_a_trials_attrs_are_written_in_few_statements_on_sqlite(tmp_path: Path) -> None:
-    _written_in_few_statements(f"sqlite:///{tmp_path / 'a.db'}")
-
-
-@pytest.mark.postgres
-def test_a_trials_attrs_are_written_in_few_statements_on_postgresql(postgres_url: str) -> None:
-    _written_in_few_statements(postgres_url)
-
-
 def test_elsewhere_they_are_set_one_by_one() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study()  # in memory: no transactions

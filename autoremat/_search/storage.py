@@ -313,46 +313,12 @@ def _rdb_writer(trial: optuna.Trial) -> Any:
 
     cached = trial._cached_frozen_trial
     trial_id = trial._trial_id
-    model = models.TrialUserAttributeModel
 
     def write(attrs: dict[str, Any]) -> None:
-        items = list(attrs.items())
         with _create_scoped_session(backend.scoped_session) as session:
-            # Optuna's writer for the first: it refuses a finished trial, as its own would
-            for key, value in items[:1]:
-                backend._set_trial_attr_without_commit(session, model, trial_id, key, value)
-            rest = _upsert(backend.engine.name, model, trial_id, dict(items[1:]))
-            if rest is not None:
-                session.execute(rest)
-            else:
-                for key, value in items[1:]:
-                    backend._set_trial_attr_without_commit(session, model, trial_id, key, value)
+            for key, value in attrs.items():
+                backend._set_trial_attr_without_commit(
+                    session, models.TrialUserAttributeModel, trial_id, key, value)
         cached.user_attrs.update(attrs)  # as ``Trial.set_user_attr`` keeps it
 
     return write
-
-
-def _upsert(dialect: str, model: Any, trial_id: int, attrs: Mapping[str, Any]) -> Any:
-    """One statement that writes every one of ``attrs`` to the trial (inserted, or updated
-    where the key is there), as Optuna's writer does each (its JSON), on SQLite >= 3.24
-    and PostgreSQL; ``None`` elsewhere, or for no attrs. One statement instead of two an
-    attr: beside a thread that traces, each statement waits for the GIL
-    (``studies/results/tune_time_v5e_workers.md``)."""
-    import json
-    import sqlite3
-
-    if not attrs:
-        return None
-    from sqlalchemy.dialects import postgresql, sqlite
-
-    if dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0):
-        insert: Any = sqlite.insert
-    elif dialect == "postgresql":
-        insert = postgresql.insert
-    else:
-        return None
-    statement = insert(model).values([{"trial_id": trial_id, "key": key,
-                                       "value_json": json.dumps(value)}
-                                      for key, value in attrs.items()])
-    return statement.on_conflict_do_update(index_elements=[model.trial_id, model.key],
-                                           set_={"value_json": statement.excluded.value_json})
