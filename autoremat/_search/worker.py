@@ -128,8 +128,8 @@ class Worker:
             return trials_of(self.storage, self.study)
         return self.study.get_trials(deepcopy=False)
 
-    def claim(self, trial: optuna.Trial, key: str, attrs: Mapping[str, Any],
-              ) -> list[FrozenTrial]:
+    def claim(self, trial: optuna.Trial, key: str,
+              attrs: Mapping[str, Any]) -> list[FrozenTrial]:
         """Claim ``key`` for this trial, or prune it (duplicate, or the total is reached);
         either way the trial gets ``attrs`` (its schedule) with the outcome, in one write.
         Returns the study's trials as read for the claim."""
@@ -219,8 +219,8 @@ class Worker:
 
     def waiting(self, trials: list[FrozenTrial] | None = None) -> list[Schedule]:
         """The schedules of the trials enqueued and not started (seeds, retries): measured
-        before any the planner picks. Read (unless ``trials``: the study's, just read) only
-        when the planner has compile threads."""
+        before any the planner picks. Only where the planner has compile threads; from
+        ``trials`` where the caller has just read the study, else read here."""
         from optuna.trial import TrialState
 
         if not self.planner.compiles_ahead:
