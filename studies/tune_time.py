@@ -158,6 +158,58 @@ def _sample_main(interval: float, stop: threading.Event) -> None:
                  if b - a + interval >= 0.05])
 
 
+def _watch_cache_path() -> None:
+    """Time-stamp the steps of JAX's persistent-cache path (a study's instrument, not the
+    library's: JAX's private modules, wrapped where present): the key (the program
+    canonicalized and hashed, before every compile), the entry's write (the executable
+    serialized, compressed and written, after every compile) and its compression and file
+    write alone, and a read."""
+    try:
+        from jax._src import compilation_cache as cc
+        from jax._src import lru_cache
+    except ImportError:
+        return
+
+    def wrap(owner: Any, name: str, event: str, size: Any = None) -> None:
+        real = getattr(owner, name, None)
+        if real is None:
+            return
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.time()
+            out = real(*args, **kwargs)
+            fields = {"bytes": size(args, out)} if size is not None else {}
+            _emit(event, start=start, seconds=time.time() - start,
+                  thread=threading.current_thread().name, **fields)
+            return out
+        setattr(owner, name, wrapper)
+
+    wrap(cc, "get_cache_key", "cache_key")
+    wrap(cc, "put_executable_and_time", "cache_put")
+    wrap(cc, "get_executable_and_time", "cache_get")
+    wrap(cc, "compress_executable", "cache_compress",
+         lambda args, out: [len(args[0]), len(out)])
+    wrap(lru_cache.LRUCache, "put", "cache_file_write")
+
+
+def _heartbeat(interval: float = 0.001, stall: float = 0.02) -> None:
+    """How long a thread waits to run again: a sleep of ``interval`` that comes back over
+    ``stall`` late means the GIL was held that long (by a C call that keeps it, or by
+    other threads' Python); each such stall is recorded as a span."""
+    spans: list[list[float]] = []
+    last_emit = time.time()
+    while True:
+        before = time.time()
+        time.sleep(interval)
+        late = time.time() - before - interval
+        if late > stall:
+            spans.append([round(before, 3), round(late, 3)])
+        if time.time() - last_emit > 2.0 and spans:
+            _emit("stalls", spans=[[round(a, 3), b] for a, b in spans])
+            spans = []
+            last_emit = time.time()
+
+
 def child(argv: list[str]) -> int:
     """Run ``autoremat`` with ``argv``, time-stamping what the parent reads (module doc)."""
     _emit("start")
@@ -271,6 +323,8 @@ def child(argv: list[str]) -> int:
             _emit("backend")
         return real_problem_of(settings)
 
+    _watch_cache_path()
+    threading.Thread(target=_heartbeat, daemon=True, name="tune_time-heartbeat").start()
     tune_command.problem_of = problem_of
     measure_module.compile_step = compile_step
     timing_module._Timing.run = timing  # type: ignore[method-assign]
@@ -357,7 +411,8 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
     of = {kind: [e for e in events if e["event"] == kind]
           for kind in ("compile", "probe", "trial", "confirm", "proof", "start", "end",
                        "jax_imported", "backend", "xla_compile", "timing", "pool",
-                       "profile")}
+                       "profile", "cache_key", "cache_put", "cache_get", "cache_compress",
+                       "cache_file_write", "stalls")}
     trials = [e for e in of["trial"] if e["measured"]]
     failed = [e for e in trials if e["compile_failed"]]
     combined = [e for e in failed if placements(e["describe"]) >= 2]
@@ -400,14 +455,28 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
         "tail": [f"{t:7.1f}s {name} {line}" for t, name, line in log[-8:]],
         **overlap(of["compile"], of["timing"]),
         "pool": of["pool"][-1] if of["pool"] else None,
+        "cache_path": {kind: [len(of[kind]), round(sum(e["seconds"] for e in of[kind]), 2)]
+                       for kind in ("cache_key", "cache_put", "cache_compress",
+                                    "cache_file_write", "cache_get")},
+        "cache_bytes": [sum(e["bytes"][i] for e in of["cache_compress"]) for i in (0, 1)],
+        "stalls": _stalls([s for e in of["stalls"] for s in e["spans"]]),
         "profile": of["profile"][-1] if of["profile"] else None,
         "timeline": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items()}
                      for e in events if e["event"] in ("compile", "timing", "probe", "trial",
-                                                       "proof", "confirm")],
+                                                       "proof", "confirm", "cache_key",
+                                                       "cache_put", "cache_get")],
     }
     if code != 0:
         result["stderr"] = [line for _, name, line in log if name == "err"][-15:]
     return result
+
+
+def _stalls(spans: list[list[float]]) -> dict[str, float]:
+    """The heartbeat's stalls (``_heartbeat``): how many, their seconds, the longest, and
+    how many were over 100 ms."""
+    lates = [late for _, late in spans]
+    return {"n": len(lates), "s": round(sum(lates), 2), "max": max(lates, default=0.0),
+            "over_100ms": sum(late > 0.1 for late in lates)}
 
 
 def placements(describe: str) -> int:
@@ -477,6 +546,16 @@ def markdown(results: list[dict[str, Any]], header: list[str]) -> str:
                    f"{r['compile_beside_timing_s']:.1f} s; compiles ahead: "
                    + (", ".join(f"{k} {v}" for k, v in r["pool"].items() if k not in (
                        "event", "t")) if r["pool"] else "none"))
+        if r.get("cache_path"):
+            cp, (raw, stored) = r["cache_path"], r["cache_bytes"]
+            out.append("- JAX's cache path (count, seconds summed over threads): " + ", ".join(
+                f"{k.removeprefix('cache_')} {n} in {sec:.1f} s" for k, (n, sec) in cp.items())
+                + f"; executables {raw / 1e6:.1f} MB, stored {stored / 1e6:.1f} MB")
+        if r.get("stalls"):
+            st = r["stalls"]
+            out.append(f"- a 1-ms heartbeat thread's stalls over 20 ms: {st['n']}, "
+                       f"{st['s']:.1f} s, longest {st['max'] * 1e3:.0f} ms, "
+                       f"{st['over_100ms']} over 100 ms")
         out += [f"- {x}" for x in ([r["study_line"]] if r["study_line"] else [])]
         out += [f"- pick: {r['pick'].strip()}" if r["pick"] else "- pick: none"]
         out += [f"- unroll: {r['unroll']}"] if r.get("unroll") is not None else []
