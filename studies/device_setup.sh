@@ -6,7 +6,7 @@ if [ ! -d /tmp/site/optuna ]; then
   PIP_CONFIG_FILE=/dev/null python3 -m pip install -q --isolated --only-binary=:all: \
     --index-url "${AUTOREMAT_DEVICE_INDEX:-file:///opt/pypi/simple}" \
     --find-links .device/wheels --target /tmp/site \
-    flax optax optuna pyyaml matplotlib tqdm hypothesis pytest pytest-xdist ruff mypy \
+    flax optax optuna pyyaml matplotlib tqdm zstandard hypothesis pytest pytest-xdist ruff mypy \
     types-PyYAML types-tqdm 2>&1 | grep -v -i -E "warning|notice" | tail -5
 fi
 # the machine's jax first, then what was installed, then this checkout

@@ -11,5 +11,5 @@ python -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTH
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .device/wheels \
     optuna alembic sqlalchemy greenlet mako markupsafe colorlog \
-    pytest-xdist execnet ruff mypy mypy_extensions pathspec librt types-PyYAML types-tqdm
+    zstandard pytest-xdist execnet ruff mypy mypy_extensions pathspec librt types-PyYAML types-tqdm
 ls .device/wheels

@@ -55,6 +55,17 @@ def test_a_program_compiled_twice_is_read_back_the_second_time(
     assert again().misses == 0 and again().hits >= 2
 
 
+def test_the_entries_are_zstd_frames(tmp_path: Path, no_users_cache: None) -> None:
+    """The cache's entries are compressed with zstd (the zstandard dependency, or Python
+    3.14's own), not zlib: zlib took ten times as long on a TPU's executables
+    (``studies/results/tune_time_v5e_workers.md``). A zstd frame starts with 28 b5 2f fd."""
+    folder = tmp_path / "xla_cache"
+    with persistent_cache(folder):
+        compile_twice()
+    entries = [f.read_bytes() for f in folder.rglob("*") if f.is_file() and f.stat().st_size > 64]
+    assert entries and all(e[:4] == bytes.fromhex("28b52ffd") for e in entries)
+
+
 def test_a_cache_the_user_set_is_used_as_it_is(tmp_path: Path) -> None:
     users = jax.config.jax_compilation_cache_dir
     if not users:
