@@ -393,6 +393,39 @@ def test_the_real_meter_fills_and_frees_on_this_cpu() -> None:
     free()  # freeing twice is harmless
 
 
+def test_a_warmed_meter_fills_without_compiling() -> None:
+    """The filler's programs are compiled once per size: after ``warm`` (what
+    ``warm_fillers`` runs on a thread on a TPU) a fill of those sizes compiles nothing and
+    gives the bytes asked for; a fill that meets a new size compiles it, once."""
+    meter = device_memory.JaxMeter(jax.devices()[0])
+    meter.warm(4 * CHUNK - 1)  # CHUNK, 2 CHUNK
+    compiles: list[str] = []
+    listening = [True]  # jax 0.7 cannot unregister a listener: it stops counting
+
+    def listen(event: str, duration_secs: float, **_: object) -> None:
+        if listening[0] and event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        held = [device_memory.filler(meter.device, size)() for size in (CHUNK, 2 * CHUNK)]
+        assert [h.nbytes for h in held] == [CHUNK, 2 * CHUNK] and not compiles
+        meter.fill(3 * CHUNK)()
+        assert not compiles
+        meter.fill(5 * CHUNK)()  # 4 CHUNK: new
+        meter.fill(4 * CHUNK)()
+        assert len(compiles) == 1
+    finally:
+        listening[0] = False
+
+
+def test_fillers_are_warmed_only_where_a_compile_takes_no_device_memory() -> None:
+    """No thread on a CPU (it reports no memory) nor for a stand-in device (a TPU's
+    thread runs on the device: ``tests/test_device.py``)."""
+    assert device_memory.warm_fillers() is None  # this CPU reports no memory
+    assert device_memory.warm_fillers([StandInDevice(in_use=0, peak=0)]) is None
+
+
 # --------------------------------------------------------------------- a TPU's books
 
 

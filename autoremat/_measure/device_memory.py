@@ -97,7 +97,8 @@ class Meter(Protocol):
 
 
 class JaxMeter:
-    """A JAX device's ``memory_stats()``; the filler is uint8 arrays on that device."""
+    """A JAX device's ``memory_stats()``; the filler is uint8 arrays on that device, each
+    made by a program compiled once per size (``filler``)."""
 
     def __init__(self, device: Any) -> None:
         self.device = device
@@ -111,7 +112,6 @@ class JaxMeter:
 
     def fill(self, nbytes: int, exact: bool = False) -> Callable[[], None]:
         import jax
-        import jax.numpy as jnp
 
         held: list[Any] = []
 
@@ -122,15 +122,68 @@ class JaxMeter:
 
         try:
             for size in chunks(nbytes, exact=exact):
-                try:
-                    held.append(jnp.zeros((size,), jnp.uint8, device=self.device))
-                except TypeError:  # a jax without zeros(device=...)
-                    held.append(jax.device_put(jnp.zeros((size,), jnp.uint8), self.device))
+                held.append(filler(self.device, size)())
             jax.block_until_ready(held)  # allocated before the baseline is read
         except BaseException:
             free()
             raise
         return free
+
+    def warm(self, most: int) -> None:
+        """Compile the filler's program of every chunk size up to ``most`` bytes."""
+        for k in range(most.bit_length() - 1, CHUNK.bit_length() - 2, -1):
+            filler(self.device, 1 << k)
+
+
+#: The filler's programs by (device, bytes). A TPU compiles even a fill of zeros for about
+#: 0.1 s, and a measurement that meets a size for the first time pays that under
+#: ``MEASURE_LOCK``: twelve sizes, 1.3 s of a seed tune's main thread on a v5e
+#: (``studies/results/tune_time_v5e_workers.md``). ``warm_fillers`` compiles them ahead.
+_FILLERS: dict[tuple[Any, int], Callable[[], Any]] = {}
+_FILLERS_LOCK: Final = threading.Lock()
+
+
+def filler(device: Any, nbytes: int) -> Callable[[], Any]:
+    """The compiled program that returns ``nbytes`` zero bytes on ``device`` (compiled on
+    the first call for that size, lowered under ``MEASURE_LOCK``)."""
+    with _FILLERS_LOCK:
+        ready = _FILLERS.get((device, nbytes))
+    if ready is not None:
+        return ready
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    on_device = NamedSharding(Mesh(np.array([device]), ("device",)), PartitionSpec())
+    with MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
+        lowered = jax.jit(lambda: jnp.zeros((nbytes,), jnp.uint8),
+                          out_shardings=on_device).lower()
+    compiled = lowered.compile()
+    with _FILLERS_LOCK:
+        return _FILLERS.setdefault((device, nbytes), compiled)
+
+
+def warm_fillers(devices: Sequence[Meter] | None = None) -> threading.Thread | None:
+    """Compile, on a thread, the filler's programs of every chunk size each device can
+    hold, ahead of the measurements that fill it; only on a platform where a compile
+    takes no device memory (``RESERVING_PLATFORMS``: elsewhere a compile beside a
+    measurement could move its figure). The thread, or ``None`` where nothing is warmed."""
+    devices = meters() if devices is None else devices
+    work = [(m, s.limit) for m in devices
+            if isinstance(m, JaxMeter) and m.platform in RESERVING_PLATFORMS
+            and (s := m.stats()) is not None and s.limit is not None]
+    if not work:
+        return None
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # best effort: a fill compiles what is missing
+            for meter, most in work:
+                meter.warm(most)
+
+    thread = threading.Thread(target=run, name="autoremat-fillers", daemon=True)
+    thread.start()
+    return thread
 
 
 def chunks(nbytes: int, exact: bool = False) -> list[int]:

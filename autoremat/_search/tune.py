@@ -78,6 +78,7 @@ from autoremat._errors import BudgetError, ProblemError, TuneError, one_line
 from autoremat._measure.breakdown import argument_parts
 from autoremat._measure.compile_cache import persistent_cache
 from autoremat._measure.device import arguments_fingerprint, environment
+from autoremat._measure.device_memory import warm_fillers
 from autoremat._measure.mesh import layout
 from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
@@ -274,6 +275,7 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
                         guard=guard, named=named, layer_costs=layers)
         del built
         search.prefetch()  # the first compiles ahead, beside the bound's
+        warm_fillers()  # a TPU's filler programs, compiled beside those
         watch = BoundWatch(study, pending, info.budget_bytes, info.platform or "",
                            n_trials is None and total_trials is None, on_bound)
         interrupted = search.run(n_trials, None if limit is None else
