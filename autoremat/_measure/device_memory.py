@@ -130,9 +130,16 @@ class JaxMeter:
         return free
 
     def warm(self, most: int) -> None:
-        """Compile the filler's program of every chunk size up to ``most`` bytes."""
-        for k in range(most.bit_length() - 1, CHUNK.bit_length() - 2, -1):
-            filler(self.device, 1 << k)
+        """Compile the filler's program of every chunk size up to ``most`` bytes: all
+        lowered in one hold of ``MEASURE_LOCK`` (a tuner's compile threads queue for it
+        too), then compiled outside it."""
+        sizes = [1 << k for k in range(most.bit_length() - 1, CHUNK.bit_length() - 2, -1)]
+        with _FILLERS_LOCK:
+            sizes = [size for size in sizes if (self.device, size) not in _FILLERS]
+        with MEASURE_LOCK:
+            lowered = [(size, _lower_filler(self.device, size)) for size in sizes]
+        for size, low in lowered:
+            _keep_filler(self.device, size, low.compile())
 
 
 #: The filler's programs by (device, bytes). A TPU compiles even a fill of zeros for about
@@ -150,17 +157,23 @@ def filler(device: Any, nbytes: int) -> Callable[[], Any]:
         ready = _FILLERS.get((device, nbytes))
     if ready is not None:
         return ready
+    with MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
+        lowered = _lower_filler(device, nbytes)
+    return _keep_filler(device, nbytes, lowered.compile())
+
+
+def _lower_filler(device: Any, nbytes: int) -> Any:
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     on_device = NamedSharding(Mesh(np.array([device]), ("device",)), PartitionSpec())
-    with MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
-        lowered = jax.jit(lambda: jnp.zeros((nbytes,), jnp.uint8),
-                          out_shardings=on_device).lower()
-    compiled = lowered.compile()
-    with _FILLERS_LOCK:
+    return jax.jit(lambda: jnp.zeros((nbytes,), jnp.uint8), out_shardings=on_device).lower()
+
+
+def _keep_filler(device: Any, nbytes: int, compiled: Callable[[], Any]) -> Callable[[], Any]:
+    with _FILLERS_LOCK:  # one kept where two threads compiled the same size
         return _FILLERS.setdefault((device, nbytes), compiled)
 
 

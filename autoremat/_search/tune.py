@@ -251,6 +251,7 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
             compile_cache_folder(storage)) as cache_use:
         info, built = _study_info(problem, budget_bytes, storage)
         _refuse_under_arguments(info.budget_bytes, built[2], problem.arg_names)
+        warm_fillers()  # a TPU's filler programs, compiled on a thread
         storage_obj = open_storage(storage, heartbeat=heartbeat)
         name = study_name or default_study_name(info)
         lock = StudyLock(storage_obj, name)
@@ -275,7 +276,6 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
                         guard=guard, named=named, layer_costs=layers)
         del built
         search.prefetch()  # the first compiles ahead, beside the bound's
-        warm_fillers()  # a TPU's filler programs, compiled beside those
         watch = BoundWatch(study, pending, info.budget_bytes, info.platform or "",
                            n_trials is None and total_trials is None, on_bound)
         interrupted = search.run(n_trials, None if limit is None else
