@@ -131,32 +131,3 @@ def test_the_seed_problem_is_made_on_the_host_and_lives_on_the_device(platform: 
     step, args = problem.build(autoremat.plain(100))
     assert {d.platform for leaf in jax.tree.leaves(args) for d in leaf.devices()} == {platform}
     assert np.isfinite(float(jax.tree.leaves(jax.jit(step)(*args))[-1].sum()))
-
-
-def test_a_tpus_fillers_are_compiled_ahead_on_a_thread(platform: str) -> None:
-    """On a TPU ``warm_fillers`` compiles the filler of every chunk size the chip holds on
-    a thread: after it, taking back what loaded programs reserve (a fill of the free
-    memory) compiles nothing on the caller. Elsewhere nothing is warmed."""
-    thread = device_memory.warm_fillers()
-    if platform not in ("tpu",):
-        assert thread is None
-        return
-    assert thread is not None
-    thread.join(timeout=120)
-    assert not thread.is_alive()
-    compiles: list[str] = []
-    listening = [True]
-
-    def listen(event: str, duration_secs: float, **_: object) -> None:
-        if listening[0] and event.endswith("backend_compile_duration"):
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        (meter,) = device_memory.meters()
-        stats = meter.stats()
-        assert stats is not None and stats.limit is not None
-        meter.fill(stats.limit - stats.in_use - 2 * device_memory.CHUNK)()
-        assert not compiles
-    finally:
-        listening[0] = False

@@ -30,7 +30,7 @@ from autoremat._cli.printing import proof_line, result_table
 from autoremat._cli.show_text import describe_schedule
 from autoremat._measure import device_memory
 from autoremat._measure.allocator import Stats
-from autoremat._measure.device_memory import CHUNK, chunks
+from autoremat._measure.device_memory import CHUNK, LADDER, chunks
 from autoremat._measure.device_memory import gap_need as measured
 from autoremat._measure.measure import measure_step
 from autoremat._measure.measurement import Measurement
@@ -168,10 +168,18 @@ def test_a_filler_that_does_not_fit_and_other_errors() -> None:
 
 
 def test_chunks_cover_the_gap_to_within_one_chunk() -> None:
-    for n in (0, CHUNK - 1, CHUNK, 3 * CHUNK + 5, 730 * MB + 777, 7_475 * MB):
+    for n in (0, CHUNK - 1, CHUNK, 3 * CHUNK + 5, 730 * MB + 777, 7_475 * MB, 16 * 2**30 - 1):
         sizes = chunks(n)
         assert 0 <= n - sum(sizes) < CHUNK and all(s >= CHUNK for s in sizes)
-        assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes)
+        assert sizes == sorted(sizes, reverse=True)
+        assert all(sizes.count(s) < LADDER for s in sizes)  # the fewest chunks of these sizes
+
+
+def test_a_chips_fills_need_four_filler_programs() -> None:
+    """Every fill up to a 16-GiB chip uses one of four chunk sizes: a device compiles a
+    fill of zeros once per size (about 0.1 s each on a TPU, under the measurement lock)."""
+    seen = {size for n in range(CHUNK, 16 * 2**30, 7_777_777 * 13) for size in chunks(n)}
+    assert seen == {CHUNK * LADDER**k for k in range(4)}
 
 
 def test_a_cpu_has_no_meter_and_nothing_is_measured() -> None:
@@ -391,39 +399,6 @@ def test_the_real_meter_fills_and_frees_on_this_cpu() -> None:
     free = meter.fill(3 * CHUNK + 5)
     free()
     free()  # freeing twice is harmless
-
-
-def test_a_warmed_meter_fills_without_compiling() -> None:
-    """The filler's programs are compiled once per size: after ``warm`` (what
-    ``warm_fillers`` runs on a thread on a TPU) a fill of those sizes compiles nothing and
-    gives the bytes asked for; a fill that meets a new size compiles it, once."""
-    meter = device_memory.JaxMeter(jax.devices()[0])
-    meter.warm(4 * CHUNK - 1)  # CHUNK, 2 CHUNK
-    compiles: list[str] = []
-    listening = [True]  # jax 0.7 cannot unregister a listener: it stops counting
-
-    def listen(event: str, duration_secs: float, **_: object) -> None:
-        if listening[0] and event.endswith("backend_compile_duration"):
-            compiles.append(event)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        held = [device_memory.filler(meter.device, size)() for size in (CHUNK, 2 * CHUNK)]
-        assert [h.nbytes for h in held] == [CHUNK, 2 * CHUNK] and not compiles
-        meter.fill(3 * CHUNK)()
-        assert not compiles
-        meter.fill(5 * CHUNK)()  # 4 CHUNK: new
-        meter.fill(4 * CHUNK)()
-        assert len(compiles) == 1
-    finally:
-        listening[0] = False
-
-
-def test_fillers_are_warmed_only_where_a_compile_takes_no_device_memory() -> None:
-    """No thread on a CPU (it reports no memory) nor for a stand-in device (a TPU's
-    thread runs on the device: ``tests/test_device.py``)."""
-    assert device_memory.warm_fillers() is None  # this CPU reports no memory
-    assert device_memory.warm_fillers([StandInDevice(in_use=0, peak=0)]) is None
 
 
 # --------------------------------------------------------------------- a TPU's books

@@ -28,8 +28,8 @@ of work (a compile, a warm-up run) each device's gap between ``bytes_in_use`` an
 ``peak_bytes_in_use`` is filled with a throwaway buffer, held while the work runs, so
 the device is *at* its high-water mark when the work starts: every byte the work
 allocates raises the mark, and ``peak after - in use before`` is exactly what the work
-needed above what was already live. The filler is allocated in power-of-two chunks of
-at least ``CHUNK`` bytes, so up to ``CHUNK`` of gap may stay unfilled: when the mark did
+needed above what was already live. The filler is allocated in chunks of at least
+``CHUNK`` bytes (``chunks``), so up to ``CHUNK`` of gap may stay unfilled: when the mark did
 not rise, the work needed at most that residual gap (the figure's resolution). A work
 that runs out of memory with a filler held runs once more without it, and its figure
 is recorded only if the mark rose above the old peak anyway (else ``None``).
@@ -69,8 +69,14 @@ T = TypeVar("T")
 MEASURE_LOCK: Final = threading.RLock()
 
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
-#: under the old mark. Chunks are powers of two from here up.
+#: under the old mark.
 CHUNK: Final = 1 << 20
+
+#: Filler chunks are ``CHUNK`` times a power of this: four sizes up to a 16-GiB chip (1 MiB
+#: to 4 GiB). A device compiles a fill of zeros once per size, which on a TPU takes about
+#: 0.1 s under ``MEASURE_LOCK``: with powers of two a seed tune met twelve sizes, 1.3 s of
+#: its main thread on a v5e (``studies/results/tune_time_v5e_workers.md``).
+LADDER: Final = 16
 
 #: Platforms whose method was checked against ``within.bisect_need`` on a real device, and where
 #: that check is written down. ``measured`` gives a figure only on these.
@@ -97,8 +103,7 @@ class Meter(Protocol):
 
 
 class JaxMeter:
-    """A JAX device's ``memory_stats()``; the filler is uint8 arrays on that device, each
-    made by a program compiled once per size (``filler``)."""
+    """A JAX device's ``memory_stats()``; the filler is uint8 arrays on that device."""
 
     def __init__(self, device: Any) -> None:
         self.device = device
@@ -112,6 +117,7 @@ class JaxMeter:
 
     def fill(self, nbytes: int, exact: bool = False) -> Callable[[], None]:
         import jax
+        import jax.numpy as jnp
 
         held: list[Any] = []
 
@@ -122,89 +128,30 @@ class JaxMeter:
 
         try:
             for size in chunks(nbytes, exact=exact):
-                held.append(filler(self.device, size)())
+                try:
+                    held.append(jnp.zeros((size,), jnp.uint8, device=self.device))
+                except TypeError:  # a jax without zeros(device=...)
+                    held.append(jax.device_put(jnp.zeros((size,), jnp.uint8), self.device))
             jax.block_until_ready(held)  # allocated before the baseline is read
         except BaseException:
             free()
             raise
         return free
 
-    def warm(self, most: int) -> None:
-        """Compile the filler's program of every chunk size up to ``most`` bytes: all
-        lowered in one hold of ``MEASURE_LOCK`` (a tuner's compile threads queue for it
-        too), then compiled outside it."""
-        sizes = [1 << k for k in range(most.bit_length() - 1, CHUNK.bit_length() - 2, -1)]
-        with _FILLERS_LOCK:
-            sizes = [size for size in sizes if (self.device, size) not in _FILLERS]
-        with MEASURE_LOCK:
-            lowered = [(size, _lower_filler(self.device, size)) for size in sizes]
-        for size, low in lowered:
-            _keep_filler(self.device, size, low.compile())
-
-
-#: The filler's programs by (device, bytes). A TPU compiles even a fill of zeros for about
-#: 0.1 s, and a measurement that meets a size for the first time pays that under
-#: ``MEASURE_LOCK``: twelve sizes, 1.3 s of a seed tune's main thread on a v5e
-#: (``studies/results/tune_time_v5e_workers.md``). ``warm_fillers`` compiles them ahead.
-_FILLERS: dict[tuple[Any, int], Callable[[], Any]] = {}
-_FILLERS_LOCK: Final = threading.Lock()
-
-
-def filler(device: Any, nbytes: int) -> Callable[[], Any]:
-    """The compiled program that returns ``nbytes`` zero bytes on ``device`` (compiled on
-    the first call for that size, lowered under ``MEASURE_LOCK``)."""
-    with _FILLERS_LOCK:
-        ready = _FILLERS.get((device, nbytes))
-    if ready is not None:
-        return ready
-    with MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
-        lowered = _lower_filler(device, nbytes)
-    return _keep_filler(device, nbytes, lowered.compile())
-
-
-def _lower_filler(device: Any, nbytes: int) -> Any:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    on_device = NamedSharding(Mesh(np.array([device]), ("device",)), PartitionSpec())
-    return jax.jit(lambda: jnp.zeros((nbytes,), jnp.uint8), out_shardings=on_device).lower()
-
-
-def _keep_filler(device: Any, nbytes: int, compiled: Callable[[], Any]) -> Callable[[], Any]:
-    with _FILLERS_LOCK:  # one kept where two threads compiled the same size
-        return _FILLERS.setdefault((device, nbytes), compiled)
-
-
-def warm_fillers(devices: Sequence[Meter] | None = None) -> threading.Thread | None:
-    """Compile, on a thread, the filler's programs of every chunk size each device can
-    hold, ahead of the measurements that fill it; only on a platform where a compile
-    takes no device memory (``RESERVING_PLATFORMS``: elsewhere a compile beside a
-    measurement could move its figure). The thread, or ``None`` where nothing is warmed."""
-    devices = meters() if devices is None else devices
-    work = [(m, s.limit) for m in devices
-            if isinstance(m, JaxMeter) and m.platform in RESERVING_PLATFORMS
-            and (s := m.stats()) is not None and s.limit is not None]
-    if not work:
-        return None
-
-    def run() -> None:
-        with contextlib.suppress(Exception):  # best effort: a fill compiles what is missing
-            for meter, most in work:
-                meter.warm(most)
-
-    thread = threading.Thread(target=run, name="autoremat-fillers", daemon=True)
-    thread.start()
-    return thread
-
 
 def chunks(nbytes: int, exact: bool = False) -> list[int]:
-    """``nbytes`` as powers of two of at least ``CHUNK``, largest first; the rest, under
-    ``CHUNK``, is left out -- or, with ``exact``, one last chunk of its own."""
-    low = CHUNK.bit_length() - 1
-    sizes = [1 << k for k in range(nbytes.bit_length() - 1, low - 1, -1) if nbytes >> k & 1]
-    rest = nbytes - sum(sizes)
+    """``nbytes`` as chunks of ``CHUNK`` times a power of ``LADDER``, largest first, at most
+    ``LADDER - 1`` of a size; the rest, under ``CHUNK``, is left out -- or, with ``exact``,
+    one last chunk of its own."""
+    size = CHUNK
+    while size * LADDER <= nbytes:
+        size *= LADDER
+    sizes: list[int] = []
+    rest = nbytes
+    while size >= CHUNK:
+        count, rest = divmod(rest, size)
+        sizes += [size] * count
+        size //= LADDER
     return [*sizes, rest] if exact and rest > 0 else sizes
 
 

@@ -78,7 +78,6 @@ from autoremat._errors import BudgetError, ProblemError, TuneError, one_line
 from autoremat._measure.breakdown import argument_parts
 from autoremat._measure.compile_cache import persistent_cache
 from autoremat._measure.device import arguments_fingerprint, environment
-from autoremat._measure.device_memory import warm_fillers
 from autoremat._measure.mesh import layout
 from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
@@ -251,7 +250,6 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
             compile_cache_folder(storage)) as cache_use:
         info, built = _study_info(problem, budget_bytes, storage)
         _refuse_under_arguments(info.budget_bytes, built[2], problem.arg_names)
-        warm_fillers()  # a TPU's filler programs, compiled on a thread
         storage_obj = open_storage(storage, heartbeat=heartbeat)
         name = study_name or default_study_name(info)
         lock = StudyLock(storage_obj, name)
