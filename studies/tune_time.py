@@ -22,6 +22,11 @@ d. ``mlp_stack``: the MLP-heavy layer stack (12 layers, d_model 1536, MLP 6144, 
    (16909 MB on a v5e), the default time limit: <= 150 s, and the pick unrolled where an
    unroll is >= 5% faster than unroll 1 (the line ``unroll`` of each run gives the pick's).
 
+Each case also times the steps of JAX's persistent-cache path (the key, the entry's write
+and its compression and file write alone, a read; the executables' bytes), and a thread
+that sleeps 1 ms in a loop records each time it woke over 20 ms late (the GIL held that
+long): a study's instrument on JAX's private modules, never the library's.
+
 Per case the breakdown: the first line, start-up to the ``problem:`` line, probes (count,
 seconds, verdicts), trials (measured, seconds, cut, lost to failed compiles -- of them
 combining offload placements), out-of-memory compiles, confirmation, proof of fit, total,
