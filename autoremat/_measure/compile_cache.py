@@ -11,8 +11,8 @@ it read back: ``CacheUse``, which the tune's summary reports.
 
 Costs: disk (each executable once, with no limit: delete the folder to reclaim it) and
 the time to key, serialize, compress and write each one on the compile threads: small
-against the compile with zstd (the ``zstandard`` dependency), not with zlib, JAX's
-fallback -- on a TPU v5e zlib took 5.8 s of the big LSTM's tune against zstd's 0.6 s
+against the compile with zstd (the ``zstandard`` dependency), about ten times as long
+with zlib, JAX's fallback, on a TPU's executables
 (``studies/results/tune_time_v5e_workers.md``). A cache the user configured
 (JAX's ``jax_compilation_cache_dir``, from the environment or ``jax.config``) is used as
 it is, and counted; one turned off (``jax_enable_compilation_cache`` false) stays off. On

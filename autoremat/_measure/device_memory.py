@@ -73,9 +73,9 @@ MEASURE_LOCK: Final = threading.RLock()
 CHUNK: Final = 1 << 20
 
 #: Filler chunks are ``CHUNK`` times a power of this: four sizes up to a 16-GiB chip (1 MiB
-#: to 4 GiB). A device compiles a fill of zeros once per size, which on a TPU takes about
-#: 0.1 s under ``MEASURE_LOCK``: with powers of two a seed tune met twelve sizes, 1.3 s of
-#: its main thread on a v5e (``studies/results/tune_time_v5e_workers.md``).
+#: to 4 GiB), where powers of two meet a dozen. A device compiles a fill of zeros once per
+#: size, on a TPU for about 0.1 s, on the measuring thread under ``MEASURE_LOCK``
+#: (``studies/results/tune_time_v5e_workers.md``).
 LADDER: Final = 16
 
 #: Platforms whose method was checked against ``within.bisect_need`` on a real device, and where
