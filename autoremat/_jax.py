@@ -302,3 +302,39 @@ def traced_by(name: str, *trees: Any) -> bool:
     kind = getattr(ad, name, None)
     return isinstance(kind, type) and any(
         isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
+
+
+#: The steps of JAX's persistent-cache path that run Python, and C++ that keeps the GIL
+#: (``executable.serialize()``), on the compiling thread around the XLA compile: the
+#: program's key before it, the entry's write after it (``compilation_cache``'s functions,
+#: which ``compiler`` calls through its module).
+_CACHE_STEPS = ("get_cache_key", "put_executable_and_time")
+
+
+@contextlib.contextmanager
+def cache_steps_under(lock: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    """Inside, each compile's cache key and entry write (``_CACHE_STEPS``) run under
+    ``lock``, on whichever thread compiles; as they were after. A step's timing holds the
+    lock (``autoremat._measure.timing``): a thread serializing an executable beside it
+    keeps the timed thread from the GIL that long, and the run reads slow by as much (on a
+    TPU, the outliers of ``studies/results/tune_time_v5e_workers.md``). With a jax without
+    these functions, nothing changes."""
+    from jax._src import compilation_cache
+
+    real = {name: getattr(compilation_cache, name, None) for name in _CACHE_STEPS}
+
+    def under(step: Callable[..., Any]) -> Callable[..., Any]:
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return step(*args, **kwargs)
+        return locked
+
+    for name, step in real.items():
+        if step is not None:
+            setattr(compilation_cache, name, under(step))
+    try:
+        yield
+    finally:
+        for name, step in real.items():
+            if step is not None:
+                setattr(compilation_cache, name, step)

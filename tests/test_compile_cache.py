@@ -4,8 +4,11 @@ after; a cache the user set is used as it is."""
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +17,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from autoremat._cli.printing import cache_words
 from autoremat._measure.compile_cache import no_persistent_cache, persistent_cache
+from autoremat._measure.device_memory import MEASURE_LOCK
 from autoremat._search.study import TuneResult
 from autoremat._search.tune import compile_cache_folder
 
@@ -53,6 +57,32 @@ def test_a_program_compiled_twice_is_read_back_the_second_time(
     with persistent_cache(folder) as again:  # a repeated tune: nothing compiled anew
         compile_twice()
     assert again().misses == 0 and again().hits >= 2
+
+
+def test_the_key_and_the_write_run_under_the_measure_lock(
+        tmp_path: Path, no_users_cache: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile thread's cache key and entry write (the executable serialized: the GIL
+    kept) wait for a timing to end, as its tracing does: beside one, they made its runs
+    read slow. On leaving, JAX's functions are its own again."""
+    jax_cache = importlib.import_module("jax._src.compilation_cache")
+    owned: list[tuple[str, bool]] = []
+
+    def spy(name: str, real: Any) -> Any:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            owned.append((name, MEASURE_LOCK._is_owned()))  # type: ignore[attr-defined]
+            return real(*args, **kwargs)
+        return step
+
+    for name in ("get_cache_key", "put_executable_and_time"):
+        monkeypatch.setattr(jax_cache, name, spy(name, getattr(jax_cache, name)))
+    spies = jax_cache.get_cache_key, jax_cache.put_executable_and_time
+    with persistent_cache(tmp_path / "xla_cache"):
+        thread = threading.Thread(target=compile_twice)  # as a compile thread does
+        thread.start()
+        thread.join()
+    assert {name for name, _ in owned} == {"get_cache_key", "put_executable_and_time"}
+    assert all(held for _, held in owned)
+    assert (jax_cache.get_cache_key, jax_cache.put_executable_and_time) == spies
 
 
 def test_the_entries_are_zstd_frames(tmp_path: Path, no_users_cache: None) -> None:

@@ -258,9 +258,6 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
             costs is not None and is_layer_stack(problem.seq_len, costs)) else None
         study = open_study(storage_obj, name, info, lock, layer_stack=layers is not None)
         study.set_user_attr(LAYER_STACK, layers is not None)  # exports word layers, time steps
-        # in lockstep the followers compile only what a trial announces: no bound there
-        pending = (start_bound(study, problem, built[1:], info.platform or "")
-                   if peers_of(problem) is None else None)
         if layers is not None and costs is not None and costs.tags:
             study.set_user_attr(NAME_COSTS, layers.table())
             study.set_user_attr(DOT_FORMS, {p: list(t) for p, t in costs.dot_forms.items()})
@@ -272,8 +269,12 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
                         # in lockstep, no risky choice: its probe would run on process 0 alone
                         refused=guard.refused if peers_of(problem) is None else guard.labels,
                         guard=guard, named=named, layer_costs=layers)
+        search.prefetch()  # the first compiles ahead: their lowerings take the lock first
+        # the bound's compiles after (the search reads it between trials); in lockstep the
+        # followers compile only what a trial announces: no bound there
+        pending = (start_bound(study, problem, built[1:], info.platform or "")
+                   if peers_of(problem) is None else None)
         del built
-        search.prefetch()  # the first compiles ahead, beside the bound's
         watch = BoundWatch(study, pending, info.budget_bytes, info.platform or "",
                            n_trials is None and total_trials is None, on_bound)
         interrupted = search.run(n_trials, None if limit is None else
