@@ -16,6 +16,11 @@ guess is a linear model over a schedule's structure (pure Python, no jax):
 * ``graphs``: those trips again when the step is compiled with XLA options
   (``Schedule.compiler_options``: on a GPU, command buffers that capture loops),
   so the fit can learn what the options save per trip;
+* ``stacked``: ``T`` where the step's readout is unfused (its outputs stacked and read
+  out after the loop), else 0: fused and unfused schedules of one step differ by about
+  a constant (on a TPU unfused ran 0.55-0.6x fused at the same memory,
+  ``studies/results/tune_time_v5e_workers.md``), which no other feature tells apart --
+  without it a fused candidate was predicted from unfused timings and timed to be cut;
 * and a constant.
 
 ``TimeModel.fit`` is a weighted least squares on relative error over this
@@ -59,7 +64,8 @@ _PARTIAL_PRIOR = 0.4
 @dataclass(frozen=True)
 class Prior:
     """What one unit of each time feature costs, in step evaluations (``Structure.row``
-    order, bytes and the constant excepted: they have no prior).
+    order; bytes, ``stacked`` and the constant excepted: they have no prior -- the fit
+    learns them, from the first fused and unfused pair for ``stacked``).
 
     Attributes:
       partial: a partial re-run (its matmuls saved).
@@ -79,7 +85,7 @@ class Prior:
     def weights(self) -> list[float]:
         """Per-unit costs in ``Structure.row`` order, in step evaluations."""
         return [1.0, self.partial, 0.0, self.boundaries, self.bookkeeping, self.loop,
-                self.graphs, 0.0]
+                self.graphs, 0.0, 0.0]
 
 
 #: The CPU's: seconds proportional to step evaluations (a partial re-run 0.4 of one).
@@ -125,6 +131,7 @@ class Structure:
     loop: float
     terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     graphs: float = 0.0
+    stacked: float = 0.0
     lengths: tuple[int, ...] = ()
     saves: tuple[int, ...] = ()
     unroll: int = 1
@@ -140,6 +147,7 @@ class Structure:
                    partial=f.partial, boundaries=f.boundaries, bookkeeping=f.bookkeeping,
                    loop=loop, terms=f.terms,
                    graphs=loop if schedule.compiler_options else 0.0,
+                   stacked=float(seq_len) if fuse is False else 0.0,
                    lengths=lengths, saves=saves,
                    # a plain scan stores every step's residuals at any unroll
                    unroll=0 if saves == (_PLAIN,) else schedule.unroll)
@@ -162,7 +170,7 @@ class Structure:
     def row(self, total_bytes: float) -> list[float]:
         """The time model's features, in ``TimeModel`` column order."""
         return [self.evaluations, self.partial, total_bytes, self.boundaries, self.bookkeeping,
-                self.loop, self.graphs, 1.0]
+                self.loop, self.graphs, self.stacked, 1.0]
 
 
 #: How much a nested level's policy saves, in order: a level under a policy further
