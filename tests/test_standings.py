@@ -39,6 +39,24 @@ def test_a_new_best_is_told_once_and_only_a_real_improvement_restores_the_patien
     assert s.new_best() == "c" and s.patience_left() == PATIENCE
 
 
+def test_a_retimed_leader_within_the_noise_of_the_last_is_no_improvement() -> None:
+    """A re-timing revises figures: a challenger that now leads, by less than ``IMPROVES``
+    over the last best as re-timed, restores no patience (on a TPU a noisy first timing of
+    the last best made one look 2% better, and the search went on for two trials more)."""
+    s = Standings(budget_bytes=100)
+    s.record("a", timed("a", 50, 1.02))  # a noisy timing
+    assert s.new_best() == "a"
+    for _ in range(PATIENCE):
+        s.compiled_within(True)
+    s.record("a", timed("a", 50, 1.0))  # re-timed in turn with "b"
+    s.record("b", timed("b", 50, 0.995))
+    assert s.new_best() == "b" and s.patience_left() == 0
+    s.record("b", timed("b", 50, 0.98))  # the leader's own figure revised: no improvement
+    assert s.new_best() is None and s.patience_left() == 0
+    s.record("c", timed("c", 50, 0.9))
+    assert s.new_best() == "c" and s.patience_left() == PATIENCE
+
+
 def test_overstated_is_the_most_a_size_exceeded_its_runs_peak() -> None:
     s = Standings(budget_bytes=10)
     assert s.reach("tpu").overstated is None  # no run's peak yet

@@ -86,11 +86,17 @@ class Standings:
 
     def new_best(self) -> str | None:
         """The best's key where it changed since the last call (``None``: it did not); an
-        improvement by ``IMPROVES`` or more restarts the patience."""
+        improvement by ``IMPROVES`` or more restarts the patience -- over the last best's
+        seconds then, or as measured now where a re-timing revised them lower
+        (``autoremat._search.retime``: a challenger that leads the runs in turn by less
+        than that is within the noise of the last best, not an improvement)."""
         best = self.best
         if best is None:
             return None
-        if self._improved is None or best[2] < (1 - IMPROVES) * self._improved:
+        last = self._timed.get(self._best_key) if self._best_key is not None else None
+        baseline = self._improved if last is None or self._improved is None else min(
+            self._improved, last[1])
+        if baseline is None or best[2] < (1 - IMPROVES) * baseline:
             self._improved, self._since_best = best[2], 0
         if best[0] == self._best_key:
             return None
