@@ -304,37 +304,29 @@ def traced_by(name: str, *trees: Any) -> bool:
         isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
 
 
-#: The steps of JAX's persistent-cache path that run Python, and C++ that keeps the GIL
-#: (``executable.serialize()``), on the compiling thread around the XLA compile: the
-#: program's key before it, the entry's write after it (``compilation_cache``'s functions,
-#: which ``compiler`` calls through its module).
-_CACHE_STEPS = ("get_cache_key", "put_executable_and_time")
-
 
 @contextlib.contextmanager
-def cache_steps_under(lock: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
-    """Inside, each compile's cache key and entry write (``_CACHE_STEPS``) run under
-    ``lock``, on whichever thread compiles; as they were after. A step's timing holds the
-    lock (``autoremat._measure.timing``): a thread serializing an executable beside it
-    keeps the timed thread from the GIL that long, and the run reads slow by as much (on a
-    TPU, the outliers of ``studies/results/tune_time_v5e_workers.md``). With a jax without
-    these functions, nothing changes."""
+def cache_writes_under(gate: Callable[[], contextlib.AbstractContextManager[Any]],
+                       ) -> Iterator[None]:
+    """Inside, each compile's persistent-cache entry write (``compilation_cache
+    .put_executable_and_time``, which ``compiler`` calls through its module, on whichever
+    thread compiles) runs inside ``gate()``; as it was after. The write serializes the
+    executable with the GIL kept: beside a step's timing, a timed run read slow by as
+    long (on a TPU, the outliers of ``studies/results/tune_time_v5e_workers.md``). With a
+    jax without that function, nothing changes."""
     from jax._src import compilation_cache
 
-    real = {name: getattr(compilation_cache, name, None) for name in _CACHE_STEPS}
+    real = getattr(compilation_cache, "put_executable_and_time", None)
+    if real is None:
+        yield
+        return
 
-    def under(step: Callable[..., Any]) -> Callable[..., Any]:
-        def locked(*args: Any, **kwargs: Any) -> Any:
-            with lock:
-                return step(*args, **kwargs)
-        return locked
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        with gate():
+            return real(*args, **kwargs)
 
-    for name, step in real.items():
-        if step is not None:
-            setattr(compilation_cache, name, under(step))
+    compilation_cache.put_executable_and_time = gated
     try:
         yield
     finally:
-        for name, step in real.items():
-            if step is not None:
-                setattr(compilation_cache, name, step)
+        compilation_cache.put_executable_and_time = real

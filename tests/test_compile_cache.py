@@ -17,7 +17,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from autoremat._cli.printing import cache_words
 from autoremat._measure.compile_cache import no_persistent_cache, persistent_cache
-from autoremat._measure.device_memory import MEASURE_LOCK
+from autoremat._measure.device_memory import TIMING_GATE, TimingGate
 from autoremat._search.study import TuneResult
 from autoremat._search.tune import compile_cache_folder
 
@@ -59,30 +59,61 @@ def test_a_program_compiled_twice_is_read_back_the_second_time(
     assert again().misses == 0 and again().hits >= 2
 
 
-def test_the_key_and_the_write_run_under_the_measure_lock(
+def test_an_entry_is_written_inside_the_timing_gate(
         tmp_path: Path, no_users_cache: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A compile thread's cache key and entry write (the executable serialized: the GIL
-    kept) wait for a timing to end, as its tracing does: beside one, they made its runs
-    read slow. On leaving, JAX's functions are its own again."""
+    """A compile thread's cache entry write (the executable serialized: the GIL kept) goes
+    through ``TIMING_GATE.write``: it waits for a step's timing to end, where beside one it
+    made the timed runs read slow. On leaving, JAX's function is its own again."""
     jax_cache = importlib.import_module("jax._src.compilation_cache")
-    owned: list[tuple[str, bool]] = []
+    gated: list[bool] = []
+    real = jax_cache.put_executable_and_time
 
-    def spy(name: str, real: Any) -> Any:
-        def step(*args: Any, **kwargs: Any) -> Any:
-            owned.append((name, MEASURE_LOCK._is_owned()))  # type: ignore[attr-defined]
-            return real(*args, **kwargs)
-        return step
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        gated.append(TIMING_GATE.writing())
+        return real(*args, **kwargs)
 
-    for name in ("get_cache_key", "put_executable_and_time"):
-        monkeypatch.setattr(jax_cache, name, spy(name, getattr(jax_cache, name)))
-    spies = jax_cache.get_cache_key, jax_cache.put_executable_and_time
+    monkeypatch.setattr(jax_cache, "put_executable_and_time", spy)
     with persistent_cache(tmp_path / "xla_cache"):
         thread = threading.Thread(target=compile_twice)  # as a compile thread does
         thread.start()
         thread.join()
-    assert {name for name, _ in owned} == {"get_cache_key", "put_executable_and_time"}
-    assert all(held for _, held in owned)
-    assert (jax_cache.get_cache_key, jax_cache.put_executable_and_time) == spies
+    assert gated and all(gated)
+    assert jax_cache.put_executable_and_time is spy
+
+
+def test_the_gate_holds_other_threads_writes_while_a_step_is_timed() -> None:
+    """While one thread times, another's write waits (the timing thread's own go through);
+    a timing waits for the writes under way; writes do not wait for each other."""
+    gate = TimingGate()
+    entered, release = threading.Event(), threading.Event()
+
+    def write() -> None:
+        with gate.write():
+            entered.set()
+            release.wait()
+
+    with gate.timing():
+        with gate.write():  # the timing thread's own write (a filler's compile)
+            pass
+        other = threading.Thread(target=write)
+        other.start()
+        assert not entered.wait(0.2)  # held while the step is timed
+    assert entered.wait(30)  # the timing ended: the write runs
+    with gate.write():  # beside the other write: writes do not wait for each other
+        assert gate.writing()
+    timed = threading.Event()
+
+    def time_a_step() -> None:
+        with gate.timing():
+            timed.set()
+
+    timer = threading.Thread(target=time_a_step)
+    timer.start()
+    assert not timed.wait(0.2)  # a timing waits for the write under way
+    release.set()
+    other.join()
+    assert timed.wait(30)
+    timer.join()
 
 
 def test_the_entries_are_zstd_frames(tmp_path: Path, no_users_cache: None) -> None:

@@ -13,10 +13,10 @@ Costs: disk (each executable once, with no limit: delete the folder to reclaim i
 the time to key, serialize, compress and write each one on the compile threads: small
 against the compile with zstd (the ``zstandard`` dependency), about ten times as long
 with zlib, JAX's fallback, on a TPU's executables
-(``studies/results/tune_time_v5e_workers.md``). The key and the write run under
-``device_memory.MEASURE_LOCK`` (``autoremat._jax.cache_steps_under``), as a compile
-thread's tracing does: the executable's serialization keeps the GIL, and beside a
-timing it made the timed runs read slow. A cache the user configured
+(``studies/results/tune_time_v5e_workers.md``). An entry's write waits for a step's
+timing to end (``device_memory.TIMING_GATE``, ``autoremat._jax.cache_writes_under``): the
+executable's serialization keeps the GIL, and beside a timing it made the timed runs read
+slow. A cache the user configured
 (JAX's ``jax_compilation_cache_dir``, from the environment or ``jax.config``) is used as
 it is, and counted; one turned off (``jax_enable_compilation_cache`` false) stays off. On
 leaving, JAX's settings are as they were.
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from autoremat._measure.device_memory import MEASURE_LOCK
+from autoremat._measure.device_memory import TIMING_GATE
 
 #: JAX's events for a compile that found its executable in the cache, and one that did not.
 HIT: Final = "/jax/compilation_cache/cache_hits"
@@ -98,7 +98,7 @@ def persistent_cache(folder: Path | None) -> Iterator[Callable[[], CacheUse]]:
     import jax.monitoring
     from jax.experimental.compilation_cache import compilation_cache
 
-    from autoremat._jax import cache_steps_under
+    from autoremat._jax import cache_writes_under
 
     config = jax.config
     names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
@@ -118,7 +118,7 @@ def persistent_cache(folder: Path | None) -> Iterator[Callable[[], CacheUse]]:
     where = str(folder) if ours else (str(users) if enabled and users else "")
     jax.monitoring.register_event_listener(counts)
     try:
-        with cache_steps_under(MEASURE_LOCK) if where else contextlib.nullcontext():
+        with cache_writes_under(TIMING_GATE.write) if where else contextlib.nullcontext():
             yield lambda: CacheUse(where, counts.hits, counts.misses, own=ours)
     finally:
         unregister = getattr(jax.monitoring, "unregister_event_listener", None)

@@ -103,7 +103,8 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     """
     if compiled.executable is None:
         return compiled.measurement
-    with device_memory.MEASURE_LOCK:  # no compile thread traces while the step is timed
+    # no compile thread traces, nor writes a cache entry, while the step is timed
+    with device_memory.MEASURE_LOCK, device_memory.TIMING_GATE.timing():
         return _Timing(compiled).run(budget_bytes=budget_bytes, time_budget=time_budget,
                                      min_repeats=min_repeats, max_repeats=max_repeats,
                                      on_output=on_output, best=best)

@@ -199,7 +199,8 @@ def interleaved(runs: Sequence[Compiled], rounds: int) -> list[list[float]]:
     import jax
 
     times: list[list[float]] = [[] for _ in runs]
-    with device_memory.MEASURE_LOCK:  # no compile thread traces meanwhile
+    # no compile thread traces, nor writes a cache entry, meanwhile
+    with device_memory.MEASURE_LOCK, device_memory.TIMING_GATE.timing():
         for c in runs:
             jax.block_until_ready(c.executable(*c.args))
         for r in range(rounds):
