@@ -304,7 +304,6 @@ def traced_by(name: str, *trees: Any) -> bool:
         isinstance(leaf, kind) for leaf in jax.tree_util.tree_leaves(trees))
 
 
-
 @contextlib.contextmanager
 def cache_writes_under(gate: Callable[[], contextlib.AbstractContextManager[Any]],
                        ) -> Iterator[None]:

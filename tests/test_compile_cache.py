@@ -17,7 +17,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from autoremat._cli.printing import cache_words
 from autoremat._measure.compile_cache import no_persistent_cache, persistent_cache
-from autoremat._measure.device_memory import TIMING_GATE, TimingGate
+from autoremat._measure.timing import TIMING_GATE, TimingGate
 from autoremat._search.study import TuneResult
 from autoremat._search.tune import compile_cache_folder
 

@@ -14,7 +14,7 @@ the time to key, serialize, compress and write each one on the compile threads: 
 against the compile with zstd (the ``zstandard`` dependency), about ten times as long
 with zlib, JAX's fallback, on a TPU's executables
 (``studies/results/tune_time_v5e_workers.md``). An entry's write waits for a step's
-timing to end (``device_memory.TIMING_GATE``, ``autoremat._jax.cache_writes_under``): the
+timing to end (``timing.TIMING_GATE``, ``autoremat._jax.cache_writes_under``): the
 executable's serialization keeps the GIL, and beside a timing it made the timed runs read
 slow. A cache the user configured
 (JAX's ``jax_compilation_cache_dir``, from the environment or ``jax.config``) is used as
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from autoremat._measure.device_memory import TIMING_GATE
+from autoremat._measure.timing import TIMING_GATE
 
 #: JAX's events for a compile that found its executable in the cache, and one that did not.
 HIT: Final = "/jax/compilation_cache/cache_hits"

@@ -51,7 +51,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from autoremat._measure.allocator import Stats, read
@@ -69,68 +69,13 @@ T = TypeVar("T")
 MEASURE_LOCK: Final = threading.RLock()
 
 
-class TimingGate:
-    """A step's timing against the persistent cache's entry writes, which serialize an
-    executable with the GIL kept: a write waits for a timing on another thread to end, and
-    a timing for the writes under way (the timing thread's own writes -- a filler's, a
-    check's -- go through). Writes do not wait for each other, nor for ``MEASURE_LOCK``'s
-    lowerings: a write queued behind lowerings would hold its compile back from the
-    device. One thread times at a time."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._timer: int | None = None
-        self._depth = 0
-        self._writes = 0
-
-    @contextlib.contextmanager
-    def timing(self) -> Iterator[None]:
-        """The block runs no other thread's write (re-entrant on one thread)."""
-        me = threading.get_ident()
-        with self._changed:
-            self._changed.wait_for(lambda: self._timer == me or (
-                self._timer is None and self._writes == 0))
-            self._timer, self._depth = me, self._depth + 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._timer = None
-                self._changed.notify_all()
-
-    @contextlib.contextmanager
-    def write(self) -> Iterator[None]:
-        """The block waits for a timing on another thread to end."""
-        me = threading.get_ident()
-        with self._changed:
-            self._changed.wait_for(lambda: self._timer in (None, me))
-            self._writes += 1
-        try:
-            yield
-        finally:
-            with self._changed:
-                self._writes -= 1
-                self._changed.notify_all()
-
-    def writing(self) -> bool:
-        """Whether a write is under way (on any thread)."""
-        with self._changed:
-            return self._writes > 0
-
-
-#: The process's gate between timings (``timing.time_compiled``, ``retime.interleaved``)
-#: and the compile cache's writes (``autoremat._measure.compile_cache``).
-TIMING_GATE: Final = TimingGate()
-
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
 #: under the old mark.
 CHUNK: Final = 1 << 20
 
 #: Filler chunks are ``CHUNK`` times a power of this: four sizes up to a 16-GiB chip (1 MiB
 #: to 4 GiB), where powers of two meet a dozen. A device compiles a fill of zeros once per
-#: size, on a TPU for about 0.1 s, on the measuring thread under ``MEASURE_LOCK``
+#: size, on the measuring thread under ``MEASURE_LOCK``
 #: (``studies/results/tune_time_v5e_workers.md``).
 LADDER: Final = 16
 

@@ -27,10 +27,12 @@ whose runtime peak is over the budget is not timed further.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -58,6 +60,62 @@ BEATEN: Final = 0.02
 #: two runs 2% off the best rank a step as three do where runs agree within 1%, as an
 #: accelerator's mostly do (``studies/results/tune_time.md``).
 RANKED_AFTER: Final = 2
+
+
+class TimingGate:
+    """A step's timing against the persistent cache's entry writes, which serialize an
+    executable with the GIL kept: a write waits for a timing on another thread to end, and
+    a timing for the writes under way (the timing thread's own writes -- a filler's, a
+    check's -- go through). Writes do not wait for each other, nor for the lowerings under
+    ``device_memory.MEASURE_LOCK``: a write queued behind lowerings would hold its compile
+    back from the device. One thread times at a time."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._timer: int | None = None
+        self._depth = 0
+        self._writes = 0
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        """The block runs no other thread's write (re-entrant on one thread)."""
+        me = threading.get_ident()
+        with self._changed:
+            self._changed.wait_for(lambda: self._timer == me or (
+                self._timer is None and self._writes == 0))
+            self._timer, self._depth = me, self._depth + 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._timer = None
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[None]:
+        """The block waits for a timing on another thread to end."""
+        me = threading.get_ident()
+        with self._changed:
+            self._changed.wait_for(lambda: self._timer in (None, me))
+            self._writes += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._writes -= 1
+                self._changed.notify_all()
+
+    def writing(self) -> bool:
+        """Whether a write is under way (on any thread)."""
+        with self._changed:
+            return self._writes > 0
+
+
+#: The process's gate between timings (``time_compiled``, ``retime.interleaved``)
+#: and the compile cache's writes (``autoremat._measure.compile_cache``).
+TIMING_GATE: Final = TimingGate()
 
 
 @dataclass
@@ -104,7 +162,7 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     if compiled.executable is None:
         return compiled.measurement
     # no compile thread traces, nor writes a cache entry, while the step is timed
-    with device_memory.MEASURE_LOCK, device_memory.TIMING_GATE.timing():
+    with device_memory.MEASURE_LOCK, TIMING_GATE.timing():
         return _Timing(compiled).run(budget_bytes=budget_bytes, time_budget=time_budget,
                                      min_repeats=min_repeats, max_repeats=max_repeats,
                                      on_output=on_output, best=best)

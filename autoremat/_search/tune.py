@@ -269,7 +269,7 @@ def _tune(problem: Problem, *, budget_bytes: int, n_trials: int | None,
                         # in lockstep, no risky choice: its probe would run on process 0 alone
                         refused=guard.refused if peers_of(problem) is None else guard.labels,
                         guard=guard, named=named, layer_costs=layers)
-        search.prefetch()  # the first compiles ahead: their lowerings take the lock first
+        search.prefetch()  # the first compiles ahead, handed to the threads before the bound's
         # the bound's compiles after (the search reads it between trials); in lockstep the
         # followers compile only what a trial announces: no bound there
         pending = (start_bound(study, problem, built[1:], info.platform or "")

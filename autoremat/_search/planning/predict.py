@@ -18,7 +18,7 @@ guess is a linear model over a schedule's structure (pure Python, no jax):
   so the fit can learn what the options save per trip;
 * ``stacked``: ``T`` where the step's readout is unfused (its outputs stacked and read
   out after the loop), else 0: fused and unfused schedules of one step differ by about
-  a constant (on a TPU unfused ran 0.55-0.6x fused at the same memory,
+  a constant (on a TPU unfused ran faster at the same memory,
   ``studies/results/tune_time_v5e_workers.md``), which no other feature tells apart --
   without it a fused candidate was predicted from unfused timings and timed to be cut;
 * and a constant.
