@@ -42,7 +42,7 @@ from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
 from autoremat._search.retime import RESERVE_SHARE, contenders, retime_cost, retime_group, to_reserve
 from autoremat._search.short_runs import ShortRuns
-from autoremat._search.storage import StudyLock, optuna_verbosity, set_params, set_user_attrs, trials_of
+from autoremat._search.storage import StudyLock, optuna_verbosity, set_params, set_user_attrs
 from autoremat._search.study import MeasuredTrial, StudyInfo
 from autoremat._search.trial_params import schedule_params
 from autoremat._search.trials import (
@@ -123,9 +123,10 @@ class Worker:
         self.planner.prefetch(first=self.waiting())
 
     def fresh_trials(self) -> list[FrozenTrial]:
-        """Every trial, read from the storage itself (not a cache)."""
-        if self.storage is not None:
-            return trials_of(self.storage, self.study)
+        """Every trial as the storage holds it now. Optuna's cache of an RDB storage reads
+        again each trial not finished (another worker's claim) and each added since, and
+        keeps the finished ones, which no longer change: a read of the whole study each time
+        took 0.3-0.6 s beside the compile threads (``studies/results/storage_gil.md``)."""
         return self.study.get_trials(deepcopy=False)
 
     def claim(self, trial: optuna.Trial, key: str,
@@ -183,7 +184,10 @@ class Worker:
         failed = {COMPILE_FAILED: True} if compile_failed(m) else {}  # not one of n_trials
         set_user_attrs(trial, {PREDICTED_SECONDS: predicted, **m.to_attrs(), **failed,
                                MEASURED: True})
-        self._keep_if_pick([compiled])  # once the study holds this trial's figures
+        # the study as read for the claim, and this trial's figures as now written: the
+        # pick the proof reads later (another worker's trials since are not waited for)
+        self._keep_if_pick([compiled], [*self.measured_trials(trials),
+                                        MeasuredTrial(trial.number, schedule, m)])
         size = m.size_bytes  # the runtime peak, else the estimate, or the compiler's (OOM)
         if size is not None:  # refused by the compiler: over, whatever the budget says
             over = float(size - budget)
@@ -194,13 +198,16 @@ class Worker:
         return float(m.total_bytes if m.total_bytes is not None else size), (
             seconds if seconds is not None else math.inf)
 
-    def _keep_if_pick(self, compiled: list[Compiled]) -> None:
+    def _keep_if_pick(self, compiled: list[Compiled],
+                      measured: list[MeasuredTrial] | None = None) -> None:
         """Keep the executable of the study's answer as it stands (``trials.tie_break``, as
-        the proof of fit picks: one compile less there, seconds on an accelerator); release
-        the rest of ``compiled`` and the one kept before. One is held at a time: each is a
-        program (on a device, what it reserves) beside the schedules timed next."""
-        pick = fastest_fitting(self.measured_trials(self.fresh_trials()),
-                               self.info.budget_bytes, self.info.seq_len)
+        the proof of fit picks: one compile less there, seconds on an accelerator) among
+        ``measured`` (``None``: read now); release the rest of ``compiled`` and the one kept
+        before. One is held at a time: each is a program (on a device, what it reserves)
+        beside the schedules timed next."""
+        if measured is None:
+            measured = self.measured_trials(self.fresh_trials())
+        pick = fastest_fitting(measured, self.info.budget_bytes, self.info.seq_len)
         held = ([self.kept] if self.kept is not None else []) + compiled
         self.kept = next((c for c in held if c.executable is not None and pick is not None
                           and c.measurement.schedule_key == pick.schedule.key()), None)
