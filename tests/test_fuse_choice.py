@@ -130,7 +130,8 @@ def test_the_space_offers_fuse_and_seeds_unfused_off_a_cpu() -> None:
     assert {**unfused[0], "fuse": "fused"} == next(  # the sqrt(T) seed, not the unrolled one
         p for p in tpu if p["kind"] == "nested" and p["depth"] >= 2
         and p[f"d{p['depth']}_unroll"] == 1 and p["fuse"] == "fused")
-    assert tpu.index(unfused[0]) == 1  # timed second: its unrolls compile beside the rest
+    twin = tpu.index(unfused[0])  # right before its fused twin: timed among the first
+    assert tpu[twin + 1] == {**unfused[0], "fuse": "fused"} and twin < len(tpu) - 2
     assert "fuse" not in seeds(10_000, "tpu")[0][1]  # not a choice: as before
     rng = random.Random(0)
     seen = {propose({}, 1000, "cpu", rng, fuse=True)[0].fuse for _ in range(20)}

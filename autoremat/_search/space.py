@@ -137,12 +137,13 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
     ``layer_stack`` (``autoremat._search.planning.presets``), remat of each layer alone.
     ``fuse`` (a choice): each seed fused (less memory; faster on a CPU) and, off a CPU,
     the first nested seed of two levels or more and no unroll (sqrt(T)'s) unfused too,
-    second, right after the plain scan (on a TPU unfused ran faster at the same memory:
+    right before its fused twin (on a TPU unfused ran faster at the same memory:
     ``docs/tuning.md``; the time model learns the difference from that pair, and the
     neighbours of an unfused best are unfused: each further unfused seed would cost a trial
-    that was never the pick). Timed second, an unfused leader's unrolls compile while the
-    other seeds are timed; timed last, the device waited for them
-    (``studies/results/tune_time_v5e_workers.md``)."""
+    that was never the pick). There it is compiled in the first round and an unfused
+    leader's unrolls compile while the last seeds are timed (timed last, the device waited
+    for them); timed second, before any best it could be cut against, a slow one was timed
+    in full (``studies/results/tune_time_v5e_workers.md``)."""
     compiler = {"compiler": DEFAULT_COMPILER} if platform in CUDA_PLATFORMS else {}
     params = [{"kind": name, **p, **compiler} for name, kind in KINDS.items()
               for p in kind.seed_params(seq_len, platform)
@@ -151,11 +152,10 @@ def seeds(seq_len: int, platform: str = "cpu", refused: frozenset[str] = frozens
         params = [{"kind": "nested", "depth": 1, "d1_policy": "nothing", "d1_unroll": 1,
                    **compiler}]
     if fuse:
-        unfused = [{**p, "fuse": "unfused"} for p in params
-                   if platform != "cpu" and p["kind"] == "nested" and p.get("depth", 1) >= 2
-                   and p[f"d{p['depth']}_unroll"] == 1][:1]
-        fused = [{**p, "fuse": "fused"} for p in params]
-        params = fused[:1] + unfused + fused[1:]
+        twin = next((p for p in params if platform != "cpu" and p["kind"] == "nested"
+                     and p.get("depth", 1) >= 2 and p[f"d{p['depth']}_unroll"] == 1), None)
+        params = [q for p in params for q in (
+            [{**p, "fuse": "unfused"}] if p is twin else []) + [{**p, "fuse": "fused"}]]
     return [(build(p, seq_len, platform), p) for p in params]
 
 
