@@ -5,7 +5,6 @@ after; a cache the user set is used as it is."""
 from __future__ import annotations
 
 import importlib
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from autoremat._cli.printing import cache_words
 from autoremat._measure.compile_cache import no_persistent_cache, persistent_cache
-from autoremat._measure.timing import TIMED_SWITCH, TIMING_GATE, TimingGate
+from autoremat._measure.timing import TIMING_GATE, TimingGate
 from autoremat._search.study import TuneResult
 from autoremat._search.tune import compile_cache_folder
 
@@ -115,30 +114,6 @@ def test_the_gate_holds_other_threads_writes_while_a_step_is_timed() -> None:
     other.join()
     assert timed.wait(30)
     timer.join()
-
-
-def test_a_timing_takes_the_gil_back_sooner_and_gives_the_interval_back() -> None:
-    """While a step is timed Python's switch interval is ``TIMED_SWITCH`` (the timing
-    thread waits less for the GIL after each run); the caller's is back after, also after
-    an error, and a caller's finer one is kept."""
-    gate = TimingGate()
-    before = sys.getswitchinterval()
-    try:
-        sys.setswitchinterval(0.005)
-        with gate.timing():
-            assert sys.getswitchinterval() == pytest.approx(TIMED_SWITCH)
-            with gate.timing():  # re-entrant: still the timing's, and still after
-                pass
-            assert sys.getswitchinterval() == pytest.approx(TIMED_SWITCH)
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-        with pytest.raises(KeyError), gate.timing():
-            raise KeyError("a run failed")
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-        sys.setswitchinterval(TIMED_SWITCH / 2)
-        with gate.timing():
-            assert sys.getswitchinterval() == pytest.approx(TIMED_SWITCH / 2)
-    finally:
-        sys.setswitchinterval(before)
 
 
 def test_the_entries_are_zstd_frames(tmp_path: Path, no_users_cache: None) -> None:

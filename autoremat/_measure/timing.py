@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -63,31 +62,19 @@ BEATEN: Final = 0.02
 RANKED_AFTER: Final = 2
 
 
-#: Python's switch interval while a step is timed (``TimingGate``), seconds.
-TIMED_SWITCH: Final = 0.00025
-
-
 class TimingGate:
     """A step's timing against the persistent cache's entry writes, which serialize an
     executable with the GIL kept: a write waits for a timing on another thread to end, and
     a timing for the writes under way (the timing thread's own writes -- a filler's, a
     check's -- go through). Writes do not wait for each other, nor for the lowerings under
     ``device_memory.MEASURE_LOCK``: a write queued behind lowerings would hold its compile
-    back from the device. One thread times at a time.
-
-    While a step is timed, Python's switch interval is ``TIMED_SWITCH`` (where it was
-    longer; the caller's is set back after): when a run ends the timing thread takes the
-    GIL back from a compile thread's tracing within that, not within the default 5 ms,
-    which a step's runs read as noise (``studies/results/tune_time_v5e_workers.md``).
-    Only while timing: a finer interval throughout slowed the compile threads more than
-    it sped the search."""
+    back from the device. One thread times at a time."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._timer: int | None = None
         self._depth = 0
         self._writes = 0
-        self._interval: float | None = None  # the caller's switch interval, while timing
 
     @contextlib.contextmanager
     def timing(self) -> Iterator[None]:
@@ -97,9 +84,6 @@ class TimingGate:
             self._changed.wait_for(lambda: self._timer == me or (
                 self._timer is None and self._writes == 0))
             self._timer, self._depth = me, self._depth + 1
-            if self._depth == 1:
-                self._interval = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._interval, TIMED_SWITCH))
         try:
             yield
         finally:
@@ -107,9 +91,6 @@ class TimingGate:
                 self._depth -= 1
                 if self._depth == 0:
                     self._timer = None
-                    if self._interval is not None:
-                        sys.setswitchinterval(self._interval)
-                        self._interval = None
                 self._changed.notify_all()
 
     @contextlib.contextmanager
