@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 from typing import Any
@@ -200,6 +201,23 @@ def test_breakdown_fields_round_trip_and_add_up(seed: Problem) -> None:
     assert "arguments: params" in lines and "stacked by the scan 4.1 KB" in lines
     no_scan = measure_step(lambda x: x * 2, (np.ones(3, np.float32),), run=False)
     assert no_scan.stacked_bytes is None and no_scan.argument_parts == (("arg0", 12),)
+
+
+def test_the_least_is_under_every_schedules_total_fused_or_not() -> None:
+    """``least_bytes``: the arguments and outputs, the same for every schedule of a step
+    and under each one's total, fused or not (the floor is not: it counts the unfused
+    readout's stack)."""
+    from autoremat._measure.breakdown import floor_bytes, least_bytes
+
+    problem = seed_lstm(seq_len=64, batch=2, hidden=8, fused_readout=None)
+    two = autoremat.nested([8, 8], ["nothing_saveable", "everything_saveable"])
+    found = [measure(problem, dataclasses.replace(s, fuse=fuse), run=False)
+             for s in (autoremat.plain(64), two) for fuse in (True, False)]
+    least = {least_bytes(m) for m in found}
+    assert len(least) == 1
+    (bound,) = least
+    assert bound is not None and all(bound <= m.total_bytes for m in found)
+    assert bound < max(floor_bytes(m) or 0 for m in found)  # an unfused floor is higher
 
 
 def test_arg_names_must_be_a_tuple_of_strings() -> None:

@@ -327,6 +327,27 @@ def test_the_cost_model_learns_a_study_and_the_memory_terms_are_monotone() -> No
     assert guess is not None and guess > 5 * memory.predict(narrower)
 
 
+def test_no_memory_guess_is_under_what_the_step_takes_anyway() -> None:
+    """Where the seeds sit at the floor (a TPU keeps the seed's residuals on chip), a fit
+    through them guessed some candidates under it; a guess is now never under ``least``."""
+    from autoremat._search.planning.memory_model import MemoryModel
+    from autoremat._search.planning.predict import Structure
+
+    seq_len = 10_000
+    s = lambda sched: Structure.of(sched, seq_len)  # noqa: E731
+    memory = MemoryModel()
+    memory.add(s(autoremat.plain(seq_len)), 1_040_000_000, over_budget=False)
+    memory.add(s(autoremat.nested([seq_len], "nothing_saveable")), 16_600_000, False)
+    memory.add(s(autoremat.nested([100, 100], ["nothing_saveable", "everything_saveable"])),
+               16_600_000, False)
+    short = s(autoremat.nested([25, 20, 20], "nothing_saveable"))
+    guess = memory.predict(short)
+    assert guess is not None and guess < 16_600_000  # the fit alone: under the floor
+    memory.least = 16_600_000.0
+    assert memory.predict(short) == 16_600_000.0
+    assert memory.predict(s(autoremat.plain(seq_len))) == pytest.approx(1.04e9, rel=0.05)
+
+
 def test_memory_model_skips_what_stores_more_than_a_refused_compile() -> None:
     """More saved policies at the same lengths, a larger unroll, plain at any unroll:
     each stores at least what a schedule over the budget stored."""

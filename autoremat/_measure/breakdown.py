@@ -222,6 +222,16 @@ def floor_of(fig: Figures) -> Floor | None:
                  alias, int(stacked), tuple(sizes.argument_parts), on_chip)
 
 
+def least_bytes(fig: Figures) -> int | None:
+    """Bytes under the total of every schedule of the step, fused or not: its arguments
+    and outputs, less what they alias (the floor less the stacked outputs, which only an
+    unfused readout has); ``None``: a part is unknown."""
+    sizes = _measured(fig).sizes
+    if sizes.argument_bytes is None or sizes.output_bytes is None:
+        return None
+    return int(sizes.argument_bytes) + int(sizes.output_bytes) - int(sizes.alias_bytes or 0)
+
+
 def floor_bytes(fig: Figures) -> int | None:
     """``floor_of(fig).bytes``: under every schedule's total (``None``: unknown)."""
     floor = floor_of(fig)

@@ -181,6 +181,12 @@ class Worker:
         m = self.short.time(schedule, compiled, budget_bytes=budget, time_budget=self.time_budget,
                             best=self.planner.rival())
         self.planner.record(schedule, m)
+        # the constraint before the figures: Optuna reads the whole trial back to set it,
+        # an attr a row, each row a wait for the GIL beside the compile threads
+        size = m.size_bytes  # the runtime peak, else the estimate, or the compiler's (OOM)
+        if size is not None:  # refused by the compiler: over, whatever the budget says
+            over = float(size - budget)
+            trial.set_constraint("memory", max(over, 1.0) if m.total_bytes is None else over)
         failed = {COMPILE_FAILED: True} if compile_failed(m) else {}  # not one of n_trials
         set_user_attrs(trial, {PREDICTED_SECONDS: predicted, **m.to_attrs(), **failed,
                                MEASURED: True})
@@ -188,10 +194,6 @@ class Worker:
         # pick the proof reads later (another worker's trials since are not waited for)
         self._keep_if_pick([compiled], [*self.measured_trials(trials),
                                         MeasuredTrial(trial.number, schedule, m)])
-        size = m.size_bytes  # the runtime peak, else the estimate, or the compiler's (OOM)
-        if size is not None:  # refused by the compiler: over, whatever the budget says
-            over = float(size - budget)
-            trial.set_constraint("memory", max(over, 1.0) if m.total_bytes is None else over)
         if m.status == ERROR or size is None:
             raise MeasurementFailed(m.reason)
         seconds = m.step_seconds if m.step_seconds is not None else m.cut_seconds

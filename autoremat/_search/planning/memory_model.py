@@ -35,7 +35,10 @@ class MemoryModel:
     """``total_bytes`` before compiling, from what a schedule stores (``Structure.terms``).
 
     ``predict``: a least-squares fit of bytes on the terms over the schedules
-    sized so far (to rank them; ``None`` before two were sized).
+    sized so far (to rank them; ``None`` before two were sized), never under ``least``,
+    what the step's arguments and outputs take: where every schedule is at that floor (a
+    TPU keeps the seed's residuals on chip), a guess under it let the planner compile
+    candidates that, sized at the floor, were dominated by a faster one timed there.
     ``far_over``: predicted far over the budget (``FAR_OVER``), not compiled;
     ``far_under``: far under it.
     ``surely_over``: a schedule that stores at least as much as one already over
@@ -51,6 +54,9 @@ class MemoryModel:
         self.refused: list[float] = []  # sizes the compiler stated, out of memory
         self._coef: list[float] | None = None  # the fit (``_fit``), made when first needed
         self._trusted: bool | None = None  # ``far_over``'s check of the fit
+        #: Bytes under every schedule's total (``breakdown.least_bytes``; 0: not known
+        #: yet): no guess is under it.
+        self.least = 0.0
 
     def add(self, structure: Structure, total_bytes: int, over_budget: bool,
             refused: bool = False) -> None:
@@ -114,7 +120,8 @@ class MemoryModel:
         coef = self._fit()
         if coef is None:
             return None
-        return max(0.5 * min(y for _, y in self.points), _dot(coef, _memory_row(structure)))
+        return max(self.least, 0.5 * min(y for _, y in self.points),
+                   _dot(coef, _memory_row(structure)))
 
     def _fit(self) -> list[float] | None:
         """Bytes per unit of ``_memory_row``, each point weighed by its relative error, not

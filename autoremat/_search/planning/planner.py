@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from autoremat._measure import device_memory
-from autoremat._measure.breakdown import floor_bytes
+from autoremat._measure.breakdown import floor_bytes, least_bytes
 from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.measurement import OK, OVER_BUDGET, Measurement
 from autoremat._measure.problem import Problem, Step
@@ -270,9 +270,12 @@ class Planner:
                                         refused=m.total_bytes is None)
         if self.guard is not None:
             self.guard.failed_in_trial(cand.params, m)
-        floor = floor_bytes(m)
+        floor, least = floor_bytes(m), least_bytes(m)
         if floor is not None:
             self.floor = floor
+        if least is not None:  # every schedule's total is at least this: no guess is under
+            memory = self.judge.memory_model
+            memory.least = float(least) if not memory.least else min(memory.least, least)
         if m.status == OVER_BUDGET and self.presets is not None:
             self.presets.observe(cand.schedule, m.size_bytes)
         self._shared.share(cand.compiled)
