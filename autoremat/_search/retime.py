@@ -11,7 +11,9 @@ search from.
 So before the search stops (``Worker.run``), its leader -- the fastest timed schedule that
 fits -- is run in turn with its closest challengers (``contenders``: up to ``CHALLENGERS``
 timed schedules that fit within ``BAND`` of it, and the plain scan, the baseline the answer
-is reported against, when it is within that band too), ``ROUNDS`` times each after a
+is reported against, wherever it was timed and fits: its single timing, the process's
+first, read slower than its runs in turn, and the answer's ``vs plain`` with it:
+``studies/results/fresh_tunes.md``), ``ROUNDS`` times each after a
 warm-up each, in one process (``interleaved``), each run its real compiled step: what
 the machine's drift does falls on all alike. Their figures (``paired``: the leader's
 median, and each challenger's ratio to the leader round by round) replace the single
@@ -90,8 +92,10 @@ def contenders(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: st
     leader, limit = fits[0], (1.0 + BAND) * (fits[0].measurement.step_seconds or 0.0)
     close = [t for t in fits[1:] if (t.measurement.step_seconds or 0.0) <= limit
              and in_doubt(leader, t)]
-    chosen = close[:CHALLENGERS] + [t for t in close[CHALLENGERS:]
-                                    if t.schedule.with_fuse(None).key() == plain_key][:1]
+    chosen = close[:CHALLENGERS]
+    plain = [t for t in fits[1:] if t.schedule.with_fuse(None).key() == plain_key][:1]
+    if chosen and plain and plain[0] not in chosen:  # the baseline, whatever its distance
+        chosen.append(plain[0])
     group = frozenset(t.schedule.key() for t in (leader, *chosen))
     if not chosen or any(group <= before for before in done):
         return []
