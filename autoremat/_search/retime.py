@@ -11,9 +11,9 @@ search from.
 So before the search stops (``Worker.run``), its leader -- the fastest timed schedule that
 fits -- is run in turn with its closest challengers (``contenders``: up to ``CHALLENGERS``
 timed schedules that fit within ``BAND`` of it, and the plain scan, the baseline the answer
-is reported against, wherever it was timed and fits: its single timing, the process's
-first, read slower than its runs in turn, and the answer's ``vs plain`` with it:
-``studies/results/fresh_tunes.md``), ``ROUNDS`` times each after a
+is reported against, where it fits and was timed within ``PLAIN_BAND`` of it: its single
+timing, the process's first, read slower than its runs in turn, and the answer's ``vs
+plain`` with it: ``studies/results/fresh_tunes.md``), ``ROUNDS`` times each after a
 warm-up each, in one process (``interleaved``), each run its real compiled step: what
 the machine's drift does falls on all alike. Their figures (``paired``: the leader's
 median, and each challenger's ratio to the leader round by round) replace the single
@@ -51,8 +51,12 @@ from autoremat._search.study import MeasuredTrial
 
 #: Challengers timed within this fraction of the leader's step are re-timed with it.
 BAND: Final = 0.10
-#: At most this many challengers (the closest; the plain scan besides, within ``BAND``).
+#: At most this many challengers (the closest; the plain scan besides, ``PLAIN_BAND``).
 CHALLENGERS: Final = 2
+#: The plain scan timed within this fraction of the leader's step joins its re-timing: a
+#: ratio its one timing may have moved (the answer's ``vs plain``); a leader at a fifth of
+#: plain's time (a TPU's seed) is ranked, and reported, by the single timings.
+PLAIN_BAND: Final = 1.0
 #: Runs of each contender after its warm-up, in turn: the median of three.
 ROUNDS: Final = 3
 #: At most this share of the time limit is kept back for a re-timing no challenger asks
@@ -93,8 +97,10 @@ def contenders(trials: Sequence[MeasuredTrial], budget_bytes: int, plain_key: st
     close = [t for t in fits[1:] if (t.measurement.step_seconds or 0.0) <= limit
              and in_doubt(leader, t)]
     chosen = close[:CHALLENGERS]
-    plain = [t for t in fits[1:] if t.schedule.with_fuse(None).key() == plain_key][:1]
-    if chosen and plain and plain[0] not in chosen:  # the baseline, whatever its distance
+    plain = [t for t in fits[1:] if t.schedule.with_fuse(None).key() == plain_key
+             and (t.measurement.step_seconds or 0.0)
+             <= (1.0 + PLAIN_BAND) * (leader.measurement.step_seconds or 0.0)]
+    if chosen and plain and plain[0] not in chosen:  # the baseline, in doubt or not
         chosen.append(plain[0])
     group = frozenset(t.schedule.key() for t in (leader, *chosen))
     if not chosen or any(group <= before for before in done):
