@@ -20,6 +20,7 @@ from autoremat._search.retime import (
     BAND,
     CHALLENGERS,
     PLAIN_BAND,
+    ROUNDS,
     contenders,
     in_doubt,
     paired,
@@ -128,6 +129,11 @@ def test_a_plain_scan_ahead_by_noise_is_re_timed_and_the_search_goes_on(
     best = result.best_trial
     assert best.measurement.step_seconds == pytest.approx(in_turn(best.schedule.key()))
     assert trials[PLAIN].measurement.step_seconds == pytest.approx(1e-3)
+    # a re-timed trial's runs: those in turn, then its own before (the tie rule's noise)
+    retimed = trials[turns[0][1]]
+    assert retimed.measurement.step_samples == pytest.approx((in_turn(turns[0][1]),) * ROUNDS)
+    assert retimed.all_runs == pytest.approx((in_turn(turns[0][1]),) * ROUNDS
+                                             + (single(retimed.schedule),))
     assert f"retimed:{trials[PLAIN].number}" in study.user_attrs
     single_trials = [t for t in measured_trials(study)
                      if f"retimed:{t.number}" not in study.user_attrs]

@@ -167,3 +167,27 @@ def test_tune_time_breaks_tunes_into_phases_at_tiny_sizes_on_a_cpu(tmp_path: Pat
     md = out.read_text()
     assert "| a. big |" in md and "| c. unmodified |" in md and "## c. unmodified" in md
     assert "- device: 1 timings, " in md and "compiles ahead: threads 0" in md
+
+
+def test_storage_gil_writes_the_same_trial_both_ways(tmp_path: Path) -> None:
+    """``studies/storage_gil.py``'s two ways of a trial's storage work (Optuna's own
+    writers and whole-study reads; the search's) leave the same trial behind: the same
+    attrs, params and constraint."""
+    import optuna
+
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    gil = importlib.import_module("storage_gil")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    raw = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'a.db'}")
+    study = optuna.create_study(storage=raw, directions=["minimize", "minimize"])
+    study_id = raw.get_study_id_from_name(study.study_name)
+    for after in (False, True):
+        gil._trial(study, raw, study_id, after)
+    before, after = optuna.load_study(study_name=study.study_name, storage=raw).trials
+    assert before.user_attrs == after.user_attrs == {**gil.CLAIM, **gil.FIGURES}
+    assert before.params == after.params and len(before.params) == len(gil._params())
+    assert before.system_attrs == after.system_attrs
+    times = gil.measure(trials=1, threads=0, repeats=1)
+    assert [len(v) for v in times.values()] == [1, 1] and all(
+        t > 0 for v in times.values() for t in v)

@@ -66,6 +66,26 @@ def test_a_smaller_schedule_within_the_noise_of_the_plain_scan_is_picked() -> No
     assert "within noise of the plain scan (trial 0" in line and "28.2x less memory" in line
 
 
+def test_a_plain_scan_ahead_after_the_runs_in_turn_by_less_than_its_own_noise_ties() -> None:
+    """A fresh quick start on a 2-core CPU: the plain scan, timed first in the process at
+    1.38-1.52 s, ran 1.30-1.32 s in turn with the leader, 2% ahead of a nested schedule
+    whose runs in turn agreed within 1%. A re-timed trial's runs are those in turn and its
+    own before (``MeasuredTrial.runs``): their spread is this machine's noise, so it is a tie,
+    and the smaller schedule is the pick."""
+    def retimed(number: int, schedule: Schedule, in_turn: tuple[float, ...],
+                before: tuple[float, ...], total: int) -> MeasuredTrial:
+        t = trial(number, schedule, in_turn, total)  # as ``MeasuredTrial.of`` reads it
+        return replace(t, runs=(*in_turn, *before))
+
+    plain = retimed(0, PLAIN, (1.31, 1.30, 1.32), (1.52, 1.45, 1.38), 697_000_000)
+    nested = retimed(1, NESTED, (1.34, 1.335, 1.345), (1.36, 1.35, 1.37), 24_700_000)
+    pick = tie_break([plain, nested], BUDGET, T)
+    assert pick is not None and pick.pick is nested and pick.fastest is plain
+    in_turn_only = [replace(t, runs=()) for t in (plain, nested)]
+    alone = tie_break(in_turn_only, BUDGET, T)  # three runs each: the plain scan won by them
+    assert alone is not None and alone.pick.schedule == PLAIN
+
+
 def test_outside_the_noise_the_fastest_wins_and_among_ties_the_plain_scan_comes_last() -> None:
     steady = (1.000, 1.001, 1.002)  # a TPU's runs: 0.2% apart
     fastest = trial(0, NESTED, steady, 100)

@@ -38,11 +38,22 @@ class MeasuredTrial:
       number: the Optuna trial number (``autoremat export NUMBER``).
       schedule: what was measured (no ``meta``; see ``trial_schedule``).
       measurement: the measured figures.
+      runs: every run of its step in the study, in seconds (``()``: its
+        ``measurement.step_samples``): a re-timed trial's runs in turn and its own before.
+        Their spread is the noise the tie rule reads (``tie_break``): on a busy CPU three
+        runs in turn agreed closer than two timings of one step, and the plain scan won by
+        that (``studies/results/fresh_tunes.md``).
     """
 
     number: int
     schedule: Schedule
     measurement: Measurement
+    runs: tuple[float, ...] = ()
+
+    @property
+    def all_runs(self) -> tuple[float, ...]:
+        """``runs``, or the measurement's where none were kept apart."""
+        return self.runs or self.measurement.step_samples
 
     @classmethod
     def of(cls, trial: FrozenTrial,
@@ -54,8 +65,10 @@ class MeasuredTrial:
         if not attrs.get(MEASURED):
             return None
         m = Measurement.from_attrs(attrs)
+        runs: tuple[float, ...] = ()
         retimed = (study_attrs or {}).get(retimed_key(trial.number))
         if retimed is not None:  # run in turn with the search's leader (``retime``)
+            runs = (*retimed["step_samples"], *m.step_samples)
             m = replace(m, timing=replace(
                 m.timing, step_seconds=retimed["step_seconds"],
                 step_samples=tuple(retimed["step_samples"]),
@@ -68,7 +81,7 @@ class MeasuredTrial:
         proof = (study_attrs or {}).get(proof_key(trial.number))
         if proof is not None:
             m = m.proved(proof)
-        return cls(trial.number, from_data(attrs[SCHEDULE]), m)
+        return cls(trial.number, from_data(attrs[SCHEDULE]), m, runs)
 
 
 def fastest_fitting(trials: list[MeasuredTrial], budget_bytes: int,
@@ -116,7 +129,8 @@ def tie_break(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> P
     """The fastest trial that fits and the one picked (``None``: nothing fits): among
     those timed at full length when there are any; of the trials whose step time lies
     within the measured noise of the fastest's (the larger ``timing.spread`` of the two
-    trials' own runs, at most ``MAX_TIE``), the one with the least memory, the plain scan
+    trials' own runs, ``MeasuredTrial.runs``, at most ``MAX_TIE``), the one with the least
+    memory, the plain scan
     last -- timings within their noise do not rank schedules, and the smaller one leaves
     the device's memory to the rest of the program."""
     fits = [t for t in trials if t.measurement.fits(budget_bytes)]
@@ -134,8 +148,7 @@ def tie_break(trials: list[MeasuredTrial], budget_bytes: int, seq_len: int) -> P
     best = fastest.measurement.step_seconds or 0.0
     tied = []
     for t in full or fits:
-        noise = min(MAX_TIE, max(spread(t.measurement.step_samples),
-                                 spread(fastest.measurement.step_samples)))
+        noise = min(MAX_TIE, max(spread(t.all_runs), spread(fastest.all_runs)))
         if (t.measurement.step_seconds or 0.0) <= (1.0 + noise) * best:
             tied.append((t, noise))
     pick, noise = min(tied, key=lambda tn: (is_plain(tn[0]), tn[0].measurement.fit_bytes or 0,

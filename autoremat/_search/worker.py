@@ -125,8 +125,9 @@ class Worker:
     def fresh_trials(self) -> list[FrozenTrial]:
         """Every trial as the storage holds it now. Optuna's cache of an RDB storage reads
         again each trial not finished (another worker's claim) and each added since, and
-        keeps the finished ones, which no longer change: a read of the whole study each time
-        took 0.3-0.6 s beside the compile threads (``studies/results/storage_gil.md``)."""
+        keeps the finished ones, which no longer change: the whole study read each time, an
+        attr a row, each row a wait for the GIL beside the compile threads
+        (``studies/results/storage_gil.md``)."""
         return self.study.get_trials(deepcopy=False)
 
     def claim(self, trial: optuna.Trial, key: str,
