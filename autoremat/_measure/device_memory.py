@@ -68,7 +68,6 @@ T = TypeVar("T")
 #: compile, outside the GIL, runs beside a timing.
 MEASURE_LOCK: Final = threading.RLock()
 
-
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
 #: under the old mark.
 CHUNK: Final = 1 << 20

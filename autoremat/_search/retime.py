@@ -54,8 +54,8 @@ BAND: Final = 0.10
 #: At most this many challengers (the closest; the plain scan besides, ``PLAIN_BAND``).
 CHALLENGERS: Final = 2
 #: The plain scan timed within this fraction of the leader's step joins its re-timing: a
-#: ratio its one timing may have moved (the answer's ``vs plain``); a leader at a fifth of
-#: plain's time (a TPU's seed) is ranked, and reported, by the single timings.
+#: ratio its one timing may have moved (the answer's ``vs plain``); a leader far ahead of
+#: it is ranked, and reported, by the single timings (plain's compile costs seconds).
 PLAIN_BAND: Final = 1.0
 #: Runs of each contender after its warm-up, in turn: the median of three.
 ROUNDS: Final = 3

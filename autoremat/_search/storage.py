@@ -257,19 +257,17 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
 
 def set_params(trial: optuna.Trial, params: Mapping[str, tuple[Any, BaseDistribution]]) -> None:
     """Record each ``(value, distribution)`` of ``params`` as the running trial's Optuna
-    param, as ``trial.suggest_*`` records a sampled one (Optuna's storage API, then the
-    trial's cached copy), without sampling anything. A param the storage refuses (another
-    trial of the study holds one of that name with another distribution) is left out, and
-    so are all of them where this Optuna lacks ``Trial._trial_id`` or
-    ``Trial._cached_frozen_trial``: the params are a view for Optuna's tools, which the
-    search never reads."""
+    param, as ``trial.suggest_*`` does (storage, then the trial's cached copy), without
+    sampling; in one transaction as ``set_user_attrs``. One another trial holds with
+    another distribution is left out, and all where this Optuna lacks ``Trial._trial_id``
+    or ``Trial._cached_frozen_trial``: a view for Optuna's tools the search never reads."""
     trial_id = getattr(trial, "_trial_id", None)
     cached = getattr(trial, "_cached_frozen_trial", None)
     storage = getattr(trial, "storage", None)
     if not isinstance(trial_id, int) or cached is None or storage is None:
         return
     write = _rdb_params_writer(trial)
-    if write is not None:  # one transaction, as ``set_user_attrs``
+    if write is not None:
         written = write(params)
     else:
         written = set()
@@ -306,16 +304,24 @@ def missing_internals(trial: optuna.Trial) -> list[str]:
     return [name for name, ok in found.items() if not ok]
 
 
-def _rdb_writer(trial: optuna.Trial) -> Any:
-    """A function writing a mapping of user attrs to ``trial`` in one transaction, in one
-    of Optuna's sessions, with Optuna's models and its check that the trial is not
-    finished; ``None`` where the storage is not an RDB storage or this Optuna lacks one of
-    ``OPTUNA_INTERNALS``."""
+def _rdb_backend(trial: optuna.Trial) -> Any:
+    """The RDB storage under ``trial``'s cache; ``None``: none, or an internal missing."""
     from optuna.storages import RDBStorage
 
     storage = getattr(trial, "storage", None)
     backend = getattr(storage, "_backend", storage)
     if not isinstance(backend, RDBStorage) or missing_internals(trial):
+        return None
+    return backend
+
+
+def _rdb_writer(trial: optuna.Trial) -> Any:
+    """A function writing a mapping of user attrs to ``trial`` in one transaction, in one
+    of Optuna's sessions, with Optuna's models and its check that the trial is not
+    finished; ``None`` where the storage is not an RDB storage or this Optuna lacks one of
+    ``OPTUNA_INTERNALS``."""
+    backend = _rdb_backend(trial)
+    if backend is None:
         return None
     import sqlalchemy
     from optuna.storages._rdb import models
@@ -345,12 +351,12 @@ def _rdb_writer(trial: optuna.Trial) -> Any:
 
 
 def _rdb_params_writer(trial: optuna.Trial) -> Any:
-    """A function recording params (``set_params``) in one transaction of four statements
-    (Optuna's own: three for each param, each its own commit), returning the names
-    written; ``None`` where ``_rdb_writer`` is. As Optuna's, a name the trial holds already
-    is kept, and one another trial of the study holds with an incompatible distribution
-    is left out."""
-    if _rdb_writer(trial) is None:
+    """A function recording params in one transaction of four statements (Optuna's: three
+    a param, each its own commit), returning the names written (``None``: no
+    ``_rdb_backend``). As Optuna's, a name the trial holds is kept, and one another trial
+    holds with an incompatible distribution is left out."""
+    backend = _rdb_backend(trial)
+    if backend is None:
         return None
     import sqlalchemy
     from optuna.distributions import (
@@ -361,7 +367,6 @@ def _rdb_params_writer(trial: optuna.Trial) -> Any:
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
-    backend: Any = getattr(trial.storage, "_backend", trial.storage)
     trial_id = trial._trial_id
     model = models.TrialParamModel
 

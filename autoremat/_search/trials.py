@@ -38,11 +38,11 @@ class MeasuredTrial:
       number: the Optuna trial number (``autoremat export NUMBER``).
       schedule: what was measured (no ``meta``; see ``trial_schedule``).
       measurement: the measured figures.
-      runs: every run of its step in the study, in seconds (``()``: its
-        ``measurement.step_samples``): a re-timed trial's runs in turn and its own before.
-        Their spread is the noise the tie rule reads (``tie_break``): on a busy CPU three
-        runs in turn agreed closer than two timings of one step, and the plain scan won by
-        that (``studies/results/fresh_tunes.md``).
+      runs: a re-timed trial's runs in seconds, its last ones in turn and its own first
+        ones (``()``: not re-timed; ``all_runs`` is then its ``measurement.step_samples``).
+        Their spread is the noise the tie rule reads (``tie_break``): on a busy CPU a few
+        runs in turn agree closer than two timings of one step do, and the plain scan won
+        by less than that (``studies/results/fresh_tunes.md``).
     """
 
     number: int
