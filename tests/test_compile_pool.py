@@ -191,6 +191,31 @@ def test_a_trace_and_a_timing_hold_the_measure_lock_an_xla_compile_does_not() ->
     assert m.step_seconds is not None and seen["run"] is True
 
 
+def test_a_compile_is_sized_behind_the_timing_gate_not_the_measure_lock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizing a compiled step (Python: the GIL kept) goes through ``TIMING_GATE.write``, so
+    it waits for a step's timing to end but not for other threads' lowerings under
+    ``device_memory.MEASURE_LOCK``: queued behind them, a compiled step waited seconds to
+    be sized while the device waited for it."""
+    import jax.numpy as jnp
+
+    from autoremat._measure import measure as measure_module
+    from autoremat._measure.timing import TIMING_GATE
+
+    lock = pool_module.device_memory.MEASURE_LOCK
+    seen: list[tuple[bool, bool]] = []
+    real = measure_module.memory_parts
+
+    def sizing(executable: Any) -> dict[str, int | None]:
+        seen.append((lock._is_owned(), TIMING_GATE.writing()))  # type: ignore[attr-defined]
+        return real(executable)
+
+    monkeypatch.setattr(measure_module, "memory_parts", sizing)
+    compiled = measure_module.compile_step(lambda x: x * 2.0, (jnp.ones(3),))
+    assert compiled.executable is not None and compiled.measurement.total_bytes is not None
+    assert seen == [(False, True)]
+
+
 class Recorder:
     """The fake slow compiler and the fake timer of one search, and what they saw."""
 

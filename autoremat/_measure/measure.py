@@ -82,7 +82,7 @@ from autoremat._measure.measurement import (
 from autoremat._measure.mesh import layout
 from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
-from autoremat._measure.timing import DEFAULT_TIME_BUDGET, Compiled, time_compiled
+from autoremat._measure.timing import DEFAULT_TIME_BUDGET, TIMING_GATE, Compiled, time_compiled
 from autoremat._scan.records import record_scans
 from autoremat._schedules.base import Schedule
 
@@ -179,7 +179,7 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
                 compiler_options=dict(compiler_options) if compiler_options else None)
         return executable, scans, time.perf_counter() - start
 
-    with device_memory.MEASURE_LOCK:  # Python: not beside a timing (the sizing's note)
+    with TIMING_GATE.write():  # Python: not beside a timing (the sizing's note)
         env: dict[str, Any] = environment()  # str values, passed to the str fields
         env["devices"], env["mesh"] = layout(args)
     try:  # the scratch: what compiling took on the device (None on a CPU)
@@ -195,8 +195,10 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
     # Sizing is Python (it holds the GIL): on a compile thread, never beside a timing --
     # an accelerator's step runs slower beside Python tracing in another thread, and no
     # slower beside XLA's compile (``studies/timing_beside.py``, results in
-    # ``studies/results/tune_time.md``).
-    with device_memory.MEASURE_LOCK:
+    # ``studies/results/tune_time.md``). Behind the timing gate, not ``MEASURE_LOCK``:
+    # queued behind other threads' lowerings there, a compiled step waited seconds to be
+    # sized while the device waited for it (``studies/results/tune_time_v5e_workers.md``).
+    with TIMING_GATE.write():
         parts = memory_parts(executable)
         figures: dict[str, Any] = {
             # Traced shapes are whole arrays, not one device's: on many devices no scan figure.

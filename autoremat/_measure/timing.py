@@ -63,12 +63,13 @@ RANKED_AFTER: Final = 2
 
 
 class TimingGate:
-    """A step's timing against the persistent cache's entry writes, which serialize an
-    executable with the GIL kept: a write waits for a timing on another thread to end, and
-    a timing for the writes under way (the timing thread's own writes -- a filler's, a
-    check's -- go through). Writes do not wait for each other, nor for the lowerings under
-    ``device_memory.MEASURE_LOCK``: a write queued behind lowerings would hold its compile
-    back from the device. One thread times at a time."""
+    """A step's timing against other threads' short Python after a compile -- the
+    persistent cache's entry writes, which serialize an executable with the GIL kept, and
+    a compile's sizing (``measure.compile_step``): a write waits for a timing on another
+    thread to end, and a timing for the writes under way (the timing thread's own writes --
+    a filler's, a check's -- go through). Writes do not wait for each other, nor for the
+    lowerings under ``device_memory.MEASURE_LOCK``: a write queued behind lowerings would
+    hold its compile back from the device. One thread times at a time."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()

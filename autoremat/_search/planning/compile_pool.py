@@ -24,12 +24,13 @@ runs on the main thread when the planner needs it -- the sequential search, unch
 so at most one per thread is held (``CompilePool.capacity``); one the planner no
 longer wants (``keep_only``) is released, and ``close`` releases the rest.
 
-**What runs beside a timing**: XLA's compile alone. A thread builds, lowers and sizes
-its step under ``device_memory.MEASURE_LOCK``, which a timing holds (a build may put
+**What runs beside a timing**: XLA's compile alone. A thread builds and lowers its
+step under ``device_memory.MEASURE_LOCK``, which a timing holds (a build may put
 arrays on the device, inside a measured warm-up; Python holds the GIL that a timed
 run waits for: an accelerator's step runs slower beside a trace, even with a 0.1-ms
-switch interval, and no slower beside XLA compiles, ``studies/results/tune_time.md``);
-on a platform whose
+switch interval, and no slower beside XLA compiles, ``studies/results/tune_time.md``),
+and sizes it behind ``timing.TIMING_GATE`` (not beside a timing, nor behind the other
+threads' lowerings); on a platform whose
 compiles take device memory and run on it (XLA:GPU's autotuning; not a TPU) it
 compiles under it too. A thread traces only
 under the main thread's JAX trace context (``jax.default_matmul_precision`` and the
