@@ -79,7 +79,6 @@ class Given:
     failed: bool = False
     executable: bool = True
     early: bool = False
-    chosen: bool = False
     past_stop: bool = False
     past_own_stop: bool = False
     patience_spent: bool = False
@@ -111,17 +110,15 @@ def test_one_function_orders_the_screening_rules() -> None:
     # the end of the round
     assert act(past_stop=True, early=True) == Decision(Action.SKIP)
     assert act(patience_spent=True, early=True) == Decision(Action.SKIP)
-    # ... and, chosen by the planner, once compiled timed whatever is predicted (an
-    # unroll's effect is not monotone), unless over the budget at run time
-    sunk = {"early": True, "chosen": True, "compiled": True}
-    assert act(past_stop=True, **sunk) == Decision(Action.TIME)
-    assert act(past_own_stop=True, **sunk) == Decision(Action.TIME)
-    assert act(untimed=Verdict.DOMINATED, **sunk) == Decision(Action.TIME)
-    assert act(untimed=Verdict.OVER_AT_RUNTIME, **sunk) == Decision(
+    # ... and once compiled, timed whatever is predicted (an unroll's effect is not
+    # monotone), unless over the budget at run time
+    assert act(past_stop=True, early=True, compiled=True) == Decision(Action.TIME)
+    assert act(past_own_stop=True, early=True, compiled=True) == Decision(Action.TIME)
+    assert act(early=True, compiled=True, untimed=Verdict.DOMINATED) == Decision(Action.TIME)
+    assert act(early=True, compiled=True, untimed=Verdict.OVER_AT_RUNTIME) == Decision(
         Action.SKIP, Verdict.OVER_AT_RUNTIME)
-    # a compile ahead the planner never chose is judged as before
-    assert act(past_stop=True, early=True, compiled=True) == Decision(Action.SKIP)
-    assert act(past_stop=True, chosen=True, compiled=True) == Decision(Action.STOP)
+    assert act(past_stop=True, compiled=True, untimed=Verdict.DOMINATED) == Decision(
+        Action.STOP)
     # not compiled yet
     assert act() == Decision(Action.COMPILE)
     assert act(patience_spent=True, compile_fits=False) == Decision(Action.SKIP)

@@ -37,7 +37,7 @@ from autoremat._search.attrs import (
     retimed_key,
 )
 from autoremat._search.planning.candidates import Candidate, TooLate
-from autoremat._search.planning.compile_pool import CompilePool, main_first
+from autoremat._search.planning.compile_pool import CompilePool
 from autoremat._search.planning.layer_costs import LayerCosts
 from autoremat._search.planning.planner import Planner
 from autoremat._search.retime import RESERVE_SHARE, contenders, retime_cost, retime_group, to_reserve
@@ -351,7 +351,7 @@ class Worker:
         max_attempts = cap * 10 + _MAX_DUPLICATES_IN_A_ROW
         # A failed schedule is a FAIL trial with its reason in user_attrs (and on_trial);
         # Optuna's own warning would print the MeasurementFailed traceback.
-        with optuna_verbosity(optuna.logging.ERROR), main_first():
+        with optuna_verbosity(optuna.logging.ERROR):
             try:
                 while (self.measured < cap and self.attempts < max_attempts
                        and self.duplicates_in_a_row < _MAX_DUPLICATES_IN_A_ROW):

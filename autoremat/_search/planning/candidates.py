@@ -51,14 +51,12 @@ AGAIN: Final = "again"
 @dataclass
 class Candidate:
     """One schedule in the pool: its params (``space``), structure, and what screening found.
-    Its verdict is written by its pool alone (``Pool.mark``); ``chosen``: the planner chose
-    to compile it (``Planner.choose``; not a compile ahead it never chose)."""
+    Its verdict is written by its pool alone (``Pool.mark``)."""
 
     schedule: Schedule
     params: dict[str, Any]
     structure: Structure
     compiled: Compiled | None = None
-    chosen: bool = False
     _verdict: Verdict = field(default=Verdict.UNDECIDED)
 
     @property

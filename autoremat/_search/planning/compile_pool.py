@@ -43,9 +43,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Final
 
@@ -64,13 +63,7 @@ MAX_WORKERS: Final = 6
 #: Overrides ``compile_workers``'s rule: a whole number >= 1 (1: no compile threads).
 WORKERS_ENV: Final = "AUTOREMAT_COMPILE_WORKERS"
 
-#: Python's switch interval while the search's main thread works (seconds; Python's own
-#: is 5 ms): ``main_first``.
-MAIN_SWITCH_INTERVAL: Final = float(os.environ.get("AUTOREMAT_EXP_SWITCH", "0.0005"))
-
 CompileFn = Callable[[Schedule], Compiled]
-#: The switch interval before each ``main_first`` block open (the last: the innermost).
-_BEFORE: list[float] = []
 
 
 class ContextDiffers(RuntimeError):
@@ -101,52 +94,16 @@ def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int | No
     its lowering (``compile_step``) under ``device_memory.MEASURE_LOCK``, and its XLA
     compile too where compiling takes device memory (not a TPU)."""
     if platform not in RESERVING_PLATFORMS:
-        with device_memory.MEASURE_LOCK.behind():
+        with device_memory.MEASURE_LOCK:
             return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
     if built is None:
         try:
-            with device_memory.MEASURE_LOCK.behind():
+            with device_memory.MEASURE_LOCK:
                 built = problem.build(schedule)
         except Exception:  # compile_schedule builds it again and records the failure
-            with device_memory.MEASURE_LOCK.behind():
+            with device_memory.MEASURE_LOCK:
                 return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
     return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
-
-
-@contextlib.contextmanager
-def main_first() -> Iterator[None]:
-    """For the block (the search's loop, on the main thread): Python's switch interval at
-    ``MAIN_SWITCH_INTERVAL``, but at its own while the main thread waits for a compile
-    (``CompilePool.take``, ``wait_other``), restored after. The main thread's SQLite work
-    (the study's reads and writes, some 1.5 s a trial on a TPU host) lets the GIL go on
-    every statement and row, and each time waits for a tracing thread to give it back, up
-    to the interval: beside one tracing thread a trial's storage work took about 10x as
-    long at 5 ms as at 0.5 ms (``studies/results/storage_gil.md``). While the main thread
-    only waits, the compile threads keep Python's interval: at 0.5 ms throughout, a TPU
-    tune's compiles took longer than the storage saved
-    (``studies/results/tune_time_v5e_workers.md``)."""
-    before = sys.getswitchinterval()
-    _BEFORE.append(before)
-    sys.setswitchinterval(min(before, MAIN_SWITCH_INTERVAL))
-    try:
-        yield
-    finally:
-        _BEFORE.pop()
-        sys.setswitchinterval(before)
-
-
-@contextlib.contextmanager
-def _waiting() -> Iterator[None]:
-    """Inside ``main_first``: the interval as it was before it, for the block (a wait)."""
-    if not _BEFORE:
-        yield
-        return
-    short = sys.getswitchinterval()
-    sys.setswitchinterval(_BEFORE[-1])
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(short)
 
 
 def traces_as(expected: object) -> bool:
@@ -236,8 +193,7 @@ class CompilePool:
         others = [f for k, f in self._ahead.items() if k != key and not f.done()]
         if future is None or future.done() or not others:
             return False
-        with _waiting():
-            done, _ = wait([future, *others], return_when=FIRST_COMPLETED)
+        done, _ = wait([future, *others], return_when=FIRST_COMPLETED)
         return future not in done
 
     def ready(self, key: str) -> bool:
@@ -253,8 +209,7 @@ class CompilePool:
         if future is None:
             return None
         try:
-            with _waiting():
-                compiled = future.result()
+            compiled = future.result()
         except Exception:
             self.cancelled += 1
             return None

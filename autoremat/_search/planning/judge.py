@@ -133,10 +133,6 @@ class CandidateFacts:
     def early(self) -> bool:
         return self._cand.schedule.key() in self._judge.early
 
-    @property
-    def chosen(self) -> bool:
-        return self._cand.chosen
-
     @functools.cached_property
     def compile_fits(self) -> bool:
         left, cost_of = self._round.time_left, self._round.compile_cost_of

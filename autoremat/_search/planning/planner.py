@@ -333,7 +333,6 @@ class Planner:
             if facts.preset:  # tried before all others, not counted against the patience
                 self.screen(target)
                 return AGAIN
-            target.chosen = True
             if not dominated and self.ahead.compiling(target):  # on a thread: time another
                 other = self.ahead.meanwhile(ranked[i + 1:], time_left,
                                              target.schedule.key(), self.screen)

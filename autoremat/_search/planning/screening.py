@@ -44,8 +44,7 @@ class Facts(Protocol):
     says); ``preset_over``: over the budget by what it keeps; ``compiled``: sized;
     ``failed``: its build or compile failed; ``executable``: it has one to run;
     ``early``: an unroll of the leader or a close rival, ranked before the rest out of
-    predicted order (``Judge.early``); ``chosen``: the planner chose to compile it (not a
-    compile ahead alone); ``past_stop``: predicted past the stop
+    predicted order (``Judge.early``); ``past_stop``: predicted past the stop
     (``Judge.past_stop``), so is all ranked after it (but an early one's);
     ``past_own_stop``: past its own, narrower stop near a timed schedule;
     ``patience_spent``: no compile more of the planner's own (``standings.PATIENCE``);
@@ -69,8 +68,6 @@ class Facts(Protocol):
     def executable(self) -> bool: ...
     @property
     def early(self) -> bool: ...
-    @property
-    def chosen(self) -> bool: ...
     @property
     def past_stop(self) -> bool: ...
     @property
@@ -109,14 +106,12 @@ def next_action(f: Facts) -> Decision:
     is recorded; one ``untimed`` rules out is skipped for good; the round ends when its
     timing does not fit in the time left; else timed.
 
-    An early one the planner chose to compile is timed once compiled, whatever is
-    predicted by then (but not where it would be over at run time): an unroll's effect is
-    not monotone -- on a TPU the seed's unrolls 2 and 4 ran slower than unroll 1, unroll 8
-    faster (``studies/results/tune_time_v5e_workers.md``) -- which the time model's loop
-    trips cannot fit, and the timings that came while it compiled must not undo the choice;
-    its compile is paid, its timing costs a fraction of that. (A compile ahead the planner
-    never chose is judged as before, so the search decides as it does without threads.)"""
-    sunk = f.early and f.chosen and f.compiled
+    An early one already compiled is timed whatever is predicted (but not where it would
+    be over at run time): an unroll's effect is not monotone -- on a TPU the seed's
+    unrolls 2 and 4 ran slower than unroll 1, unroll 8 faster
+    (``studies/results/tune_time_v5e_workers.md``) -- which the time model's loop trips
+    cannot fit, and its compile is paid; its timing costs a fraction of that."""
+    sunk = f.early and f.compiled
     if f.preset:
         if not f.compiled:
             if f.preset_over:
