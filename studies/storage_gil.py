@@ -16,7 +16,9 @@ it, two ways in one process, in turn:
 
 Both ask and tell a trial the same way. Each is timed alone, then beside threads tracing a
 small step (``jax.jit(...).lower``) in a loop, in a study already holding ``--trials``
-trials of some 45 attrs each (a seed tune's).
+trials of some 45 attrs each (a seed tune's) -- at Python's switch interval (5 ms) and
+at the one the search's main thread works at (0.5 ms, ``compile_pool.main_first``):
+each time SQLite lets the GIL go, the main thread waits up to the interval to have it back.
 
 Run it anywhere (no device needed): ``python studies/storage_gil.py``; it writes
 ``studies/results/storage_gil.md``. What the change did to whole tunes on a TPU:
@@ -26,10 +28,13 @@ Run it anywhere (no device needed): ``python studies/storage_gil.py``; it writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +102,28 @@ def _tracing(stop: threading.Event) -> None:
         jax.jit(lambda a: jnp.tanh(a @ a).sum()).lower(x)
 
 
-def measure(trials: int, threads: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds of one trial's storage work, before and after, in turn."""
+def measure(trials: int, threads: int, repeats: int,
+            interval: float | None = None) -> dict[str, list[float]]:
+    """Seconds of one trial's storage work, before and after, in turn; ``interval``:
+    Python's switch interval meanwhile (``None``: as it is)."""
     import optuna
 
+    with _switch_interval(interval):
+        return _measure(optuna, trials, threads, repeats)
+
+
+@contextlib.contextmanager
+def _switch_interval(interval: float | None) -> Iterator[None]:
+    before = sys.getswitchinterval()
+    if interval is not None:
+        sys.setswitchinterval(interval)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def _measure(optuna: Any, trials: int, threads: int, repeats: int) -> dict[str, list[float]]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with tempfile.TemporaryDirectory() as folder:
         raw = optuna.storages.RDBStorage(f"sqlite:///{folder}/study.db")
@@ -132,16 +155,20 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=13, help="trials in the study first (13)")
     p.add_argument("--repeats", type=int, default=5, help="trials timed each way (5)")
     p.add_argument("--threads", default="0,1,2", help="tracing threads beside (0,1,2)")
+    p.add_argument("--switch", default="0.005,0.0005",
+                   help="Python's switch intervals, seconds (Python's own 0.005; the "
+                        "search's main thread works at 0.0005: compile_pool.main_first)")
     args = p.parse_args()
     import os
 
     rows = []
     for n in (int(x) for x in args.threads.split(",")):
-        got = measure(args.trials, n, args.repeats)
-        before, after = (statistics.median(got[k]) for k in ("before", "after"))
-        rows.append(f"| {n} | {before * 1e3:.0f} ms | {after * 1e3:.0f} ms | "
-                    f"**{after / before:.2f}** |")
-        print(rows[-1], flush=True)
+        for interval in (float(x) for x in args.switch.split(",")):
+            got = measure(args.trials, n, args.repeats, interval)
+            before, after = (statistics.median(got[k]) for k in ("before", "after"))
+            rows.append(f"| {n} | {interval * 1e3:g} ms | {before * 1e3:.0f} ms | "
+                        f"{after * 1e3:.0f} ms | **{after / before:.2f}** |")
+            print(rows[-1], flush=True)
     import jax
     import optuna
     import sqlalchemy
@@ -153,8 +180,11 @@ def main() -> None:
         f"{args.trials} trials first; the median of {args.repeats} trials each way, in turn. "
         "*before*: the whole study read three times, Optuna's per-attr and per-param writers; "
         "*after*: the study read through Optuna's cache twice, attrs and params in one "
-        "transaction each (the module doc says what each does).", "",
-        "| tracing threads | before | after | after / before |", "|---|---|---|---|", *rows, ""])
+        "transaction each (the module doc says what each does). *switch interval*: Python's "
+        "(`sys.setswitchinterval`) while it runs: 5 ms is Python's own, 0.5 ms the search's "
+        "main thread's (`compile_pool.main_first`).", "",
+        "| tracing threads | switch interval | before | after | after / before |",
+        "|---|---|---|---|---|", *rows, ""])
     atomic_write_text(RESULTS, text)
 
 

@@ -110,15 +110,6 @@ def test_one_function_orders_the_screening_rules() -> None:
     # the end of the round
     assert act(past_stop=True, early=True) == Decision(Action.SKIP)
     assert act(patience_spent=True, early=True) == Decision(Action.SKIP)
-    # ... and once compiled, timed whatever is predicted (an unroll's effect is not
-    # monotone), unless over the budget at run time
-    assert act(past_stop=True, early=True, compiled=True) == Decision(Action.TIME)
-    assert act(past_own_stop=True, early=True, compiled=True) == Decision(Action.TIME)
-    assert act(early=True, compiled=True, untimed=Verdict.DOMINATED) == Decision(Action.TIME)
-    assert act(early=True, compiled=True, untimed=Verdict.OVER_AT_RUNTIME) == Decision(
-        Action.SKIP, Verdict.OVER_AT_RUNTIME)
-    assert act(past_stop=True, compiled=True, untimed=Verdict.DOMINATED) == Decision(
-        Action.STOP)
     # not compiled yet
     assert act() == Decision(Action.COMPILE)
     assert act(patience_spent=True, compile_fits=False) == Decision(Action.SKIP)

@@ -104,14 +104,7 @@ def next_action(f: Facts) -> Decision:
     when no compile fits in the time left; one whose own, dearer compile (unrolled) does
     not fit is skipped for good; else compiled. Compiled: a failure
     is recorded; one ``untimed`` rules out is skipped for good; the round ends when its
-    timing does not fit in the time left; else timed.
-
-    An early one already compiled is timed whatever is predicted (but not where it would
-    be over at run time): an unroll's effect is not monotone -- on a TPU the seed's
-    unrolls 2 and 4 ran slower than unroll 1, unroll 8 faster
-    (``studies/results/tune_time_v5e_workers.md``) -- which the time model's loop trips
-    cannot fit, and its compile is paid; its timing costs a fraction of that."""
-    sunk = f.early and f.compiled
+    timing does not fit in the time left; else timed."""
     if f.preset:
         if not f.compiled:
             if f.preset_over:
@@ -122,9 +115,9 @@ def next_action(f: Facts) -> Decision:
         if not f.executable:
             return Decision(Action.SKIP, Verdict.NO_EXECUTABLE)
         return Decision(Action.TIME)
-    if f.past_stop and not sunk:
+    if f.past_stop:
         return _SKIP if f.early else Decision(Action.STOP)
-    if f.past_own_stop and not sunk:
+    if f.past_own_stop:
         return _SKIP
     if not f.compiled:
         if f.patience_spent or not f.twin_found:
@@ -140,6 +133,6 @@ def next_action(f: Facts) -> Decision:
     if f.failed:
         return Decision(Action.FAIL)
     verdict = f.untimed
-    if verdict is not None and not (sunk and verdict is Verdict.DOMINATED):
+    if verdict is not None:
         return Decision(Action.SKIP, verdict)
     return Decision(Action.TIME) if f.timing_fits else Decision(Action.STOP)
