@@ -17,8 +17,10 @@ it, two ways in one process, in turn:
 Both ask and tell a trial the same way. Each is timed alone, then beside threads tracing a
 small step (``jax.jit(...).lower``) in a loop, in a study already holding ``--trials``
 trials of some 45 attrs each (a seed tune's) -- at Python's switch interval (5 ms) and
-at the one the search's main thread works at (0.5 ms, ``compile_pool.main_first``):
-each time SQLite lets the GIL go, the main thread waits up to the interval to have it back.
+at a tenth of it: each time SQLite lets the GIL go, the main thread waits up to the
+interval to have it back. (The shorter interval is not the search's: on a TPU it gave the
+main thread's storage work what it took from the compile threads' Python,
+``studies/results/tune_time_v5e_workers.md``.)
 
 Run it anywhere (no device needed): ``python studies/storage_gil.py``; it writes
 ``studies/results/storage_gil.md``. What the change did to whole tunes on a TPU:
@@ -156,8 +158,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="trials timed each way (5)")
     p.add_argument("--threads", default="0,1,2", help="tracing threads beside (0,1,2)")
     p.add_argument("--switch", default="0.005,0.0005",
-                   help="Python's switch intervals, seconds (Python's own 0.005; the "
-                        "search's main thread works at 0.0005: compile_pool.main_first)")
+                   help="Python's switch intervals, seconds (Python's own: 0.005)")
     args = p.parse_args()
     import os
 
@@ -181,8 +182,7 @@ def main() -> None:
         "*before*: the whole study read three times, Optuna's per-attr and per-param writers; "
         "*after*: the study read through Optuna's cache twice, attrs and params in one "
         "transaction each (the module doc says what each does). *switch interval*: Python's "
-        "(`sys.setswitchinterval`) while it runs: 5 ms is Python's own, 0.5 ms the search's "
-        "main thread's (`compile_pool.main_first`).", "",
+        "(`sys.setswitchinterval`) while it runs: 5 ms is Python's own.", "",
         "| tracing threads | switch interval | before | after | after / before |",
         "|---|---|---|---|---|", *rows, ""])
     atomic_write_text(RESULTS, text)
