@@ -459,6 +459,7 @@ def breakdown(case: str, argv: list[str], code: int, total: float,
         "platform": of["end"][0].get("platform") if of["end"] else None,
         "tail": [f"{t:7.1f}s {name} {line}" for t, name, line in log[-8:]],
         **overlap(of["compile"], of["timing"]),
+        **main_thread(events),
         "pool": of["pool"][-1] if of["pool"] else None,
         "cache_path": {kind: [len(of[kind]), round(sum(e["seconds"] for e in of[kind]), 2)]
                        for kind in ("cache_key", "cache_put", "cache_compress",
@@ -512,6 +513,33 @@ def overlap(compiles: list[dict[str, Any]], timings: list[dict[str, Any]]) -> di
     }
 
 
+def main_thread(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Where a tune's seconds went around the device, summed over the run (the figures of
+    ``studies/results/tune_time_v5e_workers.md``): *gaps*, each timing's end to its
+    trial's record; *waits*, each record to the next timing's start; *before_timing*, of
+    the waits, from the later of the record and the timed schedule's compile to the
+    timing (the main thread's storage and planning, its wait for the lock); *sized_late*,
+    each compile's cache entry written (its XLA work done) to its result handed back."""
+    of = {k: [e for e in events if e["event"] == k]
+          for k in ("timing", "trial", "compile", "cache_put")}
+    timings, records = of["timing"], [e["t"] for e in of["trial"]]
+    gaps = sum(next((r for r in records if r >= t["t"]), t["t"]) - t["t"] for t in timings)
+    waits = sum(next((t["start"] for t in timings if t["start"] >= r), r) - r
+                for r in records)
+    before = 0.0
+    for t in timings:
+        ready = [r for r in records if r <= t["start"]] + [
+            c["t"] for c in of["compile"]
+            if c.get("label") == t.get("label") and c["t"] <= t["start"] + 0.05]
+        before += t["start"] - max(ready, default=t["start"])
+    late = 0.0
+    for c in of["compile"]:
+        puts = [p["t"] for p in of["cache_put"]
+                if p.get("thread") == c.get("thread") and c["start"] <= p["t"] <= c["t"]]
+        late += c["t"] - puts[-1] if puts else 0.0
+    return {"gaps_s": gaps, "waits_s": waits, "before_timing_s": before, "sized_late_s": late}
+
+
 def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} s"
 
@@ -551,6 +579,10 @@ def markdown(results: list[dict[str, Any]], header: list[str]) -> str:
                    f"{r['compile_beside_timing_s']:.1f} s; compiles ahead: "
                    + (", ".join(f"{k} {v}" for k, v in r["pool"].items() if k not in (
                        "event", "t")) if r["pool"] else "none"))
+        if "gaps_s" in r:
+            out.append(f"- around the device (`main_thread`): gaps {_s(r['gaps_s'])}, waits "
+                       f"{_s(r['waits_s'])} (before a timing {_s(r['before_timing_s'])}), "
+                       f"compiles sized late {_s(r['sized_late_s'])}")
         if r.get("cache_path"):
             cp, (raw, stored) = r["cache_path"], r["cache_bytes"]
             out.append("- JAX's cache path (count, seconds summed over threads): " + ", ".join(

@@ -136,6 +136,28 @@ def test_search_tpu_stage_b_tunes_fused_and_unfused_at_tiny_sizes(tmp_path: Path
 TUNE_TIME = Path(__file__).resolve().parents[1] / "studies" / "tune_time.py"
 
 
+def test_tune_time_says_where_the_seconds_around_the_device_went() -> None:
+    """``tune_time.main_thread`` on a made-up timeline: a compile whose entry was written
+    at 2.0 s and handed back at 3.0 s (sized 1 s late), timed from 3.5 s to 4.0 s, recorded
+    at 4.6 s (a gap of 0.6 s); the next timing starts at 5.0 s, after a compile ending at
+    4.8 s (a wait of 0.4 s, 0.2 s of it with the compile there)."""
+    if str(TUNE_TIME.parent) not in sys.path:
+        sys.path.insert(0, str(TUNE_TIME.parent))
+    tune_time = importlib.import_module("tune_time")
+    events = [
+        {"event": "cache_put", "t": 2.0, "thread": "c0"},
+        {"event": "compile", "start": 1.0, "t": 3.0, "thread": "c0", "label": "a"},
+        {"event": "timing", "start": 3.5, "t": 4.0, "label": "a"},
+        {"event": "trial", "t": 4.6},
+        {"event": "compile", "start": 3.0, "t": 4.8, "thread": "c1", "label": "b"},
+        {"event": "timing", "start": 5.0, "t": 5.2, "label": "b"},
+        {"event": "trial", "t": 5.5},
+    ]
+    got = tune_time.main_thread(events)
+    assert got == pytest.approx({"gaps_s": 0.9, "waits_s": 0.4, "before_timing_s": 0.7,
+                                 "sized_late_s": 1.0})
+
+
 @pytest.mark.slow
 def test_tune_time_breaks_tunes_into_phases_at_tiny_sizes_on_a_cpu(tmp_path: Path) -> None:
     """The tune-time benchmark's plumbing (issue 47), at --small sizes on this CPU: CLI
