@@ -141,11 +141,11 @@ def test_a_thread_builds_outside_a_measured_window_and_compiles_per_platform(
     window = pool_module.device_memory.MEASURE_LOCK
 
     def build(schedule: Schedule) -> tuple[Any, tuple[Any, ...]]:
-        events.append(f"build, window held: {window.owned()}")
+        events.append(f"build, window held: {window._is_owned()}")  # type: ignore[attr-defined]
         return (lambda: None), ()
 
     def fake_compile(problem: Problem, schedule: Schedule, **kw: Any) -> Compiled:
-        events.append(f"compile, window held: {window.owned()}")
+        events.append(f"compile, window held: {window._is_owned()}")  # type: ignore[attr-defined]
         return Compiled(Measurement("x", OK))
 
     monkeypatch.setattr(pool_module, "compile_schedule", fake_compile)
@@ -174,16 +174,16 @@ def test_a_trace_and_a_timing_hold_the_measure_lock_an_xla_compile_does_not() ->
     seen: dict[str, bool] = {}
 
     def step(x: Any) -> Any:
-        seen.setdefault("traced", lock.owned())
+        seen.setdefault("traced", lock._is_owned())  # type: ignore[attr-defined]
         return x * 2.0
 
     compiled = compile_step(step, (jnp.ones(3),))
     assert compiled.executable is not None and seen == {"traced": True}
-    assert not lock.owned()
+    assert not lock._is_owned()  # type: ignore[attr-defined]
     real = compiled.executable
 
     def timed_run(*a: Any) -> Any:
-        seen["run"] = lock.owned()
+        seen["run"] = lock._is_owned()  # type: ignore[attr-defined]
         return real(*a)
 
     compiled.executable = timed_run
@@ -207,7 +207,7 @@ def test_a_compile_is_sized_behind_the_timing_gate_not_the_measure_lock(
     real = measure_module.memory_parts
 
     def sizing(executable: Any) -> dict[str, int | None]:
-        seen.append((lock.owned(), TIMING_GATE.writing()))
+        seen.append((lock._is_owned(), TIMING_GATE.writing()))  # type: ignore[attr-defined]
         return real(executable)
 
     monkeypatch.setattr(measure_module, "memory_parts", sizing)

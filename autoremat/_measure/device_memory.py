@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from autoremat._measure.allocator import Stats, read
 from autoremat._measure.failure import is_out_of_memory
-from autoremat._measure.measure_lock import MeasureLock
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
 T = TypeVar("T")
@@ -65,9 +65,8 @@ T = TypeVar("T")
 #: (``measure.compile_step``). A tuner's compile thread (``autoremat._search.planning.compile_pool``)
 #: builds and lowers its step under it -- a build may put arrays on the device, a trace
 #: holds the GIL a timed run waits for -- so a figure is the work's alone; only XLA's
-#: compile, outside the GIL, runs beside a timing. A timing goes before the lowerings
-#: waiting for it (``measure_lock``).
-MEASURE_LOCK: Final = MeasureLock()
+#: compile, outside the GIL, runs beside a timing.
+MEASURE_LOCK: Final = threading.RLock()
 
 #: The smallest filler chunk (bytes): the resolution of a figure whose work stayed
 #: under the old mark.

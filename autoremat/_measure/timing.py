@@ -70,21 +70,46 @@ class TimingGate:
     a filler's, a check's -- go through). Writes do not wait for each other, nor for the
     lowerings under ``device_memory.MEASURE_LOCK``: a write queued behind lowerings would
     hold its compile back from the device. One thread times at a time.
-    ``turn`` is a timing's hold of both: ``device_memory.MEASURE_LOCK`` first, before
-    the lowerings waiting for it (``measure_lock``), then the gate."""
+
+    A timing also goes before the lowerings queued for ``MEASURE_LOCK`` (``turn``,
+    ``let_timings_first``): that lock is not handed out in order, and the device, idle
+    while a compiled step waits to be timed, waited behind every lowering queued
+    meanwhile -- on a TPU the tune's first timing came seconds after its compile
+    (``studies/results/tune_time_v5e_workers.md``). A lowering under way ends first."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._timer: int | None = None
         self._depth = 0
         self._writes = 0
+        self._queued: set[int] = set()  # threads waiting for MEASURE_LOCK to time
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        """``MEASURE_LOCK`` (before the lowerings waiting for it) and the gate, for one
-        timing."""
-        with device_memory.MEASURE_LOCK.first(), self.timing():
-            yield
+        """``MEASURE_LOCK`` and the gate for one timing; while this thread waits for the
+        lock, lowerings not yet started wait for it (``let_timings_first``)."""
+        me = threading.get_ident()
+        with self._changed:
+            self._queued.add(me)
+        try:
+            with device_memory.MEASURE_LOCK:
+                with self._changed:
+                    self._queued.discard(me)
+                    self._changed.notify_all()
+                with self.timing():
+                    yield
+        finally:
+            with self._changed:
+                self._queued.discard(me)
+                self._changed.notify_all()
+
+    def let_timings_first(self) -> None:
+        """Before a compile thread takes ``MEASURE_LOCK`` to build or lower a step: wait
+        while another thread waits for it to time one. Only where this thread holds no
+        ``MEASURE_LOCK`` (else the timing would wait for it)."""
+        me = threading.get_ident()
+        with self._changed:
+            self._changed.wait_for(lambda: not (self._queued - {me}))
 
     @contextlib.contextmanager
     def timing(self) -> Iterator[None]:
