@@ -4,12 +4,10 @@ clock), so nothing depends on this machine's speed."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
-from autoremat._measure import device_memory, timing
+from autoremat._measure import timing
 from autoremat._measure.measure import compile_step
 
 
@@ -58,43 +56,3 @@ def test_timing_stops_behind_or_ahead_of_the_best_after_two_runs(
     m = timing.time_compiled(compiled, time_budget=100.0, best=best)
     assert m.cut_seconds is None and m.step_samples == pytest.approx(times[:runs])
     assert timing.CUT_RATIO * 0.1 > 0.12 and timing.BEATEN == 0.02 and timing.RANKED_AFTER == 2
-
-
-def test_a_timing_waiting_for_the_measure_lock_goes_before_lowerings_not_yet_started() -> None:
-    """``MEASURE_LOCK`` is not handed out in order: a timing queued behind a lowering under
-    way goes next, and a lowering that asks after it (``let_timings_first``) waits for it,
-    as the timing thread's own do not."""
-    gate = timing.TimingGate()
-    order: list[str] = []
-    holding, release = threading.Event(), threading.Event()
-
-    def lowering_under_way() -> None:
-        with device_memory.MEASURE_LOCK:
-            holding.set()
-            release.wait(30)
-
-    def time_a_step() -> None:
-        with gate.turn():
-            gate.let_timings_first()  # its own: no wait
-            order.append("timing")
-
-    def lower_a_step() -> None:
-        gate.let_timings_first()
-        with device_memory.MEASURE_LOCK:
-            order.append("lowering")
-
-    under_way = threading.Thread(target=lowering_under_way)
-    under_way.start()
-    assert holding.wait(30)
-    timer = threading.Thread(target=time_a_step)
-    timer.start()
-    while not gate._queued:  # the timer waits for the lock
-        threading.Event().wait(0.001)
-    lowerer = threading.Thread(target=lower_a_step)
-    lowerer.start()
-    lowerer.join(0.2)
-    assert lowerer.is_alive() and order == []  # behind the queued timing
-    release.set()
-    for t in (under_way, timer, lowerer):
-        t.join(30)
-    assert order == ["timing", "lowering"]

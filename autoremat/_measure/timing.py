@@ -69,47 +69,13 @@ class TimingGate:
     thread to end, and a timing for the writes under way (the timing thread's own writes --
     a filler's, a check's -- go through). Writes do not wait for each other, nor for the
     lowerings under ``device_memory.MEASURE_LOCK``: a write queued behind lowerings would
-    hold its compile back from the device. One thread times at a time.
-
-    A timing also goes before the lowerings queued for ``MEASURE_LOCK`` (``turn``,
-    ``let_timings_first``): that lock is not handed out in order, and the device, idle
-    while a compiled step waits to be timed, waited behind every lowering queued
-    meanwhile -- on a TPU the tune's first timing came seconds after its compile
-    (``studies/results/tune_time_v5e_workers.md``). A lowering under way ends first."""
+    hold its compile back from the device. One thread times at a time."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._timer: int | None = None
         self._depth = 0
         self._writes = 0
-        self._queued: set[int] = set()  # threads waiting for MEASURE_LOCK to time
-
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """``MEASURE_LOCK`` and the gate for one timing; while this thread waits for the
-        lock, lowerings not yet started wait for it (``let_timings_first``)."""
-        me = threading.get_ident()
-        with self._changed:
-            self._queued.add(me)
-        try:
-            with device_memory.MEASURE_LOCK:
-                with self._changed:
-                    self._queued.discard(me)
-                    self._changed.notify_all()
-                with self.timing():
-                    yield
-        finally:
-            with self._changed:
-                self._queued.discard(me)
-                self._changed.notify_all()
-
-    def let_timings_first(self) -> None:
-        """Before a compile thread takes ``MEASURE_LOCK`` to build or lower a step: wait
-        while another thread waits for it to time one. Only where this thread holds no
-        ``MEASURE_LOCK`` (else the timing would wait for it)."""
-        me = threading.get_ident()
-        with self._changed:
-            self._changed.wait_for(lambda: not (self._queued - {me}))
 
     @contextlib.contextmanager
     def timing(self) -> Iterator[None]:
@@ -197,7 +163,7 @@ def time_compiled(compiled: Compiled, *, budget_bytes: int | None = None,
     if compiled.executable is None:
         return compiled.measurement
     # no compile thread traces, nor writes a cache entry, while the step is timed
-    with TIMING_GATE.turn():
+    with device_memory.MEASURE_LOCK, TIMING_GATE.timing():
         return _Timing(compiled).run(budget_bytes=budget_bytes, time_budget=time_budget,
                                      min_repeats=min_repeats, max_repeats=max_repeats,
                                      on_output=on_output, best=best)

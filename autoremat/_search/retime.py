@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from autoremat._measure import device_memory
 from autoremat._measure.timing import STEADY, TIMING_GATE, Compiled, spread
 from autoremat._search.arguments import SharedArguments
 from autoremat._search.short_runs import ShortRuns
@@ -209,7 +210,7 @@ def interleaved(runs: Sequence[Compiled], rounds: int) -> list[list[float]]:
 
     times: list[list[float]] = [[] for _ in runs]
     # no compile thread traces, nor writes a cache entry, meanwhile
-    with TIMING_GATE.turn():
+    with device_memory.MEASURE_LOCK, TIMING_GATE.timing():
         for c in runs:
             jax.block_until_ready(c.executable(*c.args))
         for r in range(rounds):

@@ -30,8 +30,7 @@ arrays on the device, inside a measured warm-up; Python holds the GIL that a tim
 run waits for: an accelerator's step runs slower beside a trace, even with a 0.1-ms
 switch interval, and no slower beside XLA compiles, ``studies/results/tune_time.md``),
 and sizes it behind ``timing.TIMING_GATE`` (not beside a timing, nor behind the other
-threads' lowerings); a timing waiting for that lock goes before the builds and
-lowerings not yet started (``TimingGate.let_timings_first``); on a platform whose
+threads' lowerings); on a platform whose
 compiles take device memory and run on it (XLA:GPU's autotuning; not a TPU) it
 compiles under it too. A thread traces only
 under the main thread's JAX trace context (``jax.default_matmul_precision`` and the
@@ -54,7 +53,6 @@ from autoremat._measure import device_memory
 from autoremat._measure.measure import Compiled, compile_schedule
 from autoremat._measure.peers import peers_of
 from autoremat._measure.problem import Problem, Step
-from autoremat._measure.timing import TIMING_GATE
 from autoremat._schedules.base import Schedule
 from autoremat._schedules.platforms import RESERVING_PLATFORMS
 
@@ -94,9 +92,7 @@ def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int | No
                     ) -> Compiled:
     """``compile_schedule`` from a compile thread: its build (``built``: done already) and
     its lowering (``compile_step``) under ``device_memory.MEASURE_LOCK``, and its XLA
-    compile too where compiling takes device memory (not a TPU). A timing waiting for that
-    lock goes first (``TimingGate.let_timings_first``)."""
-    TIMING_GATE.let_timings_first()
+    compile too where compiling takes device memory (not a TPU)."""
     if platform not in RESERVING_PLATFORMS:
         with device_memory.MEASURE_LOCK:
             return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
@@ -107,7 +103,6 @@ def compile_quietly(problem: Problem, schedule: Schedule, budget_bytes: int | No
         except Exception:  # compile_schedule builds it again and records the failure
             with device_memory.MEASURE_LOCK:
                 return compile_schedule(problem, schedule, budget_bytes=budget_bytes)
-        TIMING_GATE.let_timings_first()  # the lowering next: the long hold of the lock
     return compile_schedule(problem, schedule, budget_bytes=budget_bytes, built=built)
 
 
