@@ -45,8 +45,8 @@ MEASURED = re.compile(r"\((\d+) schedules measured in the study")
 #: ``  within noise of the plain scan (trial 0: 2.15 s; +0.1%, runs spread 2.3%), 28.2x less
 #: memory``: the pick won a tie on memory (``autoremat._search.trials.tie_break``).
 TIE = re.compile(r"^\s+within noise of (.*)$")
-#: ``compile cache: 3 of 40 compiles read back (8%)``
-CACHE = re.compile(r"compile cache(?: \(yours\))?: (\d+) of (\d+) compiles read back")
+#: ``compile cache: 3 of 40 schedule compiles read back (8%)`` (before: ``compiles``)
+CACHE = re.compile(r"compile cache(?: \(yours\))?: (\d+) of (\d+) (?:schedule )?compiles read back")
 
 
 @dataclass
@@ -182,7 +182,7 @@ def table(runs: list[Run], rounds: int) -> str:
         "",
         "*memory*: the pick's total over the plain scan's. *tie*: the pick won a tie on "
         "memory with the fastest, within the measured noise (the tune's line). *cache*: "
-        "compiles read back from the compile cache, of those that looked.",
+        "schedule compiles read back from the compile cache, of those that looked.",
         "",
         "| run | pick | step | vs plain | in turn | memory | tie | trials | re-timed | cache "
         "| wall |",

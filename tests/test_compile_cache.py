@@ -17,16 +17,17 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from autoremat._cli.printing import cache_words
 from autoremat._measure.compile_cache import no_persistent_cache, persistent_cache
+from autoremat._measure.measure import compile_step
 from autoremat._measure.timing import TIMING_GATE, TimingGate
 from autoremat._search.study import TuneResult
 from autoremat._search.tune import compile_cache_folder
 
 
 def compile_twice() -> None:
-    """Two compiles of one program, each from a new ``jit`` (as each tune's compile is)."""
+    """Two compiles of one step, each from a new ``jit`` (as each of a tune's schedules is)."""
     x = jnp.ones((8, 8))
     for _ in range(2):
-        jax.jit(lambda a: jnp.tanh(a @ a).sum()).lower(x).compile()
+        assert compile_step(lambda a: jnp.tanh(a @ a).sum(), (x,)).executable is not None
 
 
 @pytest.fixture
@@ -53,10 +54,25 @@ def test_a_program_compiled_twice_is_read_back_the_second_time(
     assert any(folder.iterdir())  # the executable is on disk: a later tune reads it back
     assert jax.config.jax_compilation_cache_dir is None  # as it was
     result = TuneResult("s", "sqlite://", 1, None, None, None, None, 0, 0, compile_cache=found)
-    assert f"{found.hits} of {found.hits + found.misses} compiles read back" in cache_words(result)
+    words = f"{found.hits} of {found.hits + found.misses} schedule compiles read back"
+    assert words in cache_words(result)
     with persistent_cache(folder) as again:  # a repeated tune: nothing compiled anew
         compile_twice()
     assert again().misses == 0 and again().hits >= 2
+
+
+def test_only_a_schedules_compile_is_counted(tmp_path: Path, no_users_cache: None) -> None:
+    """A helper's compile (the problem's initialization, a filler) is cached as well but
+    not counted: read back on a repeated tune, it would raise the schedules' rate."""
+    x = jnp.ones((4, 4))
+    folder = tmp_path / "xla_cache"
+    for _ in range(2):
+        with persistent_cache(folder) as use:
+            jax.jit(lambda a: jnp.cos(a @ a).sum()).lower(x).compile()
+        assert (use().hits, use().misses) == (0, 0)
+    with persistent_cache(folder) as use:
+        compile_twice()
+    assert (use().hits, use().misses) == (1, 1)
 
 
 def test_an_entry_is_written_inside_the_timing_gate(

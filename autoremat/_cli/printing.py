@@ -118,16 +118,16 @@ def study_line(result: TuneResult) -> str:
 
 
 def cache_words(result: TuneResult) -> str:
-    """``; N of M compiles read back from the compile cache (X%)`` ("" without one)."""
+    """``; compile cache: N of M schedule compiles read back (X%)`` ("" without one)."""
     use = result.compile_cache
     if use is None or not use.folder:
         return ""
     rate = use.rate
     whose = "" if use.own else " (yours)"
     if rate is None:
-        return f"; compile cache{whose}: no compile looked in it"
-    return (f"; compile cache{whose}: {use.hits} of {use.hits + use.misses} compiles read "
-            f"back ({rate * 100:.0f}%)")
+        return f"; compile cache{whose}: no schedule compile looked in it"
+    return (f"; compile cache{whose}: {use.hits} of {use.hits + use.misses} schedule compiles "
+            f"read back ({rate * 100:.0f}%)")
 
 
 def result_table(result: TuneResult) -> str:

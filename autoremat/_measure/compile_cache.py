@@ -30,7 +30,10 @@ collective. Its cost: every compile of such a tune is paid, a resumed one's too.
 
 The counts are JAX's monitoring events (``jax.monitoring``): a compile that looked in the
 cache found its executable (a hit) or did not (a miss). A program JAX does not cache (one
-with host callbacks) is neither.
+with host callbacks) is neither. Only a schedule's compile counts (``counted``, around
+``measure.compile_step``'s): the helpers a tune compiles beside them -- the problem's
+initialization, a device's filler programs, JAX's own small programs -- are read back
+as well on a repeated tune, and would make its rate say more than the schedules' own.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ class CacheUse:
 
     Attributes:
       folder: where it is (``""``: no cache was used).
-      hits: compiles read back from it.
-      misses: compiles it did not hold (compiled, then written to it).
+      hits: schedule compiles read back from it.
+      misses: schedule compiles it did not hold (compiled, then written to it).
       own: ``folder`` is the study's (``False``: the user's own cache).
     """
 
@@ -72,8 +75,24 @@ class CacheUse:
         return None if looked == 0 else self.hits / looked
 
 
+#: Per thread, how deep it is in ``counted`` (JAX records a compile's event on the thread
+#: that compiles).
+_SCHEDULE_COMPILES = threading.local()
+
+
+@contextlib.contextmanager
+def counted() -> Iterator[None]:
+    """The block compiles a schedule's step: its cache hit or miss is counted (module doc)."""
+    _SCHEDULE_COMPILES.depth = getattr(_SCHEDULE_COMPILES, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _SCHEDULE_COMPILES.depth -= 1
+
+
 class _Counts:
-    """Hits and misses counted from JAX's events (compile threads record them too)."""
+    """Hits and misses of the schedules' compiles (``counted``), counted from JAX's events
+    (compile threads record them too)."""
 
     def __init__(self) -> None:
         self.hits = self.misses = 0
@@ -81,7 +100,7 @@ class _Counts:
         self.closed = False  # a jax with no way to unregister a listener: it stops counting
 
     def __call__(self, event: str, **kwargs: Any) -> None:
-        if event in (HIT, MISS) and not self.closed:
+        if event in (HIT, MISS) and not self.closed and getattr(_SCHEDULE_COMPILES, "depth", 0):
             with self.lock:
                 if event == HIT:
                     self.hits += 1

@@ -71,6 +71,7 @@ from autoremat._measure.breakdown import (
     scan_figures,
     total_of,
 )
+from autoremat._measure.compile_cache import counted
 from autoremat._measure.device import environment
 from autoremat._measure.failure import BUILD, COMPILE, is_out_of_memory, stated_bytes, words
 from autoremat._measure.measurement import (
@@ -175,8 +176,9 @@ def compile_step(step: Callable[..., Any], args: Sequence[Any], *,
             with device_memory.MEASURE_LOCK:  # a trace holds the GIL: never beside a timing
                 start = time.perf_counter()  # not counting the wait for a timing to end
                 lowered = jax.jit(fresh).lower(*args)
-            executable = lowered.compile(
-                compiler_options=dict(compiler_options) if compiler_options else None)
+            with counted():  # a schedule's compile: in the cache's hit rate
+                executable = lowered.compile(
+                    compiler_options=dict(compiler_options) if compiler_options else None)
         return executable, scans, time.perf_counter() - start
 
     with TIMING_GATE.write():  # Python: not beside a timing (the sizing's note)
