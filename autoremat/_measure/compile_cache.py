@@ -100,7 +100,7 @@ class _Counts:
         self.closed = False  # a jax with no way to unregister a listener: it stops counting
 
     def __call__(self, event: str, **kwargs: Any) -> None:
-        if event in (HIT, MISS) and not self.closed and getattr(_SCHEDULE_COMPILES, "depth", 0):
+        if event in (HIT, MISS) and not self.closed and getattr(_SCHEDULE_COMPILES, "depth", 0) > 0:
             with self.lock:
                 if event == HIT:
                     self.hits += 1
