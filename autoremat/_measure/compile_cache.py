@@ -75,15 +75,20 @@ class CacheUse:
         return None if looked == 0 else self.hits / looked
 
 
-#: Per thread, how deep it is in ``counted`` (JAX records a compile's event on the thread
-#: that compiles).
-_SCHEDULE_COMPILES = threading.local()
+class _Depth(threading.local):
+    """Per thread, how deep it is in ``counted`` (JAX records a compile's event on the
+    thread that compiles)."""
+
+    depth = 0
+
+
+_SCHEDULE_COMPILES: Final = _Depth()
 
 
 @contextlib.contextmanager
 def counted() -> Iterator[None]:
     """The block compiles a schedule's step: its cache hit or miss is counted (module doc)."""
-    _SCHEDULE_COMPILES.depth = getattr(_SCHEDULE_COMPILES, "depth", 0) + 1
+    _SCHEDULE_COMPILES.depth += 1
     try:
         yield
     finally:
@@ -100,7 +105,7 @@ class _Counts:
         self.closed = False  # a jax with no way to unregister a listener: it stops counting
 
     def __call__(self, event: str, **kwargs: Any) -> None:
-        if event in (HIT, MISS) and not self.closed and getattr(_SCHEDULE_COMPILES, "depth", 0) > 0:
+        if event in (HIT, MISS) and not self.closed and _SCHEDULE_COMPILES.depth > 0:
             with self.lock:
                 if event == HIT:
                     self.hits += 1
